@@ -1,0 +1,94 @@
+"""Training configuration: global batch, micro-batch candidates, optimizer, schedule."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from planner.errors import InputError
+from planner.schema import load_document, validate
+
+KIND = "edgepipe.training_config"
+
+#: optimizer state bytes per parameter byte (reference/asteroid.md §3.1, [inferred]):
+#: SGD keeps none, SGD+momentum one buffer, Adam two moments.
+OPTIMIZER_STATE = {"sgd": 0, "momentum": 1, "adam": 2}
+
+#: largest micro-batch size tried when the config names no candidates
+DEFAULT_MAX_MICRO_BATCH = 64
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """What to train: ``global_batch`` samples per optimizer step, split into
+    ``global_batch / B`` micro-batches of ``B`` samples, ``B`` from the candidates."""
+
+    global_batch: int
+    micro_batch_candidates: tuple[int, ...] | None = None
+    optimizer: str = "momentum"
+    schedule: str = "1f1b"
+    warmup: str = "asteroid"
+    max_stages: int | None = None
+
+    def micro_batch_sizes(self) -> list[int]:
+        """Candidate micro-batch sizes that divide the global batch, ascending."""
+        if self.micro_batch_candidates is None:
+            cands = range(1, min(self.global_batch, DEFAULT_MAX_MICRO_BATCH) + 1)
+        else:
+            cands = sorted(set(self.micro_batch_candidates))
+        return [b for b in cands if self.global_batch % b == 0]
+
+    def warmup_depth(self, stage: int, num_stages: int, num_micro_batches: int) -> int:
+        """In-flight micro-batches K_p of 0-based ``stage`` (reference/asteroid.md §3.1, §5).
+
+        1F1B: Asteroid's ``2(P-p)-1`` (links count as pipeline steps) or classic ``P-p``,
+        clamped to the micro-batch count M. GPipe keeps all M in flight.
+        """
+        if self.schedule == "gpipe":
+            return num_micro_batches
+        depth = 2 * (num_stages - stage) - 1 if self.warmup == "asteroid" else num_stages - stage
+        return min(depth, num_micro_batches)
+
+    @property
+    def optimizer_state_factor(self) -> int:
+        return OPTIMIZER_STATE[self.optimizer]
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "schema_version": 1,
+            "kind": KIND,
+            "global_batch": self.global_batch,
+            "optimizer": self.optimizer,
+            "schedule": self.schedule,
+            "warmup": self.warmup,
+        }
+        if self.micro_batch_candidates is not None:
+            out["micro_batch_candidates"] = list(self.micro_batch_candidates)
+        if self.max_stages is not None:
+            out["max_stages"] = self.max_stages
+        return out
+
+    @classmethod
+    def from_dict(cls, doc: Any, source: str = "<training config>") -> TrainingConfig:
+        validate(doc, KIND, source)
+        cands = doc.get("micro_batch_candidates")
+        config = cls(
+            global_batch=doc["global_batch"],
+            micro_batch_candidates=tuple(cands) if cands is not None else None,
+            optimizer=doc.get("optimizer", "momentum"),
+            schedule=doc.get("schedule", "1f1b"),
+            warmup=doc.get("warmup", "asteroid"),
+            max_stages=doc.get("max_stages"),
+        )
+        if not config.micro_batch_sizes():
+            raise InputError(
+                source,
+                "$.micro_batch_candidates",
+                f"no candidate divides global_batch {config.global_batch}; add a divisor",
+            )
+        return config
+
+    @classmethod
+    def load(cls, path: str | Path) -> TrainingConfig:
+        return cls.from_dict(load_document(path, KIND), str(path))

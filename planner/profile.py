@@ -1,0 +1,171 @@
+"""Model profiles: a DNN as an ordered chain of blocks, with sizes and per-device-type times.
+
+A block is the unit the planner cuts between (a layer, a residual unit, a transformer
+layer). Per block the profile records parameter bytes, the bytes per sample of its output
+(what crosses a stage cut), the bytes per sample it saves for backward, and optionally its
+forward FLOPs per sample. Per device type it records forward and backward milliseconds at
+several batch sizes (shared by all blocks of that type); the cost model interpolates
+between them (see :mod:`planner.cost`), never assuming time proportional to batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from planner.errors import InputError
+from planner.schema import load_document, validate
+
+KIND = "edgepipe.model_profile"
+
+
+@dataclass(frozen=True)
+class Block:
+    """One block of the chain. Sizes are bytes; ``*_per_sample`` scale with the batch."""
+
+    name: str
+    param_bytes: float
+    output_bytes_per_sample: float
+    saved_bytes_per_sample: float
+    forward_flops_per_sample: float | None = None
+    members: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Forward/backward times of every block on one device type.
+
+    ``forward_ms[b][j]`` is block ``b``'s forward time at ``batch_sizes[j]`` samples.
+    """
+
+    batch_sizes: tuple[int, ...]
+    forward_ms: tuple[tuple[float, ...], ...]
+    backward_ms: tuple[tuple[float, ...], ...]
+    source: str | None = None
+    forward_spread_ms: tuple[tuple[float, ...], ...] | None = None
+    backward_spread_ms: tuple[tuple[float, ...], ...] | None = None
+    repeats: int | None = None
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """A profiled model; ``timings`` maps a device type name to its :class:`Timing`."""
+
+    name: str
+    source: dict[str, str]
+    input_bytes_per_sample: float
+    blocks: tuple[Block, ...]
+    timings: dict[str, Timing] = field(default_factory=dict)
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    def to_dict(self) -> dict[str, Any]:
+        blocks = []
+        for b in self.blocks:
+            d: dict[str, Any] = {
+                "name": b.name,
+                "param_bytes": b.param_bytes,
+                "output_bytes_per_sample": b.output_bytes_per_sample,
+                "saved_bytes_per_sample": b.saved_bytes_per_sample,
+            }
+            if b.forward_flops_per_sample is not None:
+                d["forward_flops_per_sample"] = b.forward_flops_per_sample
+            if b.members:
+                d["members"] = list(b.members)
+            blocks.append(d)
+        timings: dict[str, Any] = {}
+        for type_name, t in self.timings.items():
+            td: dict[str, Any] = {
+                "batch_sizes": list(t.batch_sizes),
+                "forward_ms": [list(r) for r in t.forward_ms],
+                "backward_ms": [list(r) for r in t.backward_ms],
+            }
+            if t.source is not None:
+                td["source"] = t.source
+            if t.forward_spread_ms is not None:
+                td["forward_spread_ms"] = [list(r) for r in t.forward_spread_ms]
+            if t.backward_spread_ms is not None:
+                td["backward_spread_ms"] = [list(r) for r in t.backward_spread_ms]
+            if t.repeats is not None:
+                td["repeats"] = t.repeats
+            timings[type_name] = td
+        return {
+            "schema_version": 1,
+            "kind": KIND,
+            "name": self.name,
+            "source": dict(self.source),
+            "input_bytes_per_sample": self.input_bytes_per_sample,
+            "blocks": blocks,
+            "timings": timings,
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Any, source: str = "<model profile>") -> ModelProfile:
+        """Validate ``doc`` (schema + shape checks) and build the profile."""
+        validate(doc, KIND, source)
+        blocks = tuple(
+            Block(
+                name=b["name"],
+                param_bytes=b["param_bytes"],
+                output_bytes_per_sample=b["output_bytes_per_sample"],
+                saved_bytes_per_sample=b["saved_bytes_per_sample"],
+                forward_flops_per_sample=b.get("forward_flops_per_sample"),
+                members=tuple(b.get("members", ())),
+            )
+            for b in doc["blocks"]
+        )
+        timings = {
+            name: _timing_from_dict(t, len(blocks), source, f"$.timings.{name}")
+            for name, t in doc["timings"].items()
+        }
+        return cls(
+            name=doc["name"],
+            source=dict(doc["source"]),
+            input_bytes_per_sample=doc["input_bytes_per_sample"],
+            blocks=blocks,
+            timings=timings,
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> ModelProfile:
+        return cls.from_dict(load_document(path, KIND), str(path))
+
+
+def _matrix(
+    rows: list[list[float]], n_blocks: int, n_batch: int, source: str, path: str
+) -> tuple[tuple[float, ...], ...]:
+    if len(rows) != n_blocks:
+        raise InputError(
+            source, path, f"has {len(rows)} rows but the profile has {n_blocks} blocks; "
+            "give one row per block"
+        )
+    for i, row in enumerate(rows):
+        if len(row) != n_batch:
+            raise InputError(
+                source, f"{path}[{i}]", f"has {len(row)} times but there are {n_batch} "
+                "batch sizes; give one time per batch size"
+            )
+    return tuple(tuple(float(x) for x in row) for row in rows)
+
+
+def _timing_from_dict(t: dict[str, Any], n_blocks: int, source: str, path: str) -> Timing:
+    sizes = tuple(t["batch_sizes"])
+    if any(b <= a for a, b in zip(sizes, sizes[1:], strict=False)):
+        raise InputError(source, f"{path}.batch_sizes", "batch sizes must be strictly increasing")
+    n = len(sizes)
+
+    def opt(key: str) -> tuple[tuple[float, ...], ...] | None:
+        return _matrix(t[key], n_blocks, n, source, f"{path}.{key}") if key in t else None
+
+    return Timing(
+        batch_sizes=sizes,
+        forward_ms=_matrix(t["forward_ms"], n_blocks, n, source, f"{path}.forward_ms"),
+        backward_ms=_matrix(t["backward_ms"], n_blocks, n, source, f"{path}.backward_ms"),
+        source=t.get("source"),
+        forward_spread_ms=opt("forward_spread_ms"),
+        backward_spread_ms=opt("backward_spread_ms"),
+        repeats=t.get("repeats"),
+    )
