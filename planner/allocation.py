@@ -1,0 +1,103 @@
+"""Intra-stage sample allocation: Asteroid's Algorithm 1 (reference/asteroid.md §4.1).
+
+Splits the B samples of a micro-batch over the g devices of one stage group, for many
+candidate stages (rows) at once, so the DP can price every layer range in one call.
+
+Inputs:
+    time(d, y): per row, device d's forward+backward time for the stage at y samples,
+        non-decreasing in y (read from prefix tables, see :func:`allocate`).
+    caps[r, d]: the most samples device d can take in row r without exceeding its memory
+        (Eq. 3 solved for y); 0 for a device that cannot hold the stage at all.
+
+Algorithm (per row):
+    1. Memory-aware proportional balancing. Capacity v_d = 1 / time(d, B) (Eq. 9). Split
+       the unallocated samples over devices with headroom in proportion to v_d (floor,
+       then largest remainder), clip at caps, and repeat with the leftovers until all B
+       are placed or no device has headroom (row infeasible). At most g rounds, since each
+       round that leaves samples over fills at least one device to its cap.
+    2. Straggler offloading. Repeatedly move one sample from the slowest device (largest
+       time at its y) to the device whose time after taking one more sample is smallest
+       (with headroom), if that lowers the pair's maximum below the straggler's old time;
+       stop when no move does. Each move strictly lowers the sorted vector of device
+       times lexicographically, so it terminates; rows are processed in lockstep.
+
+Devices may end with 0 samples (they then sit idle). Ties break toward the lower device
+index, so results are deterministic and independent of the other rows.
+
+Complexity: O(g) rounds for step 1 and O(moves) for step 2, each O(rows x g) numpy work.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _times(table: np.ndarray, first: np.ndarray, end: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """time(d, y) per row: ``table[d, end, y] - table[d, first, y]`` with y of shape (n, g)."""
+    d = np.arange(table.shape[0])[None, :]
+    return table[d, end[:, None], y] - table[d, first[:, None], y]
+
+
+def allocate(
+    table: np.ndarray, first: np.ndarray, end: np.ndarray, batch: int, caps: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Allocate ``batch`` samples per row over the g devices of ``table``.
+
+    Args:
+        table: (g, blocks + 1, max_batch + 1) prefix sums of forward+backward ms per device
+            (row i: blocks [0, i)), already scaled by each device's slowdown.
+        first, end: (n,) block range [first, end) of each row.
+        batch: micro-batch size B (<= max_batch).
+        caps: (n, g) most samples per device by memory.
+
+    Returns:
+        ``(samples, ok)``: (n, g) integer samples per device and (n,) feasibility; rows
+        that cannot place all B samples have ``ok`` False (their samples are partial).
+    """
+    n, g = caps.shape
+    caps = np.clip(caps, 0, batch).astype(np.int64)
+    full = _times(table, first, end, np.full((n, g), batch))
+    speed = 1.0 / np.maximum(full, 1e-12)
+    y = np.zeros((n, g), dtype=np.int64)
+    for _ in range(g + 1):
+        left = batch - y.sum(axis=1)
+        room = caps > y
+        todo = (left > 0) & room.any(axis=1)
+        if not todo.any():
+            break
+        w = np.where(room, speed, 0.0)
+        share = np.where(
+            todo[:, None], left[:, None] * w / np.maximum(w.sum(1, keepdims=True), 1e-300), 0.0
+        )
+        base = np.floor(share).astype(np.int64)
+        extra_count = np.where(todo, left - base.sum(axis=1), 0)
+        order = np.argsort(-(share - base), axis=1, kind="stable")
+        rank = np.empty_like(order)
+        np.put_along_axis(rank, order, np.arange(g)[None, :].repeat(n, axis=0), axis=1)
+        add = base + (rank < extra_count[:, None])
+        y = np.minimum(y + add, caps)
+    ok = y.sum(axis=1) == batch
+
+    rows = np.arange(n)
+    active = ok.copy()
+    big = np.inf
+    for _ in range(batch * g + 1):
+        if not active.any():
+            break
+        now = _times(table, first, end, y)
+        now_busy = np.where(y > 0, now, -big)
+        slow = np.argmax(now_busy, axis=1)
+        up = _times(table, first, end, np.minimum(y + 1, batch))
+        up = np.where(y < caps, up, big)
+        up[rows, slow] = big
+        fast = np.argmin(up, axis=1)
+        down = _times(table, first, end, np.maximum(y - 1, 0))
+        before = now[rows, slow]
+        after = np.maximum(down[rows, slow], up[rows, fast])
+        move = active & (after < before) & np.isfinite(up[rows, fast])
+        if not move.any():
+            break
+        y[rows[move], slow[move]] -= 1
+        y[rows[move], fast[move]] += 1
+        active = move
+    return y, ok

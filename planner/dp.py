@@ -1,0 +1,417 @@
+"""Asteroid's planning DP (Algorithm 2, reference/asteroid.md §4.2) with exact composition.
+
+Inputs: a :class:`~planner.problem.Problem` (L blocks, N devices, global batch G, micro-
+batch candidates). Devices are ordered by usable memory (descending), then effective
+speed (descending), then id, so early stages - which keep the most micro-batches in
+flight - get the largest memories; every stage group is a contiguous run of that order.
+
+For each micro-batch size B (M = G / B micro-batches):
+
+State: Q(p, l, n) for the suffix plan putting the last l blocks into p stages on the last n
+devices D[N-n..N-1]; the suffix's head (first stage) starts at device N-n and layer L-l.
+Because the head of a p-stage suffix always has 2(p-1) steps after it, its in-flight depth
+K = warmup_depth(P-p of P) depends on p only (Asteroid: 2p-1), so memory is checked
+locally.
+
+Value: not one number but a small Pareto front of pairs (D, X). By the closed form of
+:mod:`planner.cost`, a step chain's round latency is ``D + X`` with
+``D = max_c (M c_c + C_c)`` and ``X = max_s (T_a^s - PB_s)``. Prepending a head compute
+step (c0 = E_f + E_b, E_b0, T_a0) and the link after it (c1 = 2 E_link) to a suffix
+(D, X) gives exactly
+
+    D' = max(M c0, c0 + M c1, c0 + c1 + D)        X' = max(T_a0, X - E_b0 - E_link)
+
+both non-decreasing in D and X, so keeping the (D, X)-Pareto-optimal suffixes makes the
+recurrence exact with respect to the cost model (a single best latency per state, as in
+the re-implementations, is not: a suffix with lower D + X can lose after composition).
+Fronts are capped at ``FRONT`` entries (lowest D + X kept), the one approximation left
+besides the two below.
+
+Base: Q(1, l, n) = the head [L-l, L) on devices [N-n, N) alone: D = M c0, X = T_a0.
+Transition (p >= 2):
+    Q(p, l, n) = Pareto-min over p-1 <= l' < l, p-1 <= n' < n and entries (D, X) of
+                 Q(p-1, l', n') of compose(head [L-l, L-l') on [N-n, N-n'), link at L-l')
+Answer: the ``RERANK`` lowest D + X over p, n <= N of Q(p, L, n) per B, re-scored by the
+exact schedule makespan of the cost model; the best over all B wins. Devices before N-n
+stay idle, and
+the head allocation (Algorithm 1, :mod:`planner.allocation`) may also leave a device of a
+group with 0 samples. Ties break on fewer stages, then fewer devices, then smaller B.
+
+Where exactness holds: the DP value equals the cost model's figure for the reconstructed
+plan when all pair bandwidths and latencies are equal (uniform network): the DP prices a
+link by the device *ranges* of the two groups, the cost model by the devices that got
+samples; on non-uniform networks the DP value is an upper bound and the returned plan is
+re-scored by the cost model. Within its search space (contiguous memory-ordered groups,
+Algorithm 1 allocations) the DP is then optimal up to the front cap; the exact solver of
+:mod:`planner.milp` searches the larger space.
+
+Complexity per B: O(N^2) head tables, each an Algorithm 1 run over all O(L^2) layer
+ranges; O(P N^2 L^2 F) compositions (F = front size) done as numpy array operations, one
+Pareto reduction per (p, n) of O(L x N L F log(N L F)).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.allocation import allocate
+from planner.cost import (
+    CostModel,
+    PlanCost,
+    ring_allreduce_ms,
+    stage_memory_bytes,
+    transfer_ms,
+)
+from planner.errors import InfeasibleError
+from planner.partition import Partition, StageAssignment
+from planner.problem import Problem
+
+#: Pareto front entries kept per DP state
+FRONT = 4
+
+#: answers per micro-batch size re-scored by the exact schedule makespan
+RERANK = 8
+
+INF = np.inf
+
+
+@dataclass(frozen=True)
+class DPResult:
+    """The DP's plan, its cost-model figures and search statistics."""
+
+    partition: Partition
+    cost: PlanCost
+    dp_value_ms: float
+    solve_time_s: float
+    candidates: dict[int, float]  # micro-batch size -> best predicted iteration ms
+
+
+def device_order(problem: Problem) -> list[int]:
+    """Cluster indices sorted by usable memory desc, effective speed desc, id."""
+    cl = problem.cluster
+    return sorted(
+        range(len(cl.devices)),
+        key=lambda i: (
+            -cl.budget_bytes(i),
+            -cl.type_of(i).effective_gflops / cl.devices[i].slowdown,
+            cl.devices[i].id,
+        ),
+    )
+
+
+class _Search:
+    """State of the DP for one micro-batch size (tables are cached across calls)."""
+
+    def __init__(self, problem: Problem, cm: CostModel, order: list[int]) -> None:
+        self.problem, self.cm, self.order = problem, cm, order
+        self.n_dev = len(order)
+        self.n_blk = problem.model.num_blocks
+        types = [cm.device_type[i] for i in order]
+        slow = cm.slowdown[order]
+        self.fwd = np.stack([cm.fwd[t] * s for t, s in zip(types, slow, strict=True)])
+        self.bwd = np.stack([cm.bwd[t] * s for t, s in zip(types, slow, strict=True)])
+        self.fb = self.fwd + self.bwd
+        self.budget = cm.budget[order]
+        bw = cm.bw[np.ix_(order, order)]
+        lat = cm.lat[np.ix_(order, order)]
+        self.bw, self.lat = bw, lat
+        n = self.n_dev
+        # range-to-range link figures: group [a, b) to group [b, c)
+        self.link_bw = np.full((n + 1, n + 1, n + 1), INF)
+        self.link_lat = np.zeros((n + 1, n + 1, n + 1))
+        for a in range(n):
+            for b in range(a + 1, n):
+                rows_bw = bw[a:b].min(axis=0)
+                rows_lat = lat[a:b].max(axis=0)
+                self.link_bw[a, b, b + 1 :] = np.minimum.accumulate(rows_bw[b:])
+                self.link_lat[a, b, b + 1 :] = np.maximum.accumulate(rows_lat[b:])
+        first, end = np.triu_indices(self.n_blk + 1, k=1)
+        self.rows_first, self.rows_end = first, end
+        self.static = cm.state_factor * (cm.param_prefix[end] - cm.param_prefix[first])
+        self.saved = cm.saved_prefix[end] - cm.saved_prefix[first]
+        self.grad = cm.param_prefix[end] - cm.param_prefix[first]
+        self._base: dict[tuple[int, int, int], np.ndarray] = {}
+        self._tables: dict[tuple[int, int, int, int], tuple[np.ndarray, ...]] = {}
+
+    # -- heads ---------------------------------------------------------------------------
+    def _caps(self, a: int, b: int, rows: np.ndarray, warmup: int, batch: int) -> np.ndarray:
+        """Most samples per device of [a, b) for each row under ``warmup`` (Eq. 3)."""
+        room = self.budget[a:b][None, :] - self.static[rows][:, None]
+        per = warmup * self.saved[rows][:, None]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            caps = np.where(per > 0, np.floor(room / np.where(per > 0, per, 1)), batch)
+        caps = np.where(room < 0, 0, caps)
+        return np.clip(caps, 0, batch).astype(np.int64)
+
+    def allocation(self, a: int, b: int, rows: np.ndarray, warmup: int, batch: int):
+        """Algorithm 1 for devices [a, b) over ``rows`` (indices into the layer ranges):
+        the memory-unconstrained split where it fits ``warmup``, else the capped split."""
+        table = self.fb[a:b]
+        first, end = self.rows_first[rows], self.rows_end[rows]
+        y, _ = allocate(table, first, end, batch, np.full((len(rows), b - a), batch))
+        mem = stage_memory_bytes(self.static[rows][:, None], warmup, y, self.saved[rows][:, None])
+        fits = ((mem <= self.budget[a:b][None, :]) | (y == 0)).all(axis=1)
+        ok = fits.copy()
+        redo = np.flatnonzero(~fits)
+        if len(redo):
+            caps = self._caps(a, b, rows[redo], warmup, batch)
+            y2, ok2 = allocate(table, first[redo], end[redo], batch, caps)
+            y[redo] = y2
+            ok[redo] = ok2
+        return y, ok
+
+    def head_table(self, a: int, b: int, warmup: int, batch: int) -> tuple[np.ndarray, ...]:
+        """Dense (L+1, L+1) arrays over [first, end): c = E_f + E_b, E_b, T_a (inf if
+        infeasible) for the head on devices [a, b)."""
+        key = (a, b, warmup, batch)
+        if key in self._tables:
+            return self._tables[key]
+        rows = np.arange(len(self.rows_first))
+        y, ok = self.allocation(a, b, rows, warmup, batch)
+        first, end = self.rows_first, self.rows_end
+        d = np.arange(b - a)[None, :]
+        ef = (self.fwd[a:b][d, end[:, None], y] - self.fwd[a:b][d, first[:, None], y]).max(1)
+        eb = (self.bwd[a:b][d, end[:, None], y] - self.bwd[a:b][d, first[:, None], y]).max(1)
+        used = y > 0
+        pair = used[:, :, None] & used[:, None, :] & ~np.eye(b - a, dtype=bool)[None]
+        sub_bw, sub_lat = self.bw[a:b, a:b], self.lat[a:b, a:b]
+        bw_min = np.where(pair, sub_bw[None], INF).min(axis=(1, 2))
+        lat_max = np.where(pair, sub_lat[None], 0.0).max(axis=(1, 2))
+        ta = ring_allreduce_ms(self.grad, used.sum(1), bw_min, lat_max, self.cm.shared_medium)
+        size = self.n_blk + 1
+        out = []
+        for values in (ef + eb, eb, ta):
+            dense = np.full((size, size), INF)
+            dense[first, end] = np.where(ok, values, INF)
+            out.append(dense)
+        self._tables[key] = tuple(out)
+        return self._tables[key]
+
+
+def _pareto(d: np.ndarray, x: np.ndarray, keep: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, indices of up to ``keep`` (D, X)-Pareto-optimal candidates with the lowest
+    D + X (padded with an index whose D is inf when fewer exist). O(rows x c log c)."""
+    order = np.argsort(d, axis=1, kind="stable")
+    ds = np.take_along_axis(d, order, axis=1)
+    xs = np.take_along_axis(x, order, axis=1)
+    prev = np.minimum.accumulate(xs, axis=1)
+    prev = np.concatenate([np.full((len(xs), 1), INF), prev[:, :-1]], axis=1)
+    on_front = (xs < prev) & np.isfinite(ds) & np.isfinite(xs)
+    total = np.where(on_front, ds + xs, INF)
+    pick = np.argsort(total, axis=1, kind="stable")[:, :keep]
+    chosen = np.take_along_axis(order, pick, axis=1)
+    valid = np.take_along_axis(on_front, pick, axis=1)
+    return chosen, valid
+
+
+def _solve_batch(search: _Search, batch: int) -> list[tuple[float, tuple]]:
+    """Run the DP for micro-batch size ``batch``; return its ``RERANK`` best answers by
+    the closed form as (latency, traceback) pairs, best first (ties: fewer stages, then
+    fewer devices)."""
+    problem = search.problem
+    config = problem.config
+    big_l, big_n = search.n_blk, search.n_dev
+    m = config.global_batch // batch
+    max_p = min(big_l, big_n, config.max_stages or big_n)
+    shape = (big_l + 1, big_n + 1, FRONT)
+    # front arrays per p: D, X, head end device, parent l', parent n', parent k
+    fronts: list[dict[str, np.ndarray]] = [{}]
+    boundary = search.cm.boundary
+
+    def warmup(p: int, total: int) -> int:
+        return config.warmup_depth(total - p, total, m)
+
+    # p = 1 -- warm-up of a last stage does not depend on the total P
+    f1 = {k: np.full(shape, INF) for k in ("D", "X")}
+    f1.update({k: np.full(shape, -1, dtype=np.int64) for k in ("HB", "PL", "PN", "PK")})
+    for n in range(1, big_n + 1):
+        c, _, ta = search.head_table(big_n - n, big_n, warmup(1, max_p), batch)
+        col = c[big_l - np.arange(big_l + 1), big_l]
+        f1["D"][1:, n, 0] = m * col[1:]
+        f1["X"][1:, n, 0] = ta[big_l - np.arange(1, big_l + 1), big_l]
+        f1["HB"][:, n, 0] = big_n
+    fronts.append(f1)
+
+    ls = np.arange(big_l + 1)
+    for p in range(2, max_p + 1):
+        prev = fronts[p - 1]
+        fp = {k: np.full(shape, INF) for k in ("D", "X")}
+        fp.update({k: np.full(shape, -1, dtype=np.int64) for k in ("HB", "PL", "PN", "PK")})
+        for n in range(p, big_n + 1):
+            a = big_n - n
+            cand_d, cand_x, cand_meta = [], [], []
+            for n_sub in range(p - 1, n):
+                b = big_n - n_sub
+                c, eb, ta = search.head_table(a, b, warmup(p, max_p), batch)
+                # head rows: l (axis 0) and l' (axis 1): block range [L-l, L-l')
+                c0 = c[(big_l - ls)[:, None], (big_l - ls)[None, :]]
+                eb0 = eb[(big_l - ls)[:, None], (big_l - ls)[None, :]]
+                ta0 = ta[(big_l - ls)[:, None], (big_l - ls)[None, :]]
+                sub_d = prev["D"][:, n_sub, :]  # (l', k)
+                sub_x = prev["X"][:, n_sub, :]
+                hb = prev["HB"][:, n_sub, :]
+                cut = big_l - ls  # block index where the suffix starts, per l'
+                act = batch * boundary[np.clip(cut - 1, 0, big_l - 1)]
+                link = transfer_ms(
+                    act[:, None],
+                    search.link_bw[a, b][np.maximum(hb, 0)],
+                    search.link_lat[a, b][np.maximum(hb, 0)],
+                )  # (l', k)
+                c1 = 2 * link
+                d_new = np.maximum(
+                    np.maximum(m * c0[:, :, None], c0[:, :, None] + m * c1[None]),
+                    c0[:, :, None] + c1[None] + sub_d[None],
+                )
+                with np.errstate(invalid="ignore"):
+                    x_new = np.maximum(ta0[:, :, None], sub_x[None] - eb0[:, :, None] - link[None])
+                valid = (ls[None, :] < ls[:, None])[:, :, None] & np.isfinite(sub_d)[None]
+                d_new = np.where(valid, d_new, INF)
+                cand_d.append(d_new.reshape(big_l + 1, -1))
+                cand_x.append(x_new.reshape(big_l + 1, -1))
+                cand_meta.append(n_sub)
+            d_all = np.concatenate(cand_d, axis=1)
+            x_all = np.concatenate(cand_x, axis=1)
+            chosen, ok = _pareto(d_all, np.where(np.isfinite(d_all), x_all, INF), FRONT)
+            per_sub = (big_l + 1) * FRONT
+            which_sub = chosen // per_sub
+            rest = chosen % per_sub
+            l_sub, k_sub = rest // FRONT, rest % FRONT
+            rows = np.arange(big_l + 1)[:, None]
+            n_sub_arr = np.array(cand_meta)[which_sub]
+            fp["D"][:, n, :] = np.where(ok, d_all[rows, chosen], INF)
+            fp["X"][:, n, :] = np.where(ok, x_all[rows, chosen], INF)
+            fp["PL"][:, n, :] = np.where(ok, l_sub, -1)
+            fp["PN"][:, n, :] = np.where(ok, n_sub_arr, -1)
+            fp["PK"][:, n, :] = np.where(ok, k_sub, -1)
+            fp["HB"][:, n, :] = np.where(ok, big_n - n_sub_arr, -1)
+        fronts.append(fp)
+
+    answers = []
+    for p in range(1, max_p + 1):
+        total = fronts[p]["D"][big_l] + fronts[p]["X"][big_l]  # (n, k)
+        for n in range(1, big_n + 1):
+            for k in range(FRONT):
+                if np.isfinite(total[n, k]):
+                    answers.append((float(total[n, k]), p, n, k))
+    answers.sort()
+    return [(value, (fronts, (p, n, k), max_p)) for value, p, n, k in answers[:RERANK]]
+
+
+def _reconstruct(search: _Search, batch: int, trace: tuple) -> Partition:
+    fronts, (p, n, k), max_p = trace
+    problem = search.problem
+    m = problem.config.global_batch // batch
+    big_l, big_n = search.n_blk, search.n_dev
+    devices = problem.cluster.devices
+    stages: list[StageAssignment] = []
+    l_cur = big_l
+    while p >= 1:
+        f = fronts[p]
+        if p == 1:
+            l_sub, n_sub, k_sub = 0, 0, 0
+        else:
+            l_sub = int(f["PL"][l_cur, n, k])
+            n_sub = int(f["PN"][l_cur, n, k])
+            k_sub = int(f["PK"][l_cur, n, k])
+        a, b = big_n - n, big_n - n_sub
+        first, end = big_l - l_cur, big_l - l_sub
+        row = np.flatnonzero((search.rows_first == first) & (search.rows_end == end))
+        warm = problem.config.warmup_depth(max_p - p, max_p, m)
+        y, _ = search.allocation(a, b, row, warm, batch)
+        ids, samples = [], []
+        for j, count in enumerate(y[0]):
+            if count > 0:
+                ids.append(devices[search.order[a + j]].id)
+                samples.append(int(count))
+        stages.append(StageAssignment(first, end, tuple(ids), tuple(samples)))
+        p, n, k, l_cur = p - 1, n_sub, k_sub, l_sub
+    return Partition(batch, m, tuple(stages))
+
+
+def plan_dp(problem: Problem, progress: Callable[[int, int], None] | None = None) -> DPResult:
+    """Best partition found by the DP over every micro-batch candidate.
+
+    Args:
+        problem: the inputs.
+        progress: optional ``callback(done, total)`` after each micro-batch candidate.
+
+    Raises:
+        InfeasibleError: no candidate fits memory (message names the binding figure).
+    """
+    start = time.perf_counter()
+    sizes = problem.config.micro_batch_sizes()
+    cm = CostModel(problem, max(sizes))
+    search = _Search(problem, cm, device_order(problem))
+    best: tuple | None = None
+    per_batch: dict[int, float] = {}
+    for i, batch in enumerate(sizes):
+        for value, trace in _solve_batch(search, batch):
+            partition = _reconstruct(search, batch, trace)
+            cost = cm.evaluate(partition)
+            per_batch[batch] = min(per_batch.get(batch, INF), cost.iteration_ms)
+            key = (cost.iteration_ms, partition.num_stages, len(partition.used_devices()), batch)
+            if best is None or key < best[0]:
+                best = (key, partition, cost, value)
+        if progress is not None:
+            progress(i + 1, len(sizes))
+    if best is None:
+        raise diagnose_infeasible(problem, cm)
+    _, partition, cost, value = best
+    return DPResult(partition, cost, value, time.perf_counter() - start, per_batch)
+
+
+def diagnose_infeasible(problem: Problem, cm: CostModel) -> InfeasibleError:
+    """Explain why no plan fits memory: the first violated necessary condition.
+
+    Checks, in order: (1) some block's weights + gradients + optimizer state exceed the
+    largest device's usable memory; (2) the whole model's static state exceeds all usable
+    memory together; (3) otherwise activations of the in-flight micro-batches bind.
+    """
+    cluster = problem.cluster
+    n = len(cluster.devices)
+    budgets = [cluster.budget_bytes(i) for i in range(n)]
+    largest = max(range(n), key=lambda i: budgets[i])
+    gib = 2**30
+    for i, block in enumerate(problem.model.blocks):
+        need = cm.static_bytes(i, i + 1)
+        if need > budgets[largest]:
+            short = need - budgets[largest]
+            return InfeasibleError(
+                f"memory: block {i} ({block.name}) alone needs {need / gib:.2f} GiB for "
+                f"weights, gradients and {problem.config.optimizer} state, but the largest "
+                f"device ({cluster.devices[largest].id}) has {budgets[largest] / gib:.2f} GiB "
+                f"usable: short by {short / gib:.2f} GiB. Use a device with more memory, "
+                "a lighter optimizer (sgd), or a smaller model.",
+                "memory",
+                short,
+            )
+    total = cm.static_bytes(0, problem.model.num_blocks)
+    if total > sum(budgets):
+        short = total - sum(budgets)
+        return InfeasibleError(
+            f"memory: the model's weights, gradients and {problem.config.optimizer} state "
+            f"need {total / gib:.2f} GiB but all devices together have "
+            f"{sum(budgets) / gib:.2f} GiB usable: short by {short / gib:.2f} GiB. Add "
+            "devices, use a lighter optimizer (sgd), or a smaller model.",
+            "memory",
+            short,
+        )
+    smallest = min(problem.config.micro_batch_sizes())
+    worst = max(
+        range(problem.model.num_blocks),
+        key=lambda i: cm.device_memory(i, i + 1, 1, 1) - budgets[largest],
+    )
+    need = cm.device_memory(worst, worst + 1, smallest, 1)
+    return InfeasibleError(
+        "memory: no stage layout fits; activations of the in-flight micro-batches bind. "
+        f"Block {worst} ({problem.model.blocks[worst].name}) with micro-batch {smallest} "
+        f"needs {need / gib:.3f} GiB on one device at warm-up 1 (largest usable "
+        f"{budgets[largest] / gib:.3f} GiB), and early stages keep up to 2P-1 micro-batches. "
+        "Try smaller micro_batch_candidates, warmup 'classic', or more devices.",
+        "memory",
+        max(0.0, need - budgets[largest]),
+    )

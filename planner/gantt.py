@@ -1,0 +1,116 @@
+"""Gantt chart and text summary of a simulated round (:class:`planner.simulator.Timeline`).
+
+Rows, top to bottom in pipeline order: one per device of each stage (a stage without
+devices gets one row for the stage itself) and one per link. The chart is drawn on a
+private :class:`~matplotlib.figure.Figure` rendered by the Agg canvas, so it touches no
+global matplotlib state (no pyplot, no backend switch).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from planner.simulator import Interval, Timeline
+
+_STYLE = {
+    "F": {"facecolor": "#4c72b0", "edgecolor": "white", "label": "forward"},
+    "B": {"facecolor": "#dd8452", "edgecolor": "white", "label": "backward"},
+    "AR": {"facecolor": "#d9d9d9", "edgecolor": "#555555", "hatch": "///", "label": "all-reduce"},
+}
+_ROW_HEIGHT_IN = 0.42
+_WIDTH_IN = 12.0
+_DPI = 120
+_MIN_LABEL_PX = 12.0  # narrowest box that gets its micro-batch number
+
+
+def rows(timeline: Timeline) -> list[tuple[str, tuple[Interval, ...]]]:
+    """The chart's rows, in pipeline order: (label, busy intervals)."""
+    out: list[tuple[str, tuple[Interval, ...]]] = []
+    for step, intervals in zip(timeline.chain.steps, timeline.steps, strict=True):
+        if step.kind == "link":
+            out.append((f"link {step.index}→{step.index + 1}", intervals))
+        elif step.devices:
+            out.extend((f"stage {step.index} · {d}", timeline.devices[d]) for d in step.devices)
+        else:
+            out.append((f"stage {step.index}", intervals))
+    return out
+
+
+def draw_gantt(timeline: Timeline, path: str | Path, title: str = "") -> None:
+    """Write the Gantt chart of ``timeline`` to ``path`` (format from its suffix, e.g. PNG).
+
+    Forward and backward boxes are coloured apart and carry their micro-batch number when
+    wide enough; all-reduces are hatched; idle time is left white. The x axis is in ms.
+    """
+    chart_rows = rows(timeline)
+    n = len(chart_rows)
+    height_in = 1.4 + _ROW_HEIGHT_IN * n
+    label_in = 0.3 + 0.075 * max(len(label) for label, _ in chart_rows)
+    fig = Figure(figsize=(_WIDTH_IN, height_in), dpi=_DPI)
+    FigureCanvasAgg(fig)
+    fig.subplots_adjust(
+        left=label_in / _WIDTH_IN,
+        right=1 - 0.25 / _WIDTH_IN,
+        top=1 - 0.55 / height_in,
+        bottom=0.6 / height_in,
+    )
+    ax = fig.add_subplot()
+    span = timeline.makespan_ms if timeline.makespan_ms > 0 else 1.0
+    ax.set_xlim(0, span)
+    ax.set_ylim(n - 0.5, -0.5)  # first row on top
+    ax.set_yticks(range(n), [label for label, _ in chart_rows])
+    ax.set_xlabel("time (ms)")
+    ax.grid(axis="x", color="#e0e0e0", linewidth=0.6)
+    ax.set_axisbelow(True)
+    px_per_ms = (ax.transData.transform((span, 0))[0] - ax.transData.transform((0, 0))[0]) / span
+
+    for y, (_, intervals) in enumerate(chart_rows):
+        for iv in intervals:
+            style = {k: v for k, v in _STYLE[iv.kind].items() if k != "label"}
+            ax.barh(y, iv.duration_ms, left=iv.start_ms, height=0.7, linewidth=0.6, **style)
+            digits = len(str(iv.micro_batch))
+            if iv.kind != "AR" and iv.duration_ms * px_per_ms >= _MIN_LABEL_PX + 6 * (digits - 1):
+                ax.text(
+                    iv.start_ms + iv.duration_ms / 2,
+                    y,
+                    str(iv.micro_batch),
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white",
+                )
+
+    drawn = {iv.kind for _, intervals in chart_rows for iv in intervals}
+    kinds = [k for k in ("F", "B", "AR") if k in drawn]
+    ax.legend(
+        handles=[Patch(**_STYLE[k]) for k in kinds],
+        loc="lower right",
+        bbox_to_anchor=(1.0, 1.0),
+        ncol=len(kinds),
+        frameon=False,
+        fontsize=8,
+    )
+    heading = f"makespan {timeline.makespan_ms:.3f} ms, M = {timeline.chain.num_micro_batches}"
+    ax.set_title(f"{title}\n{heading}" if title else heading, loc="left", fontsize=9)
+    fig.savefig(path)
+
+
+def timeline_text(timeline: Timeline) -> str:
+    """A compact text summary: makespan, then per chart row its busy time and busy %."""
+    chart_rows = rows(timeline)
+    width = max(len(label) for label, _ in chart_rows)
+    span = timeline.makespan_ms
+    lines = [
+        f"makespan {span:.3f} ms ({len(timeline.chain.steps)} steps, "
+        f"M = {timeline.chain.num_micro_batches})",
+        f"{'row':<{width}}  {'busy ms':>10}  {'busy':>6}",
+    ]
+    for label, intervals in chart_rows:
+        busy = sum(iv.duration_ms for iv in intervals)
+        share = f"{100 * busy / span:5.1f}%" if span > 0 else "    -"
+        lines.append(f"{label:<{width}}  {busy:>10.3f}  {share:>6}")
+    return "\n".join(lines)

@@ -1,0 +1,99 @@
+"""A planning problem: model profile + cluster + training config, with every device type
+of the cluster given a timing (measured in the profile, or derived from another type).
+
+Derivation rule (docs/profiles.md): a device type missing from the profile's timings gets
+the times of a reference type scaled by the ratio of effective throughputs,
+``t(target) = t(ref) * effective_gflops(ref) / effective_gflops(target)`` with
+``effective_gflops = peak_fp32_gflops * efficiency``. The reference is the timed type
+whose effective throughput is closest (in ratio) to the target's; ties by name. Every
+derivation is recorded in :attr:`Problem.assumptions` and so in the plan.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from planner.cluster import Cluster, DeviceType, load_catalog
+from planner.config import TrainingConfig
+from planner.errors import InputError
+from planner.profile import ModelProfile, Timing
+
+
+@dataclass(frozen=True)
+class Problem:
+    model: ModelProfile
+    cluster: Cluster
+    config: TrainingConfig
+    timings: dict[str, Timing]
+    assumptions: tuple[str, ...]
+
+
+def _scaled(t: Timing, factor: float, ref: str) -> Timing:
+    def scale(m: tuple[tuple[float, ...], ...]) -> tuple[tuple[float, ...], ...]:
+        return tuple(tuple(x * factor for x in row) for row in m)
+
+    return Timing(
+        batch_sizes=t.batch_sizes,
+        forward_ms=scale(t.forward_ms),
+        backward_ms=scale(t.backward_ms),
+        source=f"derived from {ref}",
+    )
+
+
+def make_problem(
+    model: ModelProfile,
+    cluster: Cluster,
+    config: TrainingConfig,
+    catalog: dict[str, DeviceType] | None = None,
+) -> Problem:
+    """Bundle the inputs and resolve a timing for every device type in the cluster.
+
+    Specs of reference types not in the cluster are taken from ``catalog`` (default: the
+    shipped catalog) and added to the cluster's ``device_types`` so that a plan embedding
+    the cluster stays self-contained.
+
+    Raises:
+        InputError: a type needs derived times but no timed type has a known spec.
+    """
+    known = {**(load_catalog() if catalog is None else catalog), **cluster.device_types}
+    types_used = sorted({d.type for d in cluster.devices})
+    timings: dict[str, Timing] = {}
+    assumptions: list[str] = []
+    extra_types: dict[str, DeviceType] = {}
+    for name in types_used:
+        if name in model.timings:
+            timings[name] = model.timings[name]
+            continue
+        refs = [r for r in sorted(model.timings) if r in known]
+        if not refs:
+            raise InputError(
+                f"model profile {model.name!r}",
+                "$.timings",
+                f"has times for {sorted(model.timings)} but the cluster uses {name!r}; "
+                "profile the model on that type, or add the timed type's spec to the "
+                "cluster's device_types so times can be derived",
+            )
+        target = known[name]
+        ref = min(
+            refs,
+            key=lambda r: (abs(math.log(known[r].effective_gflops / target.effective_gflops)), r),
+        )
+        factor = known[ref].effective_gflops / target.effective_gflops
+        timings[name] = _scaled(model.timings[ref], factor, ref)
+        if ref not in cluster.device_types:
+            extra_types[ref] = known[ref]
+        assumptions.append(
+            f"times for {name} derived from {ref} x {factor:.4g} "
+            f"(effective GFLOP/s {known[ref].effective_gflops:.4g} / "
+            f"{target.effective_gflops:.4g})"
+        )
+    if extra_types:
+        cluster = replace(cluster, device_types={**cluster.device_types, **extra_types})
+    for name in types_used:
+        if len(timings[name].batch_sizes) == 1:
+            assumptions.append(
+                f"times for {name} come from one batch size "
+                f"({timings[name].batch_sizes[0]}); other batch sizes scale proportionally"
+            )
+    return Problem(model, cluster, config, timings, tuple(assumptions))
