@@ -149,7 +149,9 @@ class Cluster:
     def budget_bytes(self, i: int) -> float:
         """Usable memory of device ``i`` (total x usable fraction)."""
         d = self.devices[i]
-        frac = d.usable_fraction if d.usable_fraction is not None else self.type_of(i).usable_fraction
+        frac = d.usable_fraction
+        if frac is None:
+            frac = self.type_of(i).usable_fraction
         return self.memory_bytes(i) * frac
 
     def bandwidth_mbps(self, i: int, j: int) -> float:
@@ -227,8 +229,9 @@ class Cluster:
         for i, d in enumerate(doc["devices"]):
             if d["id"] in seen:
                 raise InputError(
-                    source, f"$.devices[{i}].id", f"device id {d['id']!r} is used twice; "
-                    "give every device a unique id"
+                    source,
+                    f"$.devices[{i}].id",
+                    f"device id {d['id']!r} is used twice; give every device a unique id",
                 )
             seen.add(d["id"])
             if d["type"] not in known:
@@ -254,7 +257,8 @@ class Cluster:
             for end in ("a", "b"):
                 if link[end] not in seen:
                     raise InputError(
-                        source, f"$.network.links[{k}].{end}",
+                        source,
+                        f"$.network.links[{k}].{end}",
                         f"link names device {link[end]!r}, which is not in devices",
                     )
             links.append(

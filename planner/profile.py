@@ -10,6 +10,7 @@ between them (see :mod:`planner.cost`), never assuming time proportional to batc
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,21 +140,24 @@ def _matrix(
 ) -> tuple[tuple[float, ...], ...]:
     if len(rows) != n_blocks:
         raise InputError(
-            source, path, f"has {len(rows)} rows but the profile has {n_blocks} blocks; "
-            "give one row per block"
+            source,
+            path,
+            f"has {len(rows)} rows but the profile has {n_blocks} blocks; give one row per block",
         )
     for i, row in enumerate(rows):
         if len(row) != n_batch:
             raise InputError(
-                source, f"{path}[{i}]", f"has {len(row)} times but there are {n_batch} "
-                "batch sizes; give one time per batch size"
+                source,
+                f"{path}[{i}]",
+                f"has {len(row)} times but there are {n_batch} "
+                "batch sizes; give one time per batch size",
             )
     return tuple(tuple(float(x) for x in row) for row in rows)
 
 
 def _timing_from_dict(t: dict[str, Any], n_blocks: int, source: str, path: str) -> Timing:
     sizes = tuple(t["batch_sizes"])
-    if any(b <= a for a, b in zip(sizes, sizes[1:], strict=False)):
+    if any(b <= a for a, b in itertools.pairwise(sizes)):
         raise InputError(source, f"{path}.batch_sizes", "batch sizes must be strictly increasing")
     n = len(sizes)
 

@@ -1,0 +1,258 @@
+"""``edgepipe`` command line: a thin shell over the library.
+
+Every command prints a human summary; files are written only where ``-o`` says (``-o -``
+writes the JSON document to stdout, after any solver has finished). Errors of edgepipe
+(:class:`~planner.errors.EdgepipeError`) are printed as one message and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from planner import api
+from planner.config import OPTIMIZER_STATE, TrainingConfig
+from planner.errors import EdgepipeError
+from planner.plan import Plan, load_plan, plan_to_dict, save_plan
+from planner.schema import KINDS, read_json, validate
+from planner.simulator import gpipe, one_f_one_b, simulate
+
+out = Console()
+err = Console(stderr=True)
+
+GIB = 2**30
+
+
+def _config_from_args(args: argparse.Namespace) -> TrainingConfig | Path | None:
+    if args.config:
+        return Path(args.config)
+    cands = tuple(int(x) for x in args.micro_batches.split(",")) if args.micro_batches else None
+    return TrainingConfig(
+        global_batch=args.global_batch,
+        micro_batch_candidates=cands,
+        optimizer=args.optimizer,
+        schedule=args.schedule,
+        warmup=args.warmup,
+        max_stages=args.max_stages,
+    )
+
+
+def plan_table(plan: Plan) -> Table:
+    """Per-stage summary of a plan as a rich table."""
+    cost, part = plan.cost, plan.partition
+    table = Table(
+        title=(
+            f"{plan.id}  ({plan.solver.name}, {plan.solver.status}, "
+            f"{plan.solver.solve_time_s:.2f} s)\n"
+            f"{plan.problem.model.name} on {plan.problem.cluster.name}: micro-batch "
+            f"{part.micro_batch_size} x {part.num_micro_batches}, "
+            f"iteration {cost.iteration_ms:.1f} ms, {cost.samples_per_s:.2f} samples/s, "
+            f"bottleneck {cost.bottleneck}"
+        ),
+        title_justify="left",
+    )
+    for col in (
+        "stage",
+        "blocks",
+        "devices (samples)",
+        "K",
+        "fwd ms",
+        "bwd ms",
+        "allreduce ms",
+        "link out ms",
+        "peak mem",
+    ):
+        table.add_column(col, justify="right" if col not in ("devices (samples)",) else "left")
+    for p, (stage, sc) in enumerate(zip(part.stages, cost.stages, strict=True)):
+        devices = ", ".join(f"{d} ({y})" for d, y in zip(stage.devices, stage.samples, strict=True))
+        peak = max(m / b for m, b in zip(sc.memory_bytes, sc.budget_bytes, strict=True))
+        table.add_row(
+            str(p),
+            f"{stage.first}-{stage.end - 1}",
+            devices,
+            str(sc.warmup),
+            f"{sc.forward_ms:.1f}",
+            f"{sc.backward_ms:.1f}",
+            f"{sc.allreduce_ms:.1f}",
+            f"{sc.link_out_ms:.1f}" if p + 1 < part.num_stages else "-",
+            f"{peak:.0%}",
+        )
+    return table
+
+
+def _print_plan(plan: Plan) -> None:
+    out.print(plan_table(plan))
+    idle = [d.id for d in plan.problem.cluster.devices if d.id not in plan.partition.used_devices()]
+    if idle:
+        out.print(f"idle devices: {', '.join(idle)}")
+    for note in plan.problem.assumptions:
+        out.print(f"[dim]assumption: {note}[/dim]")
+
+
+def _progress_callback(progress: Progress, label: str) -> Callable[[int, int], None]:
+    task = progress.add_task(label, total=None)
+
+    def update(done: int, total: int) -> None:
+        progress.update(task, completed=done, total=total)
+
+    return update
+
+
+def _solve(args: argparse.Namespace) -> Plan:
+    problem = api.load_problem(args.model, args.cluster, _config_from_args(args))
+    with Progress(console=err, transient=True) as progress:
+        return api.solve(problem, args.solver, _progress_callback(progress, "planning"))
+
+
+def cmd_plan(args: argparse.Namespace) -> None:
+    plan = _solve(args)
+    if args.output == "-":
+        sys.stdout.write(json.dumps(plan_to_dict(plan), indent=1) + "\n")
+        return
+    _print_plan(plan)
+    if args.output:
+        save_plan(plan, args.output)
+        out.print(f"wrote {args.output}")
+
+
+def cmd_show(args: argparse.Namespace) -> None:
+    plan = load_plan(args.plan)
+    _print_plan(plan)
+    if args.output:
+        from planner.gantt import draw_gantt
+
+        timeline = simulate(plan.cost.chain)
+        draw_gantt(timeline, args.output, title=f"{plan.id}: one iteration (1F1B)")
+        out.print(f"wrote {args.output}")
+
+
+def cmd_simulate(args: argparse.Namespace) -> None:
+    from planner.gantt import timeline_text
+
+    plan = load_plan(args.plan)
+    chain = plan.cost.chain
+    schedule = gpipe(chain) if args.schedule == "gpipe" else one_f_one_b(chain)
+    timeline = simulate(chain, schedule)
+    _print_plan(plan)
+    out.print(timeline_text(timeline))
+    predicted = plan.cost.iteration_ms
+    out.print(
+        f"simulated {timeline.makespan_ms:.1f} ms vs cost model {predicted:.1f} ms "
+        f"(Asteroid closed form {plan.cost.closed_form_ms:.1f} ms)"
+    )
+
+
+def cmd_validate(args: argparse.Namespace) -> None:
+    doc = read_json(args.file)
+    kind = doc.get("kind") if isinstance(doc, dict) else None
+    if kind not in KINDS:
+        raise EdgepipeError(f"{args.file}: $.kind is {kind!r}; expected one of {sorted(KINDS)}")
+    if kind == "edgepipe.plan":
+        load_plan(args.file)
+    else:
+        validate(doc, kind, args.file)
+    out.print(f"{args.file}: valid {kind}")
+
+
+def cmd_import_pipedream(args: argparse.Namespace) -> None:
+    from planner.importers.pipedream import import_pipedream
+
+    profile = import_pipedream(
+        args.graph, batch_size=args.batch_size, device_type=args.device_type, name=args.name
+    )
+    Path(args.output).write_text(json.dumps(profile.to_dict(), indent=1) + "\n")
+    out.print(f"wrote {args.output}: {profile.name}, {profile.num_blocks} blocks")
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    outdir = Path(args.out)
+    outdir.mkdir(parents=True, exist_ok=True)
+    out.rule(f"edgepipe demo: {api.DEMO_MODEL} on {api.DEMO_CLUSTER}")
+    problem = api.load_problem(api.DEMO_MODEL, api.DEMO_CLUSTER)
+    with Progress(console=err, transient=True) as progress:
+        plan = api.solve(problem, "dp", _progress_callback(progress, "planning (dp)"))
+    _print_plan(plan)
+    path = outdir / "plan.json"
+    save_plan(plan, path)
+    timeline = simulate(plan.cost.chain)
+    from planner.gantt import draw_gantt
+
+    draw_gantt(timeline, outdir / "gantt.png", title=f"{plan.id}: one iteration (1F1B)")
+    out.print(
+        f"simulated iteration {timeline.makespan_ms:.1f} ms (cost model "
+        f"{plan.cost.iteration_ms:.1f} ms); wrote {path} and {outdir / 'gantt.png'}"
+    )
+
+
+def _add_problem_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="model profile file or shipped name")
+    p.add_argument("--cluster", required=True, help="cluster file or shipped name")
+    p.add_argument("--config", help="training config file (overrides the options below)")
+    p.add_argument("--global-batch", type=int, default=api.DEMO_GLOBAL_BATCH)
+    p.add_argument("--micro-batches", help="comma-separated micro-batch size candidates")
+    p.add_argument("--optimizer", choices=sorted(OPTIMIZER_STATE), default="momentum")
+    p.add_argument("--schedule", choices=["1f1b", "gpipe"], default="1f1b")
+    p.add_argument("--warmup", choices=["asteroid", "classic"], default="asteroid")
+    p.add_argument("--max-stages", type=int)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="edgepipe",
+        description="Plan hybrid pipeline-parallel training on heterogeneous edge devices.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("plan", help="solve for the best plan and write it as JSON")
+    _add_problem_args(p)
+    p.add_argument("--solver", default="dp", help="planner to use (dp)")
+    p.add_argument("-o", "--output", help="plan file to write ('-' for stdout)")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("show", help="print a plan's summary; -o draws its timeline (PNG)")
+    p.add_argument("plan")
+    p.add_argument("-o", "--output", help="Gantt chart PNG to write")
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("simulate", help="replay a plan's iteration in the event simulator")
+    p.add_argument("plan")
+    p.add_argument("--schedule", choices=["1f1b", "gpipe"], default="1f1b")
+    p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("validate", help="check any edgepipe JSON document against its schema")
+    p.add_argument("file")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("import-pipedream", help="convert a PipeDream graph.txt profile")
+    p.add_argument("graph")
+    p.add_argument("-o", "--output", required=True)
+    p.add_argument("--batch-size", type=int, default=128, help="batch the graph was profiled at")
+    p.add_argument("--device-type", default="v100", help="catalog type it was profiled on")
+    p.add_argument("--name", help="model name (default: the file's stem)")
+    p.set_defaults(func=cmd_import_pipedream)
+
+    p = sub.add_parser("demo", help="plan the demo model on the demo cluster and show it")
+    p.add_argument("--out", default="out/demo", help="folder for plan.json and gantt.png")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except EdgepipeError as exc:
+        err.print(f"[bold red]error:[/bold red] {exc}", highlight=False)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,271 @@
+"""Plan: a partition plus everything needed to use it alone, and its JSON form.
+
+A plan file embeds the model profile, the cluster and the training config it was solved
+for, so ``simulate``, ``show``, ``replan`` and ``run`` need nothing else. On load, the
+decision (micro-batch size and count, stages, samples) and the inputs are authoritative;
+every predicted figure is recomputed by :mod:`planner.cost`, and the decision is checked
+against the inputs (:class:`~planner.errors.PlanMismatchError` if it does not fit).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from planner.cluster import Cluster
+from planner.config import TrainingConfig
+from planner.cost import CostModel, PlanCost
+from planner.errors import PlanMismatchError
+from planner.partition import Partition, StageAssignment
+from planner.problem import Problem, make_problem
+from planner.profile import ModelProfile
+from planner.schema import load_document, validate
+
+KIND = "edgepipe.plan"
+SOLVER_STATUSES = ("optimal", "feasible", "timed_out", "heuristic")
+
+
+@dataclass(frozen=True)
+class SolverInfo:
+    """Which planner produced the plan, how, and how sure it is."""
+
+    name: str
+    settings: dict[str, Any] = field(default_factory=dict)
+    solve_time_s: float = 0.0
+    status: str = "heuristic"
+    objective_bound_ms: float | None = None
+    gap: float | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A validated plan. ``cost`` holds the cost model's figures for ``partition``."""
+
+    id: str
+    parent_id: str | None
+    created: str
+    solver: SolverInfo
+    problem: Problem
+    partition: Partition
+    cost: PlanCost
+
+
+def check_partition(problem: Problem, partition: Partition) -> None:
+    """Raise :class:`PlanMismatchError` unless ``partition`` fits ``problem``: stages
+    cover blocks [0, L) contiguously, every device exists and serves one stage, samples
+    sum to the micro-batch size, and micro-batch size x count = global batch."""
+    n_blocks = problem.model.num_blocks
+    g = problem.config.global_batch
+    mb, m = partition.micro_batch_size, partition.num_micro_batches
+    if mb * m != g:
+        raise PlanMismatchError(
+            f"micro-batch size {mb} x {m} micro-batches = {mb * m}, but the config's "
+            f"global batch is {g}; re-plan for this config"
+        )
+    expected_first = 0
+    seen: set[str] = set()
+    for p, stage in enumerate(partition.stages):
+        if stage.first != expected_first or stage.end <= stage.first:
+            raise PlanMismatchError(
+                f"stage {p} covers blocks [{stage.first}, {stage.end}) but should start at "
+                f"block {expected_first} and be non-empty; stages must tile the model's "
+                f"{n_blocks} blocks in order"
+            )
+        expected_first = stage.end
+        for dev in stage.devices:
+            if not problem.cluster.has_device(dev):
+                raise PlanMismatchError(
+                    f"stage {p} uses device {dev!r}, which is not in cluster "
+                    f"{problem.cluster.name!r}; re-plan for this cluster"
+                )
+            if dev in seen:
+                raise PlanMismatchError(f"device {dev!r} serves two stages; a device runs one")
+            seen.add(dev)
+        if sum(stage.samples) != mb:
+            raise PlanMismatchError(
+                f"stage {p}'s devices take {sum(stage.samples)} samples per micro-batch, "
+                f"but the micro-batch size is {mb}"
+            )
+    if expected_first != n_blocks:
+        raise PlanMismatchError(
+            f"the stages cover blocks [0, {expected_first}) but model "
+            f"{problem.model.name!r} has {n_blocks} blocks; the plan was made for another "
+            "model, re-plan for this one"
+        )
+
+
+def _digest(problem: Problem, partition: Partition) -> str:
+    payload = json.dumps(
+        {
+            "model": problem.model.to_dict(),
+            "cluster": problem.cluster.to_dict(),
+            "config": problem.config.to_dict(),
+            "decision": _decision_dict(partition),
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _decision_dict(partition: Partition) -> dict[str, Any]:
+    return {
+        "micro_batch_size": partition.micro_batch_size,
+        "num_micro_batches": partition.num_micro_batches,
+        "stages": [[s.first, s.end, list(s.devices), list(s.samples)] for s in partition.stages],
+    }
+
+
+def make_plan(
+    problem: Problem,
+    partition: Partition,
+    solver: SolverInfo,
+    parent_id: str | None = None,
+    cost: PlanCost | None = None,
+) -> Plan:
+    """Check ``partition`` against ``problem``, score it and wrap it as a :class:`Plan`.
+
+    The id is a content hash of inputs and decision, so the same plan has the same id.
+    """
+    check_partition(problem, partition)
+    if cost is None:
+        cost = CostModel(problem, partition.micro_batch_size).evaluate(partition)
+    return Plan(
+        id=f"plan-{_digest(problem, partition)}",
+        parent_id=parent_id,
+        created=datetime.now(UTC).isoformat(timespec="seconds"),
+        solver=solver,
+        problem=problem,
+        partition=partition,
+        cost=cost,
+    )
+
+
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    """The plan's JSON document (schema ``plan/1``)."""
+    part, cost, problem = plan.partition, plan.cost, plan.problem
+    stages = []
+    for p, (stage, sc) in enumerate(zip(part.stages, cost.stages, strict=True)):
+        devices = [
+            {
+                "id": dev,
+                "samples": y,
+                "forward_ms": f,
+                "backward_ms": b,
+                "memory_bytes": mem,
+                "memory_limit_bytes": lim,
+            }
+            for dev, y, f, b, mem, lim in zip(
+                stage.devices,
+                stage.samples,
+                sc.device_forward_ms,
+                sc.device_backward_ms,
+                sc.memory_bytes,
+                sc.budget_bytes,
+                strict=True,
+            )
+        ]
+        stages.append(
+            {
+                "index": p,
+                "layers": [stage.first, stage.end],
+                "warmup": sc.warmup,
+                "forward_ms": sc.forward_ms,
+                "backward_ms": sc.backward_ms,
+                "allreduce_ms": sc.allreduce_ms,
+                "link_out_ms": sc.link_out_ms,
+                "devices": devices,
+            }
+        )
+    used = set(part.used_devices())
+    solver: dict[str, Any] = {
+        "name": plan.solver.name,
+        "settings": dict(plan.solver.settings),
+        "solve_time_s": plan.solver.solve_time_s,
+        "status": plan.solver.status,
+    }
+    if plan.solver.objective_bound_ms is not None:
+        solver["objective_bound_ms"] = plan.solver.objective_bound_ms
+    if plan.solver.gap is not None:
+        solver["gap"] = plan.solver.gap
+    return {
+        "schema_version": 1,
+        "kind": KIND,
+        "id": plan.id,
+        "parent_id": plan.parent_id,
+        "created": plan.created,
+        "solver": solver,
+        "inputs": {
+            "model": problem.model.to_dict(),
+            "cluster": problem.cluster.to_dict(),
+            "config": problem.config.to_dict(),
+        },
+        "micro_batch_size": part.micro_batch_size,
+        "num_micro_batches": part.num_micro_batches,
+        "stages": stages,
+        "idle_devices": [d.id for d in problem.cluster.devices if d.id not in used],
+        "prediction": {
+            "iteration_ms": cost.iteration_ms,
+            "samples_per_s": cost.samples_per_s,
+            "bottleneck": cost.bottleneck,
+            "dominant_step": cost.dominant_step,
+            "peak_memory_fraction": cost.peak_memory_fraction,
+        },
+        "assumptions": list(problem.assumptions),
+    }
+
+
+def plan_from_dict(doc: Any, source: str = "<plan>") -> Plan:
+    """Validate a plan document, rebuild its inputs and re-score its decision."""
+    validate(doc, KIND, source)
+    inputs = doc["inputs"]
+    model = ModelProfile.from_dict(inputs["model"], f"{source}: inputs.model")
+    cluster = Cluster.from_dict(inputs["cluster"], f"{source}: inputs.cluster", catalog={})
+    config = TrainingConfig.from_dict(inputs["config"], f"{source}: inputs.config")
+    problem = make_problem(model, cluster, config, catalog={})
+    for p, stage in enumerate(doc["stages"]):
+        if stage["index"] != p:
+            raise PlanMismatchError(f"{source}: stage at position {p} has index {stage['index']}")
+    partition = Partition(
+        micro_batch_size=doc["micro_batch_size"],
+        num_micro_batches=doc["num_micro_batches"],
+        stages=tuple(
+            StageAssignment(
+                first=s["layers"][0],
+                end=s["layers"][1],
+                devices=tuple(d["id"] for d in s["devices"]),
+                samples=tuple(d["samples"] for d in s["devices"]),
+            )
+            for s in doc["stages"]
+        ),
+    )
+    try:
+        check_partition(problem, partition)
+    except PlanMismatchError as exc:
+        raise PlanMismatchError(f"{source}: {exc}") from None
+    s = doc["solver"]
+    solver = SolverInfo(
+        name=s["name"],
+        settings=dict(s["settings"]),
+        solve_time_s=s["solve_time_s"],
+        status=s["status"],
+        objective_bound_ms=s.get("objective_bound_ms"),
+        gap=s.get("gap"),
+    )
+    cost = CostModel(problem, partition.micro_batch_size).evaluate(partition)
+    return Plan(doc["id"], doc["parent_id"], doc["created"], solver, problem, partition, cost)
+
+
+def save_plan(plan: Plan, path: str | Path) -> None:
+    """Write the plan as indented JSON (atomically: a temp file renamed into place)."""
+    target = Path(path)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(json.dumps(plan_to_dict(plan), indent=1) + "\n")
+    tmp.replace(target)
+
+
+def load_plan(path: str | Path) -> Plan:
+    return plan_from_dict(load_document(path, KIND), str(path))

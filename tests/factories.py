@@ -1,0 +1,64 @@
+"""Small synthetic problems for tests: random but seeded, so every expected value is
+reproducible. Device types are embedded, so nothing depends on the shipped catalog."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from planner.cluster import Cluster, Device, DeviceType, Link, Network
+from planner.config import TrainingConfig
+from planner.problem import Problem, make_problem
+from planner.profile import Block, ModelProfile, Timing
+
+
+def device_type(name: str, memory: float, gflops: float, bandwidth_mbps: float = 1e4) -> DeviceType:
+    return DeviceType(name, name, memory, 1.0, gflops, 0.5, "test", bandwidth_mbps, {})
+
+
+def random_problem(
+    blocks: int,
+    devices: int,
+    *,
+    seed: int = 0,
+    global_batch: int = 8,
+    candidates: tuple[int, ...] | None = (2, 4),
+    memory: tuple[float, ...] = (8e9, 4e9),
+    shared: bool = True,
+    optimizer: str = "momentum",
+    warmup: str = "asteroid",
+    schedule: str = "1f1b",
+    links: tuple[Link, ...] = (),
+    bandwidth_mbps: float = 100.0,
+) -> Problem:
+    """``blocks`` random blocks on ``devices`` devices alternating between two types
+    (fast with ``memory[0]`` bytes, slow with ``memory[1]``) on a uniform network
+    (``bandwidth_mbps``, 1 ms) unless ``links`` override pairs."""
+    rng = np.random.default_rng(seed)
+    types = {
+        "fast": device_type("fast", memory[0], 200.0, 1e5),
+        "slow": device_type("slow", memory[1], 60.0, 1e5),
+    }
+    names = ["fast", "slow"]
+    devs = tuple(Device(f"d{i}", names[i % 2]) for i in range(devices))
+    cluster = Cluster("test", devs, Network(bandwidth_mbps, 1.0, shared, links), types)
+    blocks_ = tuple(
+        Block(
+            f"b{i}",
+            param_bytes=float(rng.integers(1, 50)) * 1e5,
+            output_bytes_per_sample=float(rng.integers(1, 20)) * 1e4,
+            saved_bytes_per_sample=float(rng.integers(1, 50)) * 1e4,
+        )
+        for i in range(blocks)
+    )
+    sizes = (1, 2, 4, 8)
+    timings = {}
+    for name, spec in types.items():
+        base = rng.uniform(1.0, 10.0, size=blocks) * 100.0 / spec.peak_fp32_gflops
+        fwd = tuple(tuple(float(b * (0.4 + 0.6 * s)) for s in sizes) for b in base)
+        bwd = tuple(tuple(2.0 * v for v in row) for row in fwd)
+        timings[name] = Timing(sizes, fwd, bwd)
+    model = ModelProfile("synthetic", {"kind": "analytic"}, 1e4, blocks_, timings)
+    config = TrainingConfig(
+        global_batch, candidates, optimizer=optimizer, schedule=schedule, warmup=warmup
+    )
+    return make_problem(model, cluster, config, catalog=types)

@@ -1,0 +1,95 @@
+"""Algorithm 1 (planner.allocation): proportional split + straggler offloading."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from planner.allocation import allocate
+
+
+def table_from(times: list[list[float]]) -> np.ndarray:
+    """(g, 2, Y+1) prefix table for one block whose device d takes times[d][y] at y."""
+    arr = np.asarray(times, dtype=float)
+    return np.stack([np.zeros_like(arr), arr], axis=1)
+
+
+def run(times: list[list[float]], batch: int, caps: list[int] | None = None):
+    table = table_from(times)
+    g = len(times)
+    cap = np.array([caps if caps is not None else [batch] * g])
+    y, ok = allocate(table, np.array([0]), np.array([1]), batch, cap)
+    return list(y[0]), bool(ok[0])
+
+
+def linear(rate: float, batch: int) -> list[float]:
+    return [rate * y for y in range(batch + 1)]
+
+
+def test_equal_devices_split_evenly():
+    assert run([linear(1, 4), linear(1, 4)], 4) == ([2, 2], True)
+
+
+def test_three_times_faster_device_takes_three_quarters():
+    # v = 1/(1*8) and 1/(3*8): shares 6 and 2
+    assert run([linear(1, 8), linear(3, 8)], 8) == ([6, 2], True)
+
+
+def test_memory_cap_moves_samples_to_the_device_with_room():
+    # device 0 is faster but may hold one sample only
+    assert run([linear(1, 4), linear(2, 4)], 4, caps=[1, 4]) == ([1, 3], True)
+
+
+def test_caps_below_the_batch_are_infeasible():
+    _, ok = run([linear(1, 4), linear(1, 4)], 4, caps=[1, 2])
+    assert not ok
+
+
+def test_a_useless_device_is_left_idle():
+    # device 1 needs 100 ms for one sample; device 0 does all 3 in 3 ms
+    y, ok = run([linear(1, 3), [0, 100, 200, 300]], 3)
+    assert ok and y == [3, 0]
+
+
+def test_offloading_fixes_a_bad_proportional_start():
+    # at B=4 both take 8 ms (equal v -> 2/2), but device 1 has a large fixed cost:
+    # t0(y) = 2y, t1(y) = 7 + y/4 for y > 0. Best: y = (3, 1) with max(6, 7.25) = 7.25
+    t1 = [0.0] + [7 + y / 4 for y in range(1, 5)]
+    y, ok = run([linear(2, 4), t1], 4)
+    assert ok and y == [3, 1]
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_result_is_min_max_optimal_against_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    g, batch = int(rng.integers(2, 5)), int(rng.integers(1, 9))
+    times = []
+    for _ in range(g):
+        steps = rng.uniform(0.1, 3.0, size=batch)  # increasing curve with random shape
+        times.append([0.0, *np.cumsum(steps).tolist()])
+    caps = [int(c) for c in rng.integers(0, batch + 1, size=g)]
+    y, ok = run(times, batch, caps)
+    feasible = [
+        c
+        for c in itertools.product(*(range(k + 1) for k in caps))
+        if sum(c) == batch
+    ]
+    assert ok == bool(feasible)
+    if feasible:
+        best = min(max(times[d][c[d]] for d in range(g)) for c in feasible)
+        assert max(times[d][y[d]] for d in range(g)) == pytest.approx(best)
+        assert sum(y) == batch and all(0 <= y[d] <= caps[d] for d in range(g))
+
+
+def test_rows_are_independent():
+    times = [linear(1, 4), linear(3, 4)]
+    table = np.concatenate([table_from(times), table_from([linear(2, 4), linear(2, 4)])[:, 1:]], 1)
+    # rows: block 0 alone, block 1 alone, both blocks
+    first, end = np.array([0, 1, 0]), np.array([1, 2, 2])
+    y, ok = allocate(table, first, end, 4, np.full((3, 2), 4))
+    for r in range(3):
+        y1, _ = allocate(table, first[r : r + 1], end[r : r + 1], 4, np.full((1, 2), 4))
+        assert list(y[r]) == list(y1[0])
+    assert ok.all()

@@ -1,0 +1,160 @@
+"""The cost model (planner.cost) against values worked out by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner.cluster import Cluster, Device, Network
+from planner.config import TrainingConfig
+from planner.cost import (
+    CostModel,
+    batch_curve,
+    closed_form_latency,
+    ring_allreduce_ms,
+    schedule_makespan,
+)
+from planner.partition import Partition, StageAssignment
+from planner.problem import make_problem
+from planner.profile import Block, ModelProfile, Timing
+from planner.simulator import simulate
+from planner.steps import Step, StepChain
+from tests.factories import device_type
+
+
+def hand_problem(shared: bool = False, optimizer: str = "momentum"):
+    """Two blocks timed at batch 1 and 4 on type "t"; 8 Mbit/s = 1000 bytes/ms, 1 ms."""
+    t = device_type("t", 1e7, 100.0)
+    model = ModelProfile(
+        "hand",
+        {"kind": "analytic"},
+        100.0,
+        (Block("b0", 1e6, 500.0, 1000.0), Block("b1", 2e6, 100.0, 3000.0)),
+        {"t": Timing((1, 4), ((1.0, 4.0), (2.0, 5.0)), ((2.0, 8.0), (4.0, 10.0)))},
+    )
+    cluster = Cluster("pair", (Device("A", "t"), Device("B", "t")), Network(8.0, 1.0, shared), {"t": t})
+    return make_problem(model, cluster, TrainingConfig(4, (2,), optimizer=optimizer), catalog={})
+
+
+def test_batch_curve_interpolates_and_extrapolates():
+    curve = batch_curve((1, 4), np.array([[1.0, 4.0]]), 8)[0]
+    # 0 at batch 0; measured points; linear between; last slope (1 ms/sample) beyond
+    assert curve.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
+
+
+def test_batch_curve_with_one_point_is_proportional():
+    assert batch_curve((4,), np.array([[8.0]]), 5)[0].tolist() == [0, 2, 4, 6, 8, 10]
+
+
+def test_batch_curve_is_not_proportional_when_measured_otherwise():
+    # 3 ms at batch 1, 4 ms at batch 2: below batch 1 it scales to 0, above it follows
+    curve = batch_curve((1, 2), np.array([[3.0, 4.0]]), 3)[0]
+    assert curve.tolist() == [0.0, 3.0, 4.0, 5.0]
+
+
+def test_two_stage_plan_figures_by_hand():
+    problem = hand_problem()
+    part = Partition(2, 2, (StageAssignment(0, 1, ("A",), (2,)), StageAssignment(1, 2, ("B",), (2,))))
+    cost = CostModel(problem).evaluate(part)
+    s0, s1 = cost.stages
+    # block 0 at 2 samples: fwd 1 + 3/3 = 2, bwd 2 + 6/3 = 4; block 1: fwd 3, bwd 6
+    assert (s0.forward_ms, s0.backward_ms, s1.forward_ms, s1.backward_ms) == (2, 4, 3, 6)
+    # link: 1 ms + 2 samples x 500 B / 1000 B/ms
+    assert s0.link_out_ms == 2.0
+    # warm-ups 2(P-p)-1 clamped to M = 2
+    assert (s0.warmup, s1.warmup) == (2, 1)
+    # memory: (2 + 1 momentum buffer) x params + K x y x saved
+    assert s0.memory_bytes == (3e6 + 2 * 2 * 1000,)
+    assert s1.memory_bytes == (6e6 + 1 * 2 * 3000,)
+    # steps c = (6, 4, 9): D = max(2*6, 6 + 2*4, 10 + 2*9) = 28; no all-reduce
+    assert cost.closed_form_ms == 28.0
+    # exact 1F1B (worked in the docstring of test_schedule_by_hand): also 28
+    assert cost.iteration_ms == 28.0
+    assert cost.bottleneck == "stage 1"
+    assert cost.samples_per_s == pytest.approx(4 / 28e-3)
+
+
+def test_schedule_by_hand():
+    """S0 (F2, B4), link (2, 2), S1 (F3, B6), M = 2, warm-ups (2, 2, 1).
+
+    S1: F0 4-7, B0 7-13, F1 13-16, B1 16-22. link: B0 13-15, B1 22-24.
+    S0: B0 15-19, B1 24-28. The round ends at 28.
+    """
+    chain = StepChain(
+        (
+            Step("stage", 0, 2.0, 4.0, 0.0, 2),
+            Step("link", 0, 2.0, 2.0, 0.0, 2),
+            Step("stage", 1, 3.0, 6.0, 0.0, 1),
+        ),
+        2,
+    )
+    assert schedule_makespan(chain) == 28.0
+
+
+def test_data_parallel_stage_all_reduce_by_hand():
+    problem = hand_problem()
+    part = Partition(2, 2, (StageAssignment(0, 2, ("A", "B"), (1, 1)),))
+    cost = CostModel(problem).evaluate(part)
+    # ring over 2 devices: 2(g-1)/g x 3e6 B / 1000 B/ms + 2(g-1) x 1 ms = 3002 ms
+    assert cost.stages[0].allreduce_ms == pytest.approx(3002.0)
+    # one step: M x (F + B) at 1 sample = 2 x (1+2 + 2+4) = 18, then the all-reduce
+    assert cost.iteration_ms == pytest.approx(18.0 + 3002.0)
+
+
+def test_shared_medium_all_reduce_serialises_the_ring():
+    # 2(g-1) x W / bw: 2 x 3e6 / 1000 = 6000 ms plus 2 ms latency
+    assert ring_allreduce_ms(3e6, 2, 1000.0, 1.0, True) == pytest.approx(6002.0)
+    assert ring_allreduce_ms(3e6, 1, 1000.0, 1.0, True) == 0.0
+
+
+def test_adam_keeps_two_state_buffers():
+    problem = hand_problem(optimizer="adam")
+    assert CostModel(problem).static_bytes(0, 1) == 4e6
+
+
+chains = st.integers(1, 4).flatmap(
+    lambda p: st.tuples(
+        st.lists(st.floats(0.1, 10), min_size=2 * p - 1, max_size=2 * p - 1),
+        st.lists(st.floats(1.0, 3.0), min_size=2 * p - 1, max_size=2 * p - 1),
+        st.lists(st.floats(0.0, 20), min_size=p, max_size=p),
+        st.integers(1, 12),
+    )
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(chains)
+def test_exact_makespan_equals_the_event_simulator(args):
+    fwd, ratio, allreduce, m = args
+    s_count = len(fwd)
+    steps = tuple(
+        Step(
+            "stage" if s % 2 == 0 else "link",
+            s // 2,
+            fwd[s],
+            fwd[s] * ratio[s] if s % 2 == 0 else fwd[s],
+            allreduce[s // 2] if s % 2 == 0 else 0.0,
+            min(m, s_count - s),
+        )
+        for s in range(s_count)
+    )
+    chain = StepChain(steps, m)
+    assert schedule_makespan(chain) == pytest.approx(simulate(chain).makespan_ms, rel=1e-9)
+
+
+def test_closed_form_by_hand_with_a_hidden_all_reduce():
+    # c = (2, 2, 0.5), M = 2: D = max(4, 2 + 4, 4 + 1) = 6; PB = (0, 1, 2):
+    # X = max(0 - 0, 3 - 2) = 1 -> 7 (the exact round is 6.5: the closed form
+    # starts stage 1's all-reduce after D - PB_2 = 4, the schedule after 3.5)
+    chain = StepChain(
+        (
+            Step("stage", 0, 1.0, 1.0, 0.0, 2),
+            Step("link", 0, 1.0, 1.0, 0.0, 2),
+            Step("stage", 1, 0.25, 0.25, 3.0, 1),
+        ),
+        2,
+    )
+    assert closed_form_latency(chain) == (7.0, 1)
+    assert schedule_makespan(chain) == 6.5
