@@ -1,0 +1,21 @@
+# The two set-up commands of the README. Both create .venv and install what they need.
+#   make demo   plan the demo model on the demo cluster and show the result
+#   make test   lint and run the whole test suite (what CI runs)
+VENV := .venv
+STAMP := $(VENV)/.installed-stamp
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	# the CPU build of torch: see docs/decisions.md (an open range pulls a CUDA build)
+	$(VENV)/bin/pip install -q torch==2.13.0
+	$(VENV)/bin/pip install -q -e '.[executor,dev]'
+	touch $(STAMP)
+
+.PHONY: demo test
+demo: $(STAMP)
+	$(VENV)/bin/edgepipe demo --out out/demo
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check planner executor tests benchmarks
+	$(VENV)/bin/python -m pytest -q

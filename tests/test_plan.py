@@ -1,0 +1,115 @@
+"""Plan JSON (planner.plan): round trip, self-containment, mismatch errors."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from planner.dp import plan_dp
+from planner.errors import InputError, PlanMismatchError, SchemaVersionError
+from planner.plan import SolverInfo, load_plan, make_plan, plan_from_dict, plan_to_dict, save_plan
+from planner.schema import validate
+from tests.factories import random_problem
+
+
+@pytest.fixture(scope="module")
+def plan():
+    problem = random_problem(8, 4, seed=1, global_batch=16, candidates=(2, 4, 8),
+                             bandwidth_mbps=1e4)
+    result = plan_dp(problem)
+    return make_plan(problem, result.partition, SolverInfo("dp", solve_time_s=0.1),
+                     cost=result.cost)
+
+
+def test_plan_document_validates_and_round_trips(plan, tmp_path):
+    doc = plan_to_dict(plan)
+    validate(doc, "edgepipe.plan", "test")
+    path = tmp_path / "plan.json"
+    save_plan(plan, path)
+    again = load_plan(path)
+    assert again.partition == plan.partition
+    assert again.problem.model == plan.problem.model
+    assert again.problem.config == plan.problem.config
+    assert again.cost.iteration_ms == plan.cost.iteration_ms
+    assert plan_to_dict(again) == doc
+
+
+def test_plan_id_is_a_content_hash(plan):
+    same = make_plan(plan.problem, plan.partition, SolverInfo("other"))
+    assert same.id == plan.id
+    assert same.id.startswith("plan-")
+
+
+def test_plan_records_prediction_and_every_stage(plan):
+    doc = plan_to_dict(plan)
+    assert doc["prediction"]["iteration_ms"] == plan.cost.iteration_ms
+    assert sum(len(s["devices"]) for s in doc["stages"]) + len(doc["idle_devices"]) == 4
+    for stage in doc["stages"]:
+        assert sum(d["samples"] for d in stage["devices"]) == doc["micro_batch_size"]
+        for d in stage["devices"]:
+            assert d["memory_bytes"] <= d["memory_limit_bytes"]
+
+
+def mutate(plan, change):
+    doc = copy.deepcopy(plan_to_dict(plan))
+    change(doc)
+    return doc
+
+
+def test_plan_for_another_model_is_rejected(plan):
+    def drop_block(doc):
+        doc["inputs"]["model"]["blocks"].pop()
+        for t in doc["inputs"]["model"]["timings"].values():
+            t["forward_ms"].pop()
+            t["backward_ms"].pop()
+
+    with pytest.raises(PlanMismatchError, match="blocks"):
+        plan_from_dict(mutate(plan, drop_block))
+
+
+def test_unknown_device_is_rejected(plan):
+    def rename(doc):
+        doc["stages"][0]["devices"][0]["id"] = "ghost"
+
+    with pytest.raises(PlanMismatchError, match="ghost"):
+        plan_from_dict(mutate(plan, rename))
+
+
+def test_samples_must_sum_to_the_micro_batch(plan):
+    def bump(doc):
+        doc["stages"][0]["devices"][0]["samples"] += 1
+
+    with pytest.raises(PlanMismatchError, match="samples per micro-batch"):
+        plan_from_dict(mutate(plan, bump))
+
+
+def test_micro_batches_must_make_the_global_batch(plan):
+    def more(doc):
+        doc["num_micro_batches"] += 1
+
+    with pytest.raises(PlanMismatchError, match="global batch"):
+        plan_from_dict(mutate(plan, more))
+
+
+def test_newer_schema_version_names_the_fix(plan):
+    def newer(doc):
+        doc["schema_version"] = 2
+
+    with pytest.raises(SchemaVersionError, match="schema version 2 is not supported"):
+        plan_from_dict(mutate(plan, newer))
+
+
+def test_malformed_plan_file_is_an_input_error(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text('{"schema_version": 1, "kind": "edgepipe.plan",')
+    with pytest.raises(InputError, match="not valid JSON"):
+        load_plan(path)
+
+
+def test_wrong_document_kind_is_named(plan, tmp_path):
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps(plan.problem.model.to_dict()))
+    with pytest.raises(InputError, match="edgepipe.model_profile"):
+        load_plan(path)
