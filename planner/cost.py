@@ -141,6 +141,27 @@ def stage_memory_bytes(static_bytes, warmup, samples, saved_per_sample):
     return static_bytes + warmup * samples * saved_per_sample
 
 
+def samples_that_fit(budget, static_bytes, warmup, saved_per_sample, batch: int):
+    """Eq. 3 solved for y: the most samples (<= ``batch``) a device of ``budget`` bytes can
+    take with ``warmup`` micro-batches in flight; 0 if even the static state does not fit.
+    Elementwise on numpy arrays."""
+    room = np.asarray(budget) - static_bytes
+    per = warmup * np.asarray(saved_per_sample, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        most = np.where(per > 0, np.floor(room / np.where(per > 0, per, 1)), batch)
+    return np.clip(np.where(room < 0, 0, most), 0, batch).astype(np.int64)
+
+
+def warmup_that_fits(budget, static_bytes, samples, saved_per_sample):
+    """Eq. 3 solved for K: the deepest warm-up at which a device taking ``samples`` fits
+    (inf when it holds no activations, -inf when the static state alone overflows)."""
+    room = np.asarray(budget) - static_bytes
+    per = np.asarray(samples) * np.asarray(saved_per_sample, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        depth = np.where(per > 0, np.floor(room / np.where(per > 0, per, 1)), np.inf)
+    return np.where(room < 0, -np.inf, depth)
+
+
 def closed_form_latency(chain: StepChain) -> tuple[float, int]:
     """Asteroid's HPP-Round latency and dominant step (module docstring; Eqs. 4-6, 11).
 

@@ -63,8 +63,9 @@ from planner.cost import (
     CostModel,
     PlanCost,
     ring_allreduce_ms,
-    stage_memory_bytes,
+    samples_that_fit,
     transfer_ms,
+    warmup_that_fits,
 )
 from planner.errors import InfeasibleError
 from planner.partition import Partition, StageAssignment
@@ -134,59 +135,83 @@ class _Search:
         self.static = cm.state_factor * (cm.param_prefix[end] - cm.param_prefix[first])
         self.saved = cm.saved_prefix[end] - cm.saved_prefix[first]
         self.grad = cm.param_prefix[end] - cm.param_prefix[first]
-        self._base: dict[tuple[int, int, int], np.ndarray] = {}
+        self._base: dict[tuple[int, int, int], tuple[np.ndarray, ...]] = {}
         self._tables: dict[tuple[int, int, int, int], tuple[np.ndarray, ...]] = {}
 
     # -- heads ---------------------------------------------------------------------------
-    def _caps(self, a: int, b: int, rows: np.ndarray, warmup: int, batch: int) -> np.ndarray:
-        """Most samples per device of [a, b) for each row under ``warmup`` (Eq. 3)."""
-        room = self.budget[a:b][None, :] - self.static[rows][:, None]
-        per = warmup * self.saved[rows][:, None]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            caps = np.where(per > 0, np.floor(room / np.where(per > 0, per, 1)), batch)
-        caps = np.where(room < 0, 0, caps)
-        return np.clip(caps, 0, batch).astype(np.int64)
+    def _unconstrained(self, a: int, b: int, batch: int) -> tuple[np.ndarray, ...]:
+        """Algorithm 1 on devices [a, b) for every layer range, ignoring memory, cached:
+        samples, feasibility, and the deepest warm-up each row fits (Eq. 3 solved for K)."""
+        key = (a, b, batch)
+        if key not in self._base:
+            n_rows = len(self.rows_first)
+            y, ok = allocate(
+                self.fb[a:b], self.rows_first, self.rows_end, batch, np.full((n_rows, b - a), batch)
+            )
+            depth = warmup_that_fits(
+                self.budget[a:b][None, :], self.static[:, None], y, self.saved[:, None]
+            )
+            depth = np.where(y > 0, depth, INF).min(axis=1)
+            self._base[key] = (y, ok, depth)
+        return self._base[key]
 
-    def allocation(self, a: int, b: int, rows: np.ndarray, warmup: int, batch: int):
+    def allocation(
+        self, a: int, b: int, rows: np.ndarray, warmup: int, batch: int
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Algorithm 1 for devices [a, b) over ``rows`` (indices into the layer ranges):
-        the memory-unconstrained split where it fits ``warmup``, else the capped split."""
-        table = self.fb[a:b]
-        first, end = self.rows_first[rows], self.rows_end[rows]
-        y, _ = allocate(table, first, end, batch, np.full((len(rows), b - a), batch))
-        mem = stage_memory_bytes(self.static[rows][:, None], warmup, y, self.saved[rows][:, None])
-        fits = ((mem <= self.budget[a:b][None, :]) | (y == 0)).all(axis=1)
-        ok = fits.copy()
-        redo = np.flatnonzero(~fits)
+        the memory-unconstrained split where it fits ``warmup``, else the split under
+        per-device caps. Returns (samples, feasible)."""
+        base_y, base_ok, depth = self._unconstrained(a, b, batch)
+        y, ok = base_y[rows].copy(), base_ok[rows].copy()
+        redo = np.flatnonzero(depth[rows] < warmup)
         if len(redo):
-            caps = self._caps(a, b, rows[redo], warmup, batch)
-            y2, ok2 = allocate(table, first[redo], end[redo], batch, caps)
-            y[redo] = y2
-            ok[redo] = ok2
+            sub = rows[redo]
+            caps = samples_that_fit(
+                self.budget[a:b][None, :],
+                self.static[sub][:, None],
+                warmup,
+                self.saved[sub][:, None],
+                batch,
+            )
+            first, end = self.rows_first[rows[redo]], self.rows_end[rows[redo]]
+            y[redo], ok[redo] = allocate(self.fb[a:b], first, end, batch, caps)
         return y, ok
 
-    def head_table(self, a: int, b: int, warmup: int, batch: int) -> tuple[np.ndarray, ...]:
-        """Dense (L+1, L+1) arrays over [first, end): c = E_f + E_b, E_b, T_a (inf if
-        infeasible) for the head on devices [a, b)."""
-        key = (a, b, warmup, batch)
-        if key in self._tables:
-            return self._tables[key]
-        rows = np.arange(len(self.rows_first))
-        y, ok = self.allocation(a, b, rows, warmup, batch)
-        first, end = self.rows_first, self.rows_end
+    def _figures(self, a: int, b: int, rows: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, ...]:
+        """E_f, E_b (Eq. 8) and T_a (§3.3) of the heads ``rows`` on [a, b) with samples y."""
+        first, end = self.rows_first[rows], self.rows_end[rows]
         d = np.arange(b - a)[None, :]
         ef = (self.fwd[a:b][d, end[:, None], y] - self.fwd[a:b][d, first[:, None], y]).max(1)
         eb = (self.bwd[a:b][d, end[:, None], y] - self.bwd[a:b][d, first[:, None], y]).max(1)
         used = y > 0
         pair = used[:, :, None] & used[:, None, :] & ~np.eye(b - a, dtype=bool)[None]
-        sub_bw, sub_lat = self.bw[a:b, a:b], self.lat[a:b, a:b]
-        bw_min = np.where(pair, sub_bw[None], INF).min(axis=(1, 2))
-        lat_max = np.where(pair, sub_lat[None], 0.0).max(axis=(1, 2))
-        ta = ring_allreduce_ms(self.grad, used.sum(1), bw_min, lat_max, self.cm.shared_medium)
+        bw_min = np.where(pair, self.bw[a:b, a:b][None], INF).min(axis=(1, 2))
+        lat_max = np.where(pair, self.lat[a:b, a:b][None], 0.0).max(axis=(1, 2))
+        ta = ring_allreduce_ms(self.grad[rows], used.sum(1), bw_min, lat_max, self.cm.shared_medium)
+        return ef, eb, ta
+
+    def head_table(self, a: int, b: int, warmup: int, batch: int) -> tuple[np.ndarray, ...]:
+        """Dense (L+1, L+1) arrays over [first, end): c = E_f + E_b, E_b, T_a (inf if
+        infeasible) for the head on devices [a, b) with ``warmup`` micro-batches in flight.
+        Rows whose unconstrained split fits reuse its figures (computed once per [a, b))."""
+        key = (a, b, warmup, batch)
+        if key in self._tables:
+            return self._tables[key]
+        base_key = (a, b, -1, batch)
+        all_rows = np.arange(len(self.rows_first))
+        if base_key not in self._tables:
+            base_y, _, _ = self._unconstrained(a, b, batch)
+            self._tables[base_key] = self._figures(a, b, all_rows, base_y)
+        ef, eb, ta = (v.copy() for v in self._tables[base_key])
+        y, ok = self.allocation(a, b, all_rows, warmup, batch)
+        redo = np.flatnonzero(self._unconstrained(a, b, batch)[2] < warmup)
+        if len(redo):
+            ef[redo], eb[redo], ta[redo] = self._figures(a, b, redo, y[redo])
         size = self.n_blk + 1
         out = []
         for values in (ef + eb, eb, ta):
             dense = np.full((size, size), INF)
-            dense[first, end] = np.where(ok, values, INF)
+            dense[self.rows_first, self.rows_end] = np.where(ok, values, INF)
             out.append(dense)
         self._tables[key] = tuple(out)
         return self._tables[key]

@@ -71,11 +71,7 @@ def test_result_is_min_max_optimal_against_brute_force(seed):
         times.append([0.0, *np.cumsum(steps).tolist()])
     caps = [int(c) for c in rng.integers(0, batch + 1, size=g)]
     y, ok = run(times, batch, caps)
-    feasible = [
-        c
-        for c in itertools.product(*(range(k + 1) for k in caps))
-        if sum(c) == batch
-    ]
+    feasible = [c for c in itertools.product(*(range(k + 1) for k in caps)) if sum(c) == batch]
     assert ok == bool(feasible)
     if feasible:
         best = min(max(times[d][c[d]] for d in range(g)) for c in feasible)

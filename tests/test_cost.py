@@ -21,7 +21,7 @@ from planner.problem import make_problem
 from planner.profile import Block, ModelProfile, Timing
 from planner.simulator import simulate
 from planner.steps import Step, StepChain
-from tests.factories import device_type
+from planner.synthetic import device_type
 
 
 def hand_problem(shared: bool = False, optimizer: str = "momentum"):
@@ -34,7 +34,9 @@ def hand_problem(shared: bool = False, optimizer: str = "momentum"):
         (Block("b0", 1e6, 500.0, 1000.0), Block("b1", 2e6, 100.0, 3000.0)),
         {"t": Timing((1, 4), ((1.0, 4.0), (2.0, 5.0)), ((2.0, 8.0), (4.0, 10.0)))},
     )
-    cluster = Cluster("pair", (Device("A", "t"), Device("B", "t")), Network(8.0, 1.0, shared), {"t": t})
+    cluster = Cluster(
+        "pair", (Device("A", "t"), Device("B", "t")), Network(8.0, 1.0, shared), {"t": t}
+    )
     return make_problem(model, cluster, TrainingConfig(4, (2,), optimizer=optimizer), catalog={})
 
 
@@ -56,7 +58,9 @@ def test_batch_curve_is_not_proportional_when_measured_otherwise():
 
 def test_two_stage_plan_figures_by_hand():
     problem = hand_problem()
-    part = Partition(2, 2, (StageAssignment(0, 1, ("A",), (2,)), StageAssignment(1, 2, ("B",), (2,))))
+    part = Partition(
+        2, 2, (StageAssignment(0, 1, ("A",), (2,)), StageAssignment(1, 2, ("B",), (2,)))
+    )
     cost = CostModel(problem).evaluate(part)
     s0, s1 = cost.stages
     # block 0 at 2 samples: fwd 1 + 3/3 = 2, bwd 2 + 6/3 = 4; block 1: fwd 3, bwd 6

@@ -11,7 +11,7 @@ from planner.cost import CostModel
 from planner.dp import _Search, _solve_batch, device_order, plan_dp
 from planner.errors import InfeasibleError
 from planner.partition import Partition, StageAssignment
-from tests.factories import random_problem
+from planner.synthetic import random_problem
 from tests.oracles import brute_force_best
 
 
@@ -59,8 +59,13 @@ def dp_space_best(problem, batch: int) -> float:
 def test_dp_is_optimal_over_its_search_space(seed):
     rng = np.random.default_rng(seed)
     problem = random_problem(
-        int(rng.integers(2, 7)), int(rng.integers(1, 5)), seed=seed, global_batch=8,
-        candidates=(2, 4), memory=(6e7, 3e7), bandwidth_mbps=[100.0, 1e4, 1e5][seed % 3],
+        int(rng.integers(2, 7)),
+        int(rng.integers(1, 5)),
+        seed=seed,
+        global_batch=8,
+        candidates=(2, 4),
+        memory=(6e7, 3e7),
+        bandwidth_mbps=[100.0, 1e4, 1e5][seed % 3],
     )
     cm = CostModel(problem, 4)
     search = _Search(problem, cm, device_order(problem))
@@ -75,8 +80,13 @@ def test_dp_is_optimal_over_its_search_space(seed):
 def test_dp_against_unrestricted_brute_force(seed):
     rng = np.random.default_rng(100 + seed)
     problem = random_problem(
-        int(rng.integers(2, 6)), int(rng.integers(2, 4)), seed=seed, global_batch=4,
-        candidates=(2, 4), memory=(8e9, 4e9), bandwidth_mbps=[1e4, 1e5][seed % 2],
+        int(rng.integers(2, 6)),
+        int(rng.integers(2, 4)),
+        seed=seed,
+        global_batch=4,
+        candidates=(2, 4),
+        memory=(8e9, 4e9),
+        bandwidth_mbps=[1e4, 1e5][seed % 2],
     )
     oracle, _ = brute_force_best(problem)
     result = plan_dp(problem)
@@ -88,8 +98,9 @@ def test_dp_against_unrestricted_brute_force(seed):
 
 @pytest.mark.parametrize("seed", range(10))
 def test_dp_plans_fit_memory(seed):
-    problem = random_problem(8, 4, seed=seed, global_batch=16, candidates=(2, 4, 8),
-                             memory=(2.4e7, 1.2e7))
+    problem = random_problem(
+        8, 4, seed=seed, global_batch=16, candidates=(2, 4, 8), memory=(2.4e7, 1.2e7)
+    )
     try:
         result = plan_dp(problem)
     except InfeasibleError:

@@ -11,16 +11,18 @@ from planner.dp import plan_dp
 from planner.errors import InputError, PlanMismatchError, SchemaVersionError
 from planner.plan import SolverInfo, load_plan, make_plan, plan_from_dict, plan_to_dict, save_plan
 from planner.schema import validate
-from tests.factories import random_problem
+from planner.synthetic import random_problem
 
 
 @pytest.fixture(scope="module")
 def plan():
-    problem = random_problem(8, 4, seed=1, global_batch=16, candidates=(2, 4, 8),
-                             bandwidth_mbps=1e4)
+    problem = random_problem(
+        8, 4, seed=1, global_batch=16, candidates=(2, 4, 8), bandwidth_mbps=1e4
+    )
     result = plan_dp(problem)
-    return make_plan(problem, result.partition, SolverInfo("dp", solve_time_s=0.1),
-                     cost=result.cost)
+    return make_plan(
+        problem, result.partition, SolverInfo("dp", solve_time_s=0.1), cost=result.cost
+    )
 
 
 def test_plan_document_validates_and_round_trips(plan, tmp_path):
@@ -111,5 +113,5 @@ def test_malformed_plan_file_is_an_input_error(tmp_path):
 def test_wrong_document_kind_is_named(plan, tmp_path):
     path = tmp_path / "model.json"
     path.write_text(json.dumps(plan.problem.model.to_dict()))
-    with pytest.raises(InputError, match="edgepipe.model_profile"):
+    with pytest.raises(InputError, match=r"edgepipe\.model_profile"):
         load_plan(path)

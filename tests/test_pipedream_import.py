@@ -1,0 +1,420 @@
+"""Specification of planner.importers.pipedream: the graph.txt format, the DAG-to-chain
+cut rule (worked by hand on small graphs and on the four shipped PipeDream profiles) and
+the InputError contract for malformed files."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import re
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner.errors import InputError
+from planner.importers.pipedream import import_pipedream, parse_pipedream
+from planner.profile import ModelProfile
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / ".." / "shared" / "data" / "pipedream"
+MODELS = REPO / "profiles" / "models"
+#: profiled minibatch per model, read off the Input node (602,112 bytes = one 3x224x224
+#: fp32 image): alexnet/resnet18/squeezenet1_0 were profiled at 256, vgg16 at 128
+BATCH = {"alexnet": 256, "vgg16": 128, "resnet18": 256, "squeezenet1_0": 256}
+
+needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="PipeDream data not present")
+
+
+def node(nid: str, desc: str, f: float, b: float, act: float, par: float) -> str:
+    return (
+        f"{nid} -- {desc} -- forward_compute_time={f:.3f}, backward_compute_time={b:.3f}, "
+        f"activation_size={act:.3f}, parameter_size={par:.3f}"
+    )
+
+
+#: Input -> conv -> {left, right} -> add: a residual-style diamond, profiled at batch 4.
+DIAMOND = "\n".join(
+    [
+        node("node1", "Input", 9.0, 0.0, 12.0, 0.0),
+        node("node2", "Conv2d(3, 8, kernel_size=(3, 3))", 1.0, 2.0, 40.0, 100.0),
+        node("node3", "Conv2d(8, 8, kernel_size=(1, 1))", 0.5, 1.0, 20.0, 10.0),
+        node("node4", "ReLU(inplace)", 0.25, 0.5, 8.0, 0.0),
+        node("node5", "Add(inplace)", 0.125, 0.25, 40.0, 6.0),
+        "\tnode1 -- node2",
+        "\tnode2 -- node3",
+        "\tnode2 -- node4",
+        "\tnode3 -- node5",
+        "\tnode4 -- node5",
+    ]
+)
+
+
+def structure(p: ModelProfile) -> list[tuple[object, ...]]:
+    t = next(iter(p.timings.values()))
+    return [
+        (
+            frozenset(b.members),
+            b.name,
+            b.param_bytes,
+            b.output_bytes_per_sample,
+            b.saved_bytes_per_sample,
+            t.forward_ms[i],
+            t.backward_ms[i],
+        )
+        for i, b in enumerate(p.blocks)
+    ]
+
+
+# -- hand-worked graphs ------------------------------------------------------------------
+
+
+def test_diamond_collapses_into_one_block_with_exact_sums() -> None:
+    p = parse_pipedream(DIAMOND, "diamond.txt", batch_size=4, device_type="dev", name="d")
+    # cuts: node2 (every path passes it) and node5; node3 is spanned by 2->4, node4 by 3->5
+    assert [b.members for b in p.blocks] == [("node2",), ("node3", "node4", "node5")]
+    assert [b.name for b in p.blocks] == ["Conv2d-node2", "Add-node5"]
+    assert [b.param_bytes for b in p.blocks] == [100.0, 16.0]
+    assert [b.output_bytes_per_sample for b in p.blocks] == [10.0, 10.0]  # 40 / 4
+    assert [b.saved_bytes_per_sample for b in p.blocks] == [10.0, 17.0]  # (20+8+40) / 4
+    assert p.input_bytes_per_sample == 3.0  # 12 / 4; the Input's 9 ms load time is dropped
+    t = p.timings["dev"]
+    assert t.batch_sizes == (4,)
+    assert t.source == "imported"
+    assert t.forward_ms == ((1.0,), (0.875,))
+    assert t.backward_ms == ((2.0,), (1.75,))
+    assert p.name == "d"
+    assert p.source == {
+        "kind": "imported",
+        "detail": "PipeDream graph.txt diamond.txt, batch 4, device type dev",
+        "tool": "edgepipe import-pipedream",
+    }
+    assert ModelProfile.from_dict(p.to_dict()) == p
+
+
+def test_pure_chain_gives_one_block_per_layer() -> None:
+    text = "\n".join(
+        [
+            node("n0", "Input", 0, 0, 8, 0),
+            node("n1", "Linear(2, 2)", 1, 2, 16, 24),
+            node("n2", "ReLU()", 0.5, 0.5, 16, 0),
+            node("n3", "Linear(2, 1)", 1, 1, 8, 12),
+            "\tn0 -- n1",
+            "\tn1 -- n2",
+            "\tn2 -- n3",
+        ]
+    )
+    p = parse_pipedream(text, "chain", batch_size=8)
+    assert [b.members for b in p.blocks] == [("n1",), ("n2",), ("n3",)]
+    assert [b.output_bytes_per_sample for b in p.blocks] == [2.0, 2.0, 1.0]
+    assert list(p.timings) == ["v100"]  # the default device type
+
+
+def test_several_sinks_close_at_the_virtual_sink() -> None:
+    text = "\n".join(
+        [
+            node("a", "Conv2d()", 1, 1, 16, 4),
+            node("b", "Linear()", 1, 1, 8, 2),  # main head
+            node("c", "Linear()", 1, 1, 4, 2),  # auxiliary head
+            "\ta -- b",
+            "\ta -- c",
+        ]
+    )
+    p = parse_pipedream(text, "two-heads", batch_size=4)
+    assert [b.members for b in p.blocks] == [("a",), ("b", "c")]
+    assert p.blocks[1].output_bytes_per_sample == 3.0  # (8 + 4) / 4: both sinks' outputs
+    assert p.input_bytes_per_sample == 0.0  # no Input node
+
+
+def test_several_sources_meet_at_the_first_common_node() -> None:
+    text = "\n".join(
+        [
+            node("x", "Embedding()", 1, 1, 4, 8),
+            node("y", "Embedding()", 1, 1, 4, 8),
+            node("z", "Add()", 0, 0, 4, 0),
+            node("w", "Linear()", 1, 1, 4, 8),
+            "\tx -- z",
+            "\ty -- z",
+            "\tz -- w",
+        ]
+    )
+    p = parse_pipedream(text, "two-sources", batch_size=1)
+    assert [b.members for b in p.blocks] == [("x", "y", "z"), ("w",)]
+
+
+def test_input_edges_do_not_pin_the_graph_together() -> None:
+    # a second Input feeding a late layer must not fuse everything before it
+    text = "\n".join(
+        [
+            node("i0", "Input0", 0, 0, 4, 0),
+            node("i1", "Input1", 0, 0, 12, 0),
+            node("a", "Linear()", 1, 1, 4, 1),
+            node("b", "Linear()", 1, 1, 4, 1),
+            node("c", "Attention()", 1, 1, 4, 1),
+            "\ti0 -- a",
+            "\ta -- b",
+            "\tb -- c",
+            "\ti1 -- c",
+        ]
+    )
+    p = parse_pipedream(text, "inputs", batch_size=4)
+    assert [b.members for b in p.blocks] == [("a",), ("b",), ("c",)]
+    assert p.input_bytes_per_sample == 4.0  # (4 + 12) / 4: all inputs
+
+
+def test_whitespace_variants_parse_identically() -> None:
+    reference = parse_pipedream(DIAMOND, "d", batch_size=4)
+    for indent in ("\t", "    ", " \t", "\t ", ""):
+        text = "\n".join(
+            (indent + ln.strip()) if " -- node" in ln and "=" not in ln else ln
+            for ln in DIAMOND.splitlines()
+        )
+        assert parse_pipedream(text, "d", batch_size=4) == reference, repr(indent)
+    crlf = "\r\n".join(ln + "  " for ln in DIAMOND.splitlines()) + "\r\n\r\n"
+    assert parse_pipedream(crlf, "d", batch_size=4) == reference
+    blank_lines = "\n\n" + DIAMOND.replace("\n", "\n\n") + "\n"
+    assert parse_pipedream(blank_lines, "d", batch_size=4) == reference
+
+
+def test_layer_repr_with_separator_stage_id_and_list_activation() -> None:
+    text = "\n".join(
+        [
+            "n1 -- Input -- forward_compute_time=0.000, backward_compute_time=0.000, "
+            "activation_size=8.0, parameter_size=0.000 -- stage_id=0",
+            "n2 -- Weird(a -- b) -- forward_compute_time=1.500, backward_compute_time=2.500, "
+            "activation_size=[6.0; 2.0; 8.0], parameter_size=4.000 -- stage_id=1",
+            "\tn1 -- n2",
+        ]
+    )
+    p = parse_pipedream(text, "odd", batch_size=2)
+    assert [b.name for b in p.blocks] == ["Weird-n2"]
+    assert p.blocks[0].output_bytes_per_sample == 8.0  # (6 + 2 + 8) / 2
+    assert p.timings["v100"].forward_ms == ((1.5,),)
+
+
+def test_cut_set_does_not_depend_on_line_order() -> None:
+    lines = DIAMOND.splitlines()
+    reference = structure(parse_pipedream(DIAMOND, "d", batch_size=4))
+    rng = random.Random(7)
+    for _ in range(20):
+        rng.shuffle(lines)
+        assert structure(parse_pipedream("\n".join(lines), "d", batch_size=4)) == reference
+
+
+def test_default_names_follow_the_path(tmp_path: Path) -> None:
+    (tmp_path / "resnet50").mkdir()
+    (tmp_path / "resnet50" / "graph.txt").write_text(DIAMOND)
+    (tmp_path / "mynet.graph.txt").write_text(DIAMOND)
+    assert import_pipedream(tmp_path / "resnet50" / "graph.txt").name == "resnet50"
+    p = import_pipedream(tmp_path / "mynet.graph.txt", batch_size=4)
+    assert p.name == "mynet"
+    assert p.source["detail"] == "PipeDream graph.txt mynet.graph.txt, batch 4, device type v100"
+
+
+def test_large_graph_imports_in_linear_time() -> None:
+    units = 3000  # 12,001 nodes: residual units a -> b -> c, a -> c, c -> d
+    lines = [node("node0", "Input", 0, 0, 128, 0)]
+    edges = []
+    prev = "node0"
+    for u in range(units):
+        a, b, c, d = (f"node{4 * u + i + 1}" for i in range(4))
+        lines += [node(x, "Conv2d()", 0.5, 1.0, 256, 10) for x in (a, b, c, d)]
+        edges += [(prev, a), (a, b), (b, c), (a, c), (c, d)]
+        prev = d
+    rng = random.Random(3)
+    rng.shuffle(lines)
+    rng.shuffle(edges)
+    text = "\n".join(lines + [f" \t{x} -- {y}" for x, y in edges])
+    start = time.perf_counter()
+    p = parse_pipedream(text, "big", batch_size=128)
+    elapsed = time.perf_counter() - start
+    assert p.num_blocks == 3 * units  # [a], [b, c], [d] per unit
+    assert elapsed < 5.0
+
+
+# -- malformed input ----------------------------------------------------------------------
+
+GOOD = node("n1", "Linear()", 1, 1, 4, 4)
+
+MALFORMED = [
+    ("", "line 1", "empty"),
+    ("  \n\t\n", "line 1", "empty"),
+    (f"{GOOD}\nhello world", "line 2", "cannot parse"),
+    (f"{GOOD}\n\tn1 -- n9", "line 2", "n9"),
+    (
+        f"{GOOD}\n" + node("n2", "ReLU()", 1, 1, 4, 0) + "\n\tn1 -- n2\n\tn2 -- n1",
+        ("line 3", "line 4"),
+        "cycle",
+    ),  # either edge of the 2-cycle may be named
+    (f"{GOOD}\n\tn1 -- n1", "line 2", "cycle"),
+    (
+        node("n1", "Linear()", 1, 1, 4, 4).replace("parameter_size=4.000", "parameter_size=-4"),
+        "line 1",
+        "negative",
+    ),
+    (node("n1", "Linear()", 1, 1, 4, 4).replace("=1.000", "=abc", 1), "line 1", "not a number"),
+    (node("n1", "Linear()", 1, 1, 4, 4).replace("=1.000", "=nan", 1), "line 1", "finite"),
+    (
+        "n1 -- Linear() -- forward_compute_time=1.0, backward_compute_time=1.0, "
+        "activation_size=4.0",
+        "line 1",
+        "parameter_size",
+    ),
+    (f"{GOOD}\n{GOOD}", "line 2", "defined again"),
+    (node("i", "Input", 0, 0, 4, 0) + f"\n{GOOD}\n\tn1 -- i", "line 3", "Input"),
+    (node("i", "Input", 0, 0, 4, 0), "line 1", "only Input"),
+    ("\tn1 -- n2", "line 1", "n1"),
+    (
+        "n1 -- -- forward_compute_time=1.0, backward_compute_time=1.0, activation_size=4.0, "
+        "parameter_size=0.0",
+        "line 1",
+        "cannot parse",
+    ),
+    (GOOD + " -- trailing junk", "line 1", "unexpected text"),
+]
+
+
+@pytest.mark.parametrize(("text", "where", "needle"), MALFORMED)
+def test_malformed_input_raises_input_error(
+    text: str, where: str | tuple[str, ...], needle: str
+) -> None:
+    with pytest.raises(InputError) as err:
+        parse_pipedream(text, "bad.txt")
+    assert err.value.source == "bad.txt"
+    assert err.value.path in ((where,) if isinstance(where, str) else where)
+    assert needle.lower() in err.value.problem.lower()
+
+
+def test_bad_arguments_and_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="batch size"):
+        parse_pipedream(GOOD, "x", batch_size=0)
+    with pytest.raises(InputError, match="file not found"):
+        import_pipedream(tmp_path / "nope.txt")
+    (tmp_path / "bin.txt").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(InputError, match="UTF-8"):
+        import_pipedream(tmp_path / "bin.txt")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_mangled_files_raise_only_input_error(data: st.DataObject) -> None:
+    text = DIAMOND
+    for _ in range(data.draw(st.integers(1, 4))):
+        i = data.draw(st.integers(0, len(text)))
+        j = data.draw(st.integers(i, min(len(text), i + 12)))
+        text = text[:i] + data.draw(st.text(max_size=6)) + text[j:]
+    with contextlib.suppress(InputError):  # anything else fails the test
+        parse_pipedream(text, "fuzz", batch_size=4)
+
+
+# -- the shipped PipeDream profiles --------------------------------------------------------
+
+
+def _raw_nodes(model: str) -> list[dict[str, float | str]]:
+    out = []
+    for line in (DATA / f"{model}.graph.txt").read_text().splitlines():
+        m = re.match(
+            r"(\S+) -- (.*) -- forward_compute_time=([\d.]+), backward_compute_time=([\d.]+), "
+            r"activation_size=([\d.]+), parameter_size=([\d.]+)$",
+            line,
+        )
+        if m:
+            out.append(
+                {
+                    "id": m[1],
+                    "desc": m[2],
+                    "f": float(m[3]),
+                    "b": float(m[4]),
+                    "a": float(m[5]),
+                    "p": float(m[6]),
+                }
+            )
+    return out
+
+
+def _import(model: str) -> ModelProfile:
+    return import_pipedream(DATA / f"{model}.graph.txt", batch_size=BATCH[model])
+
+
+@needs_data
+@pytest.mark.parametrize(
+    ("model", "nodes", "blocks"),
+    [
+        # alexnet: 1 Input + 22 layers; the flatten pair Size(0)/View(9216) is a branch
+        # (node14 -> node15 -> node16 and node14 -> node16), so 22 - 1 = 21 blocks
+        ("alexnet", 23, 21),
+        # vgg16: 1 Input + 40 layers; NOT a pure chain: Size(0) node33 / View(-1) node34
+        # form the same flatten branch, so 40 - 1 = 39 blocks
+        ("vgg16", 41, 39),
+        # resnet18: stem conv, bn, relu, maxpool (4 blocks); 8 BasicBlocks, each one block
+        # up to its Add (6 members, or 8 with the downsample conv + bn) plus its ReLU
+        # (16 blocks); avgpool, [Size, View], fc (3 blocks): 23
+        ("resnet18", 71, 23),
+        # squeezenet1_0: 8 Fire modules x 3 blocks (squeeze conv, squeeze relu,
+        # [expand1x1, relu, expand3x3, relu, concat]) = 24; conv1, relu, 3 maxpools,
+        # dropout, conv10, relu, avgpool, [Size, View] = 10: 34
+        ("squeezenet1_0", 68, 34),
+    ],
+)
+def test_block_counts_and_conservation(model: str, nodes: int, blocks: int) -> None:
+    raw = _raw_nodes(model)
+    assert len(raw) == nodes
+    p = _import(model)
+    assert p.num_blocks == blocks
+    layers = [n for n in raw if not str(n["desc"]).startswith("Input")]
+    members = [m for b in p.blocks for m in b.members]
+    assert sorted(members) == sorted(str(n["id"]) for n in layers)  # each layer exactly once
+    t = p.timings["v100"]
+    assert sum(b.param_bytes for b in p.blocks) == pytest.approx(sum(n["p"] for n in layers))
+    assert sum(r[0] for r in t.forward_ms) == pytest.approx(sum(n["f"] for n in layers))
+    assert sum(r[0] for r in t.backward_ms) == pytest.approx(sum(n["b"] for n in layers))
+    batch = BATCH[model]
+    saved = sum(b.saved_bytes_per_sample for b in p.blocks)
+    assert saved == pytest.approx(sum(n["a"] for n in layers) / batch)
+    assert p.input_bytes_per_sample == 3 * 224 * 224 * 4  # one fp32 ImageNet image
+    assert p.blocks[-1].output_bytes_per_sample == 1000 * 4  # the logits
+
+
+@needs_data
+def test_vgg16_is_a_chain_except_the_flatten_pair() -> None:
+    p = _import("vgg16")
+    multi = [b.members for b in p.blocks if len(b.members) > 1]
+    assert multi == [("node33", "node34")]
+    assert p.blocks[0].name == "Conv2d-node2"
+    assert p.blocks[0].output_bytes_per_sample == 64 * 224 * 224 * 4
+
+
+@needs_data
+def test_resnet18_residual_units_collapse() -> None:
+    p = _import("resnet18")
+    units = [b for b in p.blocks if b.name.startswith("Add-")]
+    assert len(units) == 8
+    assert sorted(len(b.members) for b in units) == [6] * 5 + [8] * 3
+    first = units[0]
+    assert first.members == ("node6", "node7", "node8", "node9", "node10", "node11")
+    assert first.output_bytes_per_sample == 64 * 56 * 56 * 4
+
+
+@needs_data
+@pytest.mark.parametrize("model", sorted(BATCH))
+def test_shipped_profile_matches_a_fresh_import_and_round_trips(model: str) -> None:
+    path = MODELS / f"pipedream-{model}.json"
+    shipped = ModelProfile.load(path)
+    assert ModelProfile.from_dict(shipped.to_dict()) == shipped
+    assert json.loads(path.read_text()) == shipped.to_dict()
+    fresh = import_pipedream(
+        DATA / f"{model}.graph.txt", batch_size=BATCH[model], name=f"pipedream-{model}"
+    )
+    assert fresh == shipped, "re-run benchmarks/import_pipedream_profiles.py"
+
+
+@pytest.mark.parametrize("model", sorted(BATCH))
+def test_shipped_profiles_round_trip_without_the_data(model: str) -> None:
+    p = ModelProfile.load(MODELS / f"pipedream-{model}.json")
+    assert ModelProfile.from_dict(p.to_dict()) == p
+    assert p.source["kind"] == "imported"
+    assert list(p.timings) == ["v100"]
+    assert p.timings["v100"].batch_sizes == (BATCH[model],)
