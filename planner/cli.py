@@ -233,7 +233,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("import-pipedream", help="convert a PipeDream graph.txt profile")
     p.add_argument("graph")
     p.add_argument("-o", "--output", required=True)
-    p.add_argument("--batch-size", type=int, default=128, help="batch the graph was profiled at")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        required=True,
+        help="batch the graph was profiled at (PipeDream's vgg16: 128; alexnet, resnet18, "
+        "squeezenet1_0: 256 - the Input node's bytes / one sample's bytes)",
+    )
     p.add_argument("--device-type", default="v100", help="catalog type it was profiled on")
     p.add_argument("--name", help="model name (default: the file's stem)")
     p.set_defaults(func=cmd_import_pipedream)

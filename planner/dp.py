@@ -218,18 +218,28 @@ class _Search:
 
 
 def _pareto(d: np.ndarray, x: np.ndarray, keep: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per row, indices of up to ``keep`` (D, X)-Pareto-optimal candidates with the lowest
-    D + X (padded with an index whose D is inf when fewer exist). O(rows x c log c)."""
-    order = np.argsort(d, axis=1, kind="stable")
-    ds = np.take_along_axis(d, order, axis=1)
-    xs = np.take_along_axis(x, order, axis=1)
-    prev = np.minimum.accumulate(xs, axis=1)
-    prev = np.concatenate([np.full((len(xs), 1), INF), prev[:, :-1]], axis=1)
-    on_front = (xs < prev) & np.isfinite(ds) & np.isfinite(xs)
-    total = np.where(on_front, ds + xs, INF)
-    pick = np.argsort(total, axis=1, kind="stable")[:, :keep]
-    chosen = np.take_along_axis(order, pick, axis=1)
-    valid = np.take_along_axis(on_front, pick, axis=1)
+    """Per row, indices of the ``keep`` (D, X)-Pareto-optimal candidates with the lowest
+    D + X, and whether each slot holds one (rows with fewer Pareto points are padded).
+
+    Selection by repeated argmin: take the alive candidate of least D + X, then drop every
+    candidate it dominates (itself included). The pick is never dominated by an alive
+    candidate (that one would have a lower or equal sum), so the picks are exactly the
+    Pareto points in order of D + X. O(keep x rows x candidates).
+    """
+    total = d + x
+    alive = np.isfinite(total)
+    rows = np.arange(len(d))
+    chosen = np.zeros((len(d), keep), dtype=np.int64)
+    valid = np.zeros((len(d), keep), dtype=bool)
+    for j in range(keep):
+        pick = np.argmin(np.where(alive, total, INF), axis=1)
+        found = alive[rows, pick]
+        chosen[:, j], valid[:, j] = pick, found
+        if not found.any():
+            break
+        dominated = (d <= d[rows, pick][:, None]) & (x <= x[rows, pick][:, None])
+        alive &= ~(dominated & found[:, None])
+        alive[rows, pick] = False
     return chosen, valid
 
 

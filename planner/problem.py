@@ -29,7 +29,7 @@ class Problem:
     assumptions: tuple[str, ...]
 
 
-def _scaled(t: Timing, factor: float, ref: str) -> Timing:
+def _scaled(t: Timing, factor: float) -> Timing:
     def scale(m: tuple[tuple[float, ...], ...]) -> tuple[tuple[float, ...], ...]:
         return tuple(tuple(x * factor for x in row) for row in m)
 
@@ -37,7 +37,7 @@ def _scaled(t: Timing, factor: float, ref: str) -> Timing:
         batch_sizes=t.batch_sizes,
         forward_ms=scale(t.forward_ms),
         backward_ms=scale(t.backward_ms),
-        source=f"derived from {ref}",
+        source="derived",
     )
 
 
@@ -80,7 +80,7 @@ def make_problem(
             key=lambda r: (abs(math.log(known[r].effective_gflops / target.effective_gflops)), r),
         )
         factor = known[ref].effective_gflops / target.effective_gflops
-        timings[name] = _scaled(model.timings[ref], factor, ref)
+        timings[name] = _scaled(model.timings[ref], factor)
         if ref not in cluster.device_types:
             extra_types[ref] = known[ref]
         assumptions.append(

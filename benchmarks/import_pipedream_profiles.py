@@ -1,0 +1,95 @@
+"""Import the four PipeDream profiles shipped as data into ``profiles/models/``.
+
+Re-runnable: ``python benchmarks/import_pipedream_profiles.py [--data-dir DIR] [--out DIR]``.
+By default it reads ``../shared/data/pipedream`` relative to the repository root and
+writes ``profiles/models/pipedream-<model>.json``, then prints one line per model.
+
+The profiled minibatch is not the same for all four files. It is read off the Input node
+(``activation_size`` of one 3x224x224 fp32 image is 602,112 bytes) and cross-checked on
+the last Linear layer (1000 fp32 logits = 4,000 bytes per sample):
+
+=============  ============================  =====================  =====
+model          Input activation_size          last Linear output     batch
+=============  ============================  =====================  =====
+alexnet        154,140,672 = 256 x 602,112   1,024,000 = 256 x 4000   256
+vgg16           77,070,336 = 128 x 602,112     512,000 = 128 x 4000   128
+resnet18       154,140,672 = 256 x 602,112   1,024,000 = 256 x 4000   256
+squeezenet1_0  154,140,672 = 256 x 602,112   (conv10 + avgpool)       256
+=============  ============================  =====================  =====
+
+The script refuses to write a profile whose input bytes per sample differ from 602,112,
+so a wrong batch cannot slip through.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from planner.importers.pipedream import import_pipedream  # noqa: E402
+from planner.profile import ModelProfile  # noqa: E402
+
+#: model -> profiled minibatch (see the module docstring for the evidence)
+BATCH = {"alexnet": 256, "vgg16": 128, "resnet18": 256, "squeezenet1_0": 256}
+
+#: bytes of one 3x224x224 fp32 ImageNet sample
+IMAGE_BYTES = 3 * 224 * 224 * 4
+
+#: device type the PipeDream times were measured on (see profiles/devices/catalog.json)
+DEVICE_TYPE = "v100"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=REPO / ".." / "shared" / "data" / "pipedream",
+        help="folder with <model>.graph.txt files (default: ../shared/data/pipedream)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=REPO / "profiles" / "models",
+        help="output folder (default: profiles/models)",
+    )
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    print(
+        f"{'model':<14} {'batch':>5} {'nodes':>5} {'blocks':>6} {'params MB':>10} "
+        f"{'fwd ms':>8} {'bwd ms':>8}"
+    )
+    for model, batch in BATCH.items():
+        src = args.data_dir / f"{model}.graph.txt"
+        profile = import_pipedream(
+            src, batch_size=batch, device_type=DEVICE_TYPE, name=f"pipedream-{model}"
+        )
+        if profile.input_bytes_per_sample != IMAGE_BYTES:
+            print(
+                f"{model}: input is {profile.input_bytes_per_sample} bytes per sample, "
+                f"expected {IMAGE_BYTES}; is batch {batch} right?",
+                file=sys.stderr,
+            )
+            return 1
+        doc = profile.to_dict()
+        if ModelProfile.from_dict(doc, str(src)) != profile:
+            print(f"{model}: profile does not round-trip", file=sys.stderr)
+            return 1
+        (args.out / f"pipedream-{model}.json").write_text(json.dumps(doc, indent=1) + "\n")
+        t = profile.timings[DEVICE_TYPE]
+        nodes = sum(len(b.members) for b in profile.blocks)
+        print(
+            f"{model:<14} {batch:>5} {nodes:>5} {profile.num_blocks:>6} "
+            f"{sum(b.param_bytes for b in profile.blocks) / 1e6:>10.1f} "
+            f"{sum(r[0] for r in t.forward_ms):>8.1f} {sum(r[0] for r in t.backward_ms):>8.1f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,446 @@
+"""Import PipeDream ``graph.txt`` profiles as :class:`~planner.profile.ModelProfile` chains.
+
+Format (msr-fiddle/pipedream, ``graph/graph.py``; one item per line)::
+
+    nodeID -- <layer repr> -- forward_compute_time=<ms>, backward_compute_time=<ms>,
+        activation_size=<bytes>, parameter_size=<bytes>[ -- stage_id=<k>]
+    \\tnodeA -- nodeB
+
+(a node is one line; it is wrapped here for width).
+
+Leading/trailing whitespace (tabs, spaces, space+tab, CR) is ignored, so every indentation
+variant of an edge line parses the same. The layer repr may itself contain `` -- ``: the
+metrics part is the *last* field that starts with ``forward_compute_time=`` and only
+``key=value`` fields (PipeDream's optional ``stage_id``) may follow it. ``activation_size``
+may be a list ``[a; b; c]`` (a layer with several outputs); its sum is used, as PipeDream's
+own parser does. Sizes are bytes and times milliseconds for one profiled minibatch of
+``batch_size`` samples.
+
+DAG to chain
+------------
+A chain planner cuts between blocks, and exactly one tensor may cross each cut. Let the
+layer graph (Input nodes removed, see below) get one virtual source ``S`` joined to every
+node without predecessors and one virtual sink ``T`` joined from every node without
+successors, and fix any topological order ``pos``. A node ``v`` is a *cut* iff no edge
+``(u, w)`` spans it, i.e. none has ``pos(u) < pos(v) < pos(w)``.
+
+*Claim.* ``v`` is a cut iff every ``S``-``T`` path passes through ``v`` (``v`` dominates
+``T``); in particular the set of cuts does not depend on the topological order chosen.
+*Proof.* With the virtual ``S`` and ``T`` every node lies on some ``S``-``T`` path (walk
+predecessors back to a source, successors on to a sink). If an edge ``(u, w)`` spans
+``v``, the path ``S ~> u -> w ~> T`` uses only positions ``<= pos(u)`` before the edge and
+``>= pos(w)`` after it (positions increase along edges), so it avoids ``v``. Conversely,
+if nothing spans ``v``, positions strictly increase along any ``S``-``T`` path from
+``pos(S) < pos(v)`` to ``pos(T) > pos(v)`` and no step jumps over ``pos(v)``, so the path
+lands on ``v``. QED.
+
+Because no edge jumps over a cut ``c``, every edge leaving the nodes up to ``c`` starts
+at ``c`` itself: the only tensor crossing the boundary after ``c`` is ``c``'s output.
+Each *block* is the run of nodes after one cut up to and including the next cut, so a
+branch region (a residual unit, an Inception/Fire module, PipeDream's ``Size``/``View``
+flatten pair) becomes one block. Nodes after the last real cut (several sinks) form a
+final block that closes at ``T``.
+
+Block figures (per sample = per minibatch figure / ``batch_size``):
+
+- ``param_bytes``: sum of the members' ``parameter_size``.
+- ``output_bytes_per_sample``: the closing cut's ``activation_size`` (for the final block
+  closing at ``T``: the sum over its sink nodes).
+- ``saved_bytes_per_sample``: sum of the members' ``activation_size``. Approximation:
+  every member's output is assumed kept for backward; in-place layers (``ReLU(inplace)``)
+  and layers whose backward needs no stored output make this an over-estimate, and
+  cuDNN workspaces are not counted.
+- forward / backward ms: sum over the members (they run one after another on one device),
+  recorded as a single measured point at ``batch_size`` (``Timing.source = "imported"``);
+  no batch scaling is assumed.
+
+Input nodes (layer repr starting with ``Input``, e.g. ``Input``, ``Input0``) are not
+blocks: their ``activation_size / batch_size`` summed is ``input_bytes_per_sample``. They
+are removed *before* the cut analysis, because the data loader can hand an input to
+whichever stage consumes it (a second input that feeds a late layer, as in PipeDream's
+GNMT profile, would otherwise span and fuse the whole graph into one block). Their
+profiled "forward time" is data loading, not compute, and is dropped.
+
+Complexity: parsing O(L) for L lines; Kahn's topological sort and the cut sweep
+O(V + E); the whole import is linear in the file size.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner.errors import InputError
+from planner.profile import Block, ModelProfile, Timing
+
+TOOL = "edgepipe import-pipedream"
+
+#: the four metrics every node line carries
+_METRICS = ("forward_compute_time", "backward_compute_time", "activation_size", "parameter_size")
+
+_SEP = re.compile(r"\s+--\s+")
+_KEY_VALUE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=\S*$")
+
+_NODE_FORMAT = (
+    "write a node line as 'nodeID -- <layer> -- forward_compute_time=<ms>, "
+    "backward_compute_time=<ms>, activation_size=<bytes>, parameter_size=<bytes>' "
+    "or an edge line as 'nodeA -- nodeB'"
+)
+
+
+@dataclass(frozen=True)
+class _Node:
+    """One parsed node line."""
+
+    node_id: str
+    desc: str
+    forward_ms: float
+    backward_ms: float
+    activation_bytes: float
+    param_bytes: float
+    line: int
+
+    @property
+    def is_input(self) -> bool:
+        return self.desc.startswith("Input")
+
+    @property
+    def layer_type(self) -> str:
+        head = self.desc.split("(", 1)[0].strip()
+        return head or "layer"
+
+
+def import_pipedream(
+    path: str | Path,
+    *,
+    batch_size: int = 128,
+    device_type: str = "v100",
+    name: str | None = None,
+) -> ModelProfile:
+    """Read a PipeDream ``graph.txt`` file and return it as a chain-of-blocks profile.
+
+    Args:
+        path: the ``graph.txt`` file.
+        batch_size: samples in the profiled minibatch (PipeDream's ``-b``). Sizes and times
+            in the file are for this many samples. Check it against the Input node:
+            ``input activation_size / batch_size`` must be one sample's input bytes.
+        device_type: device type name the measured times are filed under.
+        name: profile name; default derived from the path (``vgg16/graph.txt`` ->
+            ``vgg16``, ``vgg16.graph.txt`` -> ``vgg16``).
+
+    Raises:
+        InputError: unreadable file or malformed content (see :func:`parse_pipedream`).
+
+    Complexity: linear in the file size.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(str(p), "", "file not found; check the path") from None
+    except UnicodeDecodeError as exc:
+        problem = f"not UTF-8 text ({exc.reason}); give a graph.txt file"
+        raise InputError(str(p), "", problem) from None
+    except OSError as exc:
+        raise InputError(str(p), "", f"cannot read the file ({exc.strerror})") from None
+    return parse_pipedream(
+        text,
+        str(p),
+        batch_size=batch_size,
+        device_type=device_type,
+        name=name if name is not None else _default_name(p),
+        file_label=p.name,
+    )
+
+
+def parse_pipedream(
+    text: str,
+    source: str,
+    *,
+    batch_size: int = 128,
+    device_type: str = "v100",
+    name: str | None = None,
+    file_label: str | None = None,
+) -> ModelProfile:
+    """Parse PipeDream ``graph.txt`` content and build the chain-of-blocks profile.
+
+    ``source`` names the origin in error messages; ``file_label`` (default ``source``)
+    is the file name recorded in the profile's ``source.detail``. See the module
+    docstring for the format, the cut rule and the block figures.
+
+    Raises:
+        InputError: ``(source, "line N", problem)`` for an unparsable line, a negative or
+            non-finite number, a missing metric, a duplicate node id, an edge naming an
+            undefined node, an edge into an Input node, a cycle, an empty file or a file
+            without layer nodes; ``(source, "", problem)`` for a bad argument.
+
+    Complexity: O(L + V + E).
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise InputError(source, "", f"batch size {batch_size!r} must be a positive integer")
+    if not device_type:
+        raise InputError(source, "", "device type must be a non-empty name, e.g. 'v100'")
+    nodes, edges = _parse_lines(text, source)
+    blocks, input_bytes = _chain(nodes, edges, batch_size, source)
+    fwd = tuple((t,) for t in (b[1] for b in blocks))
+    bwd = tuple((t,) for t in (b[2] for b in blocks))
+    label = file_label if file_label is not None else source
+    return ModelProfile(
+        name=name if name else _default_name(Path(label)),
+        source={
+            "kind": "imported",
+            "detail": f"PipeDream graph.txt {label}, batch {batch_size}, device type {device_type}",
+            "tool": TOOL,
+        },
+        input_bytes_per_sample=input_bytes,
+        blocks=tuple(b[0] for b in blocks),
+        timings={
+            device_type: Timing(
+                batch_sizes=(batch_size,), forward_ms=fwd, backward_ms=bwd, source="imported"
+            )
+        },
+    )
+
+
+# -- parsing ------------------------------------------------------------------------------
+
+
+def _default_name(p: Path) -> str:
+    stem = p.name[: -len(".txt")] if p.name.endswith(".txt") else p.name
+    if stem == "graph" and p.parent.name:
+        return p.parent.name
+    if stem.endswith(".graph"):
+        stem = stem[: -len(".graph")]
+    return stem or "pipedream-model"
+
+
+def _number(text: str, key: str, source: str, where: str) -> float:
+    """Parse one metric value: a float, or a ``[a; b; ...]`` list that is summed."""
+    raw = text.strip()
+    if raw.startswith("[") and raw.endswith("]"):
+        parts = [x for x in (s.strip() for s in raw[1:-1].split(";")) if x]
+        return math.fsum(_number(x, key, source, where) for x in parts)
+    try:
+        value = float(raw)
+    except ValueError:
+        raise InputError(
+            source, where, f"{key}={raw!r} is not a number; write a decimal number such as 1.5"
+        ) from None
+    if not math.isfinite(value):
+        raise InputError(source, where, f"{key}={raw} is not finite; write a finite number")
+    if value < 0:
+        raise InputError(source, where, f"{key}={raw} is negative; times and sizes must be >= 0")
+    return value
+
+
+def _parse_node(fields: list[str], k: int, source: str, lineno: int) -> _Node:
+    """Build a node from ``fields`` (split on `` -- ``) whose metrics field is ``fields[k]``."""
+    where = f"line {lineno}"
+    node_id = fields[0]
+    desc = " -- ".join(fields[1:k]).strip()
+    if not node_id or any(c.isspace() for c in node_id):
+        raise InputError(source, where, f"node id {node_id!r} must be one word; {_NODE_FORMAT}")
+    if not desc:
+        raise InputError(source, where, f"node {node_id} has no layer description; {_NODE_FORMAT}")
+    for extra in fields[k + 1 :]:
+        if not _KEY_VALUE.match(extra.strip()):
+            raise InputError(
+                source,
+                where,
+                f"unexpected text {extra!r} after the metrics; only "
+                "'key=value' fields such as 'stage_id=0' may follow them",
+            )
+    values: dict[str, float] = {}
+    for item in fields[k].split(","):
+        item = item.strip()
+        if not item:
+            continue
+        key, eq, raw = item.partition("=")
+        key = key.strip()
+        if not eq:
+            raise InputError(source, where, f"metric {item!r} is not 'key=value'; {_NODE_FORMAT}")
+        if key in values:
+            raise InputError(source, where, f"metric {key} is given twice; give it once")
+        if key in _METRICS:
+            values[key] = _number(raw, key, source, where)
+    missing = [m for m in _METRICS if m not in values]
+    if missing:
+        raise InputError(
+            source, where, f"node {node_id} lacks {', '.join(missing)}; {_NODE_FORMAT}"
+        )
+    return _Node(
+        node_id=node_id,
+        desc=desc,
+        forward_ms=values["forward_compute_time"],
+        backward_ms=values["backward_compute_time"],
+        activation_bytes=values["activation_size"],
+        param_bytes=values["parameter_size"],
+        line=lineno,
+    )
+
+
+def _parse_lines(text: str, source: str) -> tuple[dict[str, _Node], list[tuple[str, str, int]]]:
+    """Split ``text`` into nodes (in file order) and edges ``(a, b, line)``. O(L)."""
+    nodes: dict[str, _Node] = {}
+    edges: list[tuple[str, str, int]] = []
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line:
+            continue
+        fields = _SEP.split(line)
+        k = max(
+            (i for i, f in enumerate(fields) if f.startswith("forward_compute_time")),
+            default=-1,
+        )
+        if k >= 2:
+            node = _parse_node(fields, k, source, lineno)
+            if node.node_id in nodes:
+                raise InputError(
+                    source,
+                    f"line {lineno}",
+                    f"node {node.node_id} is defined again (first "
+                    f"on line {nodes[node.node_id].line}); give every node one line",
+                )
+            nodes[node.node_id] = node
+        elif len(fields) == 2 and all(
+            f and "=" not in f and not any(c.isspace() for c in f) for f in fields
+        ):
+            edges.append((fields[0], fields[1], lineno))
+        else:
+            shown = line if len(line) <= 80 else line[:77] + "..."
+            raise InputError(source, f"line {lineno}", f"cannot parse {shown!r}; {_NODE_FORMAT}")
+    if not nodes and not edges:
+        raise InputError(source, "line 1", "the file is empty; give a PipeDream graph.txt")
+    for a, b, lineno in edges:
+        for end in (a, b):
+            if end not in nodes:
+                raise InputError(
+                    source,
+                    f"line {lineno}",
+                    f"edge {a} -- {b} names node {end}, which no "
+                    "node line defines; add its node line or fix the id",
+                )
+    if not nodes:
+        raise InputError(source, "line 1", "the file has edges but no node lines")
+    return nodes, edges
+
+
+# -- DAG to chain ---------------------------------------------------------------------------
+
+
+def _find_cycle(left: set[str], preds: dict[str, list[tuple[str, int]]]) -> tuple[list[str], int]:
+    """A cycle among ``left`` (nodes Kahn's sort could not place) and one of its edge lines.
+
+    Every such node has a predecessor in ``left``; walking predecessors must revisit a
+    node. O(V + E).
+    """
+    start = min(left)
+    seen: dict[str, int] = {}
+    walk: list[tuple[str, int]] = []  # (node, line of the edge we arrived by)
+    cur, line = start, 0
+    while cur not in seen:
+        seen[cur] = len(walk)
+        walk.append((cur, line))
+        cur, line = next((p, ln) for p, ln in preds[cur] if p in left)
+    cycle = walk[seen[cur] :]
+    cycle_line = line if len(cycle) == 1 else cycle[1][1]
+    names = [n for n, _ in reversed(cycle)]
+    return [*names, names[0]], cycle_line or line
+
+
+def _chain(
+    nodes: dict[str, _Node],
+    edges: list[tuple[str, str, int]],
+    batch: int,
+    source: str,
+) -> tuple[list[tuple[Block, float, float]], float]:
+    """Blocks (with forward and backward ms) and input bytes per sample. O(V + E)."""
+    inputs = [n for n in nodes.values() if n.is_input]
+    layers = [n for n in nodes.values() if not n.is_input]
+    input_bytes = math.fsum(n.activation_bytes for n in inputs) / batch
+    if not layers:
+        first = min(n.line for n in nodes.values())
+        raise InputError(
+            source, f"line {first}", "the graph has only Input nodes; it needs layer nodes"
+        )
+
+    succ: dict[str, list[str]] = {n.node_id: [] for n in layers}
+    preds: dict[str, list[tuple[str, int]]] = {n.node_id: [] for n in layers}
+    indeg: dict[str, int] = dict.fromkeys(succ, 0)
+    seen_edges: set[tuple[str, str]] = set()
+    for a, b, lineno in edges:
+        if nodes[b].is_input:
+            raise InputError(
+                source,
+                f"line {lineno}",
+                f"edge {a} -- {b} leads into Input node {b}; an "
+                "Input has no predecessors: fix the edge or the node's description",
+            )
+        if nodes[a].is_input or (a, b) in seen_edges:
+            continue  # input edges do not constrain cuts; duplicate edges add nothing
+        seen_edges.add((a, b))
+        succ[a].append(b)
+        preds[b].append((a, lineno))
+        indeg[b] += 1
+
+    # Kahn's algorithm; ties broken by file order, so the result is deterministic.
+    queue = deque(n.node_id for n in layers if indeg[n.node_id] == 0)
+    order: list[str] = []
+    while queue:
+        v = queue.popleft()
+        order.append(v)
+        for w in succ[v]:
+            indeg[w] -= 1
+            if indeg[w] == 0:
+                queue.append(w)
+    if len(order) < len(layers):
+        placed = set(order)
+        cycle, lineno = _find_cycle({v for v in succ if v not in placed}, preds)
+        raise InputError(
+            source,
+            f"line {lineno}",
+            f"the graph has a cycle {' -> '.join(cycle)}; a "
+            "profile must be acyclic: remove the edge that points backwards",
+        )
+
+    # Positions: S = 0, layers 1..n in topological order, T = n + 1.
+    n = len(order)
+    pos = {v: i + 1 for i, v in enumerate(order)}
+    reach = [0] * (n + 2)  # reach[i]: farthest position an edge out of position i goes to
+    reach[0] = max(pos[v] for v in order if not preds[v])  # S -> every source
+    for v in order:
+        i = pos[v]
+        reach[i] = max((pos[w] for w in succ[v]), default=n + 1)  # a sink -> T
+    blocks: list[tuple[Block, float, float]] = []
+    members: list[_Node] = []
+    farthest = reach[0]
+    for v in order:
+        i = pos[v]
+        members.append(nodes[v])
+        if farthest <= i:  # no edge from before i lands beyond i: v is a cut
+            blocks.append(_block(members, members[-1].activation_bytes, batch))
+            members = []
+        farthest = max(farthest, reach[i])
+    if members:  # several sinks: the last block closes at the virtual sink T
+        out = math.fsum(m.activation_bytes for m in members if not succ[m.node_id])
+        blocks.append(_block(members, out, batch))
+    return blocks, input_bytes
+
+
+def _block(members: list[_Node], output_bytes: float, batch: int) -> tuple[Block, float, float]:
+    last = members[-1]
+    block = Block(
+        name=f"{last.layer_type}-{last.node_id}",
+        param_bytes=math.fsum(m.param_bytes for m in members),
+        output_bytes_per_sample=output_bytes / batch,
+        saved_bytes_per_sample=math.fsum(m.activation_bytes for m in members) / batch,
+        members=tuple(m.node_id for m in members),
+    )
+    return (
+        block,
+        math.fsum(m.forward_ms for m in members),
+        math.fsum(m.backward_ms for m in members),
+    )
