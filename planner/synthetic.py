@@ -11,6 +11,7 @@ import numpy as np
 
 from planner.cluster import Cluster, Device, DeviceType, Link, Network
 from planner.config import TrainingConfig
+from planner.partition import Partition, StageAssignment
 from planner.problem import Problem, make_problem
 from planner.profile import Block, ModelProfile, Timing
 
@@ -66,3 +67,25 @@ def random_problem(
         global_batch, candidates, optimizer=optimizer, schedule=schedule, warmup=warmup
     )
     return make_problem(model, cluster, config, catalog=types)
+
+
+def random_partition(problem: Problem, rng: np.random.Generator) -> Partition:
+    """A random valid partition of ``problem``: random micro-batch candidate, stage count,
+    block cuts, device groups (some devices may stay idle) and positive sample splits."""
+    batch = int(rng.choice(problem.config.micro_batch_sizes()))
+    n_blocks, devices = problem.model.num_blocks, [d.id for d in problem.cluster.devices]
+    stages = int(rng.integers(1, min(n_blocks, len(devices), batch * len(devices)) + 1))
+    cuts = sorted(rng.choice(np.arange(1, n_blocks), size=stages - 1, replace=False).tolist())
+    bounds = [0, *cuts, n_blocks]
+    order = rng.permutation(len(devices)).tolist()
+    used = int(rng.integers(stages, len(devices) + 1))
+    group_cuts = sorted(rng.choice(np.arange(1, used), size=stages - 1, replace=False).tolist())
+    group_bounds = [0, *group_cuts, used]
+    assignment = []
+    for p in range(stages):
+        group = [devices[i] for i in order[group_bounds[p] : group_bounds[p + 1]]][:batch]
+        split = rng.multinomial(batch - len(group), np.ones(len(group)) / len(group)) + 1
+        assignment.append(
+            StageAssignment(bounds[p], bounds[p + 1], tuple(group), tuple(int(y) for y in split))
+        )
+    return Partition(batch, problem.config.global_batch // batch, tuple(assignment))
