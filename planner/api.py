@@ -15,10 +15,12 @@ from planner.cluster import Cluster
 from planner.config import TrainingConfig
 from planner.dp import plan_dp
 from planner.errors import InputError
-from planner.plan import Plan, SolverInfo, make_plan
+from planner.plan import Plan, SolverInfo, load_plan, make_plan, save_plan
 from planner.problem import Problem, make_problem
 from planner.profile import ModelProfile
 from planner.resources import data_dir
+
+__all__ = ["load_plan", "load_problem", "resolve", "save_plan", "shipped", "solve"]
 
 #: the demo: a real third-party profile on the 6-device mixed Jetson testbed
 DEMO_MODEL = "pipedream-vgg16"

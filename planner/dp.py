@@ -32,10 +32,12 @@ Transition (p >= 2):
     Q(p, l, n) = Pareto-min over p-1 <= l' < l, p-1 <= n' < n and entries (D, X) of
                  Q(p-1, l', n') of compose(head [L-l, L-l') on [N-n, N-n'), link at L-l')
 Answer: the ``RERANK`` lowest D + X over p, n <= N of Q(p, L, n) per B, re-scored by the
-exact schedule makespan of the cost model; the best over all B wins. Devices before N-n
+exact schedule makespan of the cost model; the best over all B wins, where plans within
+``TIE_TOLERANCE`` of the fastest are tied and the simplest of them is taken (fewest stages,
+then devices, then smallest B). Devices before N-n
 stay idle, and
 the head allocation (Algorithm 1, :mod:`planner.allocation`) may also leave a device of a
-group with 0 samples. Ties break on fewer stages, then fewer devices, then smaller B.
+group with 0 samples.
 
 Where exactness holds: the DP value equals the cost model's figure for the reconstructed
 plan when all pair bandwidths and latencies are equal (uniform network): the DP prices a
@@ -76,6 +78,10 @@ FRONT = 4
 
 #: answers per micro-batch size re-scored by the exact schedule makespan
 RERANK = 8
+
+#: plans within this relative margin of the fastest count as tied; among them the one
+#: with fewest stages, then fewest devices, then smallest micro-batch wins
+TIE_TOLERANCE = 0.005
 
 INF = np.inf
 
@@ -381,21 +387,28 @@ def plan_dp(problem: Problem, progress: Callable[[int, int], None] | None = None
     sizes = problem.config.micro_batch_sizes()
     cm = CostModel(problem, max(sizes))
     search = _Search(problem, cm, device_order(problem))
-    best: tuple | None = None
+    found: list[tuple[PlanCost, Partition, float]] = []
     per_batch: dict[int, float] = {}
     for i, batch in enumerate(sizes):
         for value, trace in _solve_batch(search, batch):
             partition = _reconstruct(search, batch, trace)
             cost = cm.evaluate(partition)
             per_batch[batch] = min(per_batch.get(batch, INF), cost.iteration_ms)
-            key = (cost.iteration_ms, partition.num_stages, len(partition.used_devices()), batch)
-            if best is None or key < best[0]:
-                best = (key, partition, cost, value)
+            found.append((cost, partition, value))
         if progress is not None:
             progress(i + 1, len(sizes))
-    if best is None:
+    if not found:
         raise diagnose_infeasible(problem, cm)
-    _, partition, cost, value = best
+    fastest = min(cost.iteration_ms for cost, _, _ in found)
+    cost, partition, value = min(
+        (c for c in found if c[0].iteration_ms <= fastest * (1 + TIE_TOLERANCE)),
+        key=lambda c: (
+            c[1].num_stages,
+            len(c[1].used_devices()),
+            c[1].micro_batch_size,
+            c[0].iteration_ms,
+        ),
+    )
     return DPResult(partition, cost, value, time.perf_counter() - start, per_batch)
 
 
