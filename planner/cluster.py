@@ -70,19 +70,23 @@ class DeviceType:
         )
 
 
+def catalog_from_dict(doc: Any, source: str = "<device catalog>") -> dict[str, DeviceType]:
+    """Validate a device catalog document and return its types by name."""
+    validate(doc, CATALOG_KIND, source)
+    return {n: DeviceType.from_dict(n, d) for n, d in doc["device_types"].items()}
+
+
 def load_catalog(path: str | Path | None = None) -> dict[str, DeviceType]:
     """Load a device catalog (default: the shipped one)."""
     if path is None:
         return dict(_shipped_catalog())
-    doc = load_document(path, CATALOG_KIND)
-    return {n: DeviceType.from_dict(n, d) for n, d in doc["device_types"].items()}
+    return catalog_from_dict(load_document(path, CATALOG_KIND), str(path))
 
 
 @cache
 def _shipped_catalog() -> dict[str, DeviceType]:
     path = profile_path("devices/catalog.json")
-    doc = load_document(path, CATALOG_KIND)
-    return {n: DeviceType.from_dict(n, d) for n, d in doc["device_types"].items()}
+    return catalog_from_dict(load_document(path, CATALOG_KIND), str(path))
 
 
 @dataclass(frozen=True)

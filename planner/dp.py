@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -449,17 +449,70 @@ def diagnose_infeasible(problem: Problem, cm: CostModel) -> InfeasibleError:
             short,
         )
     smallest = min(problem.config.micro_batch_sizes())
-    worst = max(
-        range(problem.model.num_blocks),
-        key=lambda i: cm.device_memory(i, i + 1, 1, 1) - budgets[largest],
+    scale, plan = _memory_scale_to_fit(problem, smallest)
+    if plan is None:
+        return InfeasibleError(
+            "memory: no stage layout fits even with 1000x the devices' memory at "
+            f"micro-batch {smallest}; check the profile's byte figures",
+            "memory",
+            None,
+        )
+    device, over = max(
+        (
+            (d, mem - cluster.budget_bytes(cluster.index(d)))
+            for stage, sc in zip(plan.partition.stages, plan.cost.stages, strict=True)
+            for d, mem in zip(stage.devices, sc.memory_bytes, strict=True)
+        ),
+        key=lambda t: t[1],
     )
-    need = cm.device_memory(worst, worst + 1, smallest, 1)
     return InfeasibleError(
-        "memory: no stage layout fits; activations of the in-flight micro-batches bind. "
-        f"Block {worst} ({problem.model.blocks[worst].name}) with micro-batch {smallest} "
-        f"needs {need / gib:.3f} GiB on one device at warm-up 1 (largest usable "
-        f"{budgets[largest] / gib:.3f} GiB), and early stages keep up to 2P-1 micro-batches. "
-        "Try smaller micro_batch_candidates, warmup 'classic', or more devices.",
+        "memory: no stage layout fits; the activations of in-flight micro-batches bind. "
+        f"With micro-batch {smallest} the best plan needs {scale:.2f}x the usable memory: "
+        f"device {device} is short by {_human_bytes(over)} "
+        f"({plan.partition.num_stages} stages). Try smaller micro_batch_candidates, "
+        "warmup 'classic' (fewer micro-batches in flight), or more devices.",
         "memory",
-        max(0.0, need - budgets[largest]),
+        over,
     )
+
+
+def _human_bytes(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _memory_scale_to_fit(problem: Problem, batch: int) -> tuple[float, DPResult | None]:
+    """Smallest factor (to 2%) by which every device's memory must grow for the DP to find
+    a plan at micro-batch ``batch``, and that plan (scored on the scaled cluster)."""
+
+    def attempt(factor: float) -> DPResult | None:
+        cl = problem.cluster
+        devices = tuple(
+            replace(d, memory_bytes=cl.memory_bytes(i) * factor) for i, d in enumerate(cl.devices)
+        )
+        scaled = replace(
+            problem,
+            cluster=replace(cl, devices=devices),
+            config=replace(problem.config, micro_batch_candidates=(batch,)),
+        )
+        try:
+            return plan_dp(scaled)
+        except InfeasibleError:
+            return None
+
+    low, high, found = 1.0, 2.0, attempt(2.0)
+    while found is None and high < 1000:
+        low, high = high, high * 4
+        found = attempt(high)
+    if found is None:
+        return high, None
+    while high / low > 1.02:
+        mid = (low * high) ** 0.5
+        plan = attempt(mid)
+        if plan is None:
+            low = mid
+        else:
+            high, found = mid, plan
+    return high, found

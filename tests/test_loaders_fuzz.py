@@ -9,7 +9,7 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.cluster import Cluster
+from planner.cluster import Cluster, catalog_from_dict
 from planner.config import TrainingConfig
 from planner.dp import plan_dp
 from planner.errors import EdgepipeError
@@ -26,12 +26,18 @@ VALID = {
     "cluster": PLAN_DOC["inputs"]["cluster"],
     "config": PLAN_DOC["inputs"]["config"],
     "plan": PLAN_DOC,
+    "catalog": {
+        "schema_version": 1,
+        "kind": "edgepipe.device_catalog",
+        "device_types": PLAN_DOC["inputs"]["cluster"]["device_types"],
+    },
 }
 LOADERS = {
     "model": lambda d: ModelProfile.from_dict(d, "fuzz"),
     "cluster": lambda d: Cluster.from_dict(d, "fuzz", catalog={}),
     "config": lambda d: TrainingConfig.from_dict(d, "fuzz"),
     "plan": lambda d: plan_from_dict(d, "fuzz"),
+    "catalog": lambda d: catalog_from_dict(d, "fuzz"),
 }
 
 json_values = st.recursive(

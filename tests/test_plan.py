@@ -7,8 +7,9 @@ import json
 
 import pytest
 
+from planner import api
 from planner.dp import plan_dp
-from planner.errors import InputError, PlanMismatchError, SchemaVersionError
+from planner.errors import InfeasibleError, InputError, PlanMismatchError, SchemaVersionError
 from planner.plan import SolverInfo, load_plan, make_plan, plan_from_dict, plan_to_dict, save_plan
 from planner.schema import validate
 from planner.synthetic import random_problem
@@ -115,3 +116,19 @@ def test_wrong_document_kind_is_named(plan, tmp_path):
     path.write_text(json.dumps(plan.problem.model.to_dict()))
     with pytest.raises(InputError, match=r"edgepipe\.model_profile"):
         load_plan(path)
+
+
+@pytest.mark.parametrize("cluster", api.shipped("clusters"))
+@pytest.mark.parametrize("model", api.shipped("models"))
+def test_every_shipped_pair_plans_within_memory_and_round_trips(model, cluster, tmp_path):
+    problem = api.load_problem(model, cluster, global_batch=16)
+    try:
+        plan = api.solve(problem)
+    except InfeasibleError as exc:
+        assert exc.constraint == "memory" and "short by" in str(exc)
+        return
+    assert plan.cost.memory_ok
+    path = tmp_path / "plan.json"
+    save_plan(plan, path)
+    again = load_plan(path)
+    assert plan_to_dict(again) == plan_to_dict(plan)
