@@ -26,7 +26,13 @@ MODELS = REPO / "profiles" / "models"
 #: fp32 image): alexnet/resnet18/squeezenet1_0 were profiled at 256, vgg16 at 128
 BATCH = {"alexnet": 256, "vgg16": 128, "resnet18": 256, "squeezenet1_0": 256}
 
-needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="PipeDream data not present")
+
+
+def graph(model: str) -> Path:
+    """The raw PipeDream file of ``model`` (shared/data beside the checkout, as in CI)."""
+    path = DATA / f"{model}.graph.txt"
+    assert path.is_file(), f"{path} missing: the PipeDream data must sit in ../shared/data"
+    return path
 
 
 def node(nid: str, desc: str, f: float, b: float, act: float, par: float) -> str:
@@ -315,7 +321,7 @@ def test_mangled_files_raise_only_input_error(data: st.DataObject) -> None:
 
 def _raw_nodes(model: str) -> list[dict[str, float | str]]:
     out = []
-    for line in (DATA / f"{model}.graph.txt").read_text().splitlines():
+    for line in graph(model).read_text().splitlines():
         m = re.match(
             r"(\S+) -- (.*) -- forward_compute_time=([\d.]+), backward_compute_time=([\d.]+), "
             r"activation_size=([\d.]+), parameter_size=([\d.]+)$",
@@ -336,10 +342,9 @@ def _raw_nodes(model: str) -> list[dict[str, float | str]]:
 
 
 def _import(model: str) -> ModelProfile:
-    return import_pipedream(DATA / f"{model}.graph.txt", batch_size=BATCH[model])
+    return import_pipedream(graph(model), batch_size=BATCH[model])
 
 
-@needs_data
 @pytest.mark.parametrize(
     ("model", "nodes", "blocks"),
     [
@@ -378,7 +383,6 @@ def test_block_counts_and_conservation(model: str, nodes: int, blocks: int) -> N
     assert p.blocks[-1].output_bytes_per_sample == 1000 * 4  # the logits
 
 
-@needs_data
 def test_vgg16_is_a_chain_except_the_flatten_pair() -> None:
     p = _import("vgg16")
     multi = [b.members for b in p.blocks if len(b.members) > 1]
@@ -387,7 +391,6 @@ def test_vgg16_is_a_chain_except_the_flatten_pair() -> None:
     assert p.blocks[0].output_bytes_per_sample == 64 * 224 * 224 * 4
 
 
-@needs_data
 def test_resnet18_residual_units_collapse() -> None:
     p = _import("resnet18")
     units = [b for b in p.blocks if b.name.startswith("Add-")]
@@ -398,7 +401,6 @@ def test_resnet18_residual_units_collapse() -> None:
     assert first.output_bytes_per_sample == 64 * 56 * 56 * 4
 
 
-@needs_data
 @pytest.mark.parametrize("model", sorted(BATCH))
 def test_shipped_profile_matches_a_fresh_import_and_round_trips(model: str) -> None:
     path = MODELS / f"pipedream-{model}.json"
@@ -406,7 +408,7 @@ def test_shipped_profile_matches_a_fresh_import_and_round_trips(model: str) -> N
     assert ModelProfile.from_dict(shipped.to_dict()) == shipped
     assert json.loads(path.read_text()) == shipped.to_dict()
     fresh = import_pipedream(
-        DATA / f"{model}.graph.txt", batch_size=BATCH[model], name=f"pipedream-{model}"
+        graph(model), batch_size=BATCH[model], name=f"pipedream-{model}"
     )
     assert fresh == shipped, "re-run benchmarks/import_pipedream_profiles.py"
 
