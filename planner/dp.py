@@ -249,80 +249,89 @@ def _pareto(d: np.ndarray, x: np.ndarray, keep: int) -> tuple[np.ndarray, np.nda
     return chosen, valid
 
 
+def _compose(
+    search: _Search,
+    sub: dict[str, np.ndarray],
+    n_sub: int,
+    a: int,
+    warmup: int,
+    batch: int,
+    m: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Candidates for Q(p, l, n) built on the suffixes Q(p-1, l', n_sub), all l and l'.
+
+    The head runs blocks [L-l, L-l') on devices [a, N-n_sub); its link carries the cut's
+    activations to the suffix's head group. Returns (D', X') of shape (L+1, (L+1) x
+    FRONT), indexed [l, l' x FRONT + k]; D' is inf where l' >= l or the parts are
+    infeasible. Recurrence in the module docstring.
+    """
+    big_l, big_n = search.n_blk, search.n_dev
+    b = big_n - n_sub
+    c, eb, ta = search.head_table(a, b, warmup, batch)
+    ls = np.arange(big_l + 1)
+    rows, cols = (big_l - ls)[:, None], (big_l - ls)[None, :]
+    c0, eb0, ta0 = c[rows, cols][:, :, None], eb[rows, cols][:, :, None], ta[rows, cols][:, :, None]
+    sub_d, sub_x = sub["D"][:, n_sub, :][None], sub["X"][:, n_sub, :][None]
+    head_end = np.maximum(sub["HB"][:, n_sub, :], 0)
+    cut = big_l - ls  # first block of the suffix, per l'
+    act = batch * search.cm.boundary[np.clip(cut - 1, 0, big_l - 1)]
+    link = transfer_ms(
+        act[:, None], search.link_bw[a, b][head_end], search.link_lat[a, b][head_end]
+    )[None]
+    d_new = np.maximum(np.maximum(m * c0, c0 + 2 * m * link), c0 + 2 * link + sub_d)
+    with np.errstate(invalid="ignore"):
+        x_new = np.maximum(ta0, sub_x - eb0 - link)
+    valid = (ls[None, :] < ls[:, None])[:, :, None] & np.isfinite(sub_d)
+    d_new = np.where(valid, d_new, INF)
+    return d_new.reshape(big_l + 1, -1), x_new.reshape(big_l + 1, -1)
+
+
 def _solve_batch(search: _Search, batch: int) -> list[tuple[float, tuple]]:
     """Run the DP for micro-batch size ``batch``; return its ``RERANK`` best answers by
     the closed form as (latency, traceback) pairs, best first (ties: fewer stages, then
     fewer devices)."""
-    problem = search.problem
-    config = problem.config
+    config = search.problem.config
     big_l, big_n = search.n_blk, search.n_dev
     m = config.global_batch // batch
     max_p = min(big_l, big_n, config.max_stages or big_n)
     shape = (big_l + 1, big_n + 1, FRONT)
-    # front arrays per p: D, X, head end device, parent l', parent n', parent k
+
+    def warmup(p: int) -> int:
+        """K of the head of a p-stage suffix: stage P-p of P, the same for every P."""
+        return config.warmup_depth(max_p - p, max_p, m)
+
+    def empty_front() -> dict[str, np.ndarray]:
+        # D, X; head group's end device; parent l', n', front slot k
+        front = {k: np.full(shape, INF) for k in ("D", "X")}
+        front.update({k: np.full(shape, -1, dtype=np.int64) for k in ("HB", "PL", "PN", "PK")})
+        return front
+
     fronts: list[dict[str, np.ndarray]] = [{}]
-    boundary = search.cm.boundary
-
-    def warmup(p: int, total: int) -> int:
-        return config.warmup_depth(total - p, total, m)
-
-    # p = 1 -- warm-up of a last stage does not depend on the total P
-    f1 = {k: np.full(shape, INF) for k in ("D", "X")}
-    f1.update({k: np.full(shape, -1, dtype=np.int64) for k in ("HB", "PL", "PN", "PK")})
+    f1 = empty_front()
     for n in range(1, big_n + 1):
-        c, _, ta = search.head_table(big_n - n, big_n, warmup(1, max_p), batch)
-        col = c[big_l - np.arange(big_l + 1), big_l]
-        f1["D"][1:, n, 0] = m * col[1:]
+        c, _, ta = search.head_table(big_n - n, big_n, warmup(1), batch)
+        f1["D"][1:, n, 0] = m * c[big_l - np.arange(1, big_l + 1), big_l]
         f1["X"][1:, n, 0] = ta[big_l - np.arange(1, big_l + 1), big_l]
         f1["HB"][:, n, 0] = big_n
     fronts.append(f1)
 
-    ls = np.arange(big_l + 1)
     for p in range(2, max_p + 1):
-        prev = fronts[p - 1]
-        fp = {k: np.full(shape, INF) for k in ("D", "X")}
-        fp.update({k: np.full(shape, -1, dtype=np.int64) for k in ("HB", "PL", "PN", "PK")})
+        fp = empty_front()
         for n in range(p, big_n + 1):
-            a = big_n - n
-            cand_d, cand_x, cand_meta = [], [], []
-            for n_sub in range(p - 1, n):
-                b = big_n - n_sub
-                c, eb, ta = search.head_table(a, b, warmup(p, max_p), batch)
-                # head rows: l (axis 0) and l' (axis 1): block range [L-l, L-l')
-                c0 = c[(big_l - ls)[:, None], (big_l - ls)[None, :]]
-                eb0 = eb[(big_l - ls)[:, None], (big_l - ls)[None, :]]
-                ta0 = ta[(big_l - ls)[:, None], (big_l - ls)[None, :]]
-                sub_d = prev["D"][:, n_sub, :]  # (l', k)
-                sub_x = prev["X"][:, n_sub, :]
-                hb = prev["HB"][:, n_sub, :]
-                cut = big_l - ls  # block index where the suffix starts, per l'
-                act = batch * boundary[np.clip(cut - 1, 0, big_l - 1)]
-                link = transfer_ms(
-                    act[:, None],
-                    search.link_bw[a, b][np.maximum(hb, 0)],
-                    search.link_lat[a, b][np.maximum(hb, 0)],
-                )  # (l', k)
-                c1 = 2 * link
-                d_new = np.maximum(
-                    np.maximum(m * c0[:, :, None], c0[:, :, None] + m * c1[None]),
-                    c0[:, :, None] + c1[None] + sub_d[None],
-                )
-                with np.errstate(invalid="ignore"):
-                    x_new = np.maximum(ta0[:, :, None], sub_x[None] - eb0[:, :, None] - link[None])
-                valid = (ls[None, :] < ls[:, None])[:, :, None] & np.isfinite(sub_d)[None]
-                d_new = np.where(valid, d_new, INF)
-                cand_d.append(d_new.reshape(big_l + 1, -1))
-                cand_x.append(x_new.reshape(big_l + 1, -1))
-                cand_meta.append(n_sub)
-            d_all = np.concatenate(cand_d, axis=1)
-            x_all = np.concatenate(cand_x, axis=1)
+            subs = list(range(p - 1, n))
+            parts = [
+                _compose(search, fronts[p - 1], n_sub, big_n - n, warmup(p), batch, m)
+                for n_sub in subs
+            ]
+            d_all = np.concatenate([d for d, _ in parts], axis=1)
+            x_all = np.concatenate([x for _, x in parts], axis=1)
             chosen, ok = _pareto(d_all, np.where(np.isfinite(d_all), x_all, INF), FRONT)
             per_sub = (big_l + 1) * FRONT
             which_sub = chosen // per_sub
             rest = chosen % per_sub
             l_sub, k_sub = rest // FRONT, rest % FRONT
             rows = np.arange(big_l + 1)[:, None]
-            n_sub_arr = np.array(cand_meta)[which_sub]
+            n_sub_arr = np.array(subs)[which_sub]
             fp["D"][:, n, :] = np.where(ok, d_all[rows, chosen], INF)
             fp["X"][:, n, :] = np.where(ok, x_all[rows, chosen], INF)
             fp["PL"][:, n, :] = np.where(ok, l_sub, -1)
