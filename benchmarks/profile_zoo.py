@@ -1,0 +1,120 @@
+"""Profile every zoo model on this CPU and write the shipped model profiles.
+
+For each model at the demo input size (images 64x64 at full width and depth, 1000
+classes; transformers at their full configuration with 128-token sequences) this writes
+
+* ``profiles/models/<model>-cpu.json``: measured on this machine (timing key
+  ``--device-type``, default ``host-cpu``), and
+* ``profiles/models/<model>-analytic.json``: the same blocks with analytic times for
+  every device type of the shipped catalog (``executor.analytic``), no measured times,
+
+and prints one line per model. ``--analytic-only`` rebuilds the analytic files from the
+existing measured ones (after a catalog change) without measuring again.
+
+    .venv/bin/python benchmarks/profile_zoo.py                 # ~3 min, 1 thread
+    .venv/bin/python benchmarks/profile_zoo.py --models resnet18 --repeats 5
+    .venv/bin/python benchmarks/profile_zoo.py --analytic-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from executor import zoo
+from executor.analytic import analytic_profile
+from executor.profiler import profile_model
+from planner.cluster import load_catalog
+from planner.profile import ModelProfile
+
+OUT = Path(__file__).resolve().parent.parent / "profiles" / "models"
+
+#: demo input sizes: 64x64 images, 128-token sequences, everything else at full size
+DEMO_SIZES: dict[str, dict[str, Any]] = {
+    name: {"resolution": 64} if entry.is_image else {"seq_len": 128}
+    for name, entry in zoo.ZOO.items()
+}
+
+
+def write(profile: ModelProfile, path: Path) -> None:
+    """Validate ``profile`` (schema round trip) and write it as indented JSON."""
+    doc = profile.to_dict()
+    ModelProfile.from_dict(doc, str(path))
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def measure(name: str, args: argparse.Namespace) -> ModelProfile:
+    """Profile zoo model ``name`` at its demo size with the command-line settings."""
+    size = DEMO_SIZES[name]
+    return profile_model(
+        zoo.build_model(name, seed=0, **size),
+        partial(zoo.example_input, name, **size),
+        args.batch_sizes,
+        args.device_type,
+        name=name,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        num_threads=args.threads,
+    )
+
+
+def summary(profile: ModelProfile, device_type: str, seconds: float) -> str:
+    """One table row: blocks, parameters, forward GFLOP/sample, step ms per batch size."""
+    t = profile.timings[device_type]
+    steps = [
+        sum(t.forward_ms[i][j] + t.backward_ms[i][j] for i in range(profile.num_blocks))
+        for j in range(len(t.batch_sizes))
+    ]
+    gflop = sum(b.forward_flops_per_sample or 0 for b in profile.blocks) / 1e9
+    params = sum(b.param_bytes for b in profile.blocks) / 2**20
+    cells = " ".join(f"{s:9.1f}" for s in steps)
+    return (
+        f"{profile.name:16s} {profile.num_blocks:6d} {params:9.1f} {gflop:9.3f} {cells}"
+        f" {seconds:7.1f}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(zoo.ZOO), choices=list(zoo.ZOO))
+    parser.add_argument(
+        "--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8]
+    )
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device-type", default="host-cpu")
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--analytic-only", action="store_true")
+    args = parser.parse_args()
+
+    catalog = load_catalog()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if not args.analytic_only:
+        sizes = " ".join(f"{'b=' + str(b) + ' ms':>9s}" for b in args.batch_sizes)
+        print(
+            f"{'model':16s} {'blocks':>6s} {'param MiB':>9s} {'GFLOP/smp':>9s} {sizes} "
+            f"{'took s':>7s}"
+        )
+    for name in args.models:
+        measured_path = args.out / f"{name}-cpu.json"
+        if args.analytic_only:
+            measured = ModelProfile.load(measured_path)
+        else:
+            start = time.perf_counter()
+            measured = measure(name, args)
+            write(measured, measured_path)
+            print(summary(measured, args.device_type, time.perf_counter() - start), flush=True)
+        write(
+            analytic_profile(replace(measured, timings={}), catalog),
+            args.out / f"{name}-analytic.json",
+        )
+
+
+if __name__ == "__main__":
+    main()
