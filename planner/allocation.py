@@ -15,11 +15,15 @@ Algorithm (per row):
        then largest remainder), clip at caps, and repeat with the leftovers until all B
        are placed or no device has headroom (row infeasible). At most g rounds, since each
        round that leaves samples over fills at least one device to its cap.
-    2. Straggler offloading. Repeatedly move one sample from the slowest device (largest
-       time at its y) to the device whose time after taking one more sample is smallest
-       (with headroom), if that lowers the pair's maximum below the straggler's old time;
-       stop when no move does. Each move strictly lowers the sorted vector of device
-       times lexicographically, so it terminates; rows are processed in lockstep.
+    2. Straggler offloading. Repeatedly move one sample from the slowest device s (largest
+       time T at its y) to the device f whose time after taking one more sample is
+       smallest (with headroom), as long as that time is below T; stop when none is.
+       The maximum never grows (s's time does not increase, f stays below T), and while
+       it stays at T the samples held by devices at T strictly decrease, so the loop
+       ends. At the end no device can take a sample and stay below T, which makes the
+       split min-max optimal for non-decreasing time curves, flat stretches included:
+       an optimum below T would give s fewer samples, so some f more, at time >= T.
+       Rows are processed in lockstep.
 
 Devices may end with 0 samples (they then sit idle). Ties break toward the lower device
 index, so results are deterministic and independent of the other rows.
@@ -81,7 +85,7 @@ def allocate(
     rows = np.arange(n)
     active = ok.copy()
     big = np.inf
-    for _ in range(batch * g + 1):
+    for _ in range((batch + 1) * batch * g + 1):  # bound from the termination argument
         if not active.any():
             break
         now = _times(table, first, end, y)
@@ -91,10 +95,7 @@ def allocate(
         up = np.where(y < caps, up, big)
         up[rows, slow] = big
         fast = np.argmin(up, axis=1)
-        down = _times(table, first, end, np.maximum(y - 1, 0))
-        before = now[rows, slow]
-        after = np.maximum(down[rows, slow], up[rows, fast])
-        move = active & (after < before) & np.isfinite(up[rows, fast])
+        move = active & (up[rows, fast] < now[rows, slow])
         if not move.any():
             break
         y[rows[move], slow[move]] -= 1

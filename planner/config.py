@@ -18,6 +18,13 @@ OPTIMIZER_STATE = {"sgd": 0, "momentum": 1, "adam": 2}
 #: largest micro-batch size tried when the config names no candidates
 DEFAULT_MAX_MICRO_BATCH = 64
 
+#: bounds that keep the cost model's tables and schedules small (also in the schemas)
+MAX_MICRO_BATCH = 1024
+MAX_MICRO_BATCHES = 4096
+
+SCHEDULES = ("1f1b", "gpipe")
+WARMUPS = ("asteroid", "classic")
+
 
 @dataclass(frozen=True)
 class TrainingConfig:
@@ -31,13 +38,45 @@ class TrainingConfig:
     warmup: str = "asteroid"
     max_stages: int | None = None
 
+    def __post_init__(self) -> None:
+        def bad(field: str, problem: str) -> InputError:
+            return InputError("training config", f"$.{field}", problem)
+
+        if not 1 <= self.global_batch <= MAX_MICRO_BATCH * MAX_MICRO_BATCHES:
+            raise bad(
+                "global_batch",
+                f"must be 1..{MAX_MICRO_BATCH * MAX_MICRO_BATCHES}, got {self.global_batch}",
+            )
+        for b in self.micro_batch_candidates or ():
+            if not 1 <= b <= MAX_MICRO_BATCH:
+                raise bad("micro_batch_candidates", f"{b} is not in 1..{MAX_MICRO_BATCH}")
+        if not self.micro_batch_sizes():
+            raise bad(
+                "micro_batch_candidates",
+                f"no candidate divides global_batch {self.global_batch} into at most "
+                f"{MAX_MICRO_BATCHES} micro-batches; add a (larger) divisor",
+            )
+        if self.optimizer not in OPTIMIZER_STATE:
+            raise bad("optimizer", f"{self.optimizer!r} is not one of {sorted(OPTIMIZER_STATE)}")
+        if self.schedule not in SCHEDULES:
+            raise bad("schedule", f"{self.schedule!r} is not one of {list(SCHEDULES)}")
+        if self.warmup not in WARMUPS:
+            raise bad("warmup", f"{self.warmup!r} is not one of {list(WARMUPS)}")
+        if self.max_stages is not None and self.max_stages < 1:
+            raise bad("max_stages", f"must be at least 1, got {self.max_stages}")
+
     def micro_batch_sizes(self) -> list[int]:
-        """Candidate micro-batch sizes that divide the global batch, ascending."""
+        """Candidate micro-batch sizes that divide the global batch into at most
+        ``MAX_MICRO_BATCHES`` micro-batches, ascending."""
         if self.micro_batch_candidates is None:
             cands = range(1, min(self.global_batch, DEFAULT_MAX_MICRO_BATCH) + 1)
         else:
             cands = sorted(set(self.micro_batch_candidates))
-        return [b for b in cands if self.global_batch % b == 0]
+        return [
+            b
+            for b in cands
+            if self.global_batch % b == 0 and self.global_batch // b <= MAX_MICRO_BATCHES
+        ]
 
     def warmup_depth(self, stage: int, num_stages: int, num_micro_batches: int) -> int:
         """In-flight micro-batches K_p of 0-based ``stage`` (reference/asteroid.md §3.1, §5).
@@ -73,21 +112,17 @@ class TrainingConfig:
     def from_dict(cls, doc: Any, source: str = "<training config>") -> TrainingConfig:
         validate(doc, KIND, source)
         cands = doc.get("micro_batch_candidates")
-        config = cls(
-            global_batch=doc["global_batch"],
-            micro_batch_candidates=tuple(cands) if cands is not None else None,
-            optimizer=doc.get("optimizer", "momentum"),
-            schedule=doc.get("schedule", "1f1b"),
-            warmup=doc.get("warmup", "asteroid"),
-            max_stages=doc.get("max_stages"),
-        )
-        if not config.micro_batch_sizes():
-            raise InputError(
-                source,
-                "$.micro_batch_candidates",
-                f"no candidate divides global_batch {config.global_batch}; add a divisor",
+        try:
+            return cls(
+                global_batch=doc["global_batch"],
+                micro_batch_candidates=tuple(cands) if cands is not None else None,
+                optimizer=doc.get("optimizer", "momentum"),
+                schedule=doc.get("schedule", "1f1b"),
+                warmup=doc.get("warmup", "asteroid"),
+                max_stages=doc.get("max_stages"),
             )
-        return config
+        except InputError as exc:
+            raise InputError(source, exc.path, exc.problem) from None
 
     @classmethod
     def load(cls, path: str | Path) -> TrainingConfig:

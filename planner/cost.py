@@ -197,10 +197,10 @@ def schedule_makespan(chain: StepChain) -> float:
         ValueError: the warm-ups make the schedule deadlock.
     """
     actions = one_f_one_b(chain)
-    n_steps = len(chain.steps)
+    n_steps, m = len(chain.steps), chain.num_micro_batches
     last = n_steps - 1
-    f_end: list[dict[int, float]] = [{} for _ in range(n_steps)]
-    b_end: list[dict[int, float]] = [{} for _ in range(n_steps)]
+    f_end: list[list[float | None]] = [[None] * m for _ in range(n_steps)]
+    b_end: list[list[float | None]] = [[None] * m for _ in range(n_steps)]
     free = [0.0] * n_steps
     pos = [0] * n_steps
     remaining = sum(len(a) for a in actions)
@@ -210,9 +210,9 @@ def schedule_makespan(chain: StepChain) -> float:
             while pos[s] < len(actions[s]):
                 kind, mb = actions[s][pos[s]]
                 if kind == "F":
-                    dep = f_end[s - 1].get(mb) if s > 0 else 0.0
+                    dep = f_end[s - 1][mb] if s > 0 else 0.0
                 else:
-                    dep = b_end[s + 1].get(mb) if s < last else f_end[s].get(mb)
+                    dep = b_end[s + 1][mb] if s < last else f_end[s][mb]
                 if dep is None:
                     break
                 end = max(free[s], dep) + (step.forward_ms if kind == "F" else step.backward_ms)

@@ -144,6 +144,11 @@ class _Search:
         self._base: dict[tuple[int, int, int], tuple[np.ndarray, ...]] = {}
         self._tables: dict[tuple[int, int, int, int], tuple[np.ndarray, ...]] = {}
 
+    def clear(self) -> None:
+        """Drop the head tables (they are per micro-batch size)."""
+        self._base.clear()
+        self._tables.clear()
+
     # -- heads ---------------------------------------------------------------------------
     def _unconstrained(self, a: int, b: int, batch: int) -> tuple[np.ndarray, ...]:
         """Algorithm 1 on devices [a, b) for every layer range, ignoring memory, cached:
@@ -243,7 +248,7 @@ def _pareto(d: np.ndarray, x: np.ndarray, keep: int) -> tuple[np.ndarray, np.nda
         chosen[:, j], valid[:, j] = pick, found
         if not found.any():
             break
-        dominated = (d <= d[rows, pick][:, None]) & (x <= x[rows, pick][:, None])
+        dominated = (d >= d[rows, pick][:, None]) & (x >= x[rows, pick][:, None])
         alive &= ~(dominated & found[:, None])
         alive[rows, pick] = False
     return chosen, valid
@@ -272,7 +277,7 @@ def _compose(
     rows, cols = (big_l - ls)[:, None], (big_l - ls)[None, :]
     c0, eb0, ta0 = c[rows, cols][:, :, None], eb[rows, cols][:, :, None], ta[rows, cols][:, :, None]
     sub_d, sub_x = sub["D"][:, n_sub, :][None], sub["X"][:, n_sub, :][None]
-    head_end = np.maximum(sub["HB"][:, n_sub, :], 0)
+    head_end = np.clip(big_n - sub["PN"][:, n_sub, :], 0, big_n)
     cut = big_l - ls  # first block of the suffix, per l'
     act = batch * search.cm.boundary[np.clip(cut - 1, 0, big_l - 1)]
     link = transfer_ms(
@@ -301,9 +306,9 @@ def _solve_batch(search: _Search, batch: int) -> list[tuple[float, tuple]]:
         return config.warmup_depth(max_p - p, max_p, m)
 
     def empty_front() -> dict[str, np.ndarray]:
-        # D, X; head group's end device; parent l', n', front slot k
+        # D, X; parent l', n' (the suffix's head group ends at device N - n'), slot k
         front = {k: np.full(shape, INF) for k in ("D", "X")}
-        front.update({k: np.full(shape, -1, dtype=np.int64) for k in ("HB", "PL", "PN", "PK")})
+        front.update({k: np.full(shape, -1, dtype=np.int64) for k in ("PL", "PN", "PK")})
         return front
 
     fronts: list[dict[str, np.ndarray]] = [{}]
@@ -312,7 +317,7 @@ def _solve_batch(search: _Search, batch: int) -> list[tuple[float, tuple]]:
         c, _, ta = search.head_table(big_n - n, big_n, warmup(1), batch)
         f1["D"][1:, n, 0] = m * c[big_l - np.arange(1, big_l + 1), big_l]
         f1["X"][1:, n, 0] = ta[big_l - np.arange(1, big_l + 1), big_l]
-        f1["HB"][:, n, 0] = big_n
+        f1["PN"][:, n, 0] = 0
     fronts.append(f1)
 
     for p in range(2, max_p + 1):
@@ -337,7 +342,6 @@ def _solve_batch(search: _Search, batch: int) -> list[tuple[float, tuple]]:
             fp["PL"][:, n, :] = np.where(ok, l_sub, -1)
             fp["PN"][:, n, :] = np.where(ok, n_sub_arr, -1)
             fp["PK"][:, n, :] = np.where(ok, k_sub, -1)
-            fp["HB"][:, n, :] = np.where(ok, big_n - n_sub_arr, -1)
         fronts.append(fp)
 
     answers = []
@@ -392,6 +396,17 @@ def plan_dp(problem: Problem, progress: Callable[[int, int], None] | None = None
     Raises:
         InfeasibleError: no candidate fits memory (message names the binding figure).
     """
+    result = _best_plan(problem, progress)
+    if result is None:
+        sizes = problem.config.micro_batch_sizes()
+        raise diagnose_infeasible(problem, CostModel(problem, max(sizes)))
+    return result
+
+
+def _best_plan(
+    problem: Problem, progress: Callable[[int, int], None] | None = None
+) -> DPResult | None:
+    """:func:`plan_dp` without the diagnosis: ``None`` when nothing fits."""
     start = time.perf_counter()
     sizes = problem.config.micro_batch_sizes()
     cm = CostModel(problem, max(sizes))
@@ -399,6 +414,7 @@ def plan_dp(problem: Problem, progress: Callable[[int, int], None] | None = None
     found: list[tuple[PlanCost, Partition, float]] = []
     per_batch: dict[int, float] = {}
     for i, batch in enumerate(sizes):
+        search.clear()
         for value, trace in _solve_batch(search, batch):
             partition = _reconstruct(search, batch, trace)
             cost = cm.evaluate(partition)
@@ -407,7 +423,7 @@ def plan_dp(problem: Problem, progress: Callable[[int, int], None] | None = None
         if progress is not None:
             progress(i + 1, len(sizes))
     if not found:
-        raise diagnose_infeasible(problem, cm)
+        return None
     fastest = min(cost.iteration_ms for cost, _, _ in found)
     cost, partition, value = min(
         (c for c in found if c[0].iteration_ms <= fastest * (1 + TIE_TOLERANCE)),
@@ -506,10 +522,7 @@ def _memory_scale_to_fit(problem: Problem, batch: int) -> tuple[float, DPResult 
             cluster=replace(cl, devices=devices),
             config=replace(problem.config, micro_batch_candidates=(batch,)),
         )
-        try:
-            return plan_dp(scaled)
-        except InfeasibleError:
-            return None
+        return _best_plan(scaled)
 
     low, high, found = 1.0, 2.0, attempt(2.0)
     while found is None and high < 1000:

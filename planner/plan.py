@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,7 +27,6 @@ from planner.profile import ModelProfile
 from planner.schema import load_document, validate
 
 KIND = "edgepipe.plan"
-SOLVER_STATUSES = ("optimal", "feasible", "timed_out", "heuristic")
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,15 @@ def check_partition(problem: Problem, partition: Partition) -> None:
             if dev in seen:
                 raise PlanMismatchError(f"device {dev!r} serves two stages; a device runs one")
             seen.add(dev)
+        if not stage.devices or len(stage.devices) != len(stage.samples):
+            raise PlanMismatchError(
+                f"stage {p} needs at least one device and one sample count per device"
+            )
+        if min(stage.samples) < 1:
+            raise PlanMismatchError(
+                f"stage {p} gives a device {min(stage.samples)} samples; list only devices "
+                "that take at least one (others stay idle)"
+            )
         if sum(stage.samples) != mb:
             raise PlanMismatchError(
                 f"stage {p}'s devices take {sum(stage.samples)} samples per micro-batch, "
@@ -209,7 +218,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "idle_devices": [d.id for d in problem.cluster.devices if d.id not in used],
         "prediction": {
             "iteration_ms": cost.iteration_ms,
-            "samples_per_s": cost.samples_per_s,
+            "samples_per_s": cost.samples_per_s if math.isfinite(cost.samples_per_s) else None,
             "bottleneck": cost.bottleneck,
             "dominant_step": cost.dominant_step,
             "peak_memory_fraction": cost.peak_memory_fraction,

@@ -61,13 +61,22 @@ def test_offloading_fixes_a_bad_proportional_start():
     assert ok and y == [3, 1]
 
 
-@pytest.mark.parametrize("seed", range(25))
+def test_a_straggler_on_a_flat_stretch_still_offloads():
+    # device 0 takes 3 ms for 1 to 4 samples (flat), device 1 1 ms per sample: moving
+    # one sample off device 0 does not speed it up, but moving all of them does
+    flat = [0.0, 3.0, 3.0, 3.0, 3.0]
+    y, ok = run([flat, [0.0, 0.5, 1.0, 1.5, 2.0]], 4, caps=[4, 4])
+    assert ok and y == [0, 4]
+
+
+@pytest.mark.parametrize("seed", range(60))
 def test_result_is_min_max_optimal_against_brute_force(seed):
     rng = np.random.default_rng(seed)
     g, batch = int(rng.integers(2, 5)), int(rng.integers(1, 9))
     times = []
     for _ in range(g):
-        steps = rng.uniform(0.1, 3.0, size=batch)  # increasing curve with random shape
+        # non-decreasing curve with random shape and flat stretches
+        steps = rng.uniform(0.1, 3.0, size=batch) * (rng.random(batch) < 0.7)
         times.append([0.0, *np.cumsum(steps).tolist()])
     caps = [int(c) for c in rng.integers(0, batch + 1, size=g)]
     y, ok = run(times, batch, caps)
