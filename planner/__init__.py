@@ -1,9 +1,9 @@
-"""edgepipe's planner: profiles, cost model, simulator and planners (pure Python, no torch).
+"""edgepipe's planner: profiles, clusters and configs in, scored plans out.
 
-Typical use::
-
-    from planner import api
-    problem = api.load_problem("pipedream-vgg16", "jetson-testbed-6", global_batch=32)
-    plan = api.solve(problem)           # Asteroid-style DP
-    api.save_plan(plan, "plan.json")
+``planner.compare(problem, ...)`` runs the planners side by side (:mod:`planner.compare`);
+:mod:`planner.api` is the front door for loading inputs and solving.
 """
+
+from planner.compare import compare
+
+__all__ = ["compare"]

@@ -4,21 +4,30 @@
 >>> problem = api.load_problem("pipedream-vgg16", "jetson-testbed-6", global_batch=32)
 >>> plan = api.solve(problem)                      # the DP planner
 >>> plan.cost.iteration_ms, plan.partition.num_stages
+>>> exact = api.solve(problem, "milp", backend="cpsat", time_limit=60)
+>>> table = api.compare(problem)                   # DP, exact solver and baselines
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from planner.baselines import BASELINES, plan_baseline
 from planner.cluster import Cluster
 from planner.config import TrainingConfig
 from planner.dp import plan_dp
 from planner.errors import InputError
+from planner.milp import DEFAULT_BACKEND, DEFAULT_TIME_LIMIT, plan_milp
 from planner.plan import Plan, SolverInfo, load_plan, make_plan, save_plan
 from planner.problem import Problem, make_problem
 from planner.profile import ModelProfile
 from planner.resources import data_dir
+
+if TYPE_CHECKING:
+    from planner.compare import ComparisonResult
 
 __all__ = ["load_plan", "load_problem", "resolve", "save_plan", "shipped", "solve"]
 
@@ -70,24 +79,81 @@ def load_problem(
     return make_problem(profile, cl, cfg)
 
 
+def planners() -> list[str]:
+    """Names accepted by :func:`solve`: the DP, the exact solver and the baselines."""
+    return ["dp", "milp", *BASELINES]
+
+
 def solve(
     problem: Problem,
     solver: str = "dp",
     progress: Callable[[int, int], None] | None = None,
+    *,
+    backend: str = DEFAULT_BACKEND,
+    time_limit: float = DEFAULT_TIME_LIMIT,
 ) -> Plan:
-    """Plan ``problem`` with ``solver`` (``"dp"``) and return the scored :class:`Plan`.
+    """Plan ``problem`` with ``solver`` and return the scored :class:`Plan`.
+
+    ``solver``: ``"dp"`` (Asteroid's DP, :mod:`planner.dp`), ``"milp"`` (the exact
+    solver, :mod:`planner.milp`, with ``backend`` in cpsat | cbc | highs and a wall-clock
+    ``time_limit`` in seconds, warm-started from the DP) or a baseline of
+    :mod:`planner.baselines`. ``progress(done, total)`` is called as the DP finishes each
+    micro-batch candidate or the exact solver each (micro-batch, stage count) program.
 
     Raises:
         InfeasibleError: nothing fits memory (the message names the binding figure).
-        InputError: unknown solver name.
+        InputError: unknown solver or backend name, or a non-positive time limit.
     """
-    if solver != "dp":
-        raise InputError("--solver", "", f"unknown solver {solver!r}; available: ['dp']")
-    result = plan_dp(problem, progress=progress)
-    info = SolverInfo(
-        name="dp",
-        settings={"micro_batch_sizes": problem.config.micro_batch_sizes()},
-        solve_time_s=result.solve_time_s,
-        status="heuristic",
-    )
-    return make_plan(problem, result.partition, info, cost=result.cost)
+    if solver == "dp":
+        result = plan_dp(problem, progress=progress)
+        info = SolverInfo(
+            name="dp",
+            settings={"micro_batch_sizes": problem.config.micro_batch_sizes()},
+            solve_time_s=result.solve_time_s,
+            status="heuristic",
+        )
+        return make_plan(problem, result.partition, info, cost=result.cost)
+    if solver == "milp":
+        exact = plan_milp(problem, backend=backend, time_limit=time_limit, progress=progress)
+        info = SolverInfo(
+            name="milp",
+            settings={
+                "backend": exact.backend,
+                "time_limit_s": exact.time_limit_s,
+                "micro_batch_sizes": problem.config.micro_batch_sizes(),
+                "warm_start": "dp",
+                "warm_start_ms": exact.warm_start_ms,
+                "programs": len(exact.subproblems),
+                "programs_closed": sum(s.closed for s in exact.subproblems),
+            },
+            solve_time_s=exact.solve_time_s,
+            status=exact.status,
+            objective_bound_ms=exact.bound_ms,
+            gap=exact.gap,
+        )
+        return make_plan(problem, exact.partition, info, cost=exact.cost)
+    if solver in BASELINES:
+        start = time.perf_counter()
+        partition, cost = plan_baseline(problem, solver)
+        info = SolverInfo(
+            name=solver,
+            settings={"micro_batch_sizes": problem.config.micro_batch_sizes()},
+            solve_time_s=time.perf_counter() - start,
+            status="heuristic",
+        )
+        return make_plan(problem, partition, info, cost=cost)
+    raise InputError("--solver", "", f"unknown solver {solver!r}; available: {planners()}")
+
+
+def compare(
+    problem: Problem,
+    planners: list[str] | None = None,
+    backend: str = DEFAULT_BACKEND,
+    time_limit: float = DEFAULT_TIME_LIMIT,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> ComparisonResult:
+    """Run several planners on ``problem`` and tabulate them
+    (:func:`planner.compare.compare`)."""
+    from planner.compare import compare as run_comparison
+
+    return run_comparison(problem, planners, backend, time_limit, progress)

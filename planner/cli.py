@@ -14,12 +14,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import Progress
+from rich.progress import Progress, TaskID
 from rich.table import Table
 
 from planner import api
+from planner.compare import ComparisonResult
 from planner.config import OPTIMIZER_STATE, TrainingConfig
 from planner.errors import EdgepipeError
+from planner.milp import BACKENDS, DEFAULT_BACKEND, DEFAULT_TIME_LIMIT
 from planner.plan import Plan, load_plan, plan_to_dict, save_plan
 from planner.schema import KINDS, read_json, validate
 from planner.simulator import gpipe, one_f_one_b, simulate
@@ -107,8 +109,15 @@ def _progress_callback(progress: Progress, label: str) -> Callable[[int, int], N
 
 def _solve(args: argparse.Namespace) -> Plan:
     problem = api.load_problem(args.model, args.cluster, _config_from_args(args))
+    label = f"planning ({args.solver})"
     with Progress(console=err, transient=True) as progress:
-        return api.solve(problem, args.solver, _progress_callback(progress, "planning"))
+        return api.solve(
+            problem,
+            args.solver,
+            _progress_callback(progress, label),
+            backend=args.backend,
+            time_limit=args.time_limit,
+        )
 
 
 def cmd_plan(args: argparse.Namespace) -> None:
@@ -120,6 +129,72 @@ def cmd_plan(args: argparse.Namespace) -> None:
     if args.output:
         save_plan(plan, args.output)
         out.print(f"wrote {args.output}")
+
+
+def comparison_table(result: ComparisonResult) -> Table:
+    """The comparison as a rich table (one row per planner)."""
+    table = Table(
+        title=(
+            f"{result.model} on {result.cluster}, global batch {result.global_batch}: "
+            "predicted by the cost model"
+        ),
+        title_justify="left",
+    )
+    columns = (
+        "planner", "feasible", "status", "iteration ms", "samples/s", "speed-up", "solve s",
+        "gap", "memory headroom", "stages", "devices", "micro-batch",
+    )  # fmt: skip
+    for col in columns:
+        table.add_column(
+            col,
+            justify="left" if col in ("planner", "status") else "right",
+            no_wrap=True,
+        )
+    table.caption = "speed-up: over the data-parallel baseline (iteration time ratio)"
+
+    def fmt(value: float | int | None, spec: str) -> str:
+        return "-" if value is None else format(value, spec)
+
+    for r in result.rows:
+        table.add_row(
+            r.planner,
+            "yes" if r.feasible else "no",
+            r.status,
+            fmt(r.iteration_ms, ".1f"),
+            fmt(r.samples_per_s, ".2f"),
+            fmt(r.speedup_vs_data_parallel, ".2f"),
+            fmt(r.solve_time_s, ".2f"),
+            fmt(r.gap, ".2%"),
+            fmt(r.memory_headroom, ".0%"),
+            fmt(r.stages, "d"),
+            fmt(r.devices_used, "d"),
+            fmt(r.micro_batch_size, "d"),
+        )
+    return table
+
+
+def cmd_compare(args: argparse.Namespace) -> None:
+    problem = api.load_problem(args.model, args.cluster, _config_from_args(args))
+    names = args.planners.split(",") if args.planners else None
+    with Progress(console=err, transient=True) as progress:
+        tasks: dict[str, TaskID] = {}
+
+        def report(label: str, done: int, total: int) -> None:
+            if label not in tasks:
+                tasks[label] = progress.add_task(label, total=total)
+            progress.update(tasks[label], completed=done, total=total)
+
+        result = api.compare(problem, names, args.backend, args.time_limit, report)
+    table = comparison_table(result)
+    # numbers must not be cut: a table wider than the terminal is printed at full width
+    wide = out.measure(table, options=out.options.update_width(1000)).maximum
+    Console(file=out.file, width=max(out.width, wide)).print(table)
+    for r in result.rows:
+        if r.note:
+            out.print(f"[dim]{r.planner}: {r.note}[/dim]", highlight=False)
+    if args.out:
+        for path in result.write(args.out):
+            out.print(f"wrote {path}")
 
 
 def cmd_show(args: argparse.Namespace) -> None:
@@ -203,6 +278,21 @@ def _add_problem_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-stages", type=int)
 
 
+def _add_solver_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--backend",
+        choices=list(BACKENDS),
+        default=DEFAULT_BACKEND,
+        help="exact solver's backend (milp)",
+    )
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=DEFAULT_TIME_LIMIT,
+        help="exact solver's wall-clock limit in seconds (milp)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="edgepipe",
@@ -212,9 +302,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="solve for the best plan and write it as JSON")
     _add_problem_args(p)
-    p.add_argument("--solver", default="dp", help="planner to use (dp)")
+    p.add_argument(
+        "--solver", default="dp", help=f"planner to use, one of {', '.join(api.planners())}"
+    )
+    _add_solver_args(p)
     p.add_argument("-o", "--output", help="plan file to write ('-' for stdout)")
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser(
+        "compare", help="run the DP, the exact solver and the baselines side by side"
+    )
+    _add_problem_args(p)
+    p.add_argument("--planners", help="comma-separated planners (default: all)")
+    _add_solver_args(p)
+    p.add_argument("--out", help="folder for compare.csv, compare.json and compare.png")
+    p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("show", help="print a plan's summary; -o draws its timeline (PNG)")
     p.add_argument("plan")

@@ -61,3 +61,15 @@ def brute_force_best(problem: Problem) -> tuple[float, Partition | None]:
             if cost.memory_ok and cost.iteration_ms < best[0]:
                 best = (cost.iteration_ms, part)
     return best
+
+
+def best_contiguous_split(cost, n_items: int, parts: int) -> float:
+    """Least largest ``cost(stage, first, end)`` over every split of ``n_items`` items
+    into ``parts`` contiguous non-empty stages, by enumeration."""
+    best = float("inf")
+    for sizes in compositions(n_items, parts):
+        bounds = [0]
+        for size in sizes:
+            bounds.append(bounds[-1] + size)
+        best = min(best, max(cost(p, bounds[p], bounds[p + 1]) for p in range(parts)))
+    return best

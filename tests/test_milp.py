@@ -1,0 +1,197 @@
+"""The exact planner (planner.milp) against brute force, the DP and its own backends."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from planner import api
+from planner.cluster import Cluster, Device, Link, Network
+from planner.config import TrainingConfig
+from planner.dp import plan_dp
+from planner.errors import InfeasibleError, InputError
+from planner.milp import BACKENDS, device_classes, plan_milp
+from planner.plan import plan_to_dict
+from planner.problem import make_problem
+from planner.profile import Block, ModelProfile, Timing
+from planner.schema import validate
+from planner.synthetic import device_type, random_problem
+from tests.oracles import brute_force_best
+
+
+def tiny(seed: int):
+    """Tiny random instances over the knobs the formulation handles separately: shared
+    or switched network, a slow per-pair link, asteroid/classic warm-up, 1F1B/GPipe and
+    memory budgets that bind."""
+    rng = np.random.default_rng(seed)
+    devices = int(rng.integers(2, 5))
+    links = ()
+    if seed % 3 == 0 and devices >= 3:
+        links = (Link("d0", "d1", bandwidth_mbps=50.0, latency_ms=3.0),)
+    return random_problem(
+        int(rng.integers(2, 6)),
+        devices,
+        seed=seed,
+        global_batch=4,
+        candidates=(2, 4),
+        memory=(float(rng.choice([8e9, 6e7])), float(rng.choice([4e9, 3e7]))),
+        bandwidth_mbps=float(rng.choice([1e2, 1e3, 1e4])),
+        shared=bool(seed % 2),
+        warmup=("asteroid", "classic")[seed % 4 // 2],
+        schedule="gpipe" if seed % 5 == 0 else "1f1b",
+        links=links,
+    )
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_exact_optimum_equals_brute_force_on_tiny_instances(seed):
+    problem = tiny(seed)
+    oracle, _ = brute_force_best(problem)
+    result = plan_milp(problem, time_limit=60)
+    assert result.status == "optimal"
+    assert result.cost.memory_ok
+    assert result.cost.iteration_ms == pytest.approx(oracle, rel=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_backends_agree_on_the_optimum(seed):
+    problem = random_problem(
+        6, 4, seed=seed, global_batch=8, candidates=(2, 4), bandwidth_mbps=[1e3, 1e4][seed % 2]
+    )
+    values = {b: plan_milp(problem, backend=b, time_limit=60) for b in BACKENDS}
+    assert {r.status for r in values.values()} == {"optimal"}
+    ms = [r.cost.iteration_ms for r in values.values()]
+    assert max(ms) == pytest.approx(min(ms), rel=1e-4)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_program_objective_is_the_cost_models_iteration_time(seed):
+    # HiGHS solves the program in floating point: every program solved to optimality must
+    # report, as its objective, exactly the cost model's figure of the plan read from it
+    problem = random_problem(5, 4, seed=seed, global_batch=8, candidates=(2, 4, 8))
+    result = plan_milp(problem, backend="highs", time_limit=60)
+    solved = [s for s in result.subproblems if s.status == "optimal"]
+    assert solved
+    for sub in solved:
+        assert sub.bound_ms == pytest.approx(sub.best_ms, rel=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_exact_is_never_worse_than_the_dp(seed):
+    problem = random_problem(
+        10, 5, seed=seed, global_batch=16, candidates=(2, 4, 8), memory=(6e7, 3e7)
+    )
+    dp = plan_dp(problem)
+    result = plan_milp(problem, time_limit=60)
+    assert result.warm_start_ms == dp.cost.iteration_ms
+    assert result.cost.iteration_ms <= dp.cost.iteration_ms
+    assert result.cost.memory_ok
+
+
+def memory_tight_problem(big_memory: float = 3.2e8):
+    """Two blocks on a big and a small device: only block 0 fits the small device and
+    the two blocks together do not fit the big one, so the small (and slow) device must
+    take stage 0. The DP puts the larger memory first and misses it."""
+    types = {
+        "big": device_type("big", big_memory, 200.0),
+        "small": device_type("small", 5e7, 60.0),
+    }
+    cluster = Cluster(
+        "tight", (Device("big-0", "big"), Device("small-0", "small")), Network(1e4, 1.0), types
+    )
+    blocks = (Block("b0", 1e7, 1e4, 1e6), Block("b1", 1e8, 1e4, 1e6))
+    timings = {
+        name: Timing((1, 2), ((s, 2 * s), (s, 2 * s)), ((2 * s, 4 * s), (2 * s, 4 * s)))
+        for name, s in (("big", 1.0), ("small", 3.0))
+    }
+    model = ModelProfile("tight", {"kind": "analytic"}, 1e4, blocks, timings)
+    return make_problem(model, cluster, TrainingConfig(4, (2,)), catalog=types)
+
+
+def test_memory_tight_instance_the_dp_misses():
+    problem = memory_tight_problem()
+    with pytest.raises(InfeasibleError):
+        plan_dp(problem)
+    result = plan_milp(problem, time_limit=30)
+    assert result.status == "optimal" and result.warm_start_ms is None
+    first, second = result.partition.stages
+    assert (first.first, first.end, first.devices) == (0, 1, ("small-0",))
+    assert (second.first, second.end, second.devices) == (1, 2, ("big-0",))
+    assert result.cost.memory_ok
+
+
+def test_both_planners_report_memory_when_nothing_fits():
+    problem = memory_tight_problem(big_memory=2.9e8)  # block 1 alone no longer fits
+    with pytest.raises(InfeasibleError) as dp_error:
+        plan_dp(problem)
+    with pytest.raises(InfeasibleError) as milp_error:
+        plan_milp(problem, time_limit=30)
+    for error in (dp_error.value, milp_error.value):
+        assert error.constraint == "memory" and "memory" in str(error)
+        assert error.shortfall > 0
+
+
+def test_device_classes_group_interchangeable_devices():
+    problem = api.load_problem("pipedream-alexnet", "jetson-testbed-6")
+    counts = {c.type: c.count for c in device_classes(problem)}
+    assert counts == {
+        "jetson-nano": 2, "jetson-tx2": 2, "jetson-xavier-nx": 1, "jetson-orin-nano": 1
+    }  # fmt: skip
+    # d0, d2, d4 are "fast", d1, d3, d5 "slow"; a link override sets d0 and d2 apart
+    linked = random_problem(3, 6, links=(Link("d0", "d2", bandwidth_mbps=10.0),))
+    members = sorted(c.members for c in device_classes(linked))
+    assert members == [(0,), (1, 3, 5), (2,), (4,)]
+
+
+def test_plan_records_backend_status_bound_and_gap():
+    problem = random_problem(6, 3, seed=2, global_batch=8, candidates=(2, 4))
+    plan = api.solve(problem, "milp", backend="highs", time_limit=30)
+    assert plan.solver.name == "milp"
+    assert plan.solver.settings["backend"] == "highs"
+    assert plan.solver.settings["time_limit_s"] == 30
+    assert plan.solver.status == "optimal"
+    assert plan.solver.gap == 0.0
+    assert plan.solver.objective_bound_ms == pytest.approx(plan.cost.iteration_ms)
+    validate(plan_to_dict(plan), "edgepipe.plan", "test")
+
+
+def test_time_limit_returns_the_warm_start_with_an_honest_status():
+    problem = api.load_problem("pipedream-vgg16", "pi-lab-4")
+    dp = plan_dp(problem)
+    result = plan_milp(problem, time_limit=0.05)
+    assert result.status in ("timed_out", "feasible")
+    assert result.cost.iteration_ms <= dp.cost.iteration_ms
+    assert any(s.status == "skipped" for s in result.subproblems)
+    assert result.gap is None or 0.0 <= result.gap <= 1.0
+
+
+def test_bad_backend_and_time_limit_are_input_errors():
+    problem = random_problem(3, 2, seed=0)
+    with pytest.raises(InputError, match="backend"):
+        plan_milp(problem, backend="gurobi")
+    with pytest.raises(InputError, match="positive"):
+        plan_milp(problem, time_limit=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_solver_prints_nothing_to_stdout(backend, capfd):
+    plan_milp(random_problem(4, 3, seed=1, global_batch=4), backend=backend, time_limit=30)
+    out, _ = capfd.readouterr()
+    assert out == ""
+
+
+def test_plan_json_on_stdout_is_clean_in_a_fresh_process():
+    # HiGHS prints its banner on the first solver object of a process: run in a new one
+    command = [
+        sys.executable, "-m", "planner.cli", "plan", "--model", "pipedream-alexnet",
+        "--cluster", "orin-pair-2", "--solver", "milp", "--backend", "highs", "-o", "-",
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
+    doc = json.loads(done.stdout)
+    validate(doc, "edgepipe.plan", "stdout")
+    assert doc["solver"]["settings"]["backend"] == "highs"
+    assert doc["solver"]["status"] == "optimal"
