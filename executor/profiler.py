@@ -244,6 +244,14 @@ def profile_model(
             if progress is not None:
                 progress(done, total)
         threads = torch.get_num_threads()
+    except (RuntimeError, ValueError) as exc:
+        raise InputError(
+            f"model {name!r}",
+            "",
+            f"running it failed while profiling: {exc}. Check the model's sizes against "
+            "the batch sizes (e.g. batch norm needs more than one value per channel, so "
+            "tiny inputs at batch 1 fail)",
+        ) from exc
     finally:
         torch.set_num_threads(saved_threads)
         with torch.no_grad():

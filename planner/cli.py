@@ -20,9 +20,10 @@ from rich.table import Table
 from planner import api
 from planner.compare import ComparisonResult
 from planner.config import OPTIMIZER_STATE, TrainingConfig
-from planner.errors import EdgepipeError
+from planner.errors import EdgepipeError, InputError
 from planner.milp import BACKENDS, DEFAULT_BACKEND, DEFAULT_TIME_LIMIT
 from planner.plan import Plan, load_plan, plan_to_dict, save_plan
+from planner.problem import Problem
 from planner.schema import KINDS, read_json, validate
 from planner.simulator import gpipe, one_f_one_b, simulate
 
@@ -173,9 +174,13 @@ def comparison_table(result: ComparisonResult) -> Table:
     return table
 
 
-def cmd_compare(args: argparse.Namespace) -> None:
-    problem = api.load_problem(args.model, args.cluster, _config_from_args(args))
-    names = args.planners.split(",") if args.planners else None
+def _run_compare(
+    problem: Problem,
+    names: list[str] | None,
+    backend: str,
+    time_limit: float,
+    outdir: str | Path | None,
+) -> None:
     with Progress(console=err, transient=True) as progress:
         tasks: dict[str, TaskID] = {}
 
@@ -184,7 +189,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
                 tasks[label] = progress.add_task(label, total=total)
             progress.update(tasks[label], completed=done, total=total)
 
-        result = api.compare(problem, names, args.backend, args.time_limit, report)
+        result = api.compare(problem, names, backend, time_limit, report)
     table = comparison_table(result)
     # numbers must not be cut: a table wider than the terminal is printed at full width
     wide = out.measure(table, options=out.options.update_width(1000)).maximum
@@ -192,9 +197,15 @@ def cmd_compare(args: argparse.Namespace) -> None:
     for r in result.rows:
         if r.note:
             out.print(f"[dim]{r.planner}: {r.note}[/dim]", highlight=False)
-    if args.out:
-        for path in result.write(args.out):
+    if outdir:
+        for path in result.write(outdir):
             out.print(f"wrote {path}")
+
+
+def cmd_compare(args: argparse.Namespace) -> None:
+    problem = api.load_problem(args.model, args.cluster, _config_from_args(args))
+    names = args.planners.split(",") if args.planners else None
+    _run_compare(problem, names, args.backend, args.time_limit, args.out)
 
 
 def cmd_show(args: argparse.Namespace) -> None:
@@ -263,6 +274,74 @@ def cmd_demo(args: argparse.Namespace) -> None:
     out.print(
         f"simulated iteration {timeline.makespan_ms:.1f} ms (cost model "
         f"{plan.cost.iteration_ms:.1f} ms); wrote {path} and {outdir / 'gantt.png'}"
+    )
+    out.rule("the DP against the exact solver and the baselines")
+    _run_compare(problem, None, DEFAULT_BACKEND, DEFAULT_TIME_LIMIT, outdir)
+
+
+def cmd_profile(args: argparse.Namespace) -> None:
+    from functools import partial
+
+    from executor import zoo
+    from executor.analytic import analytic_profile
+    from executor.profiler import profile_model
+    from planner.cluster import load_catalog
+
+    if ":" in args.model:
+        model = zoo.load_model(args.model)
+        if not args.input:
+            raise InputError(
+                "--input",
+                "",
+                "a bring-your-own model needs --input MODULE:CALLABLE returning "
+                "an example batch of a given size",
+            )
+        example = zoo.load_callable(args.input)
+        name = args.name or args.model.rsplit(":", 1)[1]
+    else:
+        sizes = zoo.parse_sizes(args.model, args.size)
+        model = zoo.build_model(args.model, **sizes)
+        example = partial(zoo.example_input, args.model, **sizes)
+        name = args.name or args.model
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    with Progress(console=err, transient=True) as progress:
+        profile = profile_model(
+            model,
+            example,
+            batch_sizes,
+            args.device_type,
+            name=name,
+            warmup=args.warmup,
+            repeats=args.repeats,
+            num_threads=args.threads,
+            progress=_progress_callback(progress, f"profiling {name}"),
+        )
+    if args.analytic:
+        profile = analytic_profile(profile, load_catalog())
+    Path(args.output).write_text(json.dumps(profile.to_dict(), indent=1) + "\n")
+    out.print(
+        f"wrote {args.output}: {name}, {profile.num_blocks} blocks, timed on "
+        f"{', '.join(sorted(profile.timings))}"
+    )
+
+
+def cmd_probe(args: argparse.Namespace) -> None:
+    from executor.probe import probe_device
+
+    with Progress(console=err, transient=True) as progress:
+        progress.add_task("probing this machine (compute, memory, loopback link)", total=None)
+        entry = probe_device(num_threads=args.threads)
+    doc = {
+        "schema_version": 1,
+        "kind": "edgepipe.device_catalog",
+        "device_types": {args.name: entry},
+    }
+    validate(doc, "edgepipe.device_catalog", "probe result")
+    Path(args.output).write_text(json.dumps(doc, indent=1) + "\n")
+    out.print(
+        f"wrote {args.output}: {args.name}: {entry['peak_fp32_gflops']} GFLOP/s peak, "
+        f"efficiency {entry['efficiency']}, {entry['memory_bytes'] / GIB:.1f} GiB, "
+        f"link {entry['network']['bandwidth_mbps']} Mbit/s"
     )
 
 
@@ -346,8 +425,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="model name (default: the file's stem)")
     p.set_defaults(func=cmd_import_pipedream)
 
-    p = sub.add_parser("demo", help="plan the demo model on the demo cluster and show it")
-    p.add_argument("--out", default="out/demo", help="folder for plan.json and gantt.png")
+    p = sub.add_parser("profile", help="measure a zoo (or your own) model's blocks on this machine")
+    p.add_argument(
+        "--model", required=True, help="zoo name or MODULE:CALLABLE returning an nn.Sequential"
+    )
+    p.add_argument("--input", help="MODULE:CALLABLE(batch) -> example input, for your own model")
+    p.add_argument(
+        "--size",
+        action="append",
+        default=[],
+        help="zoo size NAME=VALUE (repeatable), e.g. resolution=64",
+    )
+    p.add_argument("--batch-sizes", default="1,2,4,8")
+    p.add_argument("--device-type", default="host-cpu", help="timing key the profile records")
+    p.add_argument("--name", help="profile name (default: the model's)")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, help="torch threads while measuring")
+    p.add_argument(
+        "--analytic", action="store_true", help="also add analytic times for every catalog type"
+    )
+    p.add_argument("-o", "--output", required=True)
+    p.set_defaults(func=cmd_profile)
+
+    p = sub.add_parser("probe", help="measure this machine as a device type (catalog entry)")
+    p.add_argument("--name", default="host-cpu", help="device type name to write")
+    p.add_argument("--threads", type=int)
+    p.add_argument("-o", "--output", required=True)
+    p.set_defaults(func=cmd_probe)
+
+    p = sub.add_parser(
+        "demo", help="plan the demo model on the demo cluster, show it, compare the planners"
+    )
+    p.add_argument("--out", default="out/demo", help="folder for the plan, chart and comparison")
     p.set_defaults(func=cmd_demo)
     return parser
 

@@ -77,3 +77,72 @@ def test_demo_writes_plan_and_chart(tmp_path):
     assert main(["demo", "--out", str(tmp_path)]) == 0
     assert load_plan(tmp_path / "plan.json").problem.cluster.name == "jetson-testbed-6"
     assert (tmp_path / "gantt.png").stat().st_size > 0
+
+
+def test_profile_then_plan_end_to_end(tmp_path):
+    profile = tmp_path / "r18.json"
+    args = [
+        "profile",
+        "--model",
+        "resnet18",
+        "--size",
+        "resolution=32",
+        "--size",
+        "width=0.25",
+        "--batch-sizes",
+        "2,4",
+        "--warmup",
+        "1",
+        "--repeats",
+        "1",
+        "--threads",
+        "1",
+        "--analytic",
+        "-o",
+        str(profile),
+    ]
+    assert main(args) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--model",
+                str(profile),
+                "--cluster",
+                "orin-pair-2",
+                "--global-batch",
+                "8",
+                "-o",
+                str(tmp_path / "plan.json"),
+            ]
+        )
+        == 0
+    )
+    assert load_plan(tmp_path / "plan.json").problem.model.name == "resnet18"
+
+
+def test_profile_failure_is_a_one_line_error(tmp_path, capsys):
+    # batch norm cannot train on one value per channel: 32x32 input, batch 1
+    args = [
+        "profile",
+        "--model",
+        "resnet18",
+        "--size",
+        "resolution=32",
+        "--size",
+        "width=0.25",
+        "--batch-sizes",
+        "1",
+        "-o",
+        str(tmp_path / "x.json"),
+    ]
+    assert main(args) == 2
+    assert "batch norm" in capsys.readouterr().err
+
+
+def test_probe_writes_a_catalog_entry(tmp_path):
+    path = tmp_path / "host.json"
+    assert main(["probe", "--name", "this-host", "--threads", "1", "-o", str(path)]) == 0
+    doc = json.loads(path.read_text())
+    assert list(doc["device_types"]) == ["this-host"]
+    assert main(["validate", str(path)]) == 0
