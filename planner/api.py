@@ -75,7 +75,7 @@ def load_problem(
     elif config is not None:
         cfg = TrainingConfig.load(config)
     else:
-        cfg = TrainingConfig(global_batch or DEMO_GLOBAL_BATCH)
+        cfg = TrainingConfig(DEMO_GLOBAL_BATCH if global_batch is None else global_batch)
     return make_problem(profile, cl, cfg)
 
 

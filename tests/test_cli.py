@@ -146,3 +146,18 @@ def test_probe_writes_a_catalog_entry(tmp_path):
     doc = json.loads(path.read_text())
     assert list(doc["device_types"]) == ["this-host"]
     assert main(["validate", str(path)]) == 0
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--global-batch", "0"], "global_batch"),
+        (["--global-batch", "8", "--micro-batches", "3"], "divides"),
+        (["--micro-batches", "0"], "micro_batch_candidates"),
+        (["--max-stages", "0"], "max_stages"),
+    ],
+)
+def test_bad_config_options_are_one_line_errors(extra, message, capsys):
+    assert main(["plan", "--model", "pipedream-alexnet", "--cluster", "orin-pair-2", *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
