@@ -95,7 +95,9 @@ def balanced_split(cost: Callable[[int, int, int], float], n_blocks: int, parts:
     return bounds[::-1]
 
 
-def _stages(bounds: list[int], groups: list[list[str]], samples: list[list[int]]) -> tuple:
+def _stages(
+    bounds: list[int], groups: list[list[str]], samples: list[list[int]]
+) -> tuple[StageAssignment, ...]:
     return tuple(
         StageAssignment(bounds[p], bounds[p + 1], tuple(groups[p]), tuple(samples[p]))
         for p in range(len(groups))

@@ -17,9 +17,12 @@ its own, which keeps every network figure a function of the classes involved.
 
 Decomposition: one program per (micro-batch size B, stage count P), P = 1 ..
 min(L, N, max_stages); with B and P fixed the micro-batch count M = G/B, the warm-ups
-K_p and the schedule's action order are constants. Programs are solved best-first (the
-DP's (B, P) first) with the incumbent's exact iteration time as an objective cutoff, so a
-program that cannot beat the incumbent is infeasible and closes quickly.
+K_p and the schedule's action order are constants. The DP's plan is the first incumbent
+and its (B, P) program comes first; every program carries the incumbent's exact
+iteration time as an objective cutoff, so one that cannot beat it is infeasible. Two
+programs run at a time (one solver thread each); a first pass gives every program a
+short slice (the easy ones close, better incumbents appear early), a second pass gives
+the open ones the time left, lowest bound first.
 
 Formulation for fixed (B, P), L blocks, classes k, samples y in 1..B:
 
@@ -54,21 +57,26 @@ Constraints
     schedule:   for every action a of step s (1F1B with the cost model's warm-ups, or
                 GPipe), e[s, a] >= e[s, prev(a)] + dur(a) and e[s, a] >= e[dep(a)] + dur(a),
                 dur = Ef / Eb on stage steps and Lk on link steps; T >= e[s, last] + Ta[p];
-    cutoff:     T <= incumbent.
+    redundant:  T >= M (Ef^c + Eb^c) + sum_{i<c} (Ef^i + Eb^i) for every step c (implied
+                by the paths above; stated so that propagation bounds T at once);
+    balance:    where a class's block times never fall with the batch size, its devices
+                in one stage take y or y + 1 samples (even splits are never worse);
+    cutoff:     T <= incumbent (1 + 1e-4).
 
 Objective: minimise T. With the durations fixed the least T satisfying the schedule
 constraints is the longest path through the schedule's actions, i.e. exactly
 :func:`planner.cost.schedule_makespan`; every other constraint is an exact linear (or
-indicator) form of a cost-model formula, so the optimum of the program is the least
-iteration time over the space, and the plan is re-scored by :class:`CostModel` anyway.
+indicator) form of a cost-model formula, or drops only plans that another plan matches
+or beats (balance), so the optimum of the program is the least iteration time over the
+space; the plan is re-scored by :class:`CostModel` anyway.
 Uniform networks need no LAT/ein/ex variables (a single bandwidth and latency value).
 
 Backends: OR-Tools CP-SAT (``cpsat``: integer program; times scaled to integer units of
 about 1e-8 of the incumbent, memory rounded conservatively to bytes, indicators as
-enforcement literals, the DP plan as a solution hint) and pulp with CBC (``cbc``: big-M
-indicators, the DP plan as MIP start) or HiGHS (``highs``: big-M, the DP value as the
-objective cutoff; pulp's HiGHS interface has no MIP start). CP-SAT's optimum is exact up
-to that time resolution (relative error about 1e-6).
+enforcement literals, the DP plan as a solution hint, one worker per program) and pulp
+with CBC (``cbc``: big-M indicators, the DP plan as MIP start) or HiGHS (``highs``:
+big-M, the DP value as the objective cutoff; pulp's HiGHS interface has no MIP start).
+CP-SAT's optimum is exact up to that time resolution (relative error below about 1e-5).
 
 Size per program: O(P L) block binaries, O(P K B) sample variables, O(P min(N, B))
 group-size binaries, O(S M) action variables (S = 2P - 1 steps, M micro-batches) and
@@ -85,9 +93,11 @@ import os
 import re
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -113,6 +123,9 @@ CPSAT_UNITS = 1e8
 
 #: an incumbent must improve by more than this relative amount to replace the last one
 IMPROVEMENT = 1e-9
+
+#: programs solved at the same time (one solver thread each)
+PARALLEL = 2
 
 #: share of the time limit spread over the first, quick pass over all programs
 QUICK_SHARE = 0.25
@@ -277,6 +290,15 @@ class _Tables:
         self.lat_lo = float(known.min()) if known.size else 0.0
         self.lat_hi = float(known.max()) if known.size else 0.0
         self.uniform = len(self.inv_values) <= 1 and self.lat_lo == self.lat_hi
+        #: per class, whether every block's times are non-decreasing in the batch size.
+        #: Then splitting a class's samples in a stage evenly (counts differing by at
+        #: most 1) is never worse: moving one sample from a device with y samples to one
+        #: of the same class with y' <= y - 2 leaves both at or below the first device's
+        #: old time and memory, and changes no other figure.
+        self.monotone = [
+            bool((np.diff(tf, axis=1) >= 0).all() and (np.diff(tb, axis=1) >= 0).all())
+            for tf, tb in zip(self.tf, self.tb, strict=True)
+        ]
         self.n_devices = sum(c.count for c in classes)
 
 
@@ -404,6 +426,13 @@ class _Builder:
                     if md.maximum(terms) + const > cls.budget:
                         md.add(terms, "<=", cls.budget - const, "bytes", (q,))
                 md.add(u_row, "<=", 0.0, "count")  # u <= sum_y q
+                if cls.count >= 2 and len(ys) > 2 and t.monotone[k]:
+                    # balanced classes: the samples of one class in one stage differ by
+                    # at most 1 (all used y in [lo, lo + 1]); see _Tables.monotone
+                    lo = md.var(_INT, 1, batch)
+                    for y in ys:
+                        md.add({lo: 1.0}, "<=", float(y), "count", (self.q[p, k, y],))
+                        md.add({lo: 1.0}, ">=", float(y - 1), "count", (self.q[p, k, y],))
                 if cls.count >= 2 and class_row and not t.uniform:
                     d2 = self.d2[p, k] = md.var(_BIN, 0, 1)
                     md.add(_axpy(class_row, -(cls.count - 1.0), {d2: 1.0}), "<=", 1.0, "count")
@@ -544,6 +573,19 @@ class _Builder:
                 prev = me
             if s % 2 == 0:  # a stage's round ends with its all-reduce
                 md.add({round_time: 1.0, prev: -1.0, ta[s // 2]: -1.0}, ">=", 0.0, "ms")
+        # redundant rows that the paths above imply, stated directly so that a solver's
+        # bound on T follows the durations at once (Asteroid's D term): step c's first
+        # forward starts after the forwards of the steps before it, c then runs its M
+        # forwards and M backwards, and its last backward still travels back to step 0
+        for c in range(last + 1):
+            row: Lin = {
+                round_time: 1.0,
+                step_dur[c][0]: -float(self.m_count),
+                step_dur[c][1]: -float(self.m_count),
+            }
+            for i in range(c):
+                _axpy(row, -1.0, {step_dur[i][0]: 1.0, step_dur[i][1]: 1.0})
+            md.add(row, ">=", 0.0, "ms")
         md.objective = round_time
 
 
@@ -663,10 +705,9 @@ def _solve_cpsat(
         model.AddHint(cp_vars[v], round(value))
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(time_limit, 0.01)
-    solver.parameters.num_workers = int(os.environ.get("XW", "2"))
+    solver.parameters.num_workers = 1  # PARALLEL programs run side by side
     solver.parameters.log_search_progress = False
-    with quiet_stdout():
-        status = solver.Solve(model)
+    status = solver.Solve(model)
     bound = solver.BestObjectiveBound() / scale
     if status == cp_model.OPTIMAL:
         values = [float(solver.Value(v)) for v in cp_vars]
@@ -724,8 +765,7 @@ def _solve_pulp(md: _Model, hint: dict[int, float], time_limit: float, backend: 
                     logPath=str(log),
                     threads=1,
                 )
-            with quiet_stdout():
-                prob.solve(solver)
+            prob.solve(solver)
             verdict, bound = _cbc_result(log.read_text() if log.exists() else "")
         if prob.status == pulp.LpStatusInfeasible or verdict == "infeasible":
             return _Outcome("infeasible", None, None)
@@ -741,8 +781,7 @@ def _solve_pulp(md: _Model, hint: dict[int, float], time_limit: float, backend: 
                 mip_rel_gap=0.0,
                 presolve=presolve,
             )
-            with quiet_stdout():
-                prob.solve(solver)
+            prob.solve(solver)
             status = prob.solverModel.getModelStatus()
             # HiGHS 1.16's presolve can end in a solve error ("MIP solver claims
             # optimality, but with ... infeasibilities"): solve again without presolve
@@ -814,6 +853,80 @@ class MILPResult:
     subproblems: tuple[SubProblem, ...]
 
 
+class _Search:
+    """Runs the (B, P) programs, PARALLEL at a time (each solver call releases the GIL;
+    CBC runs as a subprocess), sharing the incumbent: a program is built with the
+    incumbent's value at its start as cutoff, and an improving solution, re-scored by
+    the cost model, replaces the incumbent at once."""
+
+    def __init__(
+        self,
+        tables: _Tables,
+        backend: str,
+        deadline: float,
+        best: tuple[float, Partition, PlanCost] | None,
+        horizon: float,
+    ) -> None:
+        self.tables, self.backend, self.deadline, self.horizon = tables, backend, deadline, horizon
+        self.best = best
+        self.lock = threading.Lock()
+
+    def attempt(self, job: tuple[int, int], cap: float, before: SubProblem | None) -> SubProblem:
+        """Solve program ``job`` for at most ``cap`` seconds (and never past the
+        deadline); ``before`` is its result from an earlier pass."""
+        t0 = time.perf_counter()
+        limit = min(cap, self.deadline - t0)
+        if limit <= 0:
+            return before or SubProblem(*job, "skipped", None, None, 0.0)
+        with self.lock:
+            best = self.best
+        ref = best[0] if best else self.horizon
+        form = _Builder(self.tables, *job).build(ref * (1 + CUTOFF_SLACK), self.horizon)
+        hint = {}
+        if best and (best[1].micro_batch_size, best[1].num_stages) == job:
+            hint = _hint(form, self.tables, best[1])
+        if self.backend == "cpsat":
+            outcome = _solve_cpsat(form.model, hint, limit, CPSAT_UNITS / ref)
+        else:
+            outcome = _solve_pulp(form.model, hint, limit, self.backend)
+        found = before.best_ms if before else None
+        if outcome.values is not None:
+            partition = _extract(form, self.tables, outcome.values)
+            cost = self.tables.cm.evaluate(partition)
+            found = cost.iteration_ms
+            with self.lock:
+                if cost.memory_ok and (
+                    self.best is None or found < self.best[0] * (1 - IMPROVEMENT)
+                ):
+                    self.best = (found, partition, cost)
+        spent = time.perf_counter() - t0 + (before.solve_time_s if before else 0.0)
+        return SubProblem(*job, outcome.status, found, outcome.bound_ms, spent)
+
+    def run(
+        self,
+        jobs: list[tuple[int, int]],
+        quick: float,
+        progress: Callable[[int, int], None] | None,
+    ) -> list[SubProblem]:
+        """Pass 1 gives every program a short slice ``quick`` (closing the easy ones and
+        improving the incumbent early, which strengthens the cutoff of every later
+        proof); pass 2 gives the open ones the time left, lowest bound first."""
+        results: dict[tuple[int, int], SubProblem] = {}
+        order = jobs
+        with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
+            for cap in (quick, math.inf):
+                futures = {pool.submit(self.attempt, j, cap, results.get(j)): j for j in order}
+                for future in as_completed(futures):
+                    results[futures[future]] = future.result()
+                    if progress is not None:
+                        progress(sum(r.closed for r in results.values()), len(jobs))
+                order = sorted(
+                    (j for j in jobs if not results[j].closed),
+                    key=lambda j: results[j].bound_ms or 0.0,
+                )
+        return [results[j] for j in jobs]
+
+
 def plan_milp(
     problem: Problem,
     backend: str = DEFAULT_BACKEND,
@@ -860,58 +973,17 @@ def plan_milp(
             best = (cost.iteration_ms, warm_start, cost)
     warm_ms = best[0] if best else None
 
-    classes = device_classes(problem)
-    tables = _Tables(problem, cm, classes)
+    tables = _Tables(problem, cm, device_classes(problem))
     max_p = min(problem.model.num_blocks, len(problem.cluster.devices))
     if problem.config.max_stages:
         max_p = min(max_p, problem.config.max_stages)
     jobs = [(b, p) for b in sizes for p in range(1, max_p + 1)]
     first = (warm_start.micro_batch_size, warm_start.num_stages) if warm_start else None
     jobs.sort(key=lambda j: (j != first, dp_values.get(j[0], math.inf), j[0], j[1]))
-    horizon = _horizon(tables, sizes)
-
-    def attempt(job: tuple[int, int], limit: float, before: SubProblem | None) -> SubProblem:
-        nonlocal best
-        batch, n_stages = job
-        t0 = time.perf_counter()
-        ref = best[0] if best else horizon
-        form = _Builder(tables, batch, n_stages).build(ref * (1 + CUTOFF_SLACK), horizon)
-        hint = {}
-        if best and (best[1].micro_batch_size, best[1].num_stages) == job:
-            hint = _hint(form, tables, best[1])
-        if backend == "cpsat":
-            outcome = _solve_cpsat(form.model, hint, limit, CPSAT_UNITS / ref)
-        else:
-            outcome = _solve_pulp(form.model, hint, limit, backend)
-        found = before.best_ms if before else None
-        if outcome.values is not None:
-            partition = _extract(form, tables, outcome.values)
-            cost = cm.evaluate(partition)
-            found = cost.iteration_ms
-            if cost.memory_ok and (best is None or found < best[0] * (1 - IMPROVEMENT)):
-                best = (found, partition, cost)
-        spent = time.perf_counter() - t0 + (before.solve_time_s if before else 0.0)
-        return SubProblem(batch, n_stages, outcome.status, found, outcome.bound_ms, spent)
-
-    # pass 1 gives every program a short slice (closing the easy ones and improving the
-    # incumbent early, which makes the cutoff of every later proof stronger); pass 2
-    # gives the open ones all the time left, lowest bound first
-    results: dict[tuple[int, int], SubProblem] = {}
-    quick = min(max(QUICK_SHARE * time_limit / len(jobs), 0.05), 2.0)
-    order = jobs
-    for cap in (quick, math.inf):
-        for job in order:
-            left = deadline - time.perf_counter()
-            if left <= 0:
-                break
-            results[job] = attempt(job, min(cap, left), results.get(job))
-            if progress is not None:
-                progress(sum(r.closed for r in results.values()), len(jobs))
-        order = sorted(
-            (j for j in jobs if j in results and not results[j].closed),
-            key=lambda j: results[j].bound_ms or 0.0,
-        )
-    done = [results.get(j, SubProblem(*j, "skipped", None, None, 0.0)) for j in jobs]
+    search = _Search(tables, backend, deadline, best, _horizon(tables, sizes))
+    with quiet_stdout():
+        done = search.run(jobs, min(max(QUICK_SHARE * time_limit / len(jobs), 0.05), 2.0), progress)
+    best = search.best
     elapsed = time.perf_counter() - start
     closed = all(s.closed for s in done)
     if best is None:
