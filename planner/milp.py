@@ -941,7 +941,10 @@ def plan_milp(
         backend: ``cpsat``, ``cbc`` or ``highs``.
         time_limit: wall-clock seconds for the whole search (all programs together).
         warm_start: an initial plan; default: the DP's plan (if the DP finds one).
-        progress: optional ``callback(done, total)`` after each (B, P) program.
+        progress: optional ``callback(closed, total)`` after each attempt at a (B, P)
+            program: how many of the ``total`` programs are closed (solved or proven
+            unable to beat the incumbent). Called with stdout silenced (see
+            :func:`quiet_stdout`): report on stderr.
 
     Raises:
         InputError: unknown backend or a non-positive time limit.
