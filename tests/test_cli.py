@@ -79,64 +79,26 @@ def test_demo_writes_plan_and_chart(tmp_path):
     assert (tmp_path / "gantt.png").stat().st_size > 0
 
 
+def tiny_resnet_profile_args(batch_sizes: str, output) -> list[str]:
+    """``edgepipe profile`` of a small ResNet-18 (32x32 input, quarter width)."""
+    return [
+        "profile", "--model", "resnet18", "--size", "resolution=32", "--size", "width=0.25",
+        "--batch-sizes", batch_sizes, "--warmup", "1", "--repeats", "1", "--threads", "1",
+        "-o", str(output),
+    ]
+
+
 def test_profile_then_plan_end_to_end(tmp_path):
     profile = tmp_path / "r18.json"
-    args = [
-        "profile",
-        "--model",
-        "resnet18",
-        "--size",
-        "resolution=32",
-        "--size",
-        "width=0.25",
-        "--batch-sizes",
-        "2,4",
-        "--warmup",
-        "1",
-        "--repeats",
-        "1",
-        "--threads",
-        "1",
-        "--analytic",
-        "-o",
-        str(profile),
-    ]
-    assert main(args) == 0
-    assert (
-        main(
-            [
-                "plan",
-                "--model",
-                str(profile),
-                "--cluster",
-                "orin-pair-2",
-                "--global-batch",
-                "8",
-                "-o",
-                str(tmp_path / "plan.json"),
-            ]
-        )
-        == 0
-    )
+    assert main([*tiny_resnet_profile_args("2,4", profile), "--analytic"]) == 0
+    assert main(["plan", "--model", str(profile), "--cluster", "orin-pair-2",
+                 "--global-batch", "8", "-o", str(tmp_path / "plan.json")]) == 0
     assert load_plan(tmp_path / "plan.json").problem.model.name == "resnet18"
 
 
 def test_profile_failure_is_a_one_line_error(tmp_path, capsys):
     # batch norm cannot train on one value per channel: 32x32 input, batch 1
-    args = [
-        "profile",
-        "--model",
-        "resnet18",
-        "--size",
-        "resolution=32",
-        "--size",
-        "width=0.25",
-        "--batch-sizes",
-        "1",
-        "-o",
-        str(tmp_path / "x.json"),
-    ]
-    assert main(args) == 2
+    assert main(tiny_resnet_profile_args("1", tmp_path / "x.json")) == 2
     assert "batch norm" in capsys.readouterr().err
 
 
