@@ -23,7 +23,8 @@ Model:
 
 A schedule is data, as in ``torch.distributed.pipelining``: per step an ordered list of
 actions. :func:`one_f_one_b` builds 1F1B from the steps' warm-ups, :func:`gpipe` the
-all-forwards-then-all-backwards schedule (1F1B with warm-up M everywhere).
+all-forwards-then-all-backwards schedule, both with the compute order of
+:func:`planner.schedule.compute_order` (the one schedule generator).
 
 Complexity: every action is pushed on and popped from an event heap once, so a round of
 S steps and M micro-batches costs O(S·M log(S·M)) time (the heap never holds more than S
@@ -36,6 +37,7 @@ import heapq
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
+from planner.schedule import compute_order
 from planner.steps import Step, StepChain
 
 ActionKind = Literal["F", "B"]
@@ -87,19 +89,19 @@ def one_f_one_b(chain: StepChain) -> Schedule:
 
     Warm-ups must not increase along the chain (after clamping) and the last must be at
     least 1, or :func:`simulate` reports a deadlock. Raises ``ValueError`` for M < 1 or a
-    negative warm-up.
+    warm-up below 1.
     """
     m_count = _micro_batches(chain)
     for s, step in enumerate(chain.steps):
-        if step.warmup < 0:
-            raise ValueError(f"step {s} ({_name(step)}): warm-up {step.warmup} is negative")
-    return [_one_f_one_b(m_count, min(step.warmup, m_count)) for step in chain.steps]
+        if step.warmup < 1:
+            raise ValueError(f"step {s} ({_name(step)}): warm-up {step.warmup} is below 1")
+    return [compute_order(m_count, step.warmup) for step in chain.steps]
 
 
 def gpipe(chain: StepChain) -> Schedule:
     """The GPipe schedule: every step runs all M forwards, then all M backwards."""
     m_count = _micro_batches(chain)
-    return [_one_f_one_b(m_count, m_count) for _ in chain.steps]
+    return [compute_order(m_count, m_count) for _ in chain.steps]
 
 
 def simulate(chain: StepChain, schedule: Schedule | None = None) -> Timeline:
@@ -171,15 +173,6 @@ def simulate(chain: StepChain, schedule: Schedule | None = None) -> Timeline:
         busy_ms=busy,
         idle_ms=tuple(makespan - b for b in busy),
     )
-
-
-def _one_f_one_b(m_count: int, warmup: int) -> list[Action]:
-    actions: list[Action] = [("F", m) for m in range(warmup)]
-    for i in range(m_count):
-        actions.append(("B", i))
-        if i + warmup < m_count:
-            actions.append(("F", i + warmup))
-    return actions
 
 
 def _dependency(s: int, action: Action, last: int) -> tuple[int, Action] | None:

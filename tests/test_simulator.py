@@ -167,8 +167,8 @@ def test_inconsistent_warmups_deadlock() -> None:
     message = str(err.value)
     assert "step 0 (stage 0) cannot start ('B', 0)" in message
     assert "step 1 (link 0) cannot start ('F', 1)" in message
-    # Warm-up 0 on the last step: B0 before its own F0.
-    with pytest.raises(ValueError, match=r"step 0 \(stage 0\) cannot start \('B', 0\)"):
+    # Warm-up 0 would put B0 before its own F0: refused when the schedule is built.
+    with pytest.raises(ValueError, match=r"step 0 \(stage 0\): warm-up 0 is below 1"):
         simulate(StepChain((stage(0, 1, 1, 0),), 2))
 
 
@@ -179,7 +179,7 @@ def test_inconsistent_warmups_deadlock() -> None:
         (StepChain((), 2), None, "no steps"),
         (StepChain((stage(0, -1, 1, 1),), 1), None, ">= 0"),
         (StepChain((stage(0, float("nan"), 1, 1),), 1), None, ">= 0"),
-        (StepChain((stage(0, 1, 1, -1),), 1), None, "negative"),
+        (StepChain((stage(0, 1, 1, -1),), 1), None, "below 1"),
         (StepChain((stage(0, 1, 1, 1, 0, ("a",), (2,), (1,)),), 1), None, "longer"),
         (StepChain((stage(0, 1, 1, 1, 0, ("a",), (), ()),), 1), None, "device times"),
         (
@@ -263,7 +263,7 @@ def chains(draw: st.DrawFn, consistent_warmups: bool = True) -> StepChain:
         warmups = sorted(raw, reverse=True)
     else:
         warmups = draw(
-            st.lists(st.integers(0, m_count + 1), min_size=num_steps, max_size=num_steps)
+            st.lists(st.integers(1, m_count + 1), min_size=num_steps, max_size=num_steps)
         )
     times = st.integers(0, 6).map(float)
     steps = []
