@@ -1,7 +1,7 @@
 """Import the four PipeDream profiles shipped as data into ``profiles/models/``.
 
 Re-runnable: ``python benchmarks/import_pipedream_profiles.py [--data-dir DIR] [--out DIR]``.
-By default it reads ``../shared/data/pipedream`` relative to the repository root and
+By default it reads ``profiles/raw/pipedream`` (in the repository) and
 writes ``profiles/models/pipedream-<model>.json``, then prints one line per model.
 
 The profiled minibatch is not the same for all four files. It is read off the Input node
@@ -49,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--data-dir",
         type=Path,
-        default=REPO / ".." / "shared" / "data" / "pipedream",
-        help="folder with <model>.graph.txt files (default: ../shared/data/pipedream)",
+        default=REPO / "profiles" / "raw" / "pipedream",
+        help="folder with <model>.graph.txt files (default: profiles/raw/pipedream)",
     )
     parser.add_argument(
         "--out",

@@ -20,7 +20,7 @@ from planner.importers.pipedream import import_pipedream, parse_pipedream
 from planner.profile import ModelProfile
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO / ".." / "shared" / "data" / "pipedream"
+DATA = REPO / "profiles" / "raw" / "pipedream"
 MODELS = REPO / "profiles" / "models"
 #: profiled minibatch per model, read off the Input node (602,112 bytes = one 3x224x224
 #: fp32 image): alexnet/resnet18/squeezenet1_0 were profiled at 256, vgg16 at 128
@@ -29,9 +29,9 @@ BATCH = {"alexnet": 256, "vgg16": 128, "resnet18": 256, "squeezenet1_0": 256}
 
 
 def graph(model: str) -> Path:
-    """The raw PipeDream file of ``model`` (shared/data beside the checkout, as in CI)."""
+    """The raw PipeDream file of ``model`` (profiles/raw/pipedream, in the repository)."""
     path = DATA / f"{model}.graph.txt"
-    assert path.is_file(), f"{path} missing: the PipeDream data must sit in ../shared/data"
+    assert path.is_file(), f"{path} missing from the repository"
     return path
 
 
