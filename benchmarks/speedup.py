@@ -30,10 +30,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.solver_vs_dp import CONFIGS, ETHERNET, cluster_variant, models
-from planner import api
+from planner import api, compare
 from planner.baselines import BASELINES
 from planner.cluster import Cluster
-from planner.compare import compare
 from planner.problem import make_problem
 from planner.profile import ModelProfile
 

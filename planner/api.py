@@ -27,7 +27,7 @@ from planner.profile import ModelProfile
 from planner.resources import data_dir
 
 if TYPE_CHECKING:
-    from planner.compare import ComparisonResult
+    from planner.comparison import ComparisonResult
 
 __all__ = ["load_plan", "load_problem", "resolve", "save_plan", "shipped", "solve"]
 
@@ -153,7 +153,7 @@ def compare(
     progress: Callable[[str, int, int], None] | None = None,
 ) -> ComparisonResult:
     """Run several planners on ``problem`` and tabulate them
-    (:func:`planner.compare.compare`)."""
-    from planner.compare import compare as run_comparison
+    (:func:`planner.comparison.compare`)."""
+    from planner.comparison import compare as run_comparison
 
     return run_comparison(problem, planners, backend, time_limit, progress)

@@ -18,7 +18,7 @@ from rich.progress import Progress, TaskID
 from rich.table import Table
 
 from planner import api
-from planner.compare import ComparisonResult
+from planner.comparison import ComparisonResult
 from planner.config import OPTIMIZER_STATE, TrainingConfig
 from planner.errors import EdgepipeError, InputError
 from planner.milp import BACKENDS, DEFAULT_BACKEND, DEFAULT_TIME_LIMIT

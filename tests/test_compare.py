@@ -11,7 +11,7 @@ import pytest
 import planner
 from planner import api
 from planner.cli import main
-from planner.compare import COLUMNS, ComparisonResult
+from planner.comparison import COLUMNS, ComparisonResult
 from planner.errors import InputError
 from planner.synthetic import random_problem
 

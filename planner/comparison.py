@@ -1,4 +1,5 @@
-"""Side-by-side comparison of planners on one problem: ``planner.compare(...)``.
+"""Side-by-side comparison of planners on one problem (module `planner.comparison`;
+the function is exported as `planner.compare`).
 
 Every planner (the DP, the exact solver, the baselines of :mod:`planner.baselines`)
 returns a plan scored by the one cost model, so the rows are directly comparable. A row
