@@ -1,0 +1,249 @@
+"""The control plane: heartbeats, failure detection, generations, abort and fencing.
+
+It is owned by the launcher (or, across hosts, by one coordinator process), never by a
+worker (reference/fault-tolerance.md §2, lesson 1; torch-and-solvers.md P5: the store
+must outlive the workers). It is separate from the data plane: gloo carries tensors, the
+control plane carries liveness and decisions, over a ``torch.distributed.TCPStore``
+hosted by the coordinator.
+
+Store layout (every key under ``ctl/``):
+
+=====================  ==========================================================
+``ctl/generation``     the current generation g (decimal); workers build their
+                       process groups on ``PrefixStore(f"gen{g}", store)``, so an
+                       old generation's sockets never meet the new one's (P4)
+``ctl/abort``          ``"g:cause"``: generation g is aborted (every rank stops it)
+``ctl/hb/<device>``    a counter the device's heartbeat thread increments every
+                       ``interval_s``; the coordinator only reads it (``add(k, 0)``)
+``ctl/fenced/<dev>``   set when ``dev`` was declared dead; a fenced worker that
+                       wakes up (e.g. after SIGSTOP) sees it and exits
+=====================  ==========================================================
+
+Failure classes (reference/fault-tolerance.md §2, lesson 2) and how each is detected:
+
+* **crash** (process gone): the launcher polls its children's exit codes every
+  ``poll_s`` and reports the death at once (well under a second); across hosts a crash
+  shows as a silent heartbeat, as a hang does.
+* **hang / lost link** (SIGSTOP, power or Wi-Fi loss: no FIN): the heartbeat counter
+  stops moving; the device is declared dead when it has not moved for ``hang_timeout_s``.
+* **slow but alive**: the heartbeat thread runs beside the compute, so a device that
+  computes 3x slower keeps beating and is never declared dead; slowness is the
+  planner's business (re-partitioning), not the detector's.
+
+Detection bound: a hang is declared between ``hang_timeout_s`` and
+``hang_timeout_s + poll_s`` after the device's last beat; an abort reaches every rank
+within one heartbeat interval (each beat also reads ``ctl/abort``), not only the failed
+device's neighbours (P3).
+
+The coordinator is the single point of failure of a run: when it is gone every worker's
+next beat fails (after the store client's reconnection attempts: about three store
+timeouts), :class:`WorkerControl` records :class:`CoordinatorLost`, and the worker stops
+at its next check without writing anything, so the last checkpoint stays intact.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Literal
+
+from torch.distributed import PrefixStore, Store, TCPStore
+
+from planner.errors import EdgepipeError
+
+FailureCause = Literal["crash", "hang"]
+
+
+class GenerationAborted(EdgepipeError):
+    """The current generation was aborted by the coordinator; stop and await the next."""
+
+    def __init__(self, generation: int, cause: str) -> None:
+        self.generation = generation
+        self.cause = cause
+        super().__init__(f"generation {generation} aborted: {cause}")
+
+
+class Fenced(EdgepipeError):
+    """This device was declared dead; it must not touch the run again."""
+
+
+class CoordinatorLost(EdgepipeError):
+    """The coordinator (the store host) is unreachable: the run stops cleanly."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A device declared dead: why, and when the coordinator decided (monotonic s)."""
+
+    device: str
+    cause: FailureCause
+    detected_at: float
+
+
+def host_store(port: int = 0, timeout_s: float = 30.0) -> TCPStore:
+    """Host the control-plane store on ``port`` (0: a free one; read ``store.port``)."""
+    return TCPStore(
+        "0.0.0.0",
+        port,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=timeout_s),
+    )
+
+
+def connect_store(host: str, port: int, timeout_s: float = 30.0) -> TCPStore:
+    """Connect to the coordinator's store (a worker's side)."""
+    return TCPStore(
+        host, port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=timeout_s)
+    )
+
+
+def generation_store(store: Store, generation: int) -> PrefixStore:
+    """The store a generation's process groups rendezvous on: a fresh prefix per
+    generation (torch-and-solvers.md P4)."""
+    return PrefixStore(f"gen{generation}", store)
+
+
+class Coordinator:
+    """The coordinator's view: opens generations, watches heartbeats, aborts and fences.
+
+    Args:
+        store: the control-plane store (the coordinator hosts it).
+        devices: the devices of the first generation.
+        hang_timeout_s: silence after which a device is declared hung (must exceed the
+            heartbeat interval by a margin; it bounds hang detection, not slowness).
+        exited: optional callback naming the devices whose process has exited (the
+            local launcher passes one; across hosts there is none).
+        clock: monotonic seconds (a parameter for tests of the timing rules).
+
+    State: per device the last heartbeat count seen and when it last moved. Every
+    :meth:`poll` costs one store round trip per live device.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        devices: Iterable[str],
+        hang_timeout_s: float,
+        exited: Callable[[], Iterable[str]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if hang_timeout_s <= 0:
+            raise ValueError(f"hang_timeout_s must be > 0, got {hang_timeout_s}")
+        self.store = store
+        self.hang_timeout_s = hang_timeout_s
+        self._exited = exited
+        self._clock = clock
+        self.generation = 0
+        self.members: tuple[str, ...] = ()
+        self._seen: dict[str, tuple[int, float]] = {}
+        self.open_generation(devices)
+
+    def open_generation(self, devices: Iterable[str]) -> int:
+        """Start the next generation with ``devices`` (none of them fenced); returns g."""
+        members = tuple(devices)
+        fenced = [d for d in members if self.is_fenced(d)]
+        if fenced:
+            raise ValueError(f"devices {fenced} are fenced and cannot rejoin this run")
+        self.generation += 1
+        self.members = members
+        now = self._clock()
+        self._seen = {d: (self.beats(d), now) for d in members}
+        self.store.set("ctl/generation", str(self.generation))
+        return self.generation
+
+    def beats(self, device: str) -> int:
+        """The heartbeat count of ``device`` (0 before its first beat)."""
+        return self.store.add(f"ctl/hb/{device}", 0)
+
+    def poll(self) -> list[Failure]:
+        """The members declared dead now: exited processes first, then silent ones."""
+        now = self._clock()
+        gone = set(self._exited()) if self._exited is not None else set()
+        failures = [Failure(d, "crash", now) for d in self.members if d in gone]
+        for device in self.members:
+            if device in gone:
+                continue
+            count, since = self._seen[device]
+            current = self.beats(device)
+            if current != count:
+                self._seen[device] = (current, now)
+            elif now - since >= self.hang_timeout_s:
+                failures.append(Failure(device, "hang", now))
+        return failures
+
+    def abort(self, cause: str, fence: Iterable[str] = ()) -> None:
+        """Abort the current generation (every rank sees it at its next beat) and fence
+        the devices declared dead, so they can never act in a later generation."""
+        for device in fence:
+            self.store.set(f"ctl/fenced/{device}", str(self.generation))
+        self.store.set("ctl/abort", f"{self.generation}:{cause}")
+
+    def is_fenced(self, device: str) -> bool:
+        return self.store.check([f"ctl/fenced/{device}"])
+
+
+class WorkerControl:
+    """A worker's side: a heartbeat thread that also watches for abort and fencing.
+
+    Start it once per process; it beats every ``interval_s`` on its own store
+    connection (a store client is not shared across threads). The training loop calls
+    :meth:`check` between actions and at commit points; it raises the first of
+    :class:`Fenced`, :class:`CoordinatorLost` or :class:`GenerationAborted` that
+    applies. Cost: one store round trip per interval.
+    """
+
+    def __init__(self, connect: Callable[[], Store], device: str, interval_s: float) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"interval_s must be > 0, got {interval_s}")
+        self.device = device
+        self.interval_s = interval_s
+        self._connect = connect
+        self._stop = threading.Event()
+        self._state = threading.Lock()
+        self._aborted: tuple[int, str] | None = None
+        self._fenced = False
+        self._lost: str | None = None
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{device}", daemon=True)
+
+    def start(self) -> WorkerControl:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10 * self.interval_s + 1.0)
+
+    def check(self, generation: int) -> None:
+        """Raise if this worker must stop working on ``generation``."""
+        with self._state:
+            if self._fenced:
+                raise Fenced(f"device {self.device} was declared dead; it must exit")
+            if self._lost is not None:
+                raise CoordinatorLost(f"the coordinator is unreachable ({self._lost})")
+            if self._aborted is not None and self._aborted[0] >= generation:
+                raise GenerationAborted(*self._aborted)
+
+    def _run(self) -> None:
+        try:
+            store = self._connect()
+            key = f"ctl/hb/{self.device}"
+            fence_key = f"ctl/fenced/{self.device}"
+            while not self._stop.is_set():
+                store.add(key, 1)
+                # The coordinator writes the fence before the abort, so read in the
+                # opposite order: a worker that sees an abort also sees its fence.
+                abort = store.get("ctl/abort").decode() if store.check(["ctl/abort"]) else None
+                fenced = store.check([fence_key])
+                with self._state:
+                    self._fenced = self._fenced or fenced
+                    if abort is not None:
+                        g, cause = abort.split(":", 1)
+                        self._aborted = (int(g), cause)
+                self._stop.wait(self.interval_s)
+        except Exception as err:  # any store failure means the coordinator is gone
+            with self._state:
+                self._lost = str(err).splitlines()[0][:200]

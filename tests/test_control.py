@@ -1,0 +1,160 @@
+"""The control plane with real processes and real signals (reference/fault-tolerance.md §3,
+assertions 8, 10 and 15; torch-and-solvers.md P1, P3, P5)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from executor.control import Coordinator, generation_store, host_store
+from tests import control_workers
+from tests.control_workers import EXIT_ABORTED, EXIT_FENCED, EXIT_LOST, LOST_AFTER_S
+
+CTX = mp.get_context("spawn")
+INTERVAL = 0.05
+
+
+class Fleet:
+    """Spawned worker processes, each reaped by PID whatever the test did to it."""
+
+    def __init__(self) -> None:
+        self.procs: dict[str, mp.process.BaseProcess] = {}
+
+    def start(self, name: str, target: object, *args: object) -> mp.process.BaseProcess:
+        proc = CTX.Process(target=target, args=args, name=name, daemon=True)
+        proc.start()
+        self.procs[name] = proc
+        return proc
+
+    def exited(self) -> list[str]:
+        return [name for name, p in self.procs.items() if p.exitcode is not None]
+
+    def reap(self) -> None:
+        for proc in self.procs.values():
+            if proc.exitcode is None and proc.pid is not None:
+                os.kill(proc.pid, signal.SIGKILL)  # also ends a SIGSTOPped process
+            proc.join(timeout=10)
+        assert all(p.exitcode is not None for p in self.procs.values())
+
+
+@pytest.fixture
+def fleet() -> Iterator[Fleet]:
+    f = Fleet()
+    try:
+        yield f
+    finally:
+        f.reap()
+
+
+def start_workers(fleet: Fleet, port: int, devices: list[str], busy: tuple[str, ...] = ()):
+    store = host_or_client(port)
+    for d in devices:
+        fleet.start(d, control_workers.beat_and_check, port, d, INTERVAL, d in busy)
+    store.wait([f"t/ready/{d}" for d in devices])
+    return store
+
+
+def host_or_client(port: int):
+    from executor.control import connect_store
+
+    return connect_store("127.0.0.1", port, timeout_s=60)
+
+
+def wait_for_failures(coordinator: Coordinator, within_s: float):
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if failures := coordinator.poll():
+            return failures
+        time.sleep(0.01)
+    return []
+
+
+def test_a_killed_device_is_declared_crashed_within_a_second(fleet: Fleet) -> None:
+    store = host_store(0)
+    start_workers(fleet, store.port, ["a", "b", "c"])
+    coordinator = Coordinator(store, ["a", "b", "c"], hang_timeout_s=5.0, exited=fleet.exited)
+    killed = time.monotonic()
+    os.kill(fleet.procs["b"].pid, signal.SIGKILL)
+    failures = wait_for_failures(coordinator, within_s=5.0)
+    assert [(f.device, f.cause) for f in failures] == [("b", "crash")]
+    assert failures[0].detected_at - killed < 1.0
+
+
+def test_a_hung_device_is_declared_after_the_timeout_and_not_before(fleet: Fleet) -> None:
+    store = host_store(0)
+    start_workers(fleet, store.port, ["a", "b"])
+    coordinator = Coordinator(store, ["a", "b"], hang_timeout_s=1.0, exited=fleet.exited)
+    stopped = time.monotonic()
+    os.kill(fleet.procs["a"].pid, signal.SIGSTOP)
+    failures = wait_for_failures(coordinator, within_s=5.0)
+    assert [(f.device, f.cause) for f in failures] == [("a", "hang")]
+    # its last beat was at most one interval before the stop
+    assert 1.0 - INTERVAL <= failures[0].detected_at - stopped < 1.0 + 0.5
+
+
+def test_a_slow_but_alive_device_is_never_declared_dead(fleet: Fleet) -> None:
+    store = host_store(0)
+    start_workers(fleet, store.port, ["slow", "fast"], busy=("slow",))
+    coordinator = Coordinator(store, ["slow", "fast"], hang_timeout_s=0.5, exited=fleet.exited)
+    before = coordinator.beats("slow")
+    assert wait_for_failures(coordinator, within_s=3.0) == []  # six hang timeouts
+    assert coordinator.beats("slow") - before >= 3.0 / INTERVAL / 2  # it kept beating
+
+
+def test_an_abort_reaches_every_rank_within_one_heartbeat(fleet: Fleet) -> None:
+    store = host_store(0)
+    devices = ["first", "middle", "last"]
+    start_workers(fleet, store.port, devices)
+    coordinator = Coordinator(store, devices, hang_timeout_s=5.0)
+    aborted = time.time()
+    coordinator.abort("last stage lost")
+    seen = [float(store.get(f"t/aborted/{d}")) for d in devices]  # blocks until each sees it
+    assert max(seen) - aborted < INTERVAL + 0.5
+    for d in devices:
+        fleet.procs[d].join(timeout=5)
+        assert fleet.procs[d].exitcode == EXIT_ABORTED
+
+
+def test_a_fenced_device_that_wakes_up_exits_instead_of_rejoining(fleet: Fleet) -> None:
+    store = host_store(0)
+    start_workers(fleet, store.port, ["a", "b"])
+    coordinator = Coordinator(store, ["a", "b"], hang_timeout_s=0.5, exited=fleet.exited)
+    os.kill(fleet.procs["a"].pid, signal.SIGSTOP)
+    (failure,) = wait_for_failures(coordinator, within_s=5.0)
+    coordinator.abort(f"{failure.device} {failure.cause}", fence=[failure.device])
+    assert coordinator.open_generation(["b"]) == 2
+    with pytest.raises(ValueError, match=r"\['a'\] are fenced"):
+        coordinator.open_generation(["a", "b"])
+    os.kill(fleet.procs["a"].pid, signal.SIGCONT)
+    fleet.procs["a"].join(timeout=5)
+    assert fleet.procs["a"].exitcode == EXIT_FENCED
+
+
+def test_losing_the_coordinator_stops_every_worker_cleanly(fleet: Fleet, tmp_path: Path) -> None:
+    port_file = tmp_path / "port"
+    coordinator = fleet.start("coordinator", control_workers.host_and_wait, str(port_file))
+    deadline = time.monotonic() + 30
+    while not port_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    port = int(port_file.read_text())
+    start_workers(fleet, port, ["a", "b"])
+    killed = time.monotonic()
+    os.kill(coordinator.pid, signal.SIGKILL)
+    for d in ("a", "b"):
+        fleet.procs[d].join(timeout=30)
+        assert fleet.procs[d].exitcode == EXIT_LOST
+    # bounded by the store client's reconnection attempts (three store timeouts) + exit
+    assert time.monotonic() - killed < 3 * LOST_AFTER_S + 3.0
+
+
+def test_each_generation_rendezvous_under_its_own_prefix() -> None:
+    store = host_store(0)
+    generation_store(store, 1).set("rank0", "old")
+    assert not generation_store(store, 2).check(["rank0"])
+    assert store.get("gen1/rank0") == b"old"
