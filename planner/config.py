@@ -22,6 +22,14 @@ DEFAULT_MAX_MICRO_BATCH = 64
 MAX_MICRO_BATCH = 1024
 MAX_MICRO_BATCHES = 4096
 
+#: optimizer hyper-parameters when the config names none (torch's own defaults except
+#: the learning rate and momentum, which torch leaves to the user)
+DEFAULT_LEARNING_RATE = 0.01
+DEFAULT_MOMENTUM = 0.9
+DEFAULT_ADAM_BETAS = (0.9, 0.999)
+DEFAULT_ADAM_EPS = 1e-8
+DEFAULT_DATA_SEED = 0
+
 SCHEDULES = ("1f1b", "gpipe")
 WARMUPS = ("asteroid", "classic")
 
@@ -37,6 +45,11 @@ class TrainingConfig:
     schedule: str = "1f1b"
     warmup: str = "asteroid"
     max_stages: int | None = None
+    learning_rate: float | None = None
+    momentum: float | None = None
+    adam_betas: tuple[float, float] | None = None
+    adam_eps: float | None = None
+    data_seed: int | None = None
 
     def __post_init__(self) -> None:
         def bad(field: str, problem: str) -> InputError:
@@ -64,6 +77,34 @@ class TrainingConfig:
             raise bad("warmup", f"{self.warmup!r} is not one of {list(WARMUPS)}")
         if self.max_stages is not None and self.max_stages < 1:
             raise bad("max_stages", f"must be at least 1, got {self.max_stages}")
+        if self.learning_rate is not None and not self.learning_rate > 0:
+            raise bad("learning_rate", f"must be positive, got {self.learning_rate}")
+        if self.momentum is not None and not 0 <= self.momentum < 1:
+            raise bad("momentum", f"must be in [0, 1), got {self.momentum}")
+        if self.adam_betas is not None and not all(0 <= b < 1 for b in self.adam_betas):
+            raise bad("adam_betas", f"both must be in [0, 1), got {list(self.adam_betas)}")
+        if self.adam_eps is not None and not self.adam_eps > 0:
+            raise bad("adam_eps", f"must be positive, got {self.adam_eps}")
+        if self.data_seed is not None and self.data_seed < 0:
+            raise bad("data_seed", f"must be >= 0, got {self.data_seed}")
+
+    def optimizer_settings(self) -> dict[str, Any]:
+        """The optimizer's keyword arguments with defaults filled in: ``sgd``: ``lr``;
+        ``momentum``: ``lr``, ``momentum``; ``adam``: ``lr``, ``betas``, ``eps``."""
+        lr = DEFAULT_LEARNING_RATE if self.learning_rate is None else self.learning_rate
+        if self.optimizer == "sgd":
+            return {"lr": lr}
+        if self.optimizer == "momentum":
+            momentum = DEFAULT_MOMENTUM if self.momentum is None else self.momentum
+            return {"lr": lr, "momentum": momentum}
+        betas = DEFAULT_ADAM_BETAS if self.adam_betas is None else self.adam_betas
+        eps = DEFAULT_ADAM_EPS if self.adam_eps is None else self.adam_eps
+        return {"lr": lr, "betas": tuple(betas), "eps": eps}
+
+    @property
+    def seed(self) -> int:
+        """Seed of the data order (docs/executor.md, sampler)."""
+        return DEFAULT_DATA_SEED if self.data_seed is None else self.data_seed
 
     def micro_batch_sizes(self) -> list[int]:
         """Candidate micro-batch sizes that divide the global batch into at most
@@ -106,6 +147,12 @@ class TrainingConfig:
             out["micro_batch_candidates"] = list(self.micro_batch_candidates)
         if self.max_stages is not None:
             out["max_stages"] = self.max_stages
+        # optimizer fields only when set, so configs (and plan ids) without them are unchanged
+        for key in ("learning_rate", "momentum", "adam_eps", "data_seed"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        if self.adam_betas is not None:
+            out["adam_betas"] = list(self.adam_betas)
         return out
 
     @classmethod
@@ -120,6 +167,11 @@ class TrainingConfig:
                 schedule=doc.get("schedule", "1f1b"),
                 warmup=doc.get("warmup", "asteroid"),
                 max_stages=doc.get("max_stages"),
+                learning_rate=doc.get("learning_rate"),
+                momentum=doc.get("momentum"),
+                adam_betas=tuple(doc["adam_betas"]) if "adam_betas" in doc else None,
+                adam_eps=doc.get("adam_eps"),
+                data_seed=doc.get("data_seed"),
             )
         except InputError as exc:
             raise InputError(source, exc.path, exc.problem) from None

@@ -6,6 +6,10 @@ layer). Per block the profile records parameter bytes, the bytes per sample of i
 forward FLOPs per sample. Per device type it records forward and backward milliseconds at
 several batch sizes (shared by all blocks of that type); the cost model interpolates
 between them (see :mod:`planner.cost`), never assuming time proportional to batch.
+
+An optional :class:`BuildSpec` says how the executor builds the model (a zoo name with
+sizes and seed, or a ``package.module:callable`` with keyword arguments); a profile
+without one (an imported PipeDream profile) can be planned but not run.
 """
 
 from __future__ import annotations
@@ -50,6 +54,48 @@ class Timing:
 
 
 @dataclass(frozen=True)
+class BuildSpec:
+    """How to build the profiled model: exactly one of ``zoo`` (a zoo model name, built
+    with ``sizes`` and initialised per block from ``seed``) or ``callable``
+    (``"package.module:callable"`` called with ``kwargs``; ``loss`` optionally names a
+    ``package.module:callable`` loss, default mean cross-entropy)."""
+
+    zoo: str | None = None
+    sizes: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    callable: str | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    loss: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.zoo is None) == (self.callable is None):
+            raise InputError("model profile", "$.build", "give exactly one of zoo or callable")
+
+    def describe(self) -> str:
+        """``vgg16(resolution=64, seed 0)`` or ``pkg.mod:fn(width=8)``."""
+        if self.zoo is not None:
+            args = ", ".join(f"{k}={v}" for k, v in sorted(self.sizes.items()))
+            return f"{self.zoo}({args}{', ' if args else ''}seed {self.seed})"
+        args = ", ".join(f"{k}={v!r}" for k, v in sorted(self.kwargs.items()))
+        return f"{self.callable}({args})"
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.zoo is not None:
+            return {"zoo": self.zoo, "sizes": dict(self.sizes), "seed": self.seed}
+        out: dict[str, Any] = {"callable": self.callable, "kwargs": dict(self.kwargs)}
+        if self.loss is not None:
+            out["loss"] = self.loss
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BuildSpec:
+        """From the schema-validated ``build`` object."""
+        if "zoo" in d:
+            return cls(zoo=d["zoo"], sizes=dict(d.get("sizes", {})), seed=d.get("seed", 0))
+        return cls(callable=d["callable"], kwargs=dict(d.get("kwargs", {})), loss=d.get("loss"))
+
+
+@dataclass(frozen=True)
 class ModelProfile:
     """A profiled model; ``timings`` maps a device type name to its :class:`Timing`."""
 
@@ -58,6 +104,7 @@ class ModelProfile:
     input_bytes_per_sample: float
     blocks: tuple[Block, ...]
     timings: dict[str, Timing] = field(default_factory=dict)
+    build: BuildSpec | None = None
 
     @property
     def num_blocks(self) -> int:
@@ -93,15 +140,18 @@ class ModelProfile:
             if t.repeats is not None:
                 td["repeats"] = t.repeats
             timings[type_name] = td
-        return {
+        out: dict[str, Any] = {
             "schema_version": 1,
             "kind": KIND,
             "name": self.name,
             "source": dict(self.source),
-            "input_bytes_per_sample": self.input_bytes_per_sample,
-            "blocks": blocks,
-            "timings": timings,
         }
+        if self.build is not None:
+            out["build"] = self.build.to_dict()
+        out.update(
+            input_bytes_per_sample=self.input_bytes_per_sample, blocks=blocks, timings=timings
+        )
+        return out
 
     @classmethod
     def from_dict(cls, doc: Any, source: str = "<model profile>") -> ModelProfile:
@@ -128,6 +178,7 @@ class ModelProfile:
             input_bytes_per_sample=doc["input_bytes_per_sample"],
             blocks=blocks,
             timings=timings,
+            build=BuildSpec.from_dict(doc["build"]) if "build" in doc else None,
         )
 
     @classmethod
