@@ -39,7 +39,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from executor.hostinfo import host_detail, now_iso
 from planner.errors import InputError
-from planner.profile import Block, ModelProfile, Timing
+from planner.profile import Block, BuildSpec, ModelProfile, Timing
 
 #: times are stored rounded to this many decimals of a millisecond (0.1 microsecond)
 MS_DECIMALS = 4
@@ -177,6 +177,7 @@ def profile_model(
     repeats: int = 5,
     num_threads: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    build: BuildSpec | None = None,
 ) -> ModelProfile:
     """Profile every block of ``model`` on this CPU; see the module docstring for the method.
 
@@ -192,6 +193,8 @@ def profile_model(
             None keeps the current setting.
         progress: called with ``(done, total)`` after each block of the sizes pass and
             of the timing pass (``total`` = 2 x blocks).
+        build: how the executor rebuilds ``model`` (zoo name + sizes + seed, or
+            ``module:callable`` + kwargs), stored in the profile so its plans can run.
 
     Cost: one sizes pass at the largest batch, one no-grad chain forward per batch size,
     then (warmup + repeats) forward+backward of every block at every batch size; memory
@@ -274,6 +277,7 @@ def profile_model(
         },
         input_bytes_per_sample=_nbytes(chain_input) / big,
         blocks=tuple(profile_blocks),
+        build=build,
         timings={
             device_type: Timing(
                 batch_sizes=tuple(batch_sizes),

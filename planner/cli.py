@@ -287,8 +287,11 @@ def cmd_profile(args: argparse.Namespace) -> None:
     from executor.profiler import profile_model
     from planner.cluster import load_catalog
 
+    from planner.profile import BuildSpec
+
     if ":" in args.model:
         model = zoo.load_model(args.model)
+        build = BuildSpec(callable=args.model)
         if not args.input:
             raise InputError(
                 "--input",
@@ -301,6 +304,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
     else:
         sizes = zoo.parse_sizes(args.model, args.size)
         model = zoo.build_model(args.model, **sizes)
+        build = BuildSpec(zoo=args.model, sizes=sizes, seed=0)
         example = partial(zoo.example_input, args.model, **sizes)
         name = args.name or args.model
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
@@ -315,6 +319,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
             repeats=args.repeats,
             num_threads=args.threads,
             progress=_progress_callback(progress, f"profiling {name}"),
+            build=build,
         )
     if args.analytic:
         profile = analytic_profile(profile, load_catalog())

@@ -1,0 +1,357 @@
+"""The worker: one process per plan device, the same under the local launcher and torchrun.
+
+``python -m executor.worker plan.json --steps N [--out DIR] [--deterministic]
+[--dataset NAME] [--timeout S] [--save-weights]`` reads ``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` from the
+environment (torchrun sets them); the local launcher calls :func:`run` directly in each
+spawned child. Rank ``r`` runs plan device ``r`` in :mod:`executor.layout` order (stage
+by stage, the plan's device order within a stage); ``EDGEPIPE_DEVICE``, when set, must
+name that device (a guard against a mis-ordered multi-host start).
+
+Sequence: refuse a mismatched start (world size vs plan devices) before touching the
+network; connect to the run's store (hosted by the launcher, by torchrun's agent when
+``TORCHELASTIC_USE_AGENT_STORE=True``, else by rank 0) under the generation's prefix
+``edgepipe/gen<G>/``; build and check the stage's blocks; init the process group (gloo,
+or nccl when every local rank has its own GPU) with a short timeout; create every stage's
+data-parallel group; discover boundary shapes; then per step: read the step's rows,
+:meth:`StageRuntime.run_step`, **commit** (publish the step's payload and
+``commit/<rank>``; rank 0 writes the metrics). A failing worker publishes
+``error/<rank>`` (one line) before it exits, so the launcher can name it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from executor import data
+from executor.comm import StageLinks, Transport
+from executor.layout import RankLayout, check_runnable
+from executor.metrics import MetricsWriter, rank_payload
+from executor.runtime import ComputeHook, StageRuntime, make_optimizer
+from executor.stage import build_stage, stage_loss
+from planner.errors import EdgepipeError, InputError, PlanMismatchError
+from planner.plan import Plan, load_plan
+from planner.schedule import build as build_schedule
+
+#: exit status of a worker that refused or failed with an edgepipe error
+EXIT_REFUSED = 2
+#: exit status of a worker that failed otherwise
+EXIT_FAILED = 1
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """What to run; the same for every rank."""
+
+    plan: str
+    steps: int
+    out: str | None = None
+    deterministic: bool = False
+    dataset: str | None = None
+    timeout_s: float = 60.0
+    save_weights: bool = False
+    generation: int = 0
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where this rank sits and where the store is."""
+
+    rank: int
+    world_size: int
+    store_host: str
+    store_port: int
+    host_store: bool = False
+    local_rank: int = 0
+    local_world_size: int = 1
+
+
+def check_world(layout: RankLayout, world_size: int, rank: int) -> None:
+    """Refuse a start whose ranks do not match the plan's devices."""
+    devices = [r.device for r in layout.ranks]
+    if world_size != layout.world_size:
+        raise PlanMismatchError(
+            f"the plan runs on {layout.world_size} devices ({', '.join(devices)}) but "
+            f"{world_size} ranks were started; start exactly {layout.world_size} (torchrun: "
+            "--nnodes x --nproc-per-node)"
+        )
+    if not 0 <= rank < world_size:
+        raise PlanMismatchError(f"rank {rank} is outside 0..{world_size - 1}")
+    expected = os.environ.get("EDGEPIPE_DEVICE")
+    if expected and expected != devices[rank]:
+        raise PlanMismatchError(
+            f"rank {rank} runs plan device {devices[rank]!r} but EDGEPIPE_DEVICE says "
+            f"{expected!r}; order the hosts so that rank r runs the r-th plan device "
+            f"(order: {', '.join(devices)})"
+        )
+
+
+def _device(endpoint: Endpoint) -> tuple[torch.device, str]:
+    if torch.cuda.is_available() and torch.cuda.device_count() >= endpoint.local_world_size:
+        return torch.device("cuda", endpoint.local_rank), "nccl"
+    return torch.device("cpu"), "gloo"
+
+
+def _dtype(name: str) -> torch.dtype:
+    return getattr(torch, name.removeprefix("torch."))
+
+
+class Worker:
+    """One rank of a run (see the module docstring)."""
+
+    def __init__(self, opts: WorkerOptions, endpoint: Endpoint, plan: Plan) -> None:
+        self.opts, self.endpoint, self.plan = opts, endpoint, plan
+        self.layout = RankLayout.from_plan(plan)
+        self.rank = endpoint.rank
+        self.me = self.layout.ranks[self.rank]
+        self.device, self.backend = _device(endpoint)
+        timeout = timedelta(seconds=opts.timeout_s)
+        self.timeout = timeout
+        root = dist.TCPStore(
+            endpoint.store_host,
+            endpoint.store_port,
+            is_master=endpoint.host_store,
+            timeout=timeout,
+            wait_for_workers=False,
+        )
+        self.store = dist.PrefixStore(f"edgepipe/gen{opts.generation}/", root)
+
+    def fail(self, message: str) -> None:
+        self.store.set(f"error/{self.rank}", message)
+
+    def run(self) -> None:
+        plan, layout, me, opts = self.plan, self.layout, self.me, self.opts
+        model = plan.problem.model
+        assert model.build is not None
+        stage_part = plan.partition.stages[me.stage]
+        module = build_stage(model, stage_part.first, stage_part.end).to(self.device)
+        dataset_name = opts.dataset or data.default_dataset(model.build)
+        if dataset_name is None:
+            raise InputError(
+                "--dataset", "", f"model {model.build.describe()} has no built-in task; "
+                "give --dataset MODULE:CALLABLE returning a torch Dataset"
+            )
+        config = plan.problem.config
+        rows = data.Rows(data.load_dataset(dataset_name, model.build, config.seed))
+        dist.init_process_group(
+            self.backend,
+            store=dist.PrefixStore("pg", self.store),
+            rank=self.rank,
+            world_size=layout.world_size,
+            timeout=self.timeout,
+        )
+        try:
+            self._train(module, rows, stage_loss(model))
+        finally:
+            dist.destroy_process_group()
+
+    def _groups(self) -> dist.ProcessGroup | None:
+        mine = None
+        for members in self.layout.stage_ranks:
+            group = dist.new_group(list(members), timeout=self.timeout)
+            if self.rank in members:
+                mine = group
+        if mine is not None and len(self.layout.stage_ranks[self.me.stage]) > 1:
+            dist.all_reduce(torch.zeros(1, device=self.device), group=mine)  # connect now (P9)
+        return mine
+
+    def _shapes(
+        self, module: torch.nn.Sequential, rows: data.Rows
+    ) -> tuple[dict[int, tuple[int, ...]], dict[int, torch.dtype]]:
+        """Per-sample output shape and dtype of every stage up to and including ours,
+        published on the store by each stage's first device."""
+        p = self.me.stage
+        shapes: dict[int, tuple[int, ...]] = {}
+        dtypes: dict[int, torch.dtype] = {}
+        if p == 0:
+            x = rows.sample_input().to(self.device)
+        else:
+            prev = json.loads(self.store.get(f"shape/{p - 1}"))
+            shapes[p - 1], dtypes[p - 1] = tuple(prev["shape"]), _dtype(prev["dtype"])
+            x = torch.zeros((1, *shapes[p - 1]), dtype=dtypes[p - 1], device=self.device)
+        if self.me.index == 0 and p + 1 < self.layout.num_stages:
+            module.eval()
+            with torch.no_grad():
+                out = module(x)
+            module.train()
+            self.store.set(
+                f"shape/{p}", json.dumps({"shape": list(out.shape[1:]), "dtype": str(out.dtype)})
+            )
+        if p + 1 < self.layout.num_stages:
+            mine = json.loads(self.store.get(f"shape/{p}"))
+            shapes[p], dtypes[p] = tuple(mine["shape"]), _dtype(mine["dtype"])
+        return shapes, dtypes
+
+    def _train(self, module: torch.nn.Sequential, rows: data.Rows, loss_fn: Any) -> None:
+        plan, layout, me, opts = self.plan, self.layout, self.me, self.opts
+        config = plan.problem.config
+        group = self._groups()
+        shapes, dtypes = self._shapes(module, rows)
+        links = StageLinks(layout, self.rank, self.transport(), shapes, dtypes, self.device)
+        schedule = build_schedule(
+            config.schedule, [s.warmup for s in plan.cost.stages], layout.num_micro_batches
+        )
+        params = [p for p in module.parameters() if p.requires_grad]
+        optimizer = make_optimizer(params, config.optimizer, config.optimizer_settings())
+        runtime = StageRuntime(
+            module, layout, self.rank, schedule[me.stage], links, group, loss_fn, optimizer,
+            deterministic=opts.deterministic, hook=self.compute_hook(), device=self.device,
+        )
+        writer = None
+        if self.rank == 0 and opts.out:
+            writer = MetricsWriter(Path(opts.out), layout, opts.deterministic)
+        first, last = me.stage == 0, me.stage == layout.num_stages - 1
+        b = layout.micro_batch_size
+        written = 0
+        dist.barrier()
+        for step in range(opts.steps):
+            idx = data.step_indices(step, layout.global_batch, rows.size, config.seed)
+            mine = [idx[m * b + me.offset : m * b + me.offset + me.samples]
+                    for m in range(layout.num_micro_batches)]
+            inputs = [rows.inputs(i).to(self.device) for i in mine] if first else None
+            targets = [rows.targets(i).to(self.device) for i in mine] if last else None
+            record = runtime.run_step(step, inputs, targets)
+            payload = json.dumps(rank_payload(record, self.device))
+            self.store.set(f"metrics/{step}/{self.rank}", payload)
+            self.store.set(f"commit/{self.rank}", str(step))
+            if writer is not None:
+                written = self._write_metrics(writer, written, step, block=False)
+        if writer is not None:
+            self._write_metrics(writer, written, opts.steps - 1, block=True)
+            writer.close()
+        if opts.save_weights and opts.out:
+            self._save(module, optimizer)
+        dist.barrier()
+
+    def _write_metrics(self, writer: MetricsWriter, next_step: int, upto: int, block: bool) -> int:
+        """Rank 0: write every complete step from ``next_step`` to ``upto``; without
+        ``block`` stop at the first step some rank has not published yet."""
+        while next_step <= upto:
+            keys = [f"metrics/{next_step}/{r}" for r in range(self.layout.world_size)]
+            if not block and not self.store.check(keys):
+                break
+            payloads = [json.loads(self.store.get(k)) for k in keys]
+            writer.write_step(next_step, payloads)
+            for k in keys:
+                self.store.delete_key(k)
+            next_step += 1
+        return next_step
+
+    def _save(self, module: torch.nn.Sequential, optimizer: torch.optim.Optimizer) -> None:
+        folder = Path(self.opts.out) / "weights"
+        folder.mkdir(parents=True, exist_ok=True)
+        stage = self.plan.partition.stages[self.me.stage]
+        torch.save(
+            {
+                "step": self.opts.steps,
+                "device": self.me.device,
+                "stage": self.me.stage,
+                "blocks": [stage.first, stage.end],
+                "model": {k: v.cpu() for k, v in module.state_dict().items()},
+                "optimizer": optimizer.state_dict(),
+            },
+            folder / f"rank{self.rank}.pt",
+        )
+
+    # -- hooks for the emulation ---------------------------------------------------------
+    def transport(self) -> Transport:
+        """The transport every send and receive goes through (override to shape links)."""
+        return Transport()
+
+    def compute_hook(self) -> ComputeHook:
+        """Called after every forward / backward (override to emulate device speed)."""
+        return ComputeHook()
+
+
+def run(opts: WorkerOptions, endpoint: Endpoint) -> None:
+    """Run one rank to the end; raises on failure after publishing ``error/<rank>``."""
+    torch.set_num_threads(1)
+    plan = load_plan(opts.plan)
+    check_runnable(plan)
+    check_world(RankLayout.from_plan(plan), endpoint.world_size, endpoint.rank)
+    worker = Worker(opts, endpoint, plan)
+    try:
+        worker.run()
+    except BaseException as exc:
+        message = str(exc) if isinstance(exc, EdgepipeError) else f"{type(exc).__name__}: {exc}"
+        # when the store is gone too, the exit status still tells
+        with contextlib.suppress(Exception):
+            worker.fail(message.splitlines()[0] if message else type(exc).__name__)
+        raise
+
+
+def spawned(opts: WorkerOptions, endpoint: Endpoint) -> None:
+    """Entry point of a process started by the local launcher: exit status 0 on success,
+    2 for an edgepipe error, 1 otherwise (with the traceback on stderr)."""
+    try:
+        run(opts, endpoint)
+    except EdgepipeError as exc:
+        print(f"edgepipe worker {endpoint.rank}: {exc}", file=sys.stderr)
+        sys.exit(EXIT_REFUSED)
+    except BaseException:
+        traceback.print_exc()
+        sys.exit(EXIT_FAILED)
+
+
+def endpoint_from_env() -> Endpoint:
+    """The endpoint torchrun (or any env:// launcher) describes."""
+    env = os.environ
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in env]
+    if missing:
+        raise InputError(
+            "environment", "", f"{', '.join(missing)} not set; start the worker with torchrun "
+            "(or use `edgepipe run`, which starts the workers itself)"
+        )
+    rank = int(env["RANK"])
+    agent_store = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    return Endpoint(
+        rank=rank,
+        world_size=int(env["WORLD_SIZE"]),
+        store_host=env["MASTER_ADDR"],
+        store_port=int(env["MASTER_PORT"]),
+        host_store=not agent_store and rank == 0,
+        local_rank=int(env.get("LOCAL_RANK", "0")),
+        local_world_size=int(env.get("LOCAL_WORLD_SIZE", "1")),
+    )
+
+
+def parse_args(argv: Sequence[str] | None = None) -> WorkerOptions:
+    p = argparse.ArgumentParser(prog="python -m executor.worker", description=__doc__)
+    p.add_argument("plan")
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--out")
+    p.add_argument("--deterministic", action="store_true")
+    p.add_argument("--dataset")
+    p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--save-weights", action="store_true")
+    p.add_argument("--generation", type=int, default=0)
+    a = p.parse_args(argv)
+    return WorkerOptions(a.plan, a.steps, a.out, a.deterministic, a.dataset, a.timeout,
+                         a.save_weights, a.generation)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    opts = parse_args(argv)
+    try:
+        run(opts, endpoint_from_env())
+    except EdgepipeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,145 @@
+"""Small models, datasets and hand-made plans for the executor tests.
+
+The models are built through ``module:callable`` build specs (``tests.executor_helpers:
+mlp``), so the executor's worker processes import this module; their weights come from
+``executor.zoo.init_block`` with per-block seeds, as zoo models' do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from executor import zoo
+from executor.data import TensorPairs
+from executor.profiler import profile_model
+from planner.cluster import Cluster
+from planner.config import TrainingConfig
+from planner.partition import Partition, StageAssignment
+from planner.plan import Plan, SolverInfo, make_plan, save_plan
+from planner.problem import make_problem
+from planner.profile import BuildSpec, ModelProfile
+
+MLP_IN, MLP_CLASSES = 6, 3
+
+
+def _seeded(blocks: list[nn.Module], seed: int) -> list[nn.Module]:
+    for i, block in enumerate(blocks):
+        zoo.init_block(block, zoo.block_seed(seed, i))
+    return blocks
+
+
+def mlp(width: int = 8, depth: int = 4, seed: int = 0) -> list[nn.Module]:
+    """``depth`` blocks: Linear+Tanh chains from MLP_IN features to MLP_CLASSES logits."""
+    dims = [MLP_IN] + [width] * (depth - 1) + [MLP_CLASSES]
+    blocks: list[nn.Module] = [
+        nn.Sequential(nn.Linear(a, b), nn.Tanh()) for a, b in zip(dims[:-2], dims[1:-1], strict=True)
+    ]
+    blocks.append(nn.Linear(dims[-2], dims[-1]))
+    return _seeded(blocks, seed)
+
+
+def cnn(channels: int = 4, seed: int = 0) -> list[nn.Module]:
+    """A no-batch-norm CNN on 3 x 8 x 8 images, 4 blocks, 10 classes."""
+    blocks: list[nn.Module] = [
+        nn.Sequential(nn.Conv2d(3, channels, 3, padding=1), nn.ReLU()),
+        nn.Sequential(nn.Conv2d(channels, channels, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)),
+        nn.Sequential(nn.Conv2d(channels, 2 * channels, 3, padding=1), nn.ReLU(),
+                      nn.AdaptiveAvgPool2d(1), nn.Flatten()),
+        nn.Linear(2 * channels, 10),
+    ]
+    return _seeded(blocks, seed)
+
+
+def mlp_dataset(size: int = 96) -> TensorPairs:
+    """A learnable task for :func:`mlp`: the label is the argmax of three fixed linear
+    projections of a Gaussian input."""
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(size, MLP_IN, generator=gen)
+    w = torch.randn(MLP_IN, MLP_CLASSES, generator=gen)
+    return TensorPairs(x, (x @ w).argmax(dim=1))
+
+
+def image_dataset(size: int = 64) -> TensorPairs:
+    """Random 3 x 8 x 8 images with random labels (for parity, not learning)."""
+    gen = torch.Generator().manual_seed(11)
+    return TensorPairs(torch.randn(size, 3, 8, 8, generator=gen),
+                       torch.randint(10, (size,), generator=gen))
+
+
+def profile_of(build: BuildSpec, example: Any, name: str = "model") -> ModelProfile:
+    """A quick profile (one timed round at batch 1 and 2) carrying ``build``."""
+    if build.zoo is not None:
+        model = zoo.build_model(build.zoo, seed=build.seed, **build.sizes)
+    else:
+        model = zoo.load_model(build.callable, **build.kwargs)
+    return profile_model(model, example, [1, 2], "host-cpu", name=name, warmup=0, repeats=1,
+                         build=build)
+
+
+def cluster(n: int, memory_bytes: float = 8 * 2**30) -> Cluster:
+    """``n`` identical devices ``d0..d{n-1}`` of a type ``host-cpu`` on a 1 Gbit/s LAN."""
+    doc = {
+        "schema_version": 1,
+        "kind": "edgepipe.cluster",
+        "name": f"test-{n}",
+        "device_types": {
+            "host-cpu": {
+                "description": "this machine (tests)",
+                "memory_bytes": memory_bytes,
+                "usable_fraction": 0.9,
+                "peak_fp32_gflops": 100,
+                "efficiency": 0.5,
+                "network": {"interface": "loopback", "bandwidth_mbps": 1000},
+                "sources": {"all": "test figures"},
+            }
+        },
+        "devices": [{"id": f"d{i}", "type": "host-cpu"} for i in range(n)],
+        "network": {"bandwidth_mbps": 1000, "latency_ms": 0.1},
+    }
+    return Cluster.from_dict(doc, "test cluster", catalog={})
+
+
+def make_test_plan(
+    profile: ModelProfile,
+    stages: Sequence[tuple[int, int, Sequence[int]]],
+    micro_batch: int,
+    num_micro_batches: int,
+    *,
+    optimizer: str = "sgd",
+    schedule: str = "1f1b",
+    warmup: str = "asteroid",
+    learning_rate: float | None = 0.1,
+    memory_bytes: float = 8 * 2**30,
+    **config: Any,
+) -> Plan:
+    """A hand-made plan: ``stages`` = [(first block, end block, samples per device)],
+    devices numbered d0, d1, ... in stage order."""
+    n = sum(len(s[2]) for s in stages)
+    cfg = TrainingConfig(
+        global_batch=micro_batch * num_micro_batches,
+        micro_batch_candidates=(micro_batch,),
+        optimizer=optimizer,
+        schedule=schedule,
+        warmup=warmup,
+        learning_rate=learning_rate,
+        **config,
+    )
+    problem = make_problem(profile, cluster(n, memory_bytes), cfg, catalog={})
+    assigned, dev = [], 0
+    for first, end, samples in stages:
+        ids = tuple(f"d{dev + k}" for k in range(len(samples)))
+        dev += len(samples)
+        assigned.append(StageAssignment(first, end, ids, tuple(samples)))
+    partition = Partition(micro_batch, num_micro_batches, tuple(assigned))
+    return make_plan(problem, partition, SolverInfo("hand"))
+
+
+def write_plan(plan: Plan, folder: Path, name: str = "plan.json") -> Path:
+    path = folder / name
+    save_plan(plan, path)
+    return path
