@@ -8,8 +8,10 @@ classes; transformers at their full configuration with 128-token sequences) this
 * ``profiles/models/<model>-analytic.json``: the same blocks with analytic times for
   every device type of the shipped catalog (``executor.analytic``), no measured times,
 
-and prints one line per model. ``--analytic-only`` rebuilds the analytic files from the
-existing measured ones (after a catalog change) without measuring again.
+and prints one line per model. Both carry the profile's ``build`` spec (zoo name, demo
+sizes, seed 0), so their plans can be run by ``edgepipe run``. ``--analytic-only``
+rebuilds the analytic files from the existing measured ones (after a catalog change)
+without measuring again, and writes the build spec into both.
 
     .venv/bin/python benchmarks/profile_zoo.py                 # ~3 min, 1 thread
     .venv/bin/python benchmarks/profile_zoo.py --models resnet18 --repeats 5
@@ -30,7 +32,7 @@ from executor import zoo
 from executor.analytic import analytic_profile
 from executor.profiler import profile_model
 from planner.cluster import load_catalog
-from planner.profile import ModelProfile
+from planner.profile import BuildSpec, ModelProfile
 
 OUT = Path(__file__).resolve().parent.parent / "profiles" / "models"
 
@@ -48,6 +50,11 @@ def write(profile: ModelProfile, path: Path) -> None:
     path.write_text(json.dumps(doc, indent=1) + "\n")
 
 
+def build_spec(name: str) -> BuildSpec:
+    """How the executor rebuilds zoo model ``name`` at its demo size."""
+    return BuildSpec(zoo=name, sizes=DEMO_SIZES[name], seed=0)
+
+
 def measure(name: str, args: argparse.Namespace) -> ModelProfile:
     """Profile zoo model ``name`` at its demo size with the command-line settings."""
     size = DEMO_SIZES[name]
@@ -60,6 +67,7 @@ def measure(name: str, args: argparse.Namespace) -> ModelProfile:
         warmup=args.warmup,
         repeats=args.repeats,
         num_threads=args.threads,
+        build=build_spec(name),
     )
 
 
@@ -104,7 +112,8 @@ def main() -> None:
     for name in args.models:
         measured_path = args.out / f"{name}-cpu.json"
         if args.analytic_only:
-            measured = ModelProfile.load(measured_path)
+            measured = replace(ModelProfile.load(measured_path), build=build_spec(name))
+            write(measured, measured_path)
         else:
             start = time.perf_counter()
             measured = measure(name, args)

@@ -96,4 +96,5 @@ def analytic_profile(
         input_bytes_per_sample=profile.input_bytes_per_sample,
         blocks=profile.blocks,
         timings=timings,
+        build=profile.build,
     )

@@ -29,6 +29,7 @@ from typing import Any
 import torch.distributed as dist
 
 from executor import data
+from executor.control import generation_store
 from executor.layout import RankLayout, check_runnable
 from executor.metrics import read_jsonl
 from executor.stage import check_build
@@ -106,7 +107,7 @@ def launch(opts: WorkerOptions, on_start: Any = None) -> RunResult:
         "127.0.0.1", 0, is_master=True, wait_for_workers=False,
         timeout=timedelta(seconds=opts.timeout_s),
     )
-    errors = dist.PrefixStore(f"edgepipe/gen{opts.generation}/", store)
+    errors = generation_store(store, opts.generation)
     ctx = multiprocessing.get_context("spawn")
     procs = []
     try:

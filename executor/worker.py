@@ -11,8 +11,9 @@ name that device (a guard against a mis-ordered multi-host start).
 Sequence: refuse a mismatched start (world size vs plan devices) before touching the
 network; connect to the run's store (hosted by the launcher, by torchrun's agent when
 ``TORCHELASTIC_USE_AGENT_STORE=True``, else by rank 0) under the generation's prefix
-``edgepipe/gen<G>/``; build and check the stage's blocks; init the process group (gloo,
-or nccl when every local rank has its own GPU) with a short timeout; create every stage's
+``gen<G>`` (:func:`executor.control.generation_store`); build and check the stage's
+blocks; init the process group (gloo, or nccl when every local rank has its own GPU)
+with a short timeout; create every stage's
 data-parallel group; discover boundary shapes; then per step: read the step's rows,
 :meth:`StageRuntime.run_step`, **commit** (publish the step's payload and
 ``commit/<rank>``; rank 0 writes the metrics). A failing worker publishes
@@ -38,6 +39,7 @@ import torch.distributed as dist
 
 from executor import data
 from executor.comm import StageLinks, Transport
+from executor.control import generation_store
 from executor.layout import RankLayout, check_runnable
 from executor.metrics import MetricsWriter, rank_payload
 from executor.runtime import ComputeHook, StageRuntime, make_optimizer
@@ -127,7 +129,7 @@ class Worker:
             timeout=timeout,
             wait_for_workers=False,
         )
-        self.store = dist.PrefixStore(f"edgepipe/gen{opts.generation}/", root)
+        self.store = generation_store(root, opts.generation)
 
     def fail(self, message: str) -> None:
         self.store.set(f"error/{self.rank}", message)

@@ -286,7 +286,6 @@ def cmd_profile(args: argparse.Namespace) -> None:
     from executor.analytic import analytic_profile
     from executor.profiler import profile_model
     from planner.cluster import load_catalog
-
     from planner.profile import BuildSpec
 
     if ":" in args.model:
@@ -347,6 +346,58 @@ def cmd_probe(args: argparse.Namespace) -> None:
         f"wrote {args.output}: {args.name}: {entry['peak_fp32_gflops']} GFLOP/s peak, "
         f"efficiency {entry['efficiency']}, {entry['memory_bytes'] / GIB:.1f} GiB, "
         f"link {entry['network']['bandwidth_mbps']} Mbit/s"
+    )
+
+
+def _executor(module: str) -> object:
+    """Import an executor module, turning a missing torch into an install hint."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        if (exc.name or "").split(".")[0] == "torch":
+            raise EdgepipeError(
+                "running a plan needs the executor's dependencies (torch): "
+                "pip install 'edgepipe[executor]'"
+            ) from None
+        raise
+
+
+def cmd_run(args: argparse.Namespace) -> None:
+    launch = _executor("executor.launch")
+    worker = _executor("executor.worker")
+    plan = load_plan(args.plan)
+    opts = worker.WorkerOptions(  # type: ignore[attr-defined]
+        plan=args.plan,
+        steps=args.steps,
+        out=args.out,
+        deterministic=args.deterministic,
+        dataset=args.dataset,
+        timeout_s=args.timeout,
+        save_weights=args.save_weights,
+    )
+    devices = len(plan.partition.used_devices())
+    err.print(
+        f"running {plan.id} ({plan.problem.model.name}, {plan.partition.num_stages} stages) "
+        f"on {devices} local processes for {args.steps} steps"
+        f"{' (deterministic mode)' if args.deterministic else ''}"
+    )
+    result = launch.launch(opts)  # type: ignore[attr-defined]
+    table = Table(title=f"{plan.id}: measured", title_justify="left")
+    for col in ("step", "loss", "wall ms", "samples/s"):
+        table.add_column(col, justify="right")
+    for m in result.metrics:
+        sps = m["samples_per_s"]
+        table.add_row(
+            str(m["step"]), f"{m['loss']:.6f}", f"{m['wall_ms']:.1f}",
+            "-" if sps is None else f"{sps:.1f}",
+        )
+    out.print(table)
+    walls = sorted(m["wall_ms"] for m in result.metrics)
+    out.print(
+        f"median step {walls[len(walls) // 2]:.1f} ms measured vs {plan.cost.iteration_ms:.1f} ms "
+        f"predicted; wrote {args.out}/metrics.jsonl and timeline.jsonl"
     )
 
 
@@ -458,6 +509,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int)
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(func=cmd_probe)
+
+    p = sub.add_parser("run", help="train a plan here: one process per planned device")
+    p.add_argument("plan")
+    p.add_argument("--steps", type=int, required=True, help="optimizer steps to run")
+    p.add_argument("--out", default="out/run", help="run directory (plan, metrics, timeline)")
+    p.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="bit-identical to the single-process reference for any plan (slow; tests)",
+    )
+    p.add_argument(
+        "--dataset",
+        help="synthetic (default for zoo models), digits, or MODULE:CALLABLE returning a "
+        "torch Dataset",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds a transfer or collective may wait"
+    )
+    p.add_argument(
+        "--save-weights", action="store_true", help="write each rank's final weights to OUT/weights"
+    )
+    p.set_defaults(func=cmd_run)
 
     p = sub.add_parser(
         "demo", help="plan the demo model on the demo cluster, show it, compare the planners"

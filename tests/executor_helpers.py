@@ -8,6 +8,7 @@ mlp``), so the executor's worker processes import this module; their weights com
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ def mlp(width: int = 8, depth: int = 4, seed: int = 0) -> list[nn.Module]:
     """``depth`` blocks: Linear+Tanh chains from MLP_IN features to MLP_CLASSES logits."""
     dims = [MLP_IN] + [width] * (depth - 1) + [MLP_CLASSES]
     blocks: list[nn.Module] = [
-        nn.Sequential(nn.Linear(a, b), nn.Tanh()) for a, b in zip(dims[:-2], dims[1:-1], strict=True)
+        nn.Sequential(nn.Linear(a, b), nn.Tanh()) for a, b in pairwise(dims[:-1])
     ]
     blocks.append(nn.Linear(dims[-2], dims[-1]))
     return _seeded(blocks, seed)
