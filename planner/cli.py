@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress, TaskID
 from rich.table import Table
 
@@ -545,7 +546,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args.func(args)
     except EdgepipeError as exc:
-        err.print(f"[bold red]error:[/bold red] {exc}", highlight=False)
+        err.print(f"[bold red]error:[/bold red] {escape(str(exc))}", highlight=False)
         return 2
     return 0
 

@@ -1,0 +1,95 @@
+"""The local launcher: runs, metrics files, and a child killed mid-run.
+
+Real processes over gloo. The kill test SIGKILLs one worker while the run is in its
+steps; the launcher must stop every other worker within the timeout, raise naming the
+dead device, and leave no process behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch
+
+from executor.launch import RunFailed, launch
+from executor.metrics import read_jsonl
+from executor.worker import WorkerOptions
+from planner.profile import BuildSpec
+from tests.executor_helpers import MLP_IN, make_test_plan, profile_of, write_plan
+
+MLP = BuildSpec(callable="tests.executor_helpers:mlp", kwargs={"width": 8})
+DATASET = "tests.executor_helpers:mlp_dataset"
+TIMEOUT_S = 20
+
+
+@pytest.fixture(scope="module")
+def mlp_profile():
+    return profile_of(MLP, lambda b: torch.randn(b, MLP_IN))
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_fast_mode_run_writes_one_metrics_line_per_step_and_a_timeline(tmp_path, mlp_profile):
+    plan = make_test_plan(mlp_profile, [(0, 1, [2, 1]), (1, 4, [3])], 3, 2, optimizer="momentum")
+    path = write_plan(plan, tmp_path)
+    result = launch(WorkerOptions(str(path), 4, str(tmp_path), dataset=DATASET,
+                                  timeout_s=TIMEOUT_S))
+    assert [m["step"] for m in result.metrics] == [0, 1, 2, 3]
+    first = result.metrics[0]
+    assert set(first["devices"]) == {"d0", "d1", "d2"}
+    for figures in first["devices"].values():
+        assert figures["compute_ms"] > 0 and figures["peak_mem_bytes"] > 0
+        assert {"send_ms", "recv_wait_ms", "allreduce_ms"} <= figures.keys()
+    assert first["devices"]["d2"]["allreduce_ms"] < 1.0  # a stage of one reduces nothing
+    assert first["samples_per_s"] == pytest.approx(6 / first["wall_ms"] * 1e3)
+    timeline = read_jsonl(tmp_path / "timeline.jsonl")
+    d2 = [(e["kind"], e["micro_batch"]) for e in timeline if e["device"] == "d2" and e["step"] == 0]
+    # the last stage of 1F1B with 2 micro-batches: RECV_F0 F0 B0 SEND_B0 RECV_F1 F1 B1 ...
+    assert d2[:4] == [("RECV_F", 0), ("F", 0), ("B", 0), ("SEND_B", 0)]
+    assert d2[-2:] == [("SEND_WAIT", None), ("OPTIM", None)]
+    assert json.loads((tmp_path / "plan.json").read_text())["id"] == plan.id
+    ranks = json.loads((tmp_path / "ranks.json").read_text())
+    assert [(r["rank"], r["device"], r["stage"]) for r in ranks] == [
+        (0, "d0", 0), (1, "d1", 0), (2, "d2", 1)
+    ]
+    assert not any(alive(r["pid"]) for r in ranks)
+
+
+def test_a_child_killed_mid_run_stops_the_others_and_names_the_dead_device(
+    tmp_path, mlp_profile
+):
+    plan = make_test_plan(mlp_profile, [(0, 1, [2]), (1, 2, [1, 1]), (2, 4, [2])], 2, 2)
+    path = write_plan(plan, tmp_path)
+    started: dict = {}
+
+    def kill_when_running(ranks):
+        started["ranks"] = ranks
+
+        def killer():
+            metrics = tmp_path / "metrics.jsonl"
+            while not metrics.exists() or len(read_jsonl(metrics)) < 2:
+                time.sleep(0.05)
+            started["killed_at"] = time.monotonic()
+            os.kill(ranks[1]["pid"], signal.SIGKILL)
+
+        threading.Thread(target=killer, daemon=True).start()
+
+    with pytest.raises(RunFailed) as caught:
+        launch(WorkerOptions(str(path), 100_000, str(tmp_path), dataset=DATASET,
+                             timeout_s=TIMEOUT_S), on_start=kill_when_running)
+    took = time.monotonic() - started["killed_at"]
+    assert caught.value.device == "d1" and caught.value.exitcode == -signal.SIGKILL
+    assert "device 'd1' (rank 1, stage 1) was killed by SIGKILL" in str(caught.value)
+    assert took < TIMEOUT_S / 4, f"the launcher took {took:.1f} s to stop the run"
+    assert not any(alive(r["pid"]) for r in started["ranks"])
