@@ -10,12 +10,18 @@ import shutil
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
+from executor import data, zoo
+from executor.metrics import read_jsonl
+from planner.profile import BuildSpec
 from tests import netns
+from tests import reference_trainer as ref
+from tests.executor_helpers import make_test_plan, profile_of, write_plan
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
@@ -133,11 +139,14 @@ def torchrun_argv(hosts: netns.Hosts, index: int, script: list[str], port: int =
     ]
 
 
-def run_on_all(hosts: netns.Hosts, script: list[str], timeout: float) -> None:
+def run_on_all(hosts: netns.Hosts, script: list[str], timeout: float,
+               env_of: Callable[[int], dict[str, str]] = lambda i: {}) -> None:
+    """torchrun ``script`` on every host at once; fails with every host's log unless all
+    exit 0 within ``timeout`` seconds (then every process is killed)."""
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}
     procs = [
-        hosts.start(i, torchrun_argv(hosts, i, script), env=env, stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT, text=True)
+        hosts.start(i, torchrun_argv(hosts, i, script), env={**env, **env_of(i)},
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for i in range(len(hosts))
     ]
     logs = []
@@ -162,3 +171,48 @@ def test_gloo_all_reduce_across_three_hosts_under_torchrun(tmp_path: Path) -> No
     assert [(r["rank"], r["group_rank"], r["world"]) for r in results] == [
         (0, 0, 3), (1, 1, 3), (2, 2, 3)
     ]
+
+
+# -- the edgepipe worker across hosts ---------------------------------------------------
+
+GPT2 = BuildSpec(
+    zoo="gpt2-small",
+    sizes={"layers": 4, "hidden": 16, "heads": 2, "vocab": 32, "max_positions": 8, "seq_len": 4},
+    seed=3,
+)
+STEPS = 3
+
+
+@pytest.mark.slow
+def test_a_hybrid_plan_on_three_hosts_under_torchrun_is_bit_identical_to_the_reference(
+    tmp_path: Path,
+) -> None:
+    # stage 0 on hosts 0 and 1 (1 and 2 samples of every micro-batch), stage 1 on host 2
+    profile = profile_of(GPT2, lambda b: zoo.example_input("gpt2-small", b, **GPT2.sizes),
+                         name="gpt2-small")
+    plan = make_test_plan(profile, [(0, 3, [1, 2]), (3, 6, [3])], 3, 2, optimizer="momentum")
+    path = write_plan(plan, tmp_path)
+    out = tmp_path / "run"
+    worker = ["-m", "executor.worker", str(path), "--steps", str(STEPS), "--out", str(out),
+              "--deterministic", "--save-weights", "--timeout", "60"]
+    devices = [d for stage in plan.partition.stages for d in stage.devices]
+    with netns.Hosts(3, rate_mbit=100) as hosts:
+        run_on_all(hosts, worker, timeout=240,
+                   env_of=lambda i: {"EDGEPIPE_DEVICE": devices[i]})
+    config = plan.problem.config
+    settings = config.optimizer_settings()
+    reference = ref.train(
+        ref.ModelSpec(GPT2.zoo, GPT2.sizes, GPT2.seed), data.synthetic(GPT2, config.seed),
+        config.global_batch, STEPS,
+        ref.OptimizerSpec("momentum", lr=settings["lr"], momentum=settings["momentum"]),
+        data_seed=config.seed,
+    )
+    assert [m["loss"] for m in read_jsonl(out / "metrics.jsonl")] == reference.losses
+    seen = set()
+    for rank in range(3):
+        saved = torch.load(out / "weights" / f"rank{rank}.pt")
+        assert saved["device"] == devices[rank]
+        for key, value in saved["model"].items():
+            assert torch.equal(value, reference.state[key]), (rank, key)
+            seen.add(key)
+    assert seen == set(reference.state)
