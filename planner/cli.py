@@ -1,31 +1,54 @@
 """``edgepipe`` command line: a thin shell over the library.
 
 Every command prints a human summary; files are written only where ``-o`` says (``-o -``
-writes the JSON document to stdout, after any solver has finished). Errors of edgepipe
-(:class:`~planner.errors.EdgepipeError`) are printed as one message and exit status 2.
+writes the JSON document to stdout, after any solver has finished), each atomically (a
+temporary file renamed into place, removed again on any failure or Ctrl-C).
+
+Every argument is parsed into a typed value before anything runs (:mod:`argparse` types
+below); flags given explicitly beat a ``--config`` file's values; a flag that does not
+apply to the chosen planner is an error. Exit status: 0 success; 1 ``compare`` found no
+feasible plan; 2 a bad argument or input, or any other error of edgepipe
+(:class:`~planner.errors.EdgepipeError`), printed as one line; 130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
+import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from importlib import metadata
 from pathlib import Path
+from typing import NoReturn
 
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress, TaskID
 from rich.table import Table
 
 from planner import api
+from planner.cluster import Cluster, catalog_from_dict, load_catalog
 from planner.comparison import ComparisonResult
 from planner.config import OPTIMIZER_STATE, TrainingConfig
 from planner.errors import EdgepipeError, InputError
 from planner.milp import BACKENDS, DEFAULT_BACKEND, DEFAULT_TIME_LIMIT
-from planner.plan import Plan, load_plan, plan_to_dict, save_plan
+from planner.plan import Plan, load_plan, plan_from_dict, plan_to_dict, save_plan
 from planner.problem import Problem
-from planner.schema import KINDS, read_json, validate
+from planner.profile import ModelProfile
+from planner.schema import (
+    KINDS,
+    ensure_regular_file,
+    excerpt,
+    read_json,
+    validate,
+    write_text_atomic,
+)
 from planner.simulator import gpipe, one_f_one_b, simulate
 
 out = Console()
@@ -34,22 +57,62 @@ err = Console(stderr=True)
 GIB = 2**30
 
 
-def _config_from_args(args: argparse.Namespace) -> TrainingConfig | Path | None:
+#: training-config flags -> TrainingConfig fields; a flag given explicitly beats --config
+CONFIG_FLAGS = {
+    "global_batch": "global_batch",
+    "micro_batches": "micro_batch_candidates",
+    "optimizer": "optimizer",
+    "schedule": "schedule",
+    "warmup": "warmup",
+    "max_stages": "max_stages",
+}
+
+#: solver flags -> the planners they apply to (anything else given with them is an error)
+SOLVER_FLAGS = {"backend": ("milp",), "time_limit": ("milp",)}
+
+
+def _config_from_args(args: argparse.Namespace) -> TrainingConfig:
+    """The training config: ``--config``'s file (or the defaults), with every flag the
+    user gave explicitly (not None) replacing the file's value."""
+    given = {
+        name: getattr(args, flag)
+        for flag, name in CONFIG_FLAGS.items()
+        if getattr(args, flag) is not None
+    }
     if args.config:
-        return Path(args.config)
-    cands = tuple(int(x) for x in args.micro_batches.split(",")) if args.micro_batches else None
-    return TrainingConfig(
-        global_batch=args.global_batch,
-        micro_batch_candidates=cands,
-        optimizer=args.optimizer,
-        schedule=args.schedule,
-        warmup=args.warmup,
-        max_stages=args.max_stages,
-    )
+        return replace(TrainingConfig.load(args.config), **given)
+    given.setdefault("global_batch", api.DEMO_GLOBAL_BATCH)
+    return TrainingConfig(**given)
+
+
+def _check_solver_flags(args: argparse.Namespace, planners: Sequence[str]) -> None:
+    """A solver flag given explicitly for planners none of which it applies to is an error."""
+    for flag, applies in SOLVER_FLAGS.items():
+        if getattr(args, flag) is not None and not set(planners) & set(applies):
+            option = "--" + flag.replace("_", "-")
+            raise InputError(
+                option,
+                "",
+                f"applies only to {' and '.join(applies)}, which is not being run; drop "
+                f"{option} or choose {'/'.join(applies)}",
+            )
+
+
+def _solver_options(args: argparse.Namespace) -> tuple[str, float]:
+    backend = DEFAULT_BACKEND if args.backend is None else args.backend
+    return backend, DEFAULT_TIME_LIMIT if args.time_limit is None else args.time_limit
+
+
+#: tables: no vertical rules, one space between columns, so they fit 80 columns
+TABLE_STYLE = {"box": box.SIMPLE_HEAD, "padding": (0, 1), "collapse_padding": True,
+               "pad_edge": False, "title_justify": "left"}  # fmt: skip
 
 
 def plan_table(plan: Plan) -> Table:
-    """Per-stage summary of a plan as a rich table."""
+    """Per-stage summary of a plan as a rich table (fits 80 columns; the device list
+    wraps). Columns: stage, blocks, devices (samples), K = in-flight micro-batches,
+    forward / backward / all-reduce / outgoing link ms, the stage's peak memory as a
+    share of its most loaded device's usable memory."""
     cost, part = plan.cost, plan.partition
     table = Table(
         title=(
@@ -60,20 +123,11 @@ def plan_table(plan: Plan) -> Table:
             f"iteration {cost.iteration_ms:.1f} ms, {cost.samples_per_s:.2f} samples/s, "
             f"bottleneck {cost.bottleneck}"
         ),
-        title_justify="left",
+        **TABLE_STYLE,
     )
-    for col in (
-        "stage",
-        "blocks",
-        "devices (samples)",
-        "K",
-        "fwd ms",
-        "bwd ms",
-        "allreduce ms",
-        "link out ms",
-        "peak mem",
-    ):
-        table.add_column(col, justify="right" if col not in ("devices (samples)",) else "left")
+    for col in ("stage", "blocks", "devices (samples)", "K", "fwd ms", "bwd ms", "ar ms",
+                "link ms", "mem"):  # fmt: skip
+        table.add_column(col, justify="left" if col == "devices (samples)" else "right")
     for p, (stage, sc) in enumerate(zip(part.stages, cost.stages, strict=True)):
         devices = ", ".join(f"{d} ({y})" for d, y in zip(stage.devices, stage.samples, strict=True))
         peak = max(m / b for m, b in zip(sc.memory_bytes, sc.budget_bytes, strict=True))
@@ -91,13 +145,34 @@ def plan_table(plan: Plan) -> Table:
     return table
 
 
+def grouped_assumptions(notes: Sequence[str]) -> list[str]:
+    """Assumption lines with the ones that differ only in the device type merged:
+    ``times for a come from ...`` and ``times for b come from ...`` (same rest) become
+    ``times for a, b come from ...``; order of first appearance is kept."""
+    groups: dict[str, list[str]] = {}
+    for note in notes:
+        match = re.fullmatch(r"times for (\S+) (.*)", note)
+        key, name = (match.group(2), match.group(1)) if match else (note, "")
+        groups.setdefault(key, []).append(name)
+    return [
+        f"times for {', '.join(names)} {key}" if names[0] else key for key, names in groups.items()
+    ]
+
+
 def _print_plan(plan: Plan) -> None:
     out.print(plan_table(plan))
     idle = [d.id for d in plan.problem.cluster.devices if d.id not in plan.partition.used_devices()]
     if idle:
-        out.print(f"idle devices: {', '.join(idle)}")
-    for note in plan.problem.assumptions:
-        out.print(f"[dim]assumption: {note}[/dim]")
+        out.print(f"idle devices: {', '.join(idle)}", highlight=False)
+    for note in grouped_assumptions(plan.problem.assumptions):
+        out.print(f"[dim]assumption: {note}[/dim]", highlight=False)
+
+
+def gantt_title(plan: Plan) -> str:
+    """The Gantt chart's title: the plan and the schedule it runs."""
+    config = plan.problem.config
+    schedule = "GPipe" if config.schedule == "gpipe" else f"1F1B, {config.warmup} warm-up"
+    return f"{plan.id}: one iteration ({schedule})"
 
 
 def _progress_callback(progress: Progress, label: str) -> Callable[[int, int], None]:
@@ -110,15 +185,20 @@ def _progress_callback(progress: Progress, label: str) -> Callable[[int, int], N
 
 
 def _solve(args: argparse.Namespace) -> Plan:
+    if args.solver not in api.planners():
+        shown = excerpt(args.solver, 40)
+        raise InputError("--solver", "", f"unknown solver {shown!r}; use one of {api.planners()}")
+    _check_solver_flags(args, [args.solver])
     problem = api.load_problem(args.model, args.cluster, _config_from_args(args))
+    backend, time_limit = _solver_options(args)
     label = f"planning ({args.solver})"
     with Progress(console=err, transient=True) as progress:
         return api.solve(
             problem,
             args.solver,
             _progress_callback(progress, label),
-            backend=args.backend,
-            time_limit=args.time_limit,
+            backend=backend,
+            time_limit=time_limit,
         )
 
 
@@ -130,29 +210,29 @@ def cmd_plan(args: argparse.Namespace) -> None:
     _print_plan(plan)
     if args.output:
         save_plan(plan, args.output)
-        out.print(f"wrote {args.output}")
+        out.print(f"wrote {args.output}", highlight=False)
 
 
 def comparison_table(result: ComparisonResult) -> Table:
-    """The comparison as a rich table (one row per planner)."""
+    """The comparison as a rich table, one row per planner, that fits 80 columns:
+    iteration ms and samples/s predicted by the cost model, speed-up over data-parallel,
+    solve seconds, the exact solver's gap, memory headroom, stages/devices used and the
+    micro-batch size (legend in the caption)."""
     table = Table(
         title=(
-            f"{result.model} on {result.cluster}, global batch {result.global_batch}: "
-            "predicted by the cost model"
+            f"{result.model} on {result.cluster}, global batch {result.global_batch} "
+            "(every row scored by the cost model)"
         ),
-        title_justify="left",
+        caption=(
+            "x DP: speed-up over data-parallel; mem: memory headroom; "
+            "P/N: stages/devices used; B: micro-batch size"
+        ),
+        caption_justify="left",
+        **TABLE_STYLE,
     )
-    columns = (
-        "planner", "feasible", "status", "iteration ms", "samples/s", "speed-up", "solve s",
-        "gap", "memory headroom", "stages", "devices", "micro-batch",
-    )  # fmt: skip
-    for col in columns:
-        table.add_column(
-            col,
-            justify="left" if col in ("planner", "status") else "right",
-            no_wrap=True,
-        )
-    table.caption = "speed-up: over the data-parallel baseline (iteration time ratio)"
+    for col in ("planner", "status", "iter ms", "samp/s", "x DP", "solve s", "gap", "mem",
+                "P/N", "B"):  # fmt: skip
+        table.add_column(col, justify="left" if col in ("planner", "status") else "right")
 
     def fmt(value: float | int | None, spec: str) -> str:
         return "-" if value is None else format(value, spec)
@@ -160,16 +240,14 @@ def comparison_table(result: ComparisonResult) -> Table:
     for r in result.rows:
         table.add_row(
             r.planner,
-            "yes" if r.feasible else "no",
             r.status,
             fmt(r.iteration_ms, ".1f"),
             fmt(r.samples_per_s, ".2f"),
             fmt(r.speedup_vs_data_parallel, ".2f"),
             fmt(r.solve_time_s, ".2f"),
-            fmt(r.gap, ".2%"),
+            fmt(r.gap, ".1%"),
             fmt(r.memory_headroom, ".0%"),
-            fmt(r.stages, "d"),
-            fmt(r.devices_used, "d"),
+            "-" if r.stages is None else f"{r.stages}/{r.devices_used}",
             fmt(r.micro_batch_size, "d"),
         )
     return table
@@ -181,7 +259,8 @@ def _run_compare(
     backend: str,
     time_limit: float,
     outdir: str | Path | None,
-) -> None:
+) -> bool:
+    """Run and print the comparison (and write its files); True if any plan is feasible."""
     with Progress(console=err, transient=True) as progress:
         tasks: dict[str, TaskID] = {}
 
@@ -191,33 +270,54 @@ def _run_compare(
             progress.update(tasks[label], completed=done, total=total)
 
         result = api.compare(problem, names, backend, time_limit, report)
-    table = comparison_table(result)
-    # numbers must not be cut: a table wider than the terminal is printed at full width
-    wide = out.measure(table, options=out.options.update_width(1000)).maximum
-    Console(file=out.file, width=max(out.width, wide)).print(table)
+    out.print(comparison_table(result))
     for r in result.rows:
         if r.note:
             out.print(f"[dim]{r.planner}: {r.note}[/dim]", highlight=False)
     if outdir:
         for path in result.write(outdir):
-            out.print(f"wrote {path}")
+            out.print(f"wrote {path}", highlight=False)
+    return any(r.feasible for r in result.rows)
 
 
-def cmd_compare(args: argparse.Namespace) -> None:
+def cmd_compare(args: argparse.Namespace) -> int:
+    names = list(args.planners) if args.planners else api.planners()
+    unknown = [n for n in names if n not in api.planners()]
+    if unknown:
+        raise InputError(
+            "--planners", "", f"unknown planners {unknown}; available: {api.planners()}"
+        )
+    _check_solver_flags(args, names)
     problem = api.load_problem(args.model, args.cluster, _config_from_args(args))
-    names = args.planners.split(",") if args.planners else None
-    _run_compare(problem, names, args.backend, args.time_limit, args.out)
+    backend, time_limit = _solver_options(args)
+    if _run_compare(problem, names, backend, time_limit, args.out):
+        return 0
+    err.print("no planner found a feasible plan (exit status 1)", highlight=False, soft_wrap=True)
+    return 1
+
+
+def draw_gantt_atomic(plan: Plan, path: str | Path) -> None:
+    """Simulate ``plan``'s iteration and draw its Gantt chart to ``path`` (PNG, SVG or
+    PDF by suffix) through a temporary file renamed into place."""
+    from planner.gantt import draw_gantt
+
+    target = Path(path)
+    tmp = target.with_name(f".{target.stem}.{os.getpid()}.tmp{target.suffix}")
+    try:
+        draw_gantt(simulate(plan.cost.chain), tmp, title=gantt_title(plan))
+        tmp.replace(target)
+    except OSError as exc:
+        raise InputError(str(target), "", f"cannot write the chart ({exc.strerror})") from None
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def cmd_show(args: argparse.Namespace) -> None:
     plan = load_plan(args.plan)
     _print_plan(plan)
     if args.output:
-        from planner.gantt import draw_gantt
-
-        timeline = simulate(plan.cost.chain)
-        draw_gantt(timeline, args.output, title=f"{plan.id}: one iteration (1F1B)")
-        out.print(f"wrote {args.output}")
+        draw_gantt_atomic(plan, args.output)
+        out.print(f"wrote {args.output}", highlight=False)
 
 
 def cmd_simulate(args: argparse.Namespace) -> None:
@@ -236,25 +336,51 @@ def cmd_simulate(args: argparse.Namespace) -> None:
     )
 
 
+#: document kind -> the loader that runs its schema and semantic checks (as `plan` does)
+LOADERS: dict[str, Callable[[object, str], object]] = {
+    "edgepipe.model_profile": ModelProfile.from_dict,
+    "edgepipe.device_catalog": catalog_from_dict,
+    "edgepipe.cluster": Cluster.from_dict,
+    "edgepipe.training_config": TrainingConfig.from_dict,
+}
+
+
 def cmd_validate(args: argparse.Namespace) -> None:
     doc = read_json(args.file)
     kind = doc.get("kind") if isinstance(doc, dict) else None
     if kind not in KINDS:
-        raise EdgepipeError(f"{args.file}: $.kind is {kind!r}; expected one of {sorted(KINDS)}")
+        shown = excerpt(repr(kind), 40)
+        raise InputError(args.file, "$.kind", f"is {shown}; expected one of {sorted(KINDS)}")
+    if args.rehash and kind != "edgepipe.plan":
+        raise InputError("--rehash", "", f"applies to plans only; {args.file} is a {kind}")
     if kind == "edgepipe.plan":
-        load_plan(args.file)
+        plan = plan_from_dict(doc, args.file, rehash=args.rehash)
+        if args.rehash and plan.id != doc["id"]:
+            save_plan(plan, args.file)
+            out.print(f"{args.file}: valid {kind}; re-identified {doc['id']} -> {plan.id}")
+            return
     else:
-        validate(doc, kind, args.file)
-    out.print(f"{args.file}: valid {kind}")
+        LOADERS[kind](doc, args.file)
+    out.print(f"{args.file}: valid {kind}", highlight=False)
 
 
 def cmd_import_pipedream(args: argparse.Namespace) -> None:
     from planner.importers.pipedream import import_pipedream
 
+    known = load_catalog()
+    if args.device_type not in known:
+        raise InputError(
+            "--device-type",
+            "",
+            f"unknown device type {excerpt(args.device_type, 40)!r}; use one of {sorted(known)}",
+        )
     profile = import_pipedream(
-        args.graph, batch_size=args.batch_size, device_type=args.device_type, name=args.name
+        ensure_regular_file(args.graph),
+        batch_size=args.batch_size,
+        device_type=args.device_type,
+        name=args.name,
     )
-    Path(args.output).write_text(json.dumps(profile.to_dict(), indent=1) + "\n")
+    write_text_atomic(args.output, json.dumps(profile.to_dict(), indent=1) + "\n")
     out.print(f"wrote {args.output}: {profile.name}, {profile.num_blocks} blocks")
 
 
@@ -271,7 +397,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
     timeline = simulate(plan.cost.chain)
     from planner.gantt import draw_gantt
 
-    draw_gantt(timeline, outdir / "gantt.png", title=f"{plan.id}: one iteration (1F1B)")
+    draw_gantt(timeline, outdir / "gantt.png", title=gantt_title(plan))
     out.print(
         f"simulated iteration {timeline.makespan_ms:.1f} ms (cost model "
         f"{plan.cost.iteration_ms:.1f} ms); wrote {path} and {outdir / 'gantt.png'}"
@@ -280,14 +406,29 @@ def cmd_demo(args: argparse.Namespace) -> None:
     _run_compare(problem, None, DEFAULT_BACKEND, DEFAULT_TIME_LIMIT, outdir)
 
 
+@contextmanager
+def _needs_torch(command: str) -> Iterator[None]:
+    """Turn a missing torch (the ``executor`` extra) into a one-line error."""
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] != "torch":
+            raise
+        raise EdgepipeError(
+            f"`edgepipe {command}` measures with torch, which is not installed: "
+            "install edgepipe[executor] (pip install 'edgepipe[executor]')"
+        ) from None
+
+
 def cmd_profile(args: argparse.Namespace) -> None:
     from functools import partial
 
-    from executor import zoo
-    from executor.analytic import analytic_profile
-    from executor.profiler import profile_model
-    from planner.cluster import load_catalog
     from planner.profile import BuildSpec
+
+    with _needs_torch("profile"):
+        from executor import zoo
+        from executor.analytic import analytic_profile
+        from executor.profiler import profile_model
 
     if ":" in args.model:
         model = zoo.load_model(args.model)
@@ -307,7 +448,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
         build = BuildSpec(zoo=args.model, sizes=sizes, seed=0)
         example = partial(zoo.example_input, args.model, **sizes)
         name = args.name or args.model
-    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    batch_sizes = list(args.batch_sizes)
     with Progress(console=err, transient=True) as progress:
         profile = profile_model(
             model,
@@ -323,7 +464,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
         )
     if args.analytic:
         profile = analytic_profile(profile, load_catalog())
-    Path(args.output).write_text(json.dumps(profile.to_dict(), indent=1) + "\n")
+    write_text_atomic(args.output, json.dumps(profile.to_dict(), indent=1) + "\n")
     out.print(
         f"wrote {args.output}: {name}, {profile.num_blocks} blocks, timed on "
         f"{', '.join(sorted(profile.timings))}"
@@ -331,7 +472,8 @@ def cmd_profile(args: argparse.Namespace) -> None:
 
 
 def cmd_probe(args: argparse.Namespace) -> None:
-    from executor.probe import probe_device
+    with _needs_torch("probe"):
+        from executor.probe import probe_device
 
     with Progress(console=err, transient=True) as progress:
         progress.add_task("probing this machine (compute, memory, loopback link)", total=None)
@@ -342,7 +484,7 @@ def cmd_probe(args: argparse.Namespace) -> None:
         "device_types": {args.name: entry},
     }
     validate(doc, "edgepipe.device_catalog", "probe result")
-    Path(args.output).write_text(json.dumps(doc, indent=1) + "\n")
+    write_text_atomic(args.output, json.dumps(doc, indent=1) + "\n")
     out.print(
         f"wrote {args.output}: {args.name}: {entry['peak_fp32_gflops']} GFLOP/s peak, "
         f"efficiency {entry['efficiency']}, {entry['memory_bytes'] / GIB:.1f} GiB, "
@@ -402,38 +544,152 @@ def cmd_run(args: argparse.Namespace) -> None:
     )
 
 
+# -- argument types: each parses one value or raises a one-line ArgumentTypeError -------
+def positive_int(text: str) -> int:
+    """A whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{excerpt(text, 40)!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{excerpt(text, 40)!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
+    return value
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    """Comma-separated distinct whole numbers >= 1, e.g. ``2,4,8``."""
+    values = tuple(positive_int(part.strip()) for part in text.split(","))
+    if len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"{excerpt(text, 40)!r} repeats a value")
+    return values
+
+
+def increasing_int_list(text: str) -> tuple[int, ...]:
+    """Comma-separated strictly increasing whole numbers >= 1, e.g. ``1,2,4,8``."""
+    values = int_list(text)
+    if list(values) != sorted(values):
+        raise argparse.ArgumentTypeError(
+            f"{excerpt(text, 40)!r} must be increasing, e.g. {','.join(map(str, sorted(values)))}"
+        )
+    return values
+
+
+def name_list(text: str) -> tuple[str, ...]:
+    """Comma-separated non-empty names."""
+    names = tuple(part.strip() for part in text.split(","))
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"{excerpt(text, 40)!r} has an empty name")
+    return names
+
+
+def output_file(text: str) -> str:
+    """A file to write: not a directory, in a folder that exists (``-`` passes through)."""
+    if text == "-":
+        return text
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{excerpt(text, 60)} is a directory; name a file")
+    parent = path.parent
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(
+            f"folder {excerpt(str(parent), 60)} does not exist; create it first"
+        )
+    return text
+
+
+def file_output(text: str) -> str:
+    """:func:`output_file` without ``-`` (stdout is not offered)."""
+    if text == "-":
+        raise argparse.ArgumentTypeError("writing to stdout is not offered here; name a file")
+    return output_file(text)
+
+
+#: chart formats `show -o` writes (matplotlib's Agg and vector backends)
+CHART_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def chart_file(text: str) -> str:
+    """A chart file to write: :func:`output_file` with a PNG, SVG or PDF suffix."""
+    path = file_output(text)
+    if Path(path).suffix.lower() not in CHART_SUFFIXES:
+        raise argparse.ArgumentTypeError(
+            f"{excerpt(text, 60)} has no chart suffix; use one of {', '.join(CHART_SUFFIXES)}"
+        )
+    return path
+
+
+def output_dir(text: str) -> str:
+    """A folder to write into (created if missing): not an existing file."""
+    if Path(text).exists() and not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{excerpt(text, 60)} is a file; name a folder")
+    return text
+
+
 def _add_problem_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="model profile file or shipped name")
     p.add_argument("--cluster", required=True, help="cluster file or shipped name")
-    p.add_argument("--config", help="training config file (overrides the options below)")
-    p.add_argument("--global-batch", type=int, default=api.DEMO_GLOBAL_BATCH)
-    p.add_argument("--micro-batches", help="comma-separated micro-batch size candidates")
-    p.add_argument("--optimizer", choices=sorted(OPTIMIZER_STATE), default="momentum")
-    p.add_argument("--schedule", choices=["1f1b", "gpipe"], default="1f1b")
-    p.add_argument("--warmup", choices=["asteroid", "classic"], default="asteroid")
-    p.add_argument("--max-stages", type=int)
+    p.add_argument(
+        "--config", help="training config file; the options below, when given, override it"
+    )
+    p.add_argument(
+        "--global-batch",
+        type=positive_int,
+        help=f"samples per optimizer step (default {api.DEMO_GLOBAL_BATCH})",
+    )
+    p.add_argument(
+        "--micro-batches", type=int_list, help="comma-separated micro-batch size candidates"
+    )
+    p.add_argument("--optimizer", choices=sorted(OPTIMIZER_STATE), help="default momentum")
+    p.add_argument("--schedule", choices=["1f1b", "gpipe"], help="default 1f1b")
+    p.add_argument("--warmup", choices=["asteroid", "classic"], help="default asteroid")
+    p.add_argument("--max-stages", type=positive_int, help="most pipeline stages")
 
 
 def _add_solver_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--backend",
         choices=list(BACKENDS),
-        default=DEFAULT_BACKEND,
-        help="exact solver's backend (milp)",
+        help=f"exact solver's backend (milp only; default {DEFAULT_BACKEND})",
     )
     p.add_argument(
         "--time-limit",
-        type=float,
-        default=DEFAULT_TIME_LIMIT,
-        help="exact solver's wall-clock limit in seconds (milp)",
+        type=positive_float,
+        help=f"exact solver's wall-clock limit in seconds (milp only; default "
+        f"{DEFAULT_TIME_LIMIT:g})",
     )
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``edgepipe plan: error: argument --x: ...``."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _version() -> str:
+    try:
+        return metadata.version("edgepipe")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="edgepipe",
         description="Plan hybrid pipeline-parallel training on heterogeneous edge devices.",
     )
+    parser.add_argument("--version", action="version", version=f"edgepipe {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("plan", help="solve for the best plan and write it as JSON")
@@ -442,21 +698,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--solver", default="dp", help=f"planner to use, one of {', '.join(api.planners())}"
     )
     _add_solver_args(p)
-    p.add_argument("-o", "--output", help="plan file to write ('-' for stdout)")
+    p.add_argument("-o", "--output", type=output_file, help="plan file to write ('-': stdout)")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser(
         "compare", help="run the DP, the exact solver and the baselines side by side"
     )
     _add_problem_args(p)
-    p.add_argument("--planners", help="comma-separated planners (default: all)")
+    p.add_argument("--planners", type=name_list, help="comma-separated planners (default: all)")
     _add_solver_args(p)
-    p.add_argument("--out", help="folder for compare.csv, compare.json and compare.png")
+    p.add_argument(
+        "--out", type=output_dir, help="folder for compare.csv, compare.json and compare.png"
+    )
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("show", help="print a plan's summary; -o draws its timeline (PNG)")
     p.add_argument("plan")
-    p.add_argument("-o", "--output", help="Gantt chart PNG to write")
+    p.add_argument("-o", "--output", type=chart_file, help="Gantt chart to write (.png/.svg/.pdf)")
     p.set_defaults(func=cmd_show)
 
     p = sub.add_parser("simulate", help="replay a plan's iteration in the event simulator")
@@ -464,16 +722,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", choices=["1f1b", "gpipe"], default="1f1b")
     p.set_defaults(func=cmd_simulate)
 
-    p = sub.add_parser("validate", help="check any edgepipe JSON document against its schema")
+    p = sub.add_parser(
+        "validate", help="check any edgepipe document: its schema and the checks `plan` makes"
+    )
     p.add_argument("file")
+    p.add_argument(
+        "--rehash",
+        action="store_true",
+        help="accept an edited plan: give it the id of its new content and rewrite the file",
+    )
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("import-pipedream", help="convert a PipeDream graph.txt profile")
     p.add_argument("graph")
-    p.add_argument("-o", "--output", required=True)
+    p.add_argument("-o", "--output", type=file_output, required=True)
     p.add_argument(
         "--batch-size",
-        type=int,
+        type=positive_int,
         required=True,
         help="batch the graph was profiled at (PipeDream's vgg16: 128; alexnet, resnet18, "
         "squeezenet1_0: 256 - the Input node's bytes / one sample's bytes)",
@@ -493,28 +758,35 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="zoo size NAME=VALUE (repeatable), e.g. resolution=64",
     )
-    p.add_argument("--batch-sizes", default="1,2,4,8")
+    p.add_argument(
+        "--batch-sizes",
+        type=increasing_int_list,
+        default=(1, 2, 4, 8),
+        help="increasing batch sizes to time (default 1,2,4,8)",
+    )
     p.add_argument("--device-type", default="host-cpu", help="timing key the profile records")
     p.add_argument("--name", help="profile name (default: the model's)")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--threads", type=int, help="torch threads while measuring")
+    p.add_argument("--warmup", type=positive_int, default=2, help="untimed runs per batch size")
+    p.add_argument("--repeats", type=positive_int, default=5, help="timed runs per batch size")
+    p.add_argument("--threads", type=positive_int, help="torch threads while measuring")
     p.add_argument(
         "--analytic", action="store_true", help="also add analytic times for every catalog type"
     )
-    p.add_argument("-o", "--output", required=True)
+    p.add_argument("-o", "--output", type=file_output, required=True)
     p.set_defaults(func=cmd_profile)
 
     p = sub.add_parser("probe", help="measure this machine as a device type (catalog entry)")
     p.add_argument("--name", default="host-cpu", help="device type name to write")
-    p.add_argument("--threads", type=int)
-    p.add_argument("-o", "--output", required=True)
+    p.add_argument("--threads", type=positive_int, help="torch threads while measuring")
+    p.add_argument("-o", "--output", type=file_output, required=True)
     p.set_defaults(func=cmd_probe)
 
     p = sub.add_parser("run", help="train a plan here: one process per planned device")
     p.add_argument("plan")
-    p.add_argument("--steps", type=int, required=True, help="optimizer steps to run")
-    p.add_argument("--out", default="out/run", help="run directory (plan, metrics, timeline)")
+    p.add_argument("--steps", type=positive_int, required=True, help="optimizer steps to run")
+    p.add_argument(
+        "--out", type=output_dir, default="out/run", help="run directory (plan, metrics, timeline)"
+    )
     p.add_argument(
         "--deterministic",
         action="store_true",
@@ -526,7 +798,10 @@ def build_parser() -> argparse.ArgumentParser:
         "torch Dataset",
     )
     p.add_argument(
-        "--timeout", type=float, default=60.0, help="seconds a transfer or collective may wait"
+        "--timeout",
+        type=positive_float,
+        default=60.0,
+        help="seconds a transfer or collective may wait",
     )
     p.add_argument(
         "--save-weights", action="store_true", help="write each rank's final weights to OUT/weights"
@@ -536,19 +811,32 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "demo", help="plan the demo model on the demo cluster, show it, compare the planners"
     )
-    p.add_argument("--out", default="out/demo", help="folder for the plan, chart and comparison")
+    p.add_argument(
+        "--out",
+        type=output_dir,
+        default="out/demo",
+        help="folder for the plan, chart and comparison",
+    )
     p.set_defaults(func=cmd_demo)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one command; returns the exit status (module docstring)."""
     try:
-        args.func(args)
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help, --version (0) or a bad argument (2, printed)
+        return exc.code if isinstance(exc.code, int) else 2
+    try:
+        status = args.func(args)
     except EdgepipeError as exc:
-        err.print(f"[bold red]error:[/bold red] {escape(str(exc))}", highlight=False)
+        message = f"[bold red]error:[/bold red] {escape(str(exc))}"
+        err.print(message, highlight=False, soft_wrap=True)
         return 2
-    return 0
+    except KeyboardInterrupt:
+        err.print("interrupted; nothing was written", highlight=False, soft_wrap=True)
+        return 130
+    return 0 if status is None else status
 
 
 if __name__ == "__main__":

@@ -55,6 +55,15 @@ class TrainingConfig:
         def bad(field: str, problem: str) -> InputError:
             return InputError("training config", f"$.{field}", problem)
 
+        def whole(field: str, value: object) -> None:
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise bad(field, f"must be a whole number, got {str(value)[:40]!r}")
+
+        whole("global_batch", self.global_batch)
+        for b in self.micro_batch_candidates or ():
+            whole("micro_batch_candidates", b)
+        if self.max_stages is not None:
+            whole("max_stages", self.max_stages)
         if not 1 <= self.global_batch <= MAX_MICRO_BATCH * MAX_MICRO_BATCHES:
             raise bad(
                 "global_batch",

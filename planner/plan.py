@@ -3,8 +3,17 @@
 A plan file embeds the model profile, the cluster and the training config it was solved
 for, so ``simulate``, ``show``, ``replan`` and ``run`` need nothing else. On load, the
 decision (micro-batch size and count, stages, samples) and the inputs are authoritative;
-every predicted figure is recomputed by :mod:`planner.cost`, and the decision is checked
-against the inputs (:class:`~planner.errors.PlanMismatchError` if it does not fit).
+every predicted figure is recomputed by :mod:`planner.cost`. Loading re-checks everything
+``edgepipe plan`` guarantees and raises :class:`~planner.errors.PlanMismatchError` where
+a check fails:
+
+1. the decision fits the inputs (:func:`check_partition`: stages tile the blocks, devices
+   exist and serve one stage each, samples add up, micro-batches x size = global batch);
+2. every device's memory under the plan (cost model, Eq. 3) fits its usable memory
+   (:func:`check_memory`; the message names the device, the need and the limit);
+3. the id is the content hash of inputs and decision (:func:`content_id`): a plan edited
+   after planning is refused unless the caller asks to re-identify it (``rehash=True``,
+   ``edgepipe validate --rehash``), which gives it the id of its new content.
 """
 
 from __future__ import annotations
@@ -24,9 +33,10 @@ from planner.errors import PlanMismatchError
 from planner.partition import Partition, StageAssignment
 from planner.problem import Problem, make_problem
 from planner.profile import ModelProfile
-from planner.schema import load_document, validate
+from planner.schema import load_document, validate, write_text_atomic
 
 KIND = "edgepipe.plan"
+GIB = 2**30
 
 
 @dataclass(frozen=True)
@@ -107,6 +117,24 @@ def check_partition(problem: Problem, partition: Partition) -> None:
         )
 
 
+def check_memory(problem: Problem, partition: Partition, cost: PlanCost) -> None:
+    """Raise :class:`PlanMismatchError` naming the first device whose memory under the
+    plan (``cost``, Eq. 3) exceeds its usable memory."""
+    for p, (stage, sc) in enumerate(zip(partition.stages, cost.stages, strict=True)):
+        for dev, need, limit in zip(stage.devices, sc.memory_bytes, sc.budget_bytes, strict=True):
+            if need > limit:
+                raise PlanMismatchError(
+                    f"device {dev!r} (stage {p}) needs {need / GIB:.3f} GiB but has "
+                    f"{limit / GIB:.3f} GiB usable ({need:.0f} > {limit:.0f} bytes); the "
+                    "plan does not fit this cluster, re-plan for it"
+                )
+
+
+def content_id(problem: Problem, partition: Partition) -> str:
+    """The plan id: ``plan-`` and a hash of the inputs and the decision."""
+    return f"plan-{_digest(problem, partition)}"
+
+
 def _digest(problem: Problem, partition: Partition) -> str:
     payload = json.dumps(
         {
@@ -138,12 +166,16 @@ def make_plan(
     """Check ``partition`` against ``problem``, score it and wrap it as a :class:`Plan`.
 
     The id is a content hash of inputs and decision, so the same plan has the same id.
+
+    Raises:
+        PlanMismatchError: the partition does not fit ``problem`` or overflows memory.
     """
     check_partition(problem, partition)
     if cost is None:
         cost = CostModel(problem, partition.micro_batch_size).evaluate(partition)
+    check_memory(problem, partition, cost)
     return Plan(
-        id=f"plan-{_digest(problem, partition)}",
+        id=content_id(problem, partition),
         parent_id=parent_id,
         created=datetime.now(UTC).isoformat(timespec="seconds"),
         solver=solver,
@@ -227,8 +259,15 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     }
 
 
-def plan_from_dict(doc: Any, source: str = "<plan>") -> Plan:
-    """Validate a plan document, rebuild its inputs and re-score its decision."""
+def plan_from_dict(doc: Any, source: str = "<plan>", *, rehash: bool = False) -> Plan:
+    """Validate a plan document, rebuild its inputs, re-score its decision and re-check
+    it (module docstring: decision, memory, id). ``rehash=True`` accepts a plan whose
+    content no longer matches its id and gives it the id of its content.
+
+    Raises:
+        InputError: the document does not validate (schema, loaders' semantic checks).
+        PlanMismatchError: a check of the module docstring fails.
+    """
     validate(doc, KIND, source)
     inputs = doc["inputs"]
     model = ModelProfile.from_dict(inputs["model"], f"{source}: inputs.model")
@@ -265,16 +304,30 @@ def plan_from_dict(doc: Any, source: str = "<plan>") -> Plan:
         gap=s.get("gap"),
     )
     cost = CostModel(problem, partition.micro_batch_size).evaluate(partition)
-    return Plan(doc["id"], doc["parent_id"], doc["created"], solver, problem, partition, cost)
+    try:
+        check_memory(problem, partition, cost)
+    except PlanMismatchError as exc:
+        raise PlanMismatchError(f"{source}: {exc}") from None
+    expected = content_id(problem, partition)
+    if doc["id"] != expected and not rehash:
+        raise PlanMismatchError(
+            f"{source}: the plan's id {_excerpt(doc['id'])} is not the hash of its content "
+            f"({expected}): the file was edited after planning. Re-plan, or accept the edit "
+            f"with `edgepipe validate --rehash {source}`"
+        )
+    return Plan(expected, doc["parent_id"], doc["created"], solver, problem, partition, cost)
+
+
+def _excerpt(value: str, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def save_plan(plan: Plan, path: str | Path) -> None:
-    """Write the plan as indented JSON (atomically: a temp file renamed into place)."""
-    target = Path(path)
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(json.dumps(plan_to_dict(plan), indent=1) + "\n")
-    tmp.replace(target)
+    """Write the plan as indented JSON, atomically (:func:`planner.schema.write_text_atomic`)."""
+    write_text_atomic(path, json.dumps(plan_to_dict(plan), indent=1) + "\n")
 
 
-def load_plan(path: str | Path) -> Plan:
-    return plan_from_dict(load_document(path, KIND), str(path))
+def load_plan(path: str | Path, *, rehash: bool = False) -> Plan:
+    """Read and check a plan file (:func:`plan_from_dict`)."""
+    return plan_from_dict(load_document(path, KIND), str(path), rehash=rehash)

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from jsonschema import Draft202012Validator
+from jsonschema import Draft202012Validator, validators
 from referencing import Registry, Resource
 
 from planner.errors import InputError, SchemaVersionError
@@ -33,6 +35,8 @@ KINDS: dict[str, str] = {
 
 #: deepest JSON nesting accepted; edgepipe documents need fewer than 10 levels
 MAX_DEPTH = 64
+#: largest file read (a plan embedding a 1,000-block profile timed on 8 types is ~2 MB)
+MAX_FILE_BYTES = 64 * 2**20
 
 
 @cache
@@ -44,10 +48,23 @@ def _registry() -> Registry:
     return Registry().with_resources(resources)
 
 
+def _is_integer(_checker: Any, instance: Any) -> bool:
+    # JSON Schema counts 16.0 as an integer; a count written as 16.0 is almost always a
+    # computed value that was meant to be whole, and Python would carry it on as a float
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+#: draft 2020-12 with "integer" meaning a JSON number written without a fraction or exponent
+StrictValidator = validators.extend(
+    Draft202012Validator,
+    type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer),
+)
+
+
 @cache
-def _validator(kind: str) -> Draft202012Validator:
+def _validator(kind: str) -> Any:
     schema = json.loads((data_dir("schemas") / KINDS[kind]).read_text())
-    return Draft202012Validator(schema, registry=_registry())
+    return StrictValidator(schema, registry=_registry())
 
 
 def json_path(parts: Any) -> str:
@@ -100,16 +117,64 @@ def parse_json(text: str | bytes, source: str) -> Any:
     return value
 
 
-def read_json(path: str | Path) -> Any:
-    """Read and parse a JSON file; a missing or unreadable file is an :class:`InputError`."""
+def ensure_regular_file(path: str | Path, limit: int = MAX_FILE_BYTES) -> Path:
+    """``path`` if it is a regular file of at most ``limit`` bytes, else an
+    :class:`InputError` (missing, unreadable, a directory, a FIFO or device that might
+    never end, too large). Opens nothing."""
     p = Path(path)
     try:
-        raw = p.read_bytes()
+        info = p.stat()
     except FileNotFoundError:
         raise InputError(str(p), "", "file not found; check the path") from None
     except OSError as exc:
         raise InputError(str(p), "", f"cannot read the file ({exc.strerror})") from None
-    return parse_json(raw, str(p))
+    if not stat.S_ISREG(info.st_mode):
+        what = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
+        raise InputError(str(p), "", f"is {what}; give the path of a file")
+    if info.st_size > limit:
+        raise InputError(
+            str(p), "", f"is {info.st_size} bytes; edgepipe reads files of at most {limit} bytes"
+        )
+    return p
+
+
+def read_bounded(path: str | Path, limit: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes (:func:`ensure_regular_file`)."""
+    p = ensure_regular_file(path, limit)
+    try:
+        with p.open("rb") as f:
+            raw = f.read(limit + 1)
+    except OSError as exc:
+        raise InputError(str(p), "", f"cannot read the file ({exc.strerror})") from None
+    if len(raw) > limit:
+        raise InputError(str(p), "", f"is over {limit} bytes; edgepipe reads at most that")
+    return raw
+
+
+def read_json(path: str | Path) -> Any:
+    """Read and parse a JSON file (:func:`read_bounded`); errors are :class:`InputError`."""
+    return parse_json(read_bounded(path), str(path))
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file beside it, renamed into place;
+    the temporary file is removed on any failure (also Ctrl-C), so nothing half-written
+    is left. An OS failure (a directory there, a missing folder, no permission) is an
+    :class:`InputError` naming the path."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        tmp.replace(target)
+    except OSError as exc:
+        raise InputError(str(target), "", f"cannot write the file ({exc.strerror})") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def excerpt(text: str, limit: int = 120) -> str:
+    """``text`` cut to at most ``limit`` characters (an error message quotes no more)."""
+    return text if len(text) <= limit else text[: limit - 5] + " ..."
 
 
 def validate(doc: Any, kind: str, source: str) -> dict[str, Any]:
@@ -138,7 +203,8 @@ def validate(doc: Any, kind: str, source: str) -> dict[str, Any]:
     if errors:
         err = errors[0]
         more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
-        raise InputError(source, json_path(err.absolute_path), f"{err.message}{more}")
+        where = excerpt(json_path(err.absolute_path), 80)
+        raise InputError(source, where, f"{excerpt(err.message)}{more}")
     return doc
 
 

@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
 
 import pytest
 
+from planner.api import resolve
 from planner.cli import main
 from planner.plan import load_plan
 
@@ -110,16 +118,150 @@ def test_probe_writes_a_catalog_entry(tmp_path):
     assert main(["validate", str(path)]) == 0
 
 
-@pytest.mark.parametrize(
-    ("extra", "message"),
-    [
-        (["--global-batch", "0"], "global_batch"),
-        (["--global-batch", "8", "--micro-batches", "3"], "divides"),
-        (["--micro-batches", "0"], "micro_batch_candidates"),
-        (["--max-stages", "0"], "max_stages"),
-    ],
-)
-def test_bad_config_options_are_one_line_errors(extra, message, capsys):
-    assert main(["plan", "--model", "pipedream-alexnet", "--cluster", "orin-pair-2", *extra]) == 2
-    err = capsys.readouterr().err
-    assert message in err and "Traceback" not in err
+def write_json(path, doc) -> str:
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def bad_inputs(tmp_path_factory, plan_file):
+    """Files for the bad-argument table: a directory, a FIFO, a plain file, a config with
+    a float count, a cluster document."""
+    root = tmp_path_factory.mktemp("bad")
+    fifo = root / "fifo.json"
+    os.mkfifo(fifo)
+    (root / "afile").write_text("x")
+    config = {"schema_version": 1, "kind": "edgepipe.training_config", "global_batch": 16.0}
+    cluster = json.loads(Path(resolve("orin-pair-2", "clusters")).read_text())
+    return {
+        "dir": str(root),
+        "fifo": str(fifo),
+        "file": str(root / "afile"),
+        "missing": str(root / "no" / "such" / "plan.json"),
+        "config": write_json(root / "config.json", config),
+        "cluster": write_json(root / "cluster.json", cluster),
+        "plan": str(plan_file),
+    }
+
+
+PLAN = ["plan", *SMALL]
+PROFILE = ["profile", "--model", "resnet18"]
+#: argv (with {placeholders} from bad_inputs) -> what the one-line message must name
+BAD_ARGUMENTS = [
+    ([*PLAN, "--micro-batches", "2,x"], "--micro-batches"),
+    ([*PLAN, "--micro-batches", "4,4"], "--micro-batches"),
+    ([*PLAN, "--micro-batches", "0"], "--micro-batches"),
+    ([*PLAN, "--global-batch", "0"], "--global-batch"),
+    ([*PLAN, "--global-batch", "-3"], "--global-batch"),
+    ([*PLAN, "--global-batch", "2.5"], "--global-batch"),
+    ([*PLAN, "--max-stages", "0"], "--max-stages"),
+    ([*PLAN, "--solver", "milp", "--time-limit", "0"], "--time-limit"),
+    ([*PLAN, "--solver", "milp", "--time-limit", "nan"], "--time-limit"),
+    ([*PLAN, "--backend", "highs"], "--backend"),
+    ([*PLAN, "--solver", "gpipe", "--time-limit", "5"], "--time-limit"),
+    ([*PLAN, "--solver", "annealing"], "--solver"),
+    ([*PLAN, "-o", "{dir}"], "-o/--output"),
+    ([*PLAN, "-o", "{missing}"], "-o/--output"),
+    ([*PLAN, "--config", "{config}"], "global_batch"),
+    ([*PLAN, "--schedule", "zigzag"], "--schedule"),
+    (["plan", "--model", "{fifo}", "--cluster", "orin-pair-2"], "not a regular file"),
+    (["plan", "--model", "{dir}", "--cluster", "orin-pair-2"], "directory"),
+    (["compare", *SMALL, "--planners", "dp,annealing"], "--planners"),
+    (["compare", *SMALL, "--planners", "dp,"], "--planners"),
+    (["compare", *SMALL, "--planners", "dp", "--backend", "highs"], "--backend"),
+    (["compare", *SMALL, "--out", "{file}"], "--out"),
+    (["show", "{plan}", "-o", "{dir}/chart.txt"], "-o/--output"),
+    (["show", "{plan}", "-o", "{dir}"], "-o/--output"),
+    (["show", "{fifo}"], "not a regular file"),
+    (["validate", "{fifo}"], "not a regular file"),
+    (["validate", "{cluster}", "--rehash"], "--rehash"),
+    (["demo", "--out", "{file}"], "--out"),
+    ([*PROFILE, "--batch-sizes", "4,2", "-o", "{dir}/p.json"], "--batch-sizes"),
+    ([*PROFILE, "--batch-sizes", "2,x", "-o", "{dir}/p.json"], "--batch-sizes"),
+    ([*PROFILE, "--repeats", "0", "-o", "{dir}/p.json"], "--repeats"),
+    ([*PROFILE, "-o", "{dir}"], "-o/--output"),
+    (["probe", "--threads", "0", "-o", "{dir}/h.json"], "--threads"),
+    (["probe", "-o", "-"], "-o/--output"),
+    (["import-pipedream", "{fifo}", "--batch-size", "8", "-o", "{dir}/m.json"], "regular"),
+    (["import-pipedream", "{file}", "--batch-size", "0", "-o", "{dir}/m.json"], "--batch-size"),
+    (
+        ["import-pipedream", "{file}", "--batch-size", "8", "--device-type", "v1000",
+         "-o", "{dir}/m.json"],
+        "--device-type",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("argv", "names"), BAD_ARGUMENTS, ids=lambda v: " ".join(v)[:60])
+def test_every_bad_argument_is_a_one_line_error_with_status_2(argv, names, bad_inputs, capsys):
+    before = sorted(os.listdir(bad_inputs["dir"]))
+    assert main([a.format(**bad_inputs) for a in argv]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert names in lines[0] and "error" in lines[0]
+    assert "Traceback" not in captured.err + captured.out
+    assert sorted(os.listdir(bad_inputs["dir"])) == before  # nothing written, no *.tmp
+
+
+def test_profile_without_torch_says_which_extra_to_install(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now fails
+    for name in [m for m in sys.modules if m == "executor" or m.startswith("executor.")]:
+        monkeypatch.delitem(sys.modules, name)
+    for argv in (["profile", "--model", "resnet18"], ["probe"]):
+        assert main([*argv, "-o", str(tmp_path / "x.json")]) == 2
+        err = capsys.readouterr().err
+        assert "install edgepipe[executor]" in err and "Traceback" not in err
+    assert not list(tmp_path.iterdir())
+
+
+def test_ctrl_c_exits_130_and_leaves_nothing_half_written(tmp_path):
+    out = tmp_path / "r18.json"
+    cmd = [sys.executable, "-m", "planner.cli", "profile", "--model", "resnet18", "--size",
+           "resolution=32", "--batch-sizes", "2,4", "--repeats", "100000", "--threads", "1",
+           "-o", str(out)]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(8)  # imports done, measuring (100000 repeats take hours)
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_explicit_flags_beat_the_config_file(tmp_path):
+    config = {"schema_version": 1, "kind": "edgepipe.training_config", "global_batch": 16,
+              "micro_batch_candidates": [2, 4], "schedule": "gpipe"}  # fmt: skip
+    path = write_json(tmp_path / "config.json", config)
+    out = tmp_path / "plan.json"
+    argv = ["plan", "--model", "pipedream-alexnet", "--cluster", "orin-pair-2", "--config",
+            path, "--global-batch", "8", "--micro-batches", "4", "-o", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    config = load_plan(out).problem.config
+    assert (config.global_batch, config.micro_batch_candidates) == (8, (4,))
+    assert config.schedule == "gpipe"  # not given on the command line: the file's value
+
+
+def test_compare_exits_1_when_no_planner_finds_a_feasible_plan(tmp_path, capsys):
+    cluster = {
+        "schema_version": 1,
+        "kind": "edgepipe.cluster",
+        "name": "tiny",
+        "devices": [{"id": "a", "type": "jetson-nano", "memory_bytes": 1e6}],
+        "network": {"bandwidth_mbps": 100, "latency_ms": 1},
+    }
+    path = write_json(tmp_path / "tiny.json", cluster)
+    argv = ["compare", "--model", "pipedream-vgg16", "--cluster", path, "--planners", "dp,gpipe"]
+    assert main(argv) == 1
+    assert "no planner found a feasible plan" in capsys.readouterr().err
+
+
+def test_version_names_the_installed_release(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"edgepipe {metadata.version('edgepipe')}"

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner.cluster import Cluster, catalog_from_dict
 from planner.config import TrainingConfig
 from planner.dp import plan_dp
-from planner.errors import EdgepipeError
+from planner.errors import EdgepipeError, InputError
 from planner.plan import SolverInfo, make_plan, plan_from_dict, plan_to_dict
 from planner.profile import ModelProfile
 from planner.schema import parse_json
@@ -84,39 +84,85 @@ def deleted(doc, path):
     return out
 
 
-def load_or_typed_error(kind, doc):
-    with contextlib.suppress(EdgepipeError):
+def loads(kind, doc) -> bool:
+    """True if the loader accepts ``doc``, False on a typed error; anything else raises."""
+    try:
         LOADERS[kind](doc)
+    except EdgepipeError:
+        return False
+    return True
+
+
+def json_type(value) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    return {str: "string", list: "array", dict: "object", type(None): "null"}[type(value)]
+
+
+def at(doc, path):
+    for key in path:
+        doc = doc[key]
+    return doc
+
+
+#: keys a document may lack: defaulted (config fields, shared_medium), one of several
+#: entries (a device, a timed type, a catalog type), or recomputed on load (a plan's
+#: predicted figures, idle devices and assumptions); "#" stands for any list index
+OPTIONAL = {
+    "catalog": {("device_types", "fast"), ("device_types", "slow")},
+    "cluster": {("devices", "#"), ("network", "shared_medium")},
+    "config": {("micro_batch_candidates",), ("micro_batch_candidates", "#"), ("optimizer",),
+               ("schedule",), ("warmup",)},
+    "model": {("timings", "fast"), ("timings", "slow")},
+    "plan": {("assumptions",), ("idle_devices", "#"), ("inputs", "config", "optimizer"),
+             ("inputs", "config", "schedule"), ("inputs", "config", "warmup"),
+             ("prediction", "dominant_step"), ("prediction", "peak_memory_fraction"),
+             *{("stages", "#", k) for k in ("allreduce_ms", "backward_ms", "forward_ms",
+                                            "link_out_ms", "warmup")},
+             *{("stages", "#", "devices", "#", k) for k in ("backward_ms", "forward_ms",
+                                                            "memory_bytes",
+                                                            "memory_limit_bytes")}},
+}  # fmt: skip
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(sorted(LOADERS)), st.data(), json_values)
-def test_replacing_any_value_raises_only_typed_errors(kind, data, value):
+def test_a_value_of_another_json_type_is_refused_with_a_typed_error(kind, data, value):
     doc = VALID[kind]
     path = data.draw(st.sampled_from(list(paths(doc))))
-    load_or_typed_error(kind, replaced(doc, path, value))
+    accepted = loads(kind, replaced(doc, path, value))
+    # garbage of another type is never silently taken (a plan's parent_id may be null)
+    if accepted and not (path == ("parent_id",) and json_type(value) in ("null", "string")):
+        assert json_type(value) == json_type(at(doc, path)), (path, value)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(sorted(LOADERS)), st.data())
-def test_deleting_any_key_raises_only_typed_errors(kind, data):
+def test_deleting_a_required_key_is_refused_with_a_typed_error(kind, data):
     doc = VALID[kind]
     options = [p for p in paths(doc) if p]
     path = data.draw(st.sampled_from(options))
-    load_or_typed_error(kind, deleted(doc, path))
+    pattern = tuple("#" if isinstance(k, int) else k for k in path)
+    assert loads(kind, deleted(doc, path)) == (pattern in OPTIONAL[kind]), path
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.sampled_from(sorted(LOADERS)), json_values)
-def test_arbitrary_json_raises_only_typed_errors(kind, value):
-    load_or_typed_error(kind, value)
+def test_arbitrary_json_is_refused_with_a_typed_error(kind, value):
+    assert not loads(kind, value)
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=200) | st.text(max_size=200))
-def test_arbitrary_bytes_parse_or_raise_typed_errors(raw):
-    with contextlib.suppress(EdgepipeError):
-        parse_json(raw, "fuzz")
+def test_arbitrary_bytes_parse_to_what_json_reads_or_raise_typed_errors(raw):
+    try:
+        value = parse_json(raw, "fuzz")
+    except EdgepipeError as exc:
+        assert str(exc).startswith("fuzz")
+    else:
+        assert value == json.loads(raw)
 
 
 def test_deep_nesting_and_huge_numbers_are_typed_errors():
@@ -131,4 +177,18 @@ def test_deep_nesting_and_huge_numbers_are_typed_errors():
 
 def test_valid_documents_load():
     for kind, doc in VALID.items():
-        LOADERS[kind](json.loads(json.dumps(doc)))
+        assert loads(kind, json.loads(json.dumps(doc))), kind
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"global_batch": 2.5}, "global_batch"),
+        ({"global_batch": True}, "global_batch"),
+        ({"global_batch": 8, "micro_batch_candidates": (2.0,)}, "micro_batch_candidates"),
+        ({"global_batch": 8, "max_stages": 1.5}, "max_stages"),
+    ],
+)
+def test_api_config_refuses_non_integer_counts_with_a_typed_error(kwargs, field):
+    with pytest.raises(InputError, match=rf"\$\.{field}: must be a whole number"):
+        TrainingConfig(**kwargs)

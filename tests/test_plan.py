@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -41,19 +42,32 @@ def test_plan_document_validates_and_round_trips(plan, tmp_path):
     assert plan_to_dict(again) == doc
 
 
-def test_plan_id_is_a_content_hash(plan):
-    same = make_plan(plan.problem, plan.partition, SolverInfo("other"))
-    assert same.id == plan.id
-    assert same.id.startswith("plan-")
+def test_plan_id_depends_on_the_content_only(plan):
+    same = make_plan(plan.problem, plan.partition, SolverInfo("other", solve_time_s=9.0))
+    assert same.id == plan.id and same.id.startswith("plan-")
+    first, second = plan.partition.stages[:2]
+    moved = replace(
+        plan.partition,
+        stages=(
+            replace(first, end=first.end - 1),
+            replace(second, first=second.first - 1),
+            *plan.partition.stages[2:],
+        ),
+    )
+    assert make_plan(plan.problem, moved, SolverInfo("dp")).id != plan.id
 
 
-def test_plan_records_prediction_and_every_stage(plan):
+def test_each_device_memory_in_the_document_is_eq_3_worked_from_the_profile(plan):
     doc = plan_to_dict(plan)
-    assert doc["prediction"]["iteration_ms"] == plan.cost.iteration_ms
-    assert sum(len(s["devices"]) for s in doc["stages"]) + len(doc["idle_devices"]) == 4
+    blocks = plan.problem.model.blocks
+    state = 2 + 1  # weights, gradients and one momentum buffer per parameter byte
     for stage in doc["stages"]:
-        assert sum(d["samples"] for d in stage["devices"]) == doc["micro_batch_size"]
+        first, end = stage["layers"]
+        weights = sum(b.param_bytes for b in blocks[first:end])
+        saved = sum(b.saved_bytes_per_sample for b in blocks[first:end])
         for d in stage["devices"]:
+            expected = state * weights + stage["warmup"] * d["samples"] * saved
+            assert d["memory_bytes"] == pytest.approx(expected, rel=1e-12)
             assert d["memory_bytes"] <= d["memory_limit_bytes"]
 
 
@@ -141,3 +155,64 @@ def test_every_shipped_pair_plans_within_memory_and_round_trips(model, cluster, 
     save_plan(plan, path)
     again = load_plan(path)
     assert plan_to_dict(again) == plan_to_dict(plan)
+
+
+# -- edited plans: every guarantee of `edgepipe plan` is re-checked on load ---------------
+def test_edited_plan_that_overflows_a_device_is_refused_naming_device_need_and_limit(plan):
+    def shrink(doc):
+        dev = doc["stages"][0]["devices"][0]["id"]
+        entry = next(d for d in doc["inputs"]["cluster"]["devices"] if d["id"] == dev)
+        entry["memory_bytes"] = 1000
+
+    doc = mutate(plan, shrink)
+    dev = doc["stages"][0]["devices"][0]["id"]
+    with pytest.raises(PlanMismatchError) as caught:
+        plan_from_dict(doc, "edited.json")
+    need = doc["stages"][0]["devices"][0]["memory_bytes"]
+    limit = 1000 * plan.problem.cluster.type_of(plan.problem.cluster.index(dev)).usable_fraction
+    message = str(caught.value)
+    assert message.startswith(f"edited.json: device {dev!r} (stage 0) needs ")
+    assert f"({need:.0f} > {limit:.0f} bytes)" in message
+
+
+def test_edited_decision_is_refused_as_an_id_mismatch_unless_rehashed(plan):
+    def move_cut(doc):
+        doc["stages"][0]["layers"][1] -= 1
+        doc["stages"][1]["layers"][0] -= 1
+
+    doc = mutate(plan, move_cut)
+    with pytest.raises(PlanMismatchError) as caught:
+        plan_from_dict(doc, "edited.json")
+    assert str(caught.value) == (
+        f"edited.json: the plan's id {plan.id!r} is not the hash of its content "
+        f"({make_plan(plan.problem, plan_from_dict(doc, rehash=True).partition, plan.solver).id})"
+        ": the file was edited after planning. Re-plan, or accept the edit with "
+        "`edgepipe validate --rehash edited.json`"
+    )
+    again = plan_from_dict(doc, rehash=True)
+    assert again.id != plan.id and again.partition.stages[0].end == plan.partition.stages[0].end - 1
+
+
+def test_edited_id_is_refused(plan):
+    def rename(doc):
+        doc["id"] = "plan-0123456789abcdef"
+
+    with pytest.raises(PlanMismatchError, match="'plan-0123456789abcdef' is not the hash"):
+        plan_from_dict(mutate(plan, rename))
+
+
+def test_validate_rehash_re_identifies_an_edited_plan_file(plan, tmp_path, capsys):
+    from planner.cli import main
+
+    def move_cut(doc):
+        doc["stages"][0]["layers"][1] -= 1
+        doc["stages"][1]["layers"][0] -= 1
+
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(mutate(plan, move_cut)))
+    assert main(["validate", str(path)]) == 2
+    assert "--rehash" in capsys.readouterr().err
+    assert main(["validate", "--rehash", str(path)]) == 0
+    assert "re-identified" in capsys.readouterr().out
+    assert main(["show", str(path)]) == 0
+    assert load_plan(path).id != plan.id
