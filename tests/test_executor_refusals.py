@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from planner.cli import main
+from planner.plan import plan_from_dict
 from planner.profile import BuildSpec
 from tests.executor_helpers import MLP_IN, make_test_plan, profile_of, write_plan
 
@@ -58,9 +59,16 @@ def test_decision_edited_to_mismatch_its_inputs(tmp_path, plan_doc, capsys):
     assert "stage 1's devices take 3 samples per micro-batch" in err
 
 
+def rehashed(doc):
+    """``doc`` with the id of its edited content (what `validate --rehash` writes), so
+    that the check under test, not the id check, is the one that refuses it."""
+    return {**doc, "id": plan_from_dict(doc, rehash=True).id}
+
+
 def test_built_blocks_that_differ_from_the_profile(tmp_path, plan_doc, capsys):
     doc = json.loads(json.dumps(plan_doc))
     doc["inputs"]["model"]["build"]["kwargs"]["width"] = 6
+    doc = rehashed(doc)
     err = run_edited(tmp_path, doc, capsys)
     # block 0 = Linear(6, 6): 42 floats = 168 bytes; the profile's Linear(6, 8) has 224
     assert "block 0 ('0') has 168 parameter bytes but profile 'model' says 224" in err
@@ -69,6 +77,7 @@ def test_built_blocks_that_differ_from_the_profile(tmp_path, plan_doc, capsys):
 def test_a_model_with_more_blocks_than_the_profile(tmp_path, plan_doc, capsys):
     doc = json.loads(json.dumps(plan_doc))
     doc["inputs"]["model"]["build"]["kwargs"]["depth"] = 5
+    doc = rehashed(doc)
     assert "builds 5 blocks but profile 'model' has 4" in run_edited(tmp_path, doc, capsys)
 
 
@@ -109,6 +118,7 @@ NO_TORCH = """
 import sys
 sys.modules["torch"] = None
 from planner.cli import main
+from planner.plan import plan_from_dict
 raise SystemExit(main(["run", sys.argv[1], "--steps", "1"]))
 """
 
