@@ -23,12 +23,16 @@ order where the original system has no notion of heterogeneity.
   block-partition heuristic.
 - ``deepspeed``: as ``gpipe`` but blocks balanced by parameter bytes (DeepSpeed
   ``PipelineModule(partition_method="parameters")``), min-max contiguous partition.
-- ``pipedream``: PipeDream's hybrid planner (SOSP'19), which assumes identical devices:
-  every device is taken as the cluster's average device (mean block times, one
-  bandwidth = the cluster's slowest pair), and its DP over (block prefix, machines) picks
-  stages and replica counts minimising the slowest stage, replicated stage time
-  T/r + 4(r-1)W/(r bw) and transfer 2 B a / (r bw) (asynchronous objective, as
-  published). Stages take devices in cluster order and split samples evenly over replicas.
+- ``pipedream``: PipeDream's optimizer (SOSP'19), the recurrence of
+  ``optimizer/optimizer_graph_hierarchical.py`` in msr-fiddle/pipedream with one level of
+  machines, as its README runs it (``--activation_compression_ratio 1``) plus its
+  ``--use_memory_constraint`` (:func:`pipedream_partition`). PipeDream assumes identical
+  machines: every device is taken as the cluster's average device (mean of the cost
+  model's per-device block times at the micro-batch size), one bandwidth (the cluster's
+  slowest pair) and one memory (the smallest usable memory). Stages take devices in
+  cluster order and split the micro-batch's samples evenly over their replicas (so a
+  stage has at most B replicas, a bound PipeDream, whose replicas take whole minibatches
+  in turn, does not have).
 - ``hetpipe``: HetPipe (ATC'20) virtual workers: k virtual workers of P = N // k mixed
   devices each (the ED policy: devices sorted by speed are dealt round-robin, so virtual
   worker j gets the j-th fastest device of every speed rank; the slowest N mod k sit out),
@@ -38,6 +42,12 @@ order where the original system has no notion of heterogeneity.
   parameter server with bounded staleness becomes the synchronous all-reduce of the cost
   model.
 
+Every baseline optimises its own objective (PipeDream: its slowest-stage time; the
+balanced splits: their weights; HetPipe: min-max stage time); every one of their plans is
+then scored by the one cost model (:mod:`planner.cost`), which also supplies every
+figure the baselines read (block times, parameter and activation bytes, memory, budgets,
+bandwidths).
+
 Complexity: O(#candidates x (N + L)) for data-parallel and the even split, O(#candidates
 x P L^2) for the balanced splits and HetPipe (x N for the choice of k), and
 O(#candidates x L^2 N^2) for PipeDream's DP.
@@ -45,7 +55,7 @@ O(#candidates x L^2 N^2) for PipeDream's DP.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -170,8 +180,9 @@ def _balanced(problem: Problem, batch: int, weights: np.ndarray) -> Partition:
 
 
 def _torchgpipe(problem: Problem, cm: CostModel, batch: int) -> Partition | None:
-    first = cm.device_type[0]
-    times = np.diff(cm.fwd[first][:, batch] + cm.bwd[first][:, batch])
+    # profiled on the cluster's first device, as torchgpipe's balance_by_time does
+    blocks = range(problem.model.num_blocks)
+    times = np.array([sum(cm.device_times(b, b + 1, 0, batch)) for b in blocks])
     return _balanced(problem, batch, times)
 
 
@@ -179,55 +190,128 @@ def _deepspeed(problem: Problem, cm: CostModel, batch: int) -> Partition | None:
     return _balanced(problem, batch, np.diff(cm.param_prefix))
 
 
+def pipedream_partition(
+    compute_ms: Sequence[float],
+    param_bytes: Sequence[float],
+    stash_bytes: Sequence[float],
+    output_bytes: Sequence[float],
+    machines: int,
+    bytes_per_ms: float,
+    memory_bytes: float | None = None,
+    max_replicas: int | None = None,
+    max_stages: int | None = None,
+) -> tuple[float, list[tuple[int, int, int]]] | None:
+    """PipeDream's optimizer on a chain of L blocks and ``machines`` identical machines:
+    the least slowest-stage time and the stages ``(first, end, replicas)``.
+
+    Inputs per block l (one minibatch on one machine): ``compute_ms`` (forward +
+    backward), ``param_bytes`` W, ``stash_bytes`` (activations kept for the backward
+    pass) and ``output_bytes`` a (what it sends to the next block); one bandwidth and,
+    optionally, one memory per machine and a cap on replicas per stage.
+
+    State: A(j, n), the least slowest-stage time of blocks [0, j) on exactly n machines
+    (PipeDream's ``A[0][j-1][n-1]``; its ``use_fewer_machines`` is off). With prefix
+    sums T, W, S over [i, j) and a stage of blocks [i, j) replicated r times taking
+
+        stage(i, j, r) = (T(i, j) + 4 (r-1) W(i, j) / (r bw)) / r
+
+    (the all-reduce of PipeDream's data-parallel stages is divided by r with the
+    compute), the recurrence is
+
+        A(j, n) = min( stage(0, j, n),
+                       min over 1 <= k < j, 1 <= r < n of
+                           max(A(k, n - r), stage(k, j, r), 2 a_{k-1} / (r bw),
+                               2 a_{j-1} / (r bw) if j < L) )
+
+    (input and output transfers, PipeDream's terms with compression ratio 1). With a
+    memory, a stage [i, j) with r replicas is allowed only if its stash
+    ``ceil((N - n) / r) * (S(i, j) + W(i, j))`` fits (N = ``machines``, n = machines
+    up to and including the stage), as PipeDream's ``--use_memory_constraint``. Ties
+    keep the first candidate in the order: the single stage, then k ascending, r
+    ascending. Answer A(L, N). O(L^2 N^2) time, O(L N) space. None when nothing fits.
+
+    ``max_stages`` (the config's, which PipeDream does not have) adds the stage count p
+    to the state, A(j, n, p), and takes the best A(L, N, p) over p <= ``max_stages``
+    (fewest stages on ties): O(L^2 N^2 P) time, O(L N P) space.
+    """
+    n_blocks = len(compute_ms)
+    t = np.concatenate([[0.0], np.cumsum(compute_ms)])
+    w = np.concatenate([[0.0], np.cumsum(param_bytes)])
+    act = np.concatenate([[0.0], np.cumsum(stash_bytes)])
+    cap = machines if max_replicas is None else max_replicas
+    # stage counts are tracked only under a limit (None: one level, PipeDream's own DP)
+    counts: list[int | None] = list(range(1, max_stages + 1)) if max_stages else [None]
+
+    def stage(i: int, j: int, r: int) -> float:
+        return (t[j] - t[i] + 4.0 * (r - 1) * (w[j] - w[i]) / (r * bytes_per_ms)) / r
+
+    def fits(i: int, j: int, r: int, used: int) -> bool:
+        if memory_bytes is None:
+            return True
+        in_flight = -(-(machines - used) // r)  # ceil((N - n) / r)
+        return in_flight * (act[j] - act[i] + w[j] - w[i]) <= memory_bytes
+
+    # best[(j, n, p)] = (A(j, n) with p stages, (k, r, previous p)) for reachable states
+    best: dict[tuple[int, int, int | None], tuple[float, tuple[int, int, int | None]]] = {}
+    for n in range(1, machines + 1):
+        for j in range(1, n_blocks + 1):
+            if n <= cap and fits(0, j, n, n):
+                best[(j, n, counts[0])] = (stage(0, j, n), (0, n, None))
+            for k in range(1, j):
+                for r in range(1, min(n - 1, cap) + 1):
+                    if not fits(k, j, r, n):
+                        continue
+                    cost = max(stage(k, j, r), 2.0 * output_bytes[k - 1] / (r * bytes_per_ms))
+                    if j < n_blocks:
+                        cost = max(cost, 2.0 * output_bytes[j - 1] / (r * bytes_per_ms))
+                    for q in counts[:-1] if max_stages else counts:
+                        before = best.get((k, n - r, q))
+                        if before is None:
+                            continue
+                        key = (j, n, None if q is None else q + 1)
+                        value = max(before[0], cost)
+                        if key not in best or value < best[key][0]:
+                            best[key] = (value, (k, r, q))
+    finals = [best[(n_blocks, machines, p)] for p in counts if (n_blocks, machines, p) in best]
+    if not finals:
+        return None
+    value = min(f[0] for f in finals)
+    p = next(p for p in counts if best.get((n_blocks, machines, p), (None,))[0] == value)
+    stages: list[tuple[int, int, int]] = []
+    j, n = n_blocks, machines
+    while j > 0:
+        _, (k, r, q) = best[(j, n, p)]
+        stages.append((k, j, r))
+        j, n, p = k, n - r, q
+    return value, stages[::-1]
+
+
 def _pipedream(problem: Problem, cm: CostModel, batch: int) -> Partition | None:
     n_blocks, n_dev = problem.model.num_blocks, len(problem.cluster.devices)
-    # the average device: mean per-block fwd + bwd time at this micro-batch size
-    per_device = np.stack(
-        [
-            np.diff(cm.fwd[cm.device_type[i]][:, batch] + cm.bwd[cm.device_type[i]][:, batch])
-            * cm.slowdown[i]
-            for i in range(n_dev)
-        ]
+    # the average machine: mean over devices of the cost model's block times at batch
+    compute = [
+        float(np.mean([sum(cm.device_times(b, b + 1, d, batch)) for d in range(n_dev)]))
+        for b in range(n_blocks)
+    ]
+    off_diagonal = ~np.eye(n_dev, dtype=bool)
+    result = pipedream_partition(
+        compute,
+        np.diff(cm.param_prefix).tolist(),
+        [batch * cm.saved_bytes(b, b + 1) for b in range(n_blocks)],
+        [batch * float(cm.boundary[b]) for b in range(n_blocks)],
+        n_dev,
+        float(cm.bw[off_diagonal].min()) if n_dev > 1 else float("inf"),
+        memory_bytes=float(cm.budget.min()),
+        max_replicas=batch,
+        max_stages=problem.config.max_stages,
     )
-    prefix_t = np.concatenate([[0.0], np.cumsum(per_device.mean(axis=0))])
-    prefix_w = cm.param_prefix
-    off_diag = ~np.eye(n_dev, dtype=bool)
-    bw = float(cm.bw[off_diag].min()) if n_dev > 1 else float("inf")
-    inf = float("inf")
-
-    def replicated(i: int, j: int, r: int) -> float:
-        ar = 4.0 * (r - 1) * (prefix_w[j] - prefix_w[i]) / (r * bw) if r > 1 else 0.0
-        return (prefix_t[j] - prefix_t[i]) / r + ar
-
-    # a[j][m]: best slowest-stage time of blocks [0, j) on m machines, with its choice
-    a = [[inf] * (n_dev + 1) for _ in range(n_blocks + 1)]
-    choice: list[list[tuple[int, int]]] = [[(0, 0)] * (n_dev + 1) for _ in range(n_blocks + 1)]
-    for j in range(1, n_blocks + 1):
-        for m in range(1, n_dev + 1):
-            if m <= batch:
-                a[j][m], choice[j][m] = replicated(0, j, m), (0, m)
-            for i in range(1, j):
-                for r in range(1, min(m - 1, batch) + 1):
-                    if a[i][m - r] == inf:
-                        continue
-                    link = 2.0 * batch * float(cm.boundary[i - 1]) / (r * bw)
-                    value = max(a[i][m - r], link, replicated(i, j, r))
-                    if value < a[j][m]:
-                        a[j][m], choice[j][m] = value, (i, r)
-    if a[n_blocks][n_dev] == inf:
+    if result is None:
         return None
-    spans: list[tuple[int, int, int]] = []
-    j, m = n_blocks, n_dev
-    while j > 0:
-        i, r = choice[j][m]
-        spans.append((i, j, r))
-        j, m = i, m - r
-    spans.reverse()
     ids = [d.id for d in problem.cluster.devices]
     stages, taken = [], 0
-    for i, j, r in spans:
+    for first, end, r in result[1]:
         stages.append(
-            StageAssignment(i, j, tuple(ids[taken : taken + r]), tuple(_spread(batch, r)))
+            StageAssignment(first, end, tuple(ids[taken : taken + r]), tuple(_spread(batch, r)))
         )
         taken += r
     return Partition(batch, problem.config.global_batch // batch, tuple(stages))

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
-from planner.baselines import BASELINES, balanced_split, even_split, plan_baseline
+from planner import api
+from planner.baselines import (
+    BASELINES,
+    balanced_split,
+    even_split,
+    pipedream_partition,
+    plan_baseline,
+)
 from planner.cost import CostModel
 from planner.errors import InfeasibleError, InputError
 from planner.milp import plan_milp
@@ -107,6 +116,48 @@ def test_data_parallel_needs_a_sample_for_every_device():
     assert info.value.constraint == "micro_batch" and ">= 6" in str(info.value)
 
 
+# -- PipeDream's recurrence (optimizer_graph_hierarchical.py), worked by hand ------------
+# stage(i, j, r) = (T + 4 (r-1) W / (r bw)) / r; a split also pays 2 a / (r bw) per transfer
+def test_pipedream_divides_a_replicated_stage_s_all_reduce_by_its_replicas():
+    # one stage on 2 machines: (42 + 4 * 1 * 10 / (2 * 1)) / 2 = 31; the split pays
+    # max(10, 32, 2 * 0.5 / 1) = 32. (T/r + all-reduce, 21 + 20 = 41, would split.)
+    got = pipedream_partition([10, 32], [0, 10], [0, 0], [0.5, 0], 2, 1.0)
+    assert got == (31.0, [(0, 2, 2)])
+
+
+def test_pipedream_replicates_the_heavy_stage_of_three_blocks_on_three_machines():
+    # single stage: (24 + 4*2*6/3)/3 = 40/3; [0,1) x1 + [1,3) x2: max(6, (18 + 4*3/2)/2) = 12;
+    # [0,2) on 2 (best 6: [0,1),[1,2) split) + [2,3) x1: max(6, 12) = 12, found later: a tie
+    got = pipedream_partition([6, 6, 12], [3, 3, 0], [0, 0, 0], [0, 0, 0], 3, 1.0)
+    assert got == (12.0, [(0, 1, 1), (1, 3, 2)])
+
+
+def test_pipedream_pipelines_when_the_transfer_is_cheaper_than_the_all_reduce():
+    # single: (22 + 4*10/2)/2 = 21; split: max(10, 12, 2*2/1) = 12
+    assert pipedream_partition([10, 12], [5, 5], [0, 0], [2, 0], 2, 1.0) == (
+        12.0,
+        [(0, 1, 1), (1, 2, 1)],
+    )
+    # a 15-byte boundary costs 2*15/1 = 30 > 21: one replicated stage
+    assert pipedream_partition([10, 12], [5, 5], [0, 0], [15, 0], 2, 1.0) == (21.0, [(0, 2, 2)])
+
+
+def test_pipedream_memory_constraint_counts_stashed_versions():
+    # stash of [0,1) on 1 of 3 machines: ceil((3-1)/1) * (1 + 3) = 8 > 7, so both splits
+    # through A(1, 1) and A(2, 2) are out; left: one stage, 40/3, or [0,1)x2 + [1,3)x1 = 18
+    got = pipedream_partition([6, 6, 12], [3, 3, 0], [1, 1, 1], [0, 0, 0], 3, 1.0, 7.0)
+    assert got is not None
+    assert got[0] == pytest.approx(40 / 3) and got[1] == [(0, 3, 3)]
+    assert pipedream_partition([6, 6, 12], [3, 3, 0], [1, 1, 1], [0, 0, 0], 3, 1.0, 8.0)[0] == 12
+
+
+def test_pipedream_caps_replicas_and_uses_every_machine():
+    # with at most one replica per stage, 2 blocks cannot use 3 machines
+    assert pipedream_partition([1, 1], [0, 0], [0, 0], [0, 0], 3, 1.0, max_replicas=1) is None
+    value, stages = pipedream_partition([4, 4, 4, 4], [0] * 4, [0] * 4, [0] * 4, 4, 1.0)
+    assert value == 4.0 and sum(r for _, _, r in stages) == 4
+
+
 def test_pipedream_replicates_everything_on_a_fast_network_of_identical_devices():
     problem = random_problem(4, 2, seed=1, global_batch=8, candidates=(4,), bandwidth_mbps=1e9)
     problem = _identical(problem)
@@ -148,10 +199,23 @@ def test_unknown_baseline_is_an_input_error():
 
 def _identical(problem):
     """The same problem with every device of the first device's type."""
-    from dataclasses import replace
-
     first = problem.cluster.devices[0].type
     devices = tuple(replace(d, type=first) for d in problem.cluster.devices)
     cluster = replace(problem.cluster, devices=devices)
     timings = {first: problem.timings[first]}
     return replace(problem, cluster=cluster, timings=timings)
+
+
+#: 8 blocks on 4 devices over 100 Mbit/s: unconstrained, the DP and the exact solver
+#: use 3 stages and the other pipeline planners 4 (data-parallel always uses one)
+SLOW_NETWORK = random_problem(
+    8, 4, seed=1, global_batch=8, candidates=(2, 4, 8), bandwidth_mbps=1e2
+)
+
+
+@pytest.mark.parametrize("name", [n for n in api.planners() if n != "data-parallel"])
+def test_every_planner_keeps_to_max_stages(name):
+    free = api.solve(SLOW_NETWORK, name, time_limit=30).partition.num_stages
+    assert free > 2  # the limit binds
+    limited = replace(SLOW_NETWORK, config=replace(SLOW_NETWORK.config, max_stages=2))
+    assert api.solve(limited, name, time_limit=30).partition.num_stages <= 2
