@@ -114,17 +114,7 @@ def plan_table(plan: Plan) -> Table:
     forward / backward / all-reduce / outgoing link ms, the stage's peak memory as a
     share of its most loaded device's usable memory."""
     cost, part = plan.cost, plan.partition
-    table = Table(
-        title=(
-            f"{plan.id}  ({plan.solver.name}, {plan.solver.status}, "
-            f"{plan.solver.solve_time_s:.2f} s)\n"
-            f"{plan.problem.model.name} on {plan.problem.cluster.name}: micro-batch "
-            f"{part.micro_batch_size} x {part.num_micro_batches}, "
-            f"iteration {cost.iteration_ms:.1f} ms, {cost.samples_per_s:.2f} samples/s, "
-            f"bottleneck {cost.bottleneck}"
-        ),
-        **TABLE_STYLE,
-    )
+    table = Table(**TABLE_STYLE)
     for col in ("stage", "blocks", "devices (samples)", "K", "fwd ms", "bwd ms", "ar ms",
                 "link ms", "mem"):  # fmt: skip
         table.add_column(col, justify="left" if col == "devices (samples)" else "right")
@@ -145,22 +135,89 @@ def plan_table(plan: Plan) -> Table:
     return table
 
 
+DERIVED = re.compile(
+    r"times for (\S+) derived from (\S+) x (\S+) \(effective GFLOP/s (\S+) / (\S+)\)"
+)
+SAME_REST = re.compile(r"times for (\S+) (.*)")
+
+
 def grouped_assumptions(notes: Sequence[str]) -> list[str]:
-    """Assumption lines with the ones that differ only in the device type merged:
-    ``times for a come from ...`` and ``times for b come from ...`` (same rest) become
-    ``times for a, b come from ...``; order of first appearance is kept."""
-    groups: dict[str, list[str]] = {}
+    """Assumption lines with repeats merged (order of first appearance kept): derived
+    times become one line per reference type, ``times derived from v100 (9800 effective
+    GFLOP/s) by the ratio of effective GFLOP/s: a x 118.7 (82.56), b x 17.01 (576)``,
+    and lines that differ only in the
+    device type, ``times for a come from one batch size ...``, one line naming them all."""
+    derived: dict[tuple[str, str], list[tuple[str, str, str]]] = {}
+    same: dict[str, list[str]] = {}
     for note in notes:
-        match = re.fullmatch(r"times for (\S+) (.*)", note)
-        key, name = (match.group(2), match.group(1)) if match else (note, "")
-        groups.setdefault(key, []).append(name)
-    return [
-        f"times for {', '.join(names)} {key}" if names[0] else key for key, names in groups.items()
+        if match := DERIVED.fullmatch(note):
+            name, ref, factor, ref_speed, speed = match.groups()
+            derived.setdefault((ref, ref_speed), []).append((name, factor, speed))
+        elif match := SAME_REST.fullmatch(note):
+            same.setdefault(match.group(2), []).append(match.group(1))
+        else:
+            same.setdefault(note, [])
+    lines = [
+        f"times derived from {ref} ({ref_speed} effective GFLOP/s) by the ratio of effective "
+        "GFLOP/s: " + ", ".join(f"{name} x {factor} ({speed})" for name, factor, speed in group)
+        for (ref, ref_speed), group in derived.items()
     ]
+    for rest, names in same.items():
+        lines.append(f"times for {', '.join(names)} {rest}" if names else rest)
+    return lines
+
+
+def plan_heading(plan: Plan) -> str:
+    """The two lines above a plan's table: id and solver; problem and prediction."""
+    cost, part = plan.cost, plan.partition
+    return (
+        f"{plan.id}  ({plan.solver.name}, {plan.solver.status}, "
+        f"{plan.solver.solve_time_s:.2f} s)\n"
+        f"{plan.problem.model.name} on {plan.problem.cluster.name}: micro-batch "
+        f"{part.micro_batch_size} x {part.num_micro_batches}, iteration "
+        f"{cost.iteration_ms:.1f} ms, {cost.samples_per_s:.2f} samples/s, bottleneck "
+        f"{cost.bottleneck}"
+    )
+
+
+def unbroken_width(table: Table) -> int:
+    """Columns needed to print ``table`` with no word of any cell or header cut: each
+    column as wide as its longest word plus the two spaces rich puts around it."""
+    widths = [
+        max(len(word) for cell in (column.header, *column.cells) for word in str(cell).split())
+        for column in table.columns
+    ]
+    return sum(widths) + 2 * len(widths)
+
+
+def print_table(table: Table, narrow: Callable[[], list[str]]) -> None:
+    """Print ``table`` if every cell fits the terminal unbroken (rich may wrap the device
+    lists), else the ``narrow`` layout: one line per row, labelled, wrapped at words."""
+    if unbroken_width(table) <= out.width:
+        out.print(table)
+        return
+    for line in narrow():
+        out.print(line, highlight=False)
+
+
+def plan_lines(plan: Plan) -> list[str]:
+    """The narrow layout of :func:`plan_table`: one line per stage."""
+    lines = []
+    for p, (stage, sc) in enumerate(zip(plan.partition.stages, plan.cost.stages, strict=True)):
+        devices = ", ".join(f"{d} ({y})" for d, y in zip(stage.devices, stage.samples, strict=True))
+        peak = max(m / b for m, b in zip(sc.memory_bytes, sc.budget_bytes, strict=True))
+        link = f", link {sc.link_out_ms:.1f} ms" if p + 1 < plan.partition.num_stages else ""
+        lines.append(
+            f"stage {p}: blocks {stage.first}-{stage.end - 1} on {devices}; K {sc.warmup}; "
+            f"fwd {sc.forward_ms:.1f} ms, bwd {sc.backward_ms:.1f} ms, all-reduce "
+            f"{sc.allreduce_ms:.1f} ms{link}; memory {peak:.0%}"
+        )
+    return lines
 
 
 def _print_plan(plan: Plan) -> None:
-    out.print(plan_table(plan))
+    out.print(plan_heading(plan), highlight=False)
+    print_table(plan_table(plan), lambda: plan_lines(plan))
     idle = [d.id for d in plan.problem.cluster.devices if d.id not in plan.partition.used_devices()]
     if idle:
         out.print(f"idle devices: {', '.join(idle)}", highlight=False)
@@ -219,10 +276,6 @@ def comparison_table(result: ComparisonResult) -> Table:
     solve seconds, the exact solver's gap, memory headroom, stages/devices used and the
     micro-batch size (legend in the caption)."""
     table = Table(
-        title=(
-            f"{result.model} on {result.cluster}, global batch {result.global_batch} "
-            "(every row scored by the cost model)"
-        ),
         caption=(
             "x DP: speed-up over data-parallel; mem: memory headroom; "
             "P/N: stages/devices used; B: micro-batch size"
@@ -232,7 +285,8 @@ def comparison_table(result: ComparisonResult) -> Table:
     )
     for col in ("planner", "status", "iter ms", "samp/s", "x DP", "solve s", "gap", "mem",
                 "P/N", "B"):  # fmt: skip
-        table.add_column(col, justify="left" if col in ("planner", "status") else "right")
+        left = col in ("planner", "status")
+        table.add_column(col, justify="left" if left else "right", no_wrap=left)
 
     def fmt(value: float | int | None, spec: str) -> str:
         return "-" if value is None else format(value, spec)
@@ -243,7 +297,7 @@ def comparison_table(result: ComparisonResult) -> Table:
             r.status,
             fmt(r.iteration_ms, ".1f"),
             fmt(r.samples_per_s, ".2f"),
-            fmt(r.speedup_vs_data_parallel, ".2f"),
+            fmt(r.speedup_vs_data_parallel, ".1f"),
             fmt(r.solve_time_s, ".2f"),
             fmt(r.gap, ".1%"),
             fmt(r.memory_headroom, ".0%"),
@@ -251,6 +305,24 @@ def comparison_table(result: ComparisonResult) -> Table:
             fmt(r.micro_batch_size, "d"),
         )
     return table
+
+
+def comparison_lines(result: ComparisonResult) -> list[str]:
+    """The narrow layout of :func:`comparison_table`: one line per planner."""
+
+    def fmt(value: float | int | None, spec: str, unit: str = "") -> str:
+        return "-" if value is None else format(value, spec) + unit
+
+    return [
+        f"{r.planner}: {r.status}, {fmt(r.iteration_ms, '.1f', ' ms')}, "
+        f"{fmt(r.samples_per_s, '.2f', ' samples/s')}, "
+        f"{fmt(r.speedup_vs_data_parallel, '.1f', 'x data-parallel')}, solved in "
+        f"{r.solve_time_s:.2f} s, gap {fmt(r.gap, '.1%')}, memory headroom "
+        f"{fmt(r.memory_headroom, '.0%')}, "
+        + ("no plan" if r.stages is None else
+           f"{r.stages} stages on {r.devices_used} devices, micro-batch {r.micro_batch_size}")
+        for r in result.rows
+    ]  # fmt: skip
 
 
 def _run_compare(
@@ -270,7 +342,12 @@ def _run_compare(
             progress.update(tasks[label], completed=done, total=total)
 
         result = api.compare(problem, names, backend, time_limit, report)
-    out.print(comparison_table(result))
+    out.print(
+        f"{result.model} on {result.cluster}, global batch {result.global_batch} "
+        "(every row scored by the cost model)",
+        highlight=False,
+    )
+    print_table(comparison_table(result), lambda: comparison_lines(result))
     for r in result.rows:
         if r.note:
             out.print(f"[dim]{r.planner}: {r.note}[/dim]", highlight=False)

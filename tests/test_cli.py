@@ -8,11 +8,13 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
 
 import pytest
 
+from planner import cli
 from planner.api import resolve
 from planner.cli import main
 from planner.plan import load_plan
@@ -265,3 +267,58 @@ def test_compare_exits_1_when_no_planner_finds_a_feasible_plan(tmp_path, capsys)
 def test_version_names_the_installed_release(capsys):
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"edgepipe {metadata.version('edgepipe')}"
+
+
+def readme_example() -> list[str]:
+    """The `edgepipe plan` example of README.md, without its command and timing line."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = text.split("```text\n$ edgepipe plan --model pipedream-vgg16", 1)[1]
+    return block.split("```", 1)[0].splitlines()[2:]
+
+
+def test_plan_output_fits_80_columns_and_is_the_readme_example(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    argv = ["plan", "--model", "pipedream-vgg16", "--cluster", "jetson-testbed-6"]
+    assert main([*argv, "-o", "plan.json"]) == 0
+    lines = [line.rstrip() for line in capsys.readouterr().out.splitlines()]
+    assert max(map(len, lines)) <= 80
+    assert lines[1:] == readme_example(), "update README.md's example to this output"
+
+
+def test_compare_table_fits_80_columns_with_every_planner(capsys):
+    assert main(["compare", *SMALL, "--time-limit", "20"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 80
+    assert any(line.split()[:1] == ["data-parallel"] for line in lines)  # not cut
+
+
+def test_a_narrow_terminal_gets_one_labelled_line_per_row(plan_file, capsys, monkeypatch):
+    monkeypatch.setattr(cli.out, "width", 40)
+    assert main(["show", str(plan_file)]) == 0
+    text = capsys.readouterr().out
+    assert max(len(line.rstrip()) for line in text.splitlines()) <= 40
+    assert "stage 0: blocks 0-" in text and "…" not in text
+
+
+def test_repeated_assumptions_are_grouped():
+    notes = [
+        "times for a derived from v100 x 118.7 (effective GFLOP/s 9800 / 82.56)",
+        "times for b derived from v100 x 17.01 (effective GFLOP/s 9800 / 576)",
+        "times for a come from one batch size (128); other batch sizes scale proportionally",
+        "times for b come from one batch size (128); other batch sizes scale proportionally",
+        "something else",
+    ]
+    assert cli.grouped_assumptions(notes) == [
+        "times derived from v100 (9800 effective GFLOP/s) by the ratio of effective GFLOP/s: "
+        "a x 118.7 (82.56), b x 17.01 (576)",
+        "times for a, b come from one batch size (128); other batch sizes scale proportionally",
+        "something else",
+    ]
+
+
+def test_the_gantt_title_names_the_plan_s_schedule(plan_file):
+    plan = load_plan(plan_file)
+    assert cli.gantt_title(plan) == f"{plan.id}: one iteration (1F1B, asteroid warm-up)"
+    gpipe = replace(plan, problem=replace(plan.problem, config=replace(
+        plan.problem.config, schedule="gpipe")))  # fmt: skip
+    assert cli.gantt_title(gpipe) == f"{plan.id}: one iteration (GPipe)"

@@ -29,13 +29,17 @@ def test_the_planner_and_its_cli_run_without_torch():
 
 
 @pytest.mark.slow
-def test_the_wheel_ships_schemas_catalog_and_profiles(tmp_path):
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), str(REPO)],
+def test_the_wheel_ships_schemas_catalog_profiles_and_type_markers(tmp_path):
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "-w", str(tmp_path), str(REPO)],
         check=True,
         capture_output=True,
+        text=True,
         timeout=300,
     )
+    log = build.stdout + build.stderr
+    for warning in ("BuildBackendWarning", "SetuptoolsWarning", "SetuptoolsDeprecationWarning"):
+        assert warning not in log
     (wheel,) = tmp_path.glob("edgepipe-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for schema in ("model_profile", "cluster", "training_config", "plan", "device_catalog"):
@@ -44,3 +48,5 @@ def test_the_wheel_ships_schemas_catalog_and_profiles(tmp_path):
     assert "planner/profiles/clusters/jetson-testbed-6.json" in names
     assert "planner/profiles/models/pipedream-vgg16.json" in names
     assert "executor/models/cnn.py" in names
+    assert {"planner/py.typed", "executor/py.typed"} <= names
+    assert not any("profiles/raw" in n for n in names)  # third-party raw data stays out
