@@ -603,7 +603,10 @@ def cmd_run(args: argparse.Namespace) -> None:
         f"on {devices} local processes for {args.steps} steps"
         f"{' (deterministic mode)' if args.deterministic else ''}"
     )
-    result = launch.launch(opts)  # type: ignore[attr-defined]
+    try:
+        result = launch.launch(opts)  # type: ignore[attr-defined]
+    except KeyboardInterrupt:
+        raise EdgepipeError("interrupted: every worker was stopped") from None
     table = Table(title=f"{plan.id}: measured", title_justify="left")
     for col in ("step", "loss", "wall ms", "samples/s"):
         table.add_column(col, justify="right")

@@ -72,14 +72,16 @@ def image_dataset(size: int = 64) -> TensorPairs:
                        torch.randint(10, (size,), generator=gen))
 
 
-def profile_of(build: BuildSpec, example: Any, name: str = "model") -> ModelProfile:
-    """A quick profile (one timed round at batch 1 and 2) carrying ``build``."""
+def profile_of(
+    build: BuildSpec, example: Any, name: str = "model", batch_sizes: Sequence[int] = (1, 2)
+) -> ModelProfile:
+    """A quick profile (one timed round per batch size) carrying ``build``."""
     if build.zoo is not None:
         model = zoo.build_model(build.zoo, seed=build.seed, **build.sizes)
     else:
         model = zoo.load_model(build.callable, **build.kwargs)
-    return profile_model(model, example, [1, 2], "host-cpu", name=name, warmup=0, repeats=1,
-                         build=build)
+    return profile_model(model, example, list(batch_sizes), "host-cpu", name=name, warmup=0,
+                         repeats=1, build=build)
 
 
 def cluster(n: int, memory_bytes: float = 8 * 2**30) -> Cluster:
