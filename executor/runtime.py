@@ -22,7 +22,8 @@ all-reduced (sum) in the stage group: the global-batch mean for any sample split
 
 Hooks: every transfer goes through the :class:`~executor.comm.Transport` of the links;
 after every F and B the runtime calls :meth:`ComputeHook.after_compute` with the real
-seconds it took (the emulation waits there until the plan's profiled time has passed).
+seconds it took (the emulation waits there until the plan's profiled time has passed),
+and after REDUCE_GRAD :meth:`ComputeHook.after_reduce`.
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ class ComputeHook:
     device's profiled time for the action has passed."""
 
     def after_compute(self, action: Action, real_seconds: float) -> None:
+        return None
+
+    def after_reduce(self, action: Action, real_seconds: float) -> None:
+        """Called after each REDUCE_GRAD (the emulation waits out the link time)."""
         return None
 
 
@@ -166,6 +171,7 @@ class StageRuntime:
                 self.links.send_gradients(m, state[m]["input_grad"])
             elif kind is ActionType.REDUCE_GRAD:
                 self._reduce(per_sample)
+                self.hook.after_reduce(action, time.perf_counter() - start)
             self._mark(record, kind.value, m, start)
         start = time.perf_counter()
         self.links.wait_sends()

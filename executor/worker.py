@@ -7,6 +7,7 @@ environment (torchrun sets them); the local launcher calls :func:`run` directly 
 spawned child. Rank ``r`` runs plan device ``r`` in :mod:`executor.layout` order (stage
 by stage, the plan's device order within a stage); ``EDGEPIPE_DEVICE``, when set, must
 name that device (a guard against a mis-ordered multi-host start).
+``--emulate [--time-scale K]`` runs with :mod:`executor.emulation`'s hooks.
 
 Sequence: refuse a mismatched start (world size vs plan devices) before touching the
 network; connect to the run's store (hosted by the launcher, by torchrun's agent when
@@ -40,6 +41,7 @@ import torch.distributed as dist
 from executor import data
 from executor.comm import StageLinks, Transport
 from executor.control import generation_store
+from executor.emulation import Emulation
 from executor.layout import RankLayout, check_runnable
 from executor.metrics import MetricsWriter, rank_payload
 from executor.runtime import ComputeHook, StageRuntime, make_optimizer
@@ -66,6 +68,8 @@ class WorkerOptions:
     timeout_s: float = 60.0
     save_weights: bool = False
     generation: int = 0
+    emulate: bool = False
+    time_scale: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -130,6 +134,7 @@ class Worker:
             wait_for_workers=False,
         )
         self.store = generation_store(root, opts.generation)
+        self._emulated: Emulation | None = None
 
     def fail(self, message: str) -> None:
         self.store.set(f"error/{self.rank}", message)
@@ -269,13 +274,22 @@ class Worker:
         )
 
     # -- hooks for the emulation ---------------------------------------------------------
+    def _emulation(self) -> Emulation:
+        if self._emulated is None:
+            self._emulated = Emulation.for_rank(
+                self.plan, self.rank, self.store, self.opts.time_scale, self.opts.out
+            )
+        return self._emulated
+
     def transport(self) -> Transport:
-        """The transport every send and receive goes through (override to shape links)."""
-        return Transport()
+        """The transport every send and receive goes through (emulated links with
+        ``--emulate``)."""
+        return self._emulation().transport if self.opts.emulate else Transport()
 
     def compute_hook(self) -> ComputeHook:
-        """Called after every forward / backward (override to emulate device speed)."""
-        return ComputeHook()
+        """Called after every forward / backward / reduce (emulated device speed with
+        ``--emulate``)."""
+        return self._emulation().hook if self.opts.emulate else ComputeHook()
 
 
 def run(opts: WorkerOptions, endpoint: Endpoint) -> None:
@@ -340,9 +354,11 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerOptions:
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--save-weights", action="store_true")
     p.add_argument("--generation", type=int, default=0)
+    p.add_argument("--emulate", action="store_true")
+    p.add_argument("--time-scale", type=float, default=1.0)
     a = p.parse_args(argv)
     return WorkerOptions(a.plan, a.steps, a.out, a.deterministic, a.dataset, a.timeout,
-                         a.save_weights, a.generation)
+                         a.save_weights, a.generation, a.emulate, a.time_scale)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -596,12 +596,15 @@ def cmd_run(args: argparse.Namespace) -> None:
         dataset=args.dataset,
         timeout_s=args.timeout,
         save_weights=args.save_weights,
+        emulate=args.emulate,
+        time_scale=args.time_scale,
     )
     devices = len(plan.partition.used_devices())
     err.print(
         f"running {plan.id} ({plan.problem.model.name}, {plan.partition.num_stages} stages) "
         f"on {devices} local processes for {args.steps} steps"
         f"{' (deterministic mode)' if args.deterministic else ''}"
+        f"{f' emulating its devices (time scale {args.time_scale:g})' if args.emulate else ''}"
     )
     try:
         result = launch.launch(opts)  # type: ignore[attr-defined]
@@ -618,10 +621,67 @@ def cmd_run(args: argparse.Namespace) -> None:
         )
     out.print(table)
     walls = sorted(m["wall_ms"] for m in result.metrics)
+    predicted = plan.cost.iteration_ms * (args.time_scale if args.emulate else 1.0)
     out.print(
-        f"median step {walls[len(walls) // 2]:.1f} ms measured vs {plan.cost.iteration_ms:.1f} ms "
+        f"median step {walls[len(walls) // 2]:.1f} ms measured vs {predicted:.1f} ms "
         f"predicted; wrote {args.out}/metrics.jsonl and timeline.jsonl"
     )
+    if args.emulate:
+        from planner.report import emulation_overruns
+
+        warning = emulation_overruns(args.out)
+        if warning:
+            err.print(f"warning: {warning}", highlight=False)
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def _ratio(measured: float | None, predicted: float) -> str:
+    return "-" if measured is None or predicted <= 0 else f"{measured / predicted:.2f}"
+
+
+def cmd_report(args: argparse.Namespace) -> None:
+    from planner.report import build_report, draw_report
+
+    report = build_report(args.run_dir)
+    used = report.steps_used
+    kind = f"emulated, time scale {report.time_scale:g}" if report.emulated else "not emulated"
+    table = Table(
+        title=f"{report.plan.id}: predicted vs measured per micro-batch ({kind}; steps "
+        f"{used[0]}-{used[-1]} of {report.steps})",
+        title_justify="left",
+    )
+    for col in ("stage", "device", "y", "fwd pred", "fwd meas", "bwd pred", "bwd meas",
+                "ar pred", "ar meas", "recv wait/step"):
+        table.add_column(col, justify="right")
+    for d in report.devices:
+        table.add_row(
+            str(d.stage), d.device, str(d.samples), _ms(d.forward_predicted),
+            _ms(d.forward_measured), _ms(d.backward_predicted), _ms(d.backward_measured),
+            _ms(d.allreduce_predicted), _ms(d.allreduce_measured), _ms(d.recv_wait_measured),
+        )
+    out.print(table)
+    out.print(
+        f"iteration: predicted {report.iteration_predicted_ms:.1f} ms, measured "
+        f"{report.iteration_measured_ms:.1f} ms (median; x"
+        f"{_ratio(report.iteration_measured_ms, report.iteration_predicted_ms)}); "
+        f"{report.samples_per_s_predicted:.2f} vs {report.samples_per_s_measured:.2f} samples/s",
+        highlight=False,
+    )
+    if not report.emulated:
+        out.print(
+            "[dim]not emulated: measured at this machine's speed, predicted for the plan's "
+            "devices (run with --emulate to compare like with like)[/dim]",
+            highlight=False,
+        )
+    if report.overrun_warning:
+        err.print(f"warning: {report.overrun_warning}", highlight=False)
+    chart = Path(args.output) if args.output else Path(args.run_dir) / "report.png"
+    draw_report(report, args.run_dir, chart)
+    out.print(f"wrote {chart} (predicted iteration above measured step "
+              f"{report.measured_step})", highlight=False)
 
 
 # -- argument types: each parses one value or raises a one-line ArgumentTypeError -------
@@ -886,7 +946,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--save-weights", action="store_true", help="write each rank's final weights to OUT/weights"
     )
+    p.add_argument(
+        "--emulate",
+        action="store_true",
+        help="emulate the plan's devices and links: wait out each device's profiled compute "
+        "time and each transfer's bandwidth and latency (docs/executor.md)",
+    )
+    p.add_argument(
+        "--time-scale",
+        type=positive_float,
+        default=1.0,
+        help="with --emulate: stretch every emulated time by this factor",
+    )
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser(
+        "report", help="a run's measurements against its plan's prediction, with Gantt charts"
+    )
+    p.add_argument("run_dir", help="run directory written by `edgepipe run --out DIR`")
+    p.add_argument("-o", "--output", help="chart file (default RUN_DIR/report.png)")
+    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser(
         "demo", help="plan the demo model on the demo cluster, show it, compare the planners"

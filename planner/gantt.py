@@ -8,8 +8,10 @@ global matplotlib state (no pyplot, no backend switch).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
@@ -46,10 +48,16 @@ def draw_gantt(timeline: Timeline, path: str | Path, title: str = "") -> None:
     Forward and backward boxes are coloured apart and carry their micro-batch number when
     wide enough; all-reduces are hatched; idle time is left white. The x axis is in ms.
     """
-    chart_rows = rows(timeline)
-    n = len(chart_rows)
-    height_in = 1.4 + _ROW_HEIGHT_IN * n
-    label_in = 0.3 + 0.075 * max(len(label) for label, _ in chart_rows)
+    draw_gantts([(timeline, title)], path)
+
+
+def draw_gantts(panels: Sequence[tuple[Timeline, str]], path: str | Path) -> None:
+    """Several Gantt charts (e.g. predicted and measured) stacked in one figure on a
+    common time axis, each as :func:`draw_gantt` draws it, with its own title."""
+    labels = [label for timeline, _ in panels for label, _ in rows(timeline)]
+    heights = [1.0 + _ROW_HEIGHT_IN * len(rows(timeline)) for timeline, _ in panels]
+    height_in = 0.4 + sum(heights)
+    label_in = 0.3 + 0.075 * max(len(label) for label in labels)
     fig = Figure(figsize=(_WIDTH_IN, height_in), dpi=_DPI)
     FigureCanvasAgg(fig)
     fig.subplots_adjust(
@@ -57,9 +65,18 @@ def draw_gantt(timeline: Timeline, path: str | Path, title: str = "") -> None:
         right=1 - 0.25 / _WIDTH_IN,
         top=1 - 0.55 / height_in,
         bottom=0.6 / height_in,
+        hspace=0.9 / max(heights),
     )
-    ax = fig.add_subplot()
-    span = timeline.makespan_ms if timeline.makespan_ms > 0 else 1.0
+    axes = fig.subplots(len(panels), 1, squeeze=False, height_ratios=heights)[:, 0]
+    span = max(timeline.makespan_ms for timeline, _ in panels) or 1.0
+    for ax, (timeline, title) in zip(axes, panels, strict=True):
+        _draw_panel(ax, timeline, title, span)
+    fig.savefig(path)
+
+
+def _draw_panel(ax: Axes, timeline: Timeline, title: str, span: float) -> None:
+    chart_rows = rows(timeline)
+    n = len(chart_rows)
     ax.set_xlim(0, span)
     ax.set_ylim(n - 0.5, -0.5)  # first row on top
     ax.set_yticks(range(n), [label for label, _ in chart_rows])
@@ -90,13 +107,12 @@ def draw_gantt(timeline: Timeline, path: str | Path, title: str = "") -> None:
         handles=[Patch(**_STYLE[k]) for k in kinds],
         loc="lower right",
         bbox_to_anchor=(1.0, 1.0),
-        ncol=len(kinds),
+        ncol=max(len(kinds), 1),
         frameon=False,
         fontsize=8,
     )
     heading = f"makespan {timeline.makespan_ms:.3f} ms, M = {timeline.chain.num_micro_batches}"
     ax.set_title(f"{title}\n{heading}" if title else heading, loc="left", fontsize=9)
-    fig.savefig(path)
 
 
 def timeline_text(timeline: Timeline) -> str:

@@ -1,0 +1,267 @@
+"""Heterogeneity emulation (``edgepipe run --emulate [--time-scale k]``).
+
+Runs a plan for a cluster of edge devices on this machine with every device's profiled
+speed and every link's bandwidth and latency, so that the measured run can be set
+against the plan's prediction. All emulated durations are multiplied by ``k``
+(``--time-scale``, default 1), for when this machine's real compute is slower than the
+plan's devices.
+
+**Compute** (:class:`EmulatedCompute`, the runtime's ``ComputeHook``). Budgets per rank
+come from the plan's cost model (``plan.cost.stages[p]``, :mod:`planner.cost`): forward
+``device_forward_ms[j]`` and backward ``device_backward_ms[j]`` of the rank's device
+``j`` at its sample count per micro-batch. After every F and B the runtime reports the
+real seconds it took; the hook sleeps ``k * budget - real``. Real compute above the
+budget is an *overrun*: nothing to wait, and the action is counted.
+
+**Links** (:class:`EmulatedTransport`, the links' ``Transport``). A transfer of ``n``
+bytes from device ``i`` to ``j`` occupies its channel for ``k * n / bw(i, j)`` and
+arrives ``k * lat(i, j)`` after it leaves (``Cluster.bytes_per_ms``, ``latency_ms``; the
+same figures the cost model uses). Channels: one per ordered device pair; on a shared
+medium (``network.shared_medium``, Wi-Fi) **one channel for the whole cluster**. The
+sender reserves its channel when it posts the send: ``start = max(now, channel free)``,
+``channel free = start + duration``; a pair's channel lives in the sender process, the
+shared channel in the run's store (the launcher's, or torchrun's agent's), reserved by
+compare-and-set on the key ``emu/channel`` (first come, first served, in wall-clock
+order of posting). The real data and a one-element header carrying the arrival time
+``start + duration + latency`` go at once (header tag = data tag + ``HEADER_TAG``); the
+receiver's ``wait()`` returns when both are in and the arrival time has passed; the
+sender's ``wait()`` when its data is out and ``start + duration`` has passed.
+
+**All-reduce** (the hook's ``after_reduce``). After the real ``REDUCE_GRAD`` of a group
+of ``g > 1`` devices (which returns once the last member arrives), every member waits
+``k * allreduce_ms`` more (the cost model's ring time for the group). On a shared
+medium the ring's transfers occupy the one channel: the group's first member reserves
+it for that time and publishes the end on the store (``emu/ar/<stage>/<n>``); the others
+wait for the same end.
+
+Clock: ``time.time()``, common to all processes of one machine (the emulation is for
+local runs; across hosts it assumes synchronised clocks). Not emulated: the optimizer
+step (the cost model has no term for it), per-device receive serialisation, memory.
+
+**Report.** Each rank appends one JSON line per step to ``<out>/emulation/rank<r>.jsonl``:
+``step, device, rank, budget_ms`` (the step's summed compute budgets x k),
+``real_ms`` (summed real compute), ``overruns`` (actions whose real compute exceeded
+their budget), ``worst_overrun_ms`` and ``time_scale``. ``edgepipe report`` and ``edgepipe run`` say
+when there were overruns (then raise ``--time-scale``).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import torch
+import torch.distributed as dist
+
+from executor.comm import Transport, Work
+from executor.layout import RankLayout
+from executor.runtime import ComputeHook
+from planner.plan import Plan
+from planner.schedule import Action, ActionType
+
+#: added to a data tag to make the tag of its arrival-time header
+HEADER_TAG = 1 << 20
+#: store key of the shared channel's free-at time (seconds since the epoch) and claimant
+CHANNEL_KEY = "emu/channel"
+
+
+def _sleep_until(deadline: float) -> None:
+    delay = deadline - time.time()
+    if delay > 0:
+        time.sleep(delay)
+
+
+def reserve(store: dist.Store, key: str, duration_s: float) -> float:
+    """Reserve the channel at ``key`` for ``duration_s`` from ``max(now, free)``; returns
+    the start. Compare-and-set on the store, retried until it wins: O(contenders).
+
+    The value is ``"<free-at> <claimant>"``: the claimant (a fresh random token per
+    attempt) makes two contenders' new values differ even when their times agree, so
+    a loser can never mistake the winner's value for its own."""
+    current = store.compare_set(key, "", "0 -").decode()
+    while True:
+        start = max(time.time(), float(current.split()[0]))
+        desired = f"{start + duration_s!r} {secrets.token_hex(8)}"
+        got = store.compare_set(key, current, desired).decode()
+        if got == desired:
+            return start
+        current = got
+
+
+@dataclass(frozen=True)
+class LinkFigures:
+    """Bytes per ms and latency ms from this rank's device to every rank's device."""
+
+    bytes_per_ms: tuple[float, ...]
+    latency_ms: tuple[float, ...]
+    shared_medium: bool
+
+
+class EmulatedTransport(Transport):
+    """A :class:`~executor.comm.Transport` that delivers at the cluster's link figures
+    (module docstring). ``store`` is needed on a shared medium only."""
+
+    def __init__(self, links: LinkFigures, time_scale: float, store: dist.Store | None):
+        self.links, self.k, self.store = links, time_scale, store
+        self._free: dict[int, float] = {}
+
+    def _reserve(self, dst: int, duration: float) -> float:
+        if self.links.shared_medium:
+            assert self.store is not None
+            return reserve(self.store, CHANNEL_KEY, duration)
+        start = max(time.time(), self._free.get(dst, 0.0))
+        self._free[dst] = start + duration
+        return start
+
+    def send(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
+        nbytes = tensor.numel() * tensor.element_size()
+        duration = self.k * nbytes / self.links.bytes_per_ms[dst] / 1e3
+        start = self._reserve(dst, duration)
+        arrival = start + duration + self.k * self.links.latency_ms[dst] / 1e3
+        header = torch.tensor([arrival], dtype=torch.float64)
+        works = [dist.isend(header, dst, tag=tag + HEADER_TAG), dist.isend(tensor, dst, tag=tag)]
+        return _Timed(works, lambda: start + duration, keep=(header, tensor))
+
+    def recv(self, tensor: torch.Tensor, src: int, tag: int) -> Work:
+        header = torch.empty(1, dtype=torch.float64)
+        works = [dist.irecv(header, src, tag=tag + HEADER_TAG), dist.irecv(tensor, src, tag=tag)]
+        return _Timed(works, lambda: float(header[0]), keep=(header,))
+
+
+class _Timed:
+    """Works that complete when the real works are done and the emulated time passed."""
+
+    def __init__(self, works: list, ready_at, keep: tuple) -> None:
+        self.works, self.ready_at, self.keep = works, ready_at, keep
+
+    def wait(self) -> None:
+        for w in self.works:
+            w.wait()
+        _sleep_until(self.ready_at())
+
+
+@dataclass(frozen=True)
+class ComputeBudget:
+    """One rank's emulated figures (ms, before the time scale)."""
+
+    device: str
+    rank: int
+    stage: int
+    first_member: bool
+    forward_ms: float
+    backward_ms: float
+    allreduce_ms: float
+
+
+class EmulatedCompute(ComputeHook):
+    """Waits out every F, B and REDUCE_GRAD to the plan's figures (module docstring) and
+    writes the per-step report lines to ``report`` (a text file, or None)."""
+
+    def __init__(self, budget: ComputeBudget, time_scale: float, shared_medium: bool,
+                 store: dist.Store | None, report: IO[str] | None) -> None:
+        self.budget, self.k = budget, time_scale
+        self.shared_medium, self.store, self.report = shared_medium, store, report
+        self.step = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.budget_ms = self.real_ms = self.worst_ms = 0.0
+        self.overruns = 0
+
+    def after_compute(self, action: Action, real_seconds: float) -> None:
+        ms = self.budget.forward_ms if action.type is ActionType.F else self.budget.backward_ms
+        budget_s = self.k * ms / 1e3
+        self.budget_ms += budget_s * 1e3
+        self.real_ms += real_seconds * 1e3
+        if real_seconds > budget_s:
+            self.overruns += 1
+            self.worst_ms = max(self.worst_ms, (real_seconds - budget_s) * 1e3)
+        else:
+            time.sleep(budget_s - real_seconds)
+
+    def after_reduce(self, action: Action, real_seconds: float) -> None:
+        duration = self.k * self.budget.allreduce_ms / 1e3
+        if duration > 0:
+            if self.shared_medium:
+                assert self.store is not None
+                key = f"emu/ar/{self.budget.stage}/{self.step}"
+                if self.budget.first_member:
+                    end = reserve(self.store, CHANNEL_KEY, duration) + duration
+                    self.store.set(key, repr(end))
+                else:
+                    end = float(self.store.get(key).decode())
+                _sleep_until(end)
+            else:
+                time.sleep(duration)
+        self._end_step()
+
+    def _end_step(self) -> None:
+        if self.report is not None:
+            line = {
+                "step": self.step,
+                "device": self.budget.device,
+                "rank": self.budget.rank,
+                "budget_ms": round(self.budget_ms, 4),
+                "real_ms": round(self.real_ms, 4),
+                "overruns": self.overruns,
+                "worst_overrun_ms": round(self.worst_ms, 4),
+                "time_scale": self.k,
+            }
+            self.report.write(json.dumps(line) + "\n")
+            self.report.flush()
+        self.step += 1
+        self._reset()
+
+
+@dataclass
+class Emulation:
+    """The transport and compute hook of one rank of an emulated run."""
+
+    transport: EmulatedTransport
+    hook: EmulatedCompute
+
+    @classmethod
+    def for_rank(cls, plan: Plan, rank: int, store: dist.Store, time_scale: float,
+                 out: str | None) -> Emulation:
+        """Budgets of ``rank`` from ``plan.cost`` and its links from the plan's cluster.
+        O(world size)."""
+        if not time_scale > 0:
+            raise ValueError(f"time scale must be positive, got {time_scale}")
+        layout = RankLayout.from_plan(plan)
+        me = layout.ranks[rank]
+        cluster = plan.problem.cluster
+        i = cluster.index(me.device)
+        peers = [cluster.index(r.device) for r in layout.ranks]
+        links = LinkFigures(
+            tuple(cluster.bytes_per_ms(i, j) if j != i else float("inf") for j in peers),
+            tuple(cluster.latency_ms(i, j) if j != i else 0.0 for j in peers),
+            cluster.network.shared_medium,
+        )
+        stage = plan.cost.stages[me.stage]
+        budget = ComputeBudget(
+            me.device, rank, me.stage, me.index == 0, stage.device_forward_ms[me.index],
+            stage.device_backward_ms[me.index],
+            stage.allreduce_ms if len(layout.stage_ranks[me.stage]) > 1 else 0.0,
+        )
+        report = None
+        if out is not None:
+            folder = Path(out) / "emulation"
+            folder.mkdir(parents=True, exist_ok=True)
+            report = (folder / f"rank{rank}.jsonl").open("w")
+        return cls(
+            EmulatedTransport(links, time_scale, store),
+            EmulatedCompute(budget, time_scale, links.shared_medium, store, report),
+        )
+
+
+def read_reports(out: str | Path) -> list[dict]:
+    """Every rank's per-step emulation lines of run directory ``out`` (no torch needed
+    to read them; this helper is here for the tests and the CLI)."""
+    lines: list[dict] = []
+    for path in sorted(Path(out, "emulation").glob("rank*.jsonl")):
+        lines += [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return lines

@@ -1,0 +1,209 @@
+"""Heterogeneity emulation (executor/emulation.py): every device computes for its
+profiled time, links deliver at the cluster's bandwidth and latency, a shared medium is
+one channel, ``time_scale`` stretches it all and real compute above the budget is
+reported. Real processes over gloo and a real TCPStore."""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from executor.emulation import EmulatedTransport, LinkFigures, read_reports, reserve
+from executor.launch import launch
+from executor.worker import WorkerOptions
+from planner.cluster import Cluster
+from planner.config import TrainingConfig
+from planner.partition import Partition, StageAssignment
+from planner.plan import make_plan
+from planner.problem import make_problem
+from planner.profile import BuildSpec
+from tests.executor_helpers import MLP_IN, profile_of, write_plan
+
+MLP = BuildSpec(callable="tests.executor_helpers:mlp", kwargs={"width": 8})
+DATASET = "tests.executor_helpers:mlp_dataset"
+
+
+@pytest.fixture(scope="module")
+def mlp_profile():
+    return profile_of(MLP, lambda b: torch.randn(b, MLP_IN))
+
+
+def emulated_plan(profile, stages, micro_batch, micro_batches, slowdowns, *,
+                  bandwidth_mbps=1000.0, latency_ms=0.1, shared=False):
+    """A hand-made plan on devices d0.. of one CPU type with per-device slowdowns."""
+    doc = {
+        "schema_version": 1, "kind": "edgepipe.cluster", "name": "emulated",
+        "device_types": {"host-cpu": {
+            "description": "this machine (tests)", "memory_bytes": 8 * 2**30,
+            "usable_fraction": 0.9, "peak_fp32_gflops": 100, "efficiency": 0.5,
+            "network": {"interface": "loopback", "bandwidth_mbps": 1000},
+            "sources": {"all": "test figures"},
+        }},
+        "devices": [{"id": f"d{i}", "type": "host-cpu", "slowdown": s}
+                    for i, s in enumerate(slowdowns)],
+        "network": {"bandwidth_mbps": bandwidth_mbps, "latency_ms": latency_ms,
+                    "shared_medium": shared},
+    }
+    cluster = Cluster.from_dict(doc, "emulated cluster", catalog={})
+    config = TrainingConfig(global_batch=micro_batch * micro_batches,
+                            micro_batch_candidates=(micro_batch,), optimizer="sgd",
+                            learning_rate=0.1)
+    problem = make_problem(profile, cluster, config, catalog={})
+    assigned, dev = [], 0
+    for first, end, samples in stages:
+        ids = tuple(f"d{dev + k}" for k in range(len(samples)))
+        dev += len(samples)
+        assigned.append(StageAssignment(first, end, ids, tuple(samples)))
+    return make_plan(problem, Partition(micro_batch, micro_batches, tuple(assigned)),
+                     SolverInfoHand())
+
+
+def SolverInfoHand():
+    from planner.plan import SolverInfo
+
+    return SolverInfo("hand")
+
+
+# -- the shared channel ----------------------------------------------------------------
+
+
+def test_reservations_on_one_channel_never_overlap_and_follow_each_other() -> None:
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=10))
+    starts: list[float] = []
+    lock = threading.Lock()
+
+    def claim() -> None:
+        client = dist.TCPStore("127.0.0.1", store.port, is_master=False,
+                               timeout=timedelta(seconds=10))
+        for _ in range(5):
+            s = reserve(client, "chan", 0.01)
+            with lock:
+                starts.append(s)
+
+    threads = [threading.Thread(target=claim) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    starts.sort()
+    assert len(starts) == 20
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert min(gaps) >= 0.01 - 1e-6  # each waits for the one before to end
+
+
+# -- links: real gloo processes ---------------------------------------------------------
+
+LINK_BYTES = 40_000  # 10,000 float32
+
+
+def _link_rank(rank: int, port: int, shared: bool, out: Any) -> None:
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=20))
+    dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank,
+                            world_size=3, timeout=timedelta(seconds=20))
+    # 40 kB at 3.2 Mbit/s (400 bytes/ms) = 100 ms on the wire, 20 ms latency
+    links = LinkFigures((400.0,) * 3, (20.0,) * 3, shared)
+    transport = EmulatedTransport(links, 1.0, dist.PrefixStore("emu", store))
+    dist.barrier()
+    if rank == 0:
+        payload = torch.arange(LINK_BYTES // 4, dtype=torch.float32)
+        works = [transport.send(payload, 1, 0), transport.send(payload, 2, 0)]
+        for w in works:
+            w.wait()
+    else:
+        buf = torch.empty(LINK_BYTES // 4)
+        start = time.time()
+        transport.recv(buf, 0, 0).wait()
+        out.put((rank, time.time() - start, bool(torch.equal(buf, torch.arange(10_000.0)))))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def arrival_seconds(shared: bool) -> dict[int, float]:
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=20))
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_link_rank, args=(r, store.port, shared, out)) for r in range(3)]
+    for p in procs:
+        p.start()
+    try:
+        got = [out.get(timeout=60) for _ in range(2)]
+        for p in procs:
+            p.join(timeout=30)
+        assert [p.exitcode for p in procs] == [0, 0, 0]
+    finally:
+        for p in procs:
+            if p.exitcode is None:
+                p.kill()
+                p.join()
+    assert all(ok for _, _, ok in got)
+    return {rank: seconds for rank, seconds, _ in got}
+
+
+@pytest.mark.slow
+def test_links_deliver_at_bandwidth_and_latency_and_a_shared_medium_serialises() -> None:
+    separate = arrival_seconds(shared=False)
+    # own channels: both arrive after 100 ms on the wire + 20 ms latency
+    assert all(0.115 < s < 0.2 for s in separate.values()), separate
+    shared = arrival_seconds(shared=True)
+    first, second = sorted(shared.values())
+    assert 0.115 < first < 0.2 and 0.215 < second < 0.32, shared
+
+
+# -- whole emulated runs ----------------------------------------------------------------
+
+
+def run(plan, tmp_path: Path, steps: int, **opts) -> Any:
+    path = write_plan(plan, tmp_path)
+    return launch(WorkerOptions(str(path), steps, str(tmp_path), dataset=DATASET,
+                                timeout_s=30, emulate=True, **opts))
+
+
+@pytest.mark.slow
+def test_each_device_computes_for_its_profiled_time_scaled(tmp_path: Path, mlp_profile) -> None:
+    plan = emulated_plan(mlp_profile, [(0, 2, [2, 1]), (2, 4, [3])], 3, 2, [1, 2, 1])
+    k = 40 / max(plan.cost.stages[0].device_forward_ms)  # device d1's forward: 40 ms
+    result = run(plan, tmp_path, 3, time_scale=k)
+    for p, stage in enumerate(plan.cost.stages):
+        for j, device in enumerate(plan.partition.stages[p].devices):
+            want = 2 * k * (stage.device_forward_ms[j] + stage.device_backward_ms[j])
+            for m in result.metrics[1:]:
+                got = m["devices"][device]["compute_ms"]
+                assert want <= got < want * 1.15 + 5, (device, got, want)
+    reports = read_reports(tmp_path)
+    assert len(reports) == 3 * 3
+    assert all(r["overruns"] == 0 for r in reports)
+
+
+@pytest.mark.slow
+def test_real_compute_above_the_budget_is_reported(tmp_path: Path, mlp_profile) -> None:
+    plan = emulated_plan(mlp_profile, [(0, 4, [2, 1])], 3, 2, [1, 1])
+    run(plan, tmp_path, 2, time_scale=1e-6)
+    reports = read_reports(tmp_path)
+    assert {r["device"] for r in reports} == {"d0", "d1"}
+    # two forwards and two backwards per step, each far beyond a micro-second budget
+    assert all(r["overruns"] == 4 and r["real_ms"] > r["budget_ms"] for r in reports)
+
+
+@pytest.mark.slow
+def test_emulation_changes_timing_not_training(tmp_path: Path, mlp_profile) -> None:
+    plan = emulated_plan(mlp_profile, [(0, 1, [1, 2]), (1, 4, [3])], 3, 2, [1, 3, 1],
+                         bandwidth_mbps=10, shared=True)
+    path = write_plan(plan, tmp_path)
+    plain = launch(WorkerOptions(str(path), 2, str(tmp_path / "plain"), dataset=DATASET,
+                                 deterministic=True, timeout_s=30))
+    emulated = launch(WorkerOptions(str(path), 2, str(tmp_path / "emu"), dataset=DATASET,
+                                    deterministic=True, timeout_s=30, emulate=True,
+                                    time_scale=2.0))
+    assert emulated.losses == plain.losses
