@@ -1,6 +1,6 @@
 """Cost model vs the event simulator on a grid of random plans.
 
-For each random problem (planner.synthetic) and random valid partition, compares the
+For each random problem (tests/synthetic.py) and random valid partition, compares the
 cost model's iteration time (exact schedule recurrence) and Asteroid's closed form (the
 DP's objective) with the simulator's makespan. Prints relative-error statistics per
 schedule and micro-batch-count bucket (negative = the model is optimistic).
@@ -11,12 +11,16 @@ schedule and micro-batch-count bucket (negative = the model is optimistic).
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 from planner.cost import CostModel
 from planner.simulator import simulate
-from planner.synthetic import random_partition, random_problem
+from tests.synthetic import random_partition, random_problem
 
 
 def main() -> None:

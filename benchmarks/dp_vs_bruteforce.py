@@ -21,8 +21,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from planner.dp import plan_dp
-from planner.synthetic import random_problem
 from tests.oracles import brute_force_best
+from tests.synthetic import random_problem
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """DP planning time over blocks x devices (issue: planner core).
 
-Synthetic models (planner.synthetic: two device types, uniform 1 Gbit/s shared network)
+Synthetic models (tests/synthetic.py: two device types, uniform 1 Gbit/s shared network)
 with global batch 64 and the default micro-batch candidates (every divisor of 64: seven
 sizes), plus the PipeDream vgg16 profile on the demo cluster. Prints a table and writes
 it as markdown with --markdown FILE. Targets on a 2-core machine: 50 blocks x 8 devices
@@ -12,11 +12,15 @@ it as markdown with --markdown FILE. Targets on a 2-core machine: 50 blocks x 8 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from planner import api
 from planner.dp import plan_dp
-from planner.synthetic import random_problem
+from tests.synthetic import random_problem
 
 GRID_BLOCKS = (10, 25, 50, 100)
 GRID_DEVICES = (2, 4, 8, 16)

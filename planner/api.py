@@ -94,23 +94,29 @@ def solve(
 ) -> Plan:
     """Plan ``problem`` with ``solver`` and return the scored :class:`Plan`.
 
-    ``solver``: ``"dp"`` (Asteroid's DP, :mod:`planner.dp`), ``"milp"`` (the exact
+    ``solver``: ``"dp"`` (Asteroid's DP, :mod:`planner.dp`; past ``time_limit`` seconds
+    it returns its best plan so far with status ``timed_out``), ``"milp"`` (the exact
     solver, :mod:`planner.milp`, with ``backend`` in cpsat | cbc | highs and a wall-clock
     ``time_limit`` in seconds, warm-started from the DP) or a baseline of
     :mod:`planner.baselines`. ``progress(done, total)`` is called as the DP finishes each
-    micro-batch candidate or the exact solver each (micro-batch, stage count) program.
+    level of a micro-batch candidate or the exact solver each (micro-batch, stage count)
+    program.
 
     Raises:
         InfeasibleError: nothing fits memory (the message names the binding figure).
         InputError: unknown solver or backend name, or a non-positive time limit.
     """
     if solver == "dp":
-        result = plan_dp(problem, progress=progress)
+        result = plan_dp(problem, progress=progress, time_limit=time_limit)
         info = SolverInfo(
             name="dp",
-            settings={"micro_batch_sizes": problem.config.micro_batch_sizes()},
+            settings={
+                "micro_batch_sizes": problem.config.micro_batch_sizes(),
+                "time_limit_s": time_limit,
+                "state_graph": result.graph,
+            },
             solve_time_s=result.solve_time_s,
-            status="heuristic",
+            status="timed_out" if result.status == "timed_out" else "heuristic",
         )
         return make_plan(problem, result.partition, info, cost=result.cost)
     if solver == "milp":

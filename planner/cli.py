@@ -68,7 +68,7 @@ CONFIG_FLAGS = {
 }
 
 #: solver flags -> the planners they apply to (anything else given with them is an error)
-SOLVER_FLAGS = {"backend": ("milp",), "time_limit": ("milp",)}
+SOLVER_FLAGS = {"backend": ("milp",), "time_limit": ("dp", "milp")}
 
 
 def _config_from_args(args: argparse.Namespace) -> TrainingConfig:
@@ -805,8 +805,8 @@ def _add_solver_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--time-limit",
         type=positive_float,
-        help=f"exact solver's wall-clock limit in seconds (milp only; default "
-        f"{DEFAULT_TIME_LIMIT:g})",
+        help="wall-clock limit in seconds of the dp (it returns its best plan so far) and "
+        f"of the exact solver (dp and milp; default {DEFAULT_TIME_LIMIT:g})",
     )
 
 

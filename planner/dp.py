@@ -1,19 +1,46 @@
-"""Asteroid's planning DP (Algorithm 2, reference/asteroid.md §4.2) with exact composition.
+"""Asteroid's planning DP (Algorithm 2, reference/asteroid.md §4.2), keyed by device class,
+with exact composition, several device orders and a time limit.
 
-Inputs: a :class:`~planner.problem.Problem` (L blocks, N devices, global batch G, micro-
-batch candidates). Devices are ordered by usable memory (descending), then effective
-speed (descending), then id, so early stages - which keep the most micro-batches in
-flight - get the largest memories; every stage group is a contiguous run of that order.
+Inputs: a :class:`~planner.problem.Problem` (L blocks, N devices in K classes of
+interchangeable devices, :mod:`planner.classes`; global batch G; micro-batch candidates)
+and a wall-clock limit.
 
-For each micro-batch size B (M = G / B micro-batches):
+Device classes. Devices of one class have the same times, memory and network figures, so
+the DP never names devices: a stage's group is a *composition* g = (g_1..g_K), g_k
+devices of class k, and a DP state is the multiset r = (r_1..r_K) of devices still
+available. Head evaluations (Algorithm 1 allocation, stage times, all-reduce, memory)
+are computed once per composition, so 64 identical devices give 64 group sizes, not
+2,080 device ranges. Devices are taken out of a class in cluster order when a plan is
+written down.
 
-State: Q(p, l, n) for the suffix plan putting the last l blocks into p stages on the last n
-devices D[N-n..N-1]; the suffix's head (first stage) starts at device N-n and layer L-l.
-Because the head of a p-stage suffix always has 2(p-1) steps after it, its in-flight depth
-K = warmup_depth(P-p of P) depends on p only (Asteroid: 2p-1), so memory is checked
-locally.
+State graph (per micro-batch size B). States are count vectors r; a *move* r -> r - g
+makes the group g the head stage; a *skip* r -> r - e_k leaves one device idle. Two
+graphs:
 
-Value: not one number but a small Pareto front of pairs (D, X). By the closed form of
+* complete (when it has at most ``COMPLETE_MOVES`` moves): every r <= counts and every
+  composition g <= r is a move. This is every assignment of devices to stages, in any
+  order, idle devices included - no device order is imposed.
+* ordered (otherwise): the union, over the device orders of :func:`device_orders`
+  (memory descending, Asteroid's; speed ascending; speed descending), of Asteroid's
+  contiguous groups: with the devices of an order laid out class by class, the states
+  are its suffixes, a move takes the first n - n' devices of a suffix of n, and a skip
+  drops the first device of a suffix (so any device may stay idle between groups).
+  Memory descending gives the deep-warm-up early stages the large memories; speed
+  ascending puts the fastest devices last, where the stage holding the heaviest blocks
+  often sits (with memory order only, the DP's worst gap to the exact optimum on the
+  solver benchmark was 53%: gpt2-small on the 8-device Ethernet testbed, whose last
+  stage could be an Orin only in a plan that used nothing else). Taking the union makes
+  the DP at least as good as the best single order, in one run.
+
+Both graphs drop two kinds of dominated moves: groups of more than B devices (some
+device would get no sample; the same plan is a smaller group plus skips) and a group of
+s devices of one class whose times never fall with the batch size when a smaller group
+s' < s of that class has the same largest share ceil(B/s') = ceil(B/s) (the same stage
+times and memory, a cheaper all-reduce, fewer devices used). So a class contributes
+O(sqrt B) homogeneous group sizes.
+
+Value: for the suffix plan putting the last l blocks into p stages on devices drawn from
+r, not one number but a Pareto front of pairs (D, X). By the closed form of
 :mod:`planner.cost`, a step chain's round latency is ``D + X`` with
 ``D = max_c (M c_c + C_c)`` and ``X = max_s (T_a^s - PB_s)``. Prepending a head compute
 step (c0 = E_f + E_b, E_b0, T_a0) and the link after it (c1 = 2 E_link) to a suffix
@@ -22,45 +49,57 @@ step (c0 = E_f + E_b, E_b0, T_a0) and the link after it (c1 = 2 E_link) to a suf
     D' = max(M c0, c0 + M c1, c0 + c1 + D)        X' = max(T_a0, X - E_b0 - E_link)
 
 both non-decreasing in D and X, so keeping the (D, X)-Pareto-optimal suffixes makes the
-recurrence exact with respect to the cost model (a single best latency per state, as in
-the re-implementations, is not: a suffix with lower D + X can lose after composition).
-Fronts are capped at ``FRONT`` entries (lowest D + X kept), the one approximation left
-besides the two below.
+recurrence exact with respect to the closed form. Fronts are capped at ``FRONT``
+entries (lowest D + X kept).
 
-Base: Q(1, l, n) = the head [L-l, L) on devices [N-n, N) alone: D = M c0, X = T_a0.
-Transition (p >= 2):
-    Q(p, l, n) = Pareto-min over p-1 <= l' < l, p-1 <= n' < n and entries (D, X) of
-                 Q(p-1, l', n') of compose(head [L-l, L-l') on [N-n, N-n'), link at L-l')
-Answer: the ``RERANK`` lowest D + X over p, n <= N of Q(p, L, n) per B, re-scored by the
-exact schedule makespan of the cost model; the best over all B wins, where plans within
-``TIE_TOLERANCE`` of the fastest are tied and the simplest of them is taken (fewest stages,
-then devices, then smallest B). Devices before N-n
-stay idle, and
-the head allocation (Algorithm 1, :mod:`planner.allocation`) may also leave a device of a
-group with 0 samples.
+State: Q(p, l, r), p = stages of the suffix; its head's warm-up K = warmup_depth(P-p of
+P) depends on p only (Asteroid: 2p-1), so memory is checked locally.
+Base: Q(1, l, r) = Pareto-min over moves g of r of the head [L-l, L) on g alone
+    (D = M c0, X = T_a0), and over skips r' of r of Q(1, l, r').
+Transition (p >= 2): Q(p, l, r) = Pareto-min over
+    moves r -> r' = r - g, p-1 <= l' < l, entries (D, X) of Q(p-1, l', r'):
+        compose(head [L-l, L-l') on g with K(p), link at block L-l' to the entry's head
+        group), and skips r -> r': Q(p, l, r').
+The link of a head to its suffix is priced from the classes of both groups (slowest
+pair, largest latency: Eq. 8), so each entry remembers its head composition.
+Answer: the ``RERANK`` lowest D + X over p of Q(p, L, all devices) per B, re-scored by
+the exact schedule makespan of the cost model (:meth:`CostModel.evaluate`); among plans
+within ``TIE_TOLERANCE`` of the fastest the one using fewest devices wins, then fewest
+stages, then the smallest B (a plan that leaves devices free is worth more than one
+fewer stage: seen, 16-way data parallel chosen over a 4-device plan 0.04% slower).
 
-Where exactness holds: the DP value equals the cost model's figure for the reconstructed
-plan when all pair bandwidths and latencies are equal (uniform network): the DP prices a
-link by the device *ranges* of the two groups, the cost model by the devices that got
-samples; on non-uniform networks the DP value is an upper bound and the returned plan is
-re-scored by the cost model. Within its search space (contiguous memory-ordered groups,
-Algorithm 1 allocations) the DP is then optimal up to the front cap; the exact solver of
-:mod:`planner.milp` searches the larger space.
+Exactness: the DP value equals the cost model's closed form of the reconstructed plan
+when every device of every group gets samples; Algorithm 1 may give a device 0 samples,
+then the DP value is an upper bound (the cost model prices the devices that got
+samples). On the complete graph the DP is optimal over every device assignment with
+Algorithm 1 splits, up to the front cap and the closed form's ranking (the ``RERANK``
+best are re-scored exactly).
 
-Complexity per B: O(N^2) head tables, each an Algorithm 1 run over all O(L^2) layer
-ranges; O(P N^2 L^2 F) compositions (F = front size) done as numpy array operations, one
-Pareto reduction per (p, n) of O(L x N L F log(N L F)).
+Bound: levels p run in order, each over the states in ascending size; the time limit is
+checked before each state. When it expires the DP returns the best plan of the levels
+completed (status ``timed_out``); the first level (single-stage plans, O(moves) heads)
+always completes, so a plan is returned whenever one fits memory.
+
+Complexity per B, with S states, E moves, C distinct compositions and P = min(L, N,
+max_stages) levels: C head tables, each Algorithm 1 over the O(L^2) block ranges (a
+closed form for one-class groups); P x E compositions of O(L^2 F) numpy work each, one
+Pareto reduction per (p, state). The complete graph has S = prod_k (c_k + 1) states and
+E = prod_k (c_k + 1)(c_k + 2) / 2 moves at most; the ordered graph S <= 3 (N + 1) and
+E <= 3 (N + 1) min(B, N). Memory: the traceback, O(P S L F) small integers.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
 from planner.allocation import allocate
+from planner.classes import DeviceClass, class_network, device_classes
 from planner.cost import (
     CostModel,
     PlanCost,
@@ -69,7 +108,6 @@ from planner.cost import (
     transfer_ms,
     warmup_that_fits,
 )
-from planner.errors import InfeasibleError
 from planner.partition import Partition, StageAssignment
 from planner.problem import Problem
 
@@ -80,152 +118,304 @@ FRONT = 4
 RERANK = 8
 
 #: plans within this relative margin of the fastest count as tied; among them the one
-#: with fewest stages, then fewest devices, then smallest micro-batch wins
+#: using fewest devices, then fewest stages, then smallest micro-batch wins
 TIE_TOLERANCE = 0.005
+
+#: the complete state graph is used when it has at most this many moves
+COMPLETE_MOVES = 1500
+
+#: levels stay exact (one per stage count, each adding its own answers to the re-scored
+#: ones) while levels x moves x (L + 1)^2 is at most this; above it they collapse where
+#: memory allows (docstring)
+EXACT_LEVELS_WORK = 3e7
+
+#: default wall-clock limit of one DP run, seconds
+DEFAULT_TIME_LIMIT = 60.0
 
 INF = np.inf
 
 
 @dataclass(frozen=True)
 class DPResult:
-    """The DP's plan, its cost-model figures and search statistics."""
+    """The DP's plan, its cost-model figures and search statistics.
+
+    ``status``: ``complete`` (every level searched) or ``timed_out`` (the best plan of
+    the levels finished before the time limit)."""
 
     partition: Partition
     cost: PlanCost
     dp_value_ms: float
     solve_time_s: float
     candidates: dict[int, float]  # micro-batch size -> best predicted iteration ms
+    status: str
+    graph: str  # complete | ordered
 
 
-def device_order(problem: Problem) -> list[int]:
-    """Cluster indices sorted by usable memory desc, effective speed desc, id."""
-    cl = problem.cluster
-    return sorted(
-        range(len(cl.devices)),
-        key=lambda i: (
-            -cl.budget_bytes(i),
-            -cl.type_of(i).effective_gflops / cl.devices[i].slowdown,
-            cl.devices[i].id,
-        ),
-    )
+class _Timeout(Exception):
+    """The time limit expired inside a level."""
 
 
-class _Search:
-    """State of the DP for one micro-batch size (tables are cached across calls)."""
+def device_orders(problem: Problem, classes: list[DeviceClass]) -> list[list[int]]:
+    """Class orders of the ordered graph: memory descending (then speed descending),
+    speed ascending, speed descending; speed = 1 / (the whole model's forward + backward
+    time at the largest micro-batch candidate); ties by first appearance. Duplicates
+    removed."""
+    cm_batch = max(problem.config.micro_batch_sizes())
+    timing = problem.timings
+    n_blocks = problem.model.num_blocks
 
-    def __init__(self, problem: Problem, cm: CostModel, order: list[int]) -> None:
-        self.problem, self.cm, self.order = problem, cm, order
-        self.n_dev = len(order)
+    def model_ms(c: DeviceClass) -> float:
+        t = timing[c.type]
+        per_block = [
+            float(np.interp(cm_batch, t.batch_sizes, f) + np.interp(cm_batch, t.batch_sizes, b))
+            for f, b in zip(t.forward_ms, t.backward_ms, strict=True)
+        ]
+        return sum(per_block[:n_blocks]) * c.slowdown
+
+    ks = range(len(classes))
+    ms = [model_ms(c) for c in classes]
+    orders = [
+        sorted(ks, key=lambda k: (-classes[k].budget, ms[k], k)),
+        sorted(ks, key=lambda k: (-ms[k], k)),
+        sorted(ks, key=lambda k: (ms[k], k)),
+    ]
+    unique: list[list[int]] = []
+    for order in orders:
+        if order not in unique:
+            unique.append(order)
+    return unique
+
+
+@dataclass
+class _Graph:
+    """States (count vectors, ascending size), edges (state, composition or -1 for a
+    skip, next state) and each state's edge indices."""
+
+    states: list[tuple[int, ...]]
+    edges: list[tuple[int, int, int]]
+    out: list[list[int]]
+    kind: str
+
+
+class _Tables:
+    """Per-class block tables and the head evaluations of compositions (cached)."""
+
+    def __init__(self, problem: Problem, cm: CostModel, classes: list[DeviceClass]) -> None:
+        self.problem, self.cm, self.classes = problem, cm, classes
         self.n_blk = problem.model.num_blocks
-        types = [cm.device_type[i] for i in order]
-        slow = cm.slowdown[order]
-        self.fwd = np.stack([cm.fwd[t] * s for t, s in zip(types, slow, strict=True)])
-        self.bwd = np.stack([cm.bwd[t] * s for t, s in zip(types, slow, strict=True)])
+        self.counts = tuple(c.count for c in classes)
+        self.fwd = np.stack([cm.fwd[c.type] * c.slowdown for c in classes])
+        self.bwd = np.stack([cm.bwd[c.type] * c.slowdown for c in classes])
         self.fb = self.fwd + self.bwd
-        self.budget = cm.budget[order]
-        bw = cm.bw[np.ix_(order, order)]
-        lat = cm.lat[np.ix_(order, order)]
-        self.bw, self.lat = bw, lat
-        n = self.n_dev
-        # range-to-range link figures: group [a, b) to group [b, c)
-        self.link_bw = np.full((n + 1, n + 1, n + 1), INF)
-        self.link_lat = np.zeros((n + 1, n + 1, n + 1))
-        for a in range(n):
-            for b in range(a + 1, n):
-                rows_bw = bw[a:b].min(axis=0)
-                rows_lat = lat[a:b].max(axis=0)
-                self.link_bw[a, b, b + 1 :] = np.minimum.accumulate(rows_bw[b:])
-                self.link_lat[a, b, b + 1 :] = np.maximum.accumulate(rows_lat[b:])
+        self.budget = np.array([c.budget for c in classes])
+        self.bw, self.lat = class_network(cm, classes)
+        #: per class, whether every block's forward and backward times never fall as the
+        #: batch grows (then even splits are Algorithm 1's and dominate, docstring)
+        self.monotone = [
+            bool((np.diff(np.diff(f, axis=0), axis=1) >= 0).all())
+            and bool((np.diff(np.diff(b, axis=0), axis=1) >= 0).all())
+            for f, b in zip(self.fwd, self.bwd, strict=True)
+        ]
         first, end = np.triu_indices(self.n_blk + 1, k=1)
         self.rows_first, self.rows_end = first, end
         self.static = cm.state_factor * (cm.param_prefix[end] - cm.param_prefix[first])
         self.saved = cm.saved_prefix[end] - cm.saved_prefix[first]
         self.grad = cm.param_prefix[end] - cm.param_prefix[first]
-        self._base: dict[tuple[int, int, int], tuple[np.ndarray, ...]] = {}
-        self._tables: dict[tuple[int, int, int, int], tuple[np.ndarray, ...]] = {}
+        self.comps: list[tuple[int, ...]] = []
+        self.comp_id: dict[tuple[int, ...], int] = {}
+        self._base: dict[tuple[int, int], tuple[np.ndarray, ...]] = {}
+        self._tables: dict[tuple[int, int, int], tuple[np.ndarray, ...]] = {}
+
+    def comp(self, g: tuple[int, ...]) -> int:
+        if g not in self.comp_id:
+            self.comp_id[g] = len(self.comps)
+            self.comps.append(g)
+        return self.comp_id[g]
+
+    def masks(self) -> np.ndarray:
+        """(compositions + 1, K) classes present in each composition; last row empty."""
+        out = np.zeros((len(self.comps) + 1, len(self.classes)), dtype=bool)
+        for i, g in enumerate(self.comps):
+            out[i] = np.array(g) > 0
+        return out
 
     def clear(self) -> None:
-        """Drop the head tables (they are per micro-batch size)."""
         self._base.clear()
         self._tables.clear()
 
-    # -- heads ---------------------------------------------------------------------------
-    def _unconstrained(self, a: int, b: int, batch: int) -> tuple[np.ndarray, ...]:
-        """Algorithm 1 on devices [a, b) for every layer range, ignoring memory, cached:
-        samples, feasibility, and the deepest warm-up each row fits (Eq. 3 solved for K)."""
-        key = (a, b, batch)
+    def slots(self, g: tuple[int, ...]) -> np.ndarray:
+        """Class of each device slot of composition g (class order)."""
+        return np.repeat(np.arange(len(g)), g)
+
+    # -- Algorithm 1 ---------------------------------------------------------------------
+    def _even(self, k: int, size: int, batch: int) -> np.ndarray:
+        """Samples of ``size`` devices of one class splitting ``batch`` evenly (the first
+        ``batch mod size`` take one more): Algorithm 1's split for identical devices
+        whose times never fall with the batch (its offloading never moves a sample)."""
+        y = np.full(size, batch // size, dtype=np.int64)
+        y[: batch % size] += 1
+        return y
+
+    def _unconstrained(self, cid: int, batch: int) -> tuple[np.ndarray, ...]:
+        """Algorithm 1 for composition ``cid`` on every block range, memory ignored:
+        samples, feasibility and the deepest warm-up each range fits (Eq. 3 for K)."""
+        key = (cid, batch)
         if key not in self._base:
+            g = self.comps[cid]
+            slot = self.slots(g)
             n_rows = len(self.rows_first)
-            y, ok = allocate(
-                self.fb[a:b], self.rows_first, self.rows_end, batch, np.full((n_rows, b - a), batch)
-            )
+            homogeneous = np.count_nonzero(g) == 1
+            if homogeneous and self.monotone[int(slot[0])]:
+                y = np.tile(self._even(int(slot[0]), len(slot), batch), (n_rows, 1))
+                ok = np.ones(n_rows, dtype=bool)
+            else:
+                y, ok = allocate(
+                    self.fb[slot], self.rows_first, self.rows_end, batch,
+                    np.full((n_rows, len(slot)), batch),
+                )  # fmt: skip
             depth = warmup_that_fits(
-                self.budget[a:b][None, :], self.static[:, None], y, self.saved[:, None]
+                self.budget[slot][None, :], self.static[:, None], y, self.saved[:, None]
             )
             depth = np.where(y > 0, depth, INF).min(axis=1)
             self._base[key] = (y, ok, depth)
         return self._base[key]
 
     def allocation(
-        self, a: int, b: int, rows: np.ndarray, warmup: int, batch: int
+        self, cid: int, rows: np.ndarray, warmup: int, batch: int
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Algorithm 1 for devices [a, b) over ``rows`` (indices into the layer ranges):
-        the memory-unconstrained split where it fits ``warmup``, else the split under
-        per-device caps. Returns (samples, feasible)."""
-        base_y, base_ok, depth = self._unconstrained(a, b, batch)
+        """Algorithm 1 for composition ``cid`` over ``rows`` (indices into the block
+        ranges): the memory-unconstrained split where it fits ``warmup``, else the split
+        under per-device caps. Returns (samples per slot, feasible)."""
+        base_y, base_ok, depth = self._unconstrained(cid, batch)
         y, ok = base_y[rows].copy(), base_ok[rows].copy()
         redo = np.flatnonzero(depth[rows] < warmup)
         if len(redo):
             sub = rows[redo]
+            slot = self.slots(self.comps[cid])
             caps = samples_that_fit(
-                self.budget[a:b][None, :],
+                self.budget[slot][None, :],
                 self.static[sub][:, None],
                 warmup,
                 self.saved[sub][:, None],
                 batch,
             )
-            first, end = self.rows_first[rows[redo]], self.rows_end[rows[redo]]
-            y[redo], ok[redo] = allocate(self.fb[a:b], first, end, batch, caps)
+            first, end = self.rows_first[sub], self.rows_end[sub]
+            y[redo], ok[redo] = allocate(self.fb[slot], first, end, batch, caps)
         return y, ok
 
-    def _figures(self, a: int, b: int, rows: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, ...]:
-        """E_f, E_b (Eq. 8) and T_a (§3.3) of the heads ``rows`` on [a, b) with samples y."""
+    def _figures(self, cid: int, rows: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, ...]:
+        """E_f, E_b (Eq. 8) and T_a (§3.3) of the ranges ``rows`` on composition ``cid``
+        with samples y per slot."""
+        slot = self.slots(self.comps[cid])
         first, end = self.rows_first[rows], self.rows_end[rows]
-        d = np.arange(b - a)[None, :]
-        ef = (self.fwd[a:b][d, end[:, None], y] - self.fwd[a:b][d, first[:, None], y]).max(1)
-        eb = (self.bwd[a:b][d, end[:, None], y] - self.bwd[a:b][d, first[:, None], y]).max(1)
+        k = slot[None, :]
+        ef = (self.fwd[k, end[:, None], y] - self.fwd[k, first[:, None], y]).max(1)
+        eb = (self.bwd[k, end[:, None], y] - self.bwd[k, first[:, None], y]).max(1)
         used = y > 0
-        pair = used[:, :, None] & used[:, None, :] & ~np.eye(b - a, dtype=bool)[None]
-        bw_min = np.where(pair, self.bw[a:b, a:b][None], INF).min(axis=(1, 2))
-        lat_max = np.where(pair, self.lat[a:b, a:b][None], 0.0).max(axis=(1, 2))
+        n = len(slot)
+        pair = used[:, :, None] & used[:, None, :] & ~np.eye(n, dtype=bool)[None]
+        bw = self.bw[np.ix_(slot, slot)][None]
+        lat = self.lat[np.ix_(slot, slot)][None]
+        bw_min = np.where(pair, bw, INF).min(axis=(1, 2))
+        lat_max = np.where(pair, lat, 0.0).max(axis=(1, 2))
         ta = ring_allreduce_ms(self.grad[rows], used.sum(1), bw_min, lat_max, self.cm.shared_medium)
         return ef, eb, ta
 
-    def head_table(self, a: int, b: int, warmup: int, batch: int) -> tuple[np.ndarray, ...]:
-        """Dense (L+1, L+1) arrays over [first, end): c = E_f + E_b, E_b, T_a (inf if
-        infeasible) for the head on devices [a, b) with ``warmup`` micro-batches in flight.
-        Rows whose unconstrained split fits reuse its figures (computed once per [a, b))."""
-        key = (a, b, warmup, batch)
+    def head(self, cid: int, warmup: int, batch: int) -> tuple[np.ndarray, ...]:
+        """Dense (L+1, L+1) arrays indexed [l, l'] for the head holding blocks
+        [L-l, L-l') on composition ``cid`` with ``warmup`` micro-batches in flight:
+        c = E_f + E_b, E_b, T_a (inf where infeasible or l' >= l)."""
+        key = (cid, warmup, batch)
         if key in self._tables:
             return self._tables[key]
-        base_key = (a, b, -1, batch)
         all_rows = np.arange(len(self.rows_first))
+        base_key = (cid, -1, batch)
         if base_key not in self._tables:
-            base_y, _, _ = self._unconstrained(a, b, batch)
-            self._tables[base_key] = self._figures(a, b, all_rows, base_y)
+            base_y, _, _ = self._unconstrained(cid, batch)
+            self._tables[base_key] = self._figures(cid, all_rows, base_y)
         ef, eb, ta = (v.copy() for v in self._tables[base_key])
-        y, ok = self.allocation(a, b, all_rows, warmup, batch)
-        redo = np.flatnonzero(self._unconstrained(a, b, batch)[2] < warmup)
+        y, ok = self.allocation(cid, all_rows, warmup, batch)
+        redo = np.flatnonzero(self._unconstrained(cid, batch)[2] < warmup)
         if len(redo):
-            ef[redo], eb[redo], ta[redo] = self._figures(a, b, redo, y[redo])
+            ef[redo], eb[redo], ta[redo] = self._figures(cid, redo, y[redo])
         size = self.n_blk + 1
+        big_l = self.n_blk
         out = []
         for values in (ef + eb, eb, ta):
             dense = np.full((size, size), INF)
-            dense[self.rows_first, self.rows_end] = np.where(ok, values, INF)
+            dense[big_l - self.rows_first, big_l - self.rows_end] = np.where(ok, values, INF)
             out.append(dense)
         self._tables[key] = tuple(out)
         return self._tables[key]
+
+    def drop_warmups(self, keep: int) -> None:
+        """Forget head tables of warm-ups other than ``keep`` (one level at a time)."""
+        for key in [k for k in self._tables if k[1] not in (-1, keep)]:
+            del self._tables[key]
+
+    # -- the state graph -----------------------------------------------------------------
+    def useful(self, g: tuple[int, ...], batch: int) -> bool:
+        """Whether group g is not dominated (module docstring): at most B devices, and a
+        one-class group of a monotone class has the least size of its largest share."""
+        size = sum(g)
+        if not 1 <= size <= batch:
+            return False
+        if np.count_nonzero(g) == 1:
+            k = next(i for i, v in enumerate(g) if v)
+            if self.monotone[k]:
+                share = -(-batch // size)
+                return size == -(-batch // share)
+        return True
+
+    def graph(self, batch: int, orders: list[list[int]]) -> _Graph:
+        """The complete graph if it has at most ``COMPLETE_MOVES`` moves, else the
+        ordered one (module docstring)."""
+        moves_bound = math.prod((c + 1) * (c + 2) // 2 for c in self.counts)
+        if moves_bound <= COMPLETE_MOVES:
+            return self._complete(batch)
+        return self._ordered(batch, orders)
+
+    def _complete(self, batch: int) -> _Graph:
+        states = sorted(itertools.product(*(range(c + 1) for c in self.counts)), key=sum)
+        index = {s: i for i, s in enumerate(states)}
+        edges: list[tuple[int, int, int]] = []
+        out: list[list[int]] = [[] for _ in states]
+        for i, r in enumerate(states):
+            for g in itertools.product(*(range(v + 1) for v in r)):
+                if self.useful(g, batch):
+                    sub = tuple(a - b for a, b in zip(r, g, strict=True))
+                    out[i].append(len(edges))
+                    edges.append((i, self.comp(g), index[sub]))
+        return _Graph(states, edges, out, "complete")
+
+    def _ordered(self, batch: int, orders: list[list[int]]) -> _Graph:
+        n_cls = len(self.counts)
+        suffixes: list[list[tuple[int, ...]]] = []
+        for order in orders:
+            seq = [k for k in order for _ in range(self.counts[k])]
+            vecs = []
+            for n in range(len(seq) + 1):
+                v = [0] * n_cls
+                for k in seq[len(seq) - n :]:
+                    v[k] += 1
+                vecs.append(tuple(v))
+            suffixes.append(vecs)
+        states = sorted({v for vecs in suffixes for v in vecs}, key=lambda v: (sum(v), v))
+        index = {s: i for i, s in enumerate(states)}
+        seen: set[tuple[int, int, int]] = set()
+        for vecs in suffixes:
+            for n in range(1, len(vecs)):
+                r = vecs[n]
+                seen.add((index[r], -1, index[vecs[n - 1]]))
+                for n_sub in range(max(0, n - batch), n):
+                    g = tuple(a - b for a, b in zip(r, vecs[n_sub], strict=True))
+                    if self.useful(g, batch):
+                        seen.add((index[r], self.comp(g), index[vecs[n_sub]]))
+        edges = sorted(seen)
+        out: list[list[int]] = [[] for _ in states]
+        for e, (i, _, _) in enumerate(edges):
+            out[i].append(e)
+        return _Graph(states, edges, out, "ordered")
 
 
 def _pareto(d: np.ndarray, x: np.ndarray, keep: int) -> tuple[np.ndarray, np.ndarray]:
@@ -254,287 +444,389 @@ def _pareto(d: np.ndarray, x: np.ndarray, keep: int) -> tuple[np.ndarray, np.nda
     return chosen, valid
 
 
-def _compose(
-    search: _Search,
-    sub: dict[str, np.ndarray],
-    n_sub: int,
-    a: int,
-    warmup: int,
-    batch: int,
-    m: int,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Candidates for Q(p, l, n) built on the suffixes Q(p-1, l', n_sub), all l and l'.
+@dataclass
+class _Level:
+    """Fronts of one level over every state: values D, X, the head composition H of
+    each entry and its parent (edge, l', slot, and whether the parent lies in this level:
+    a skip, or a move inside a collapsed level). ``warm`` is the heads' warm-up; a
+    ``collapsed`` level holds every stage count from its first on."""
 
-    The head runs blocks [L-l, L-l') on devices [a, N-n_sub); its link carries the cut's
-    activations to the suffix's head group. Returns (D', X') of shape (L+1, (L+1) x
-    FRONT), indexed [l, l' x FRONT + k]; D' is inf where l' >= l or the parts are
-    infeasible. Recurrence in the module docstring.
-    """
-    big_l, big_n = search.n_blk, search.n_dev
-    b = big_n - n_sub
-    c, eb, ta = search.head_table(a, b, warmup, batch)
-    ls = np.arange(big_l + 1)
-    rows, cols = (big_l - ls)[:, None], (big_l - ls)[None, :]
-    c0, eb0, ta0 = c[rows, cols][:, :, None], eb[rows, cols][:, :, None], ta[rows, cols][:, :, None]
-    sub_d, sub_x = sub["D"][:, n_sub, :][None], sub["X"][:, n_sub, :][None]
-    head_end = np.clip(big_n - sub["PN"][:, n_sub, :], 0, big_n)
-    cut = big_l - ls  # first block of the suffix, per l'
-    act = batch * search.cm.boundary[np.clip(cut - 1, 0, big_l - 1)]
-    link = transfer_ms(
-        act[:, None], search.link_bw[a, b][head_end], search.link_lat[a, b][head_end]
-    )[None]
-    d_new = np.maximum(np.maximum(m * c0, c0 + 2 * m * link), c0 + 2 * link + sub_d)
-    with np.errstate(invalid="ignore"):
-        x_new = np.maximum(ta0, sub_x - eb0 - link)
-    valid = (ls[None, :] < ls[:, None])[:, :, None] & np.isfinite(sub_d)
-    d_new = np.where(valid, d_new, INF)
-    return d_new.reshape(big_l + 1, -1), x_new.reshape(big_l + 1, -1)
+    warm: int
+    collapsed: bool
+    d: np.ndarray
+    x: np.ndarray
+    h: np.ndarray
+    edge: np.ndarray
+    l_sub: np.ndarray
+    k_sub: np.ndarray
+    same: np.ndarray
+
+    @classmethod
+    def empty(cls, n_states: int, n_blk: int, warm: int, collapsed: bool) -> _Level:
+        shape = (n_states, n_blk + 1, FRONT)
+        return cls(
+            warm,
+            collapsed,
+            np.full(shape, INF),
+            np.full(shape, INF),
+            np.full(shape, -1, dtype=np.int32),
+            np.full(shape, -1, dtype=np.int32),
+            np.zeros(shape, dtype=np.int32),
+            np.zeros(shape, dtype=np.int8),
+            np.zeros(shape, dtype=bool),
+        )
+
+    def trim(self) -> None:
+        """Keep only the traceback (the values of a finished level are no longer read)."""
+        self.d = self.x = self.h = np.empty(0)
 
 
-def _solve_batch(search: _Search, batch: int) -> list[tuple[float, tuple]]:
-    """Run the DP for micro-batch size ``batch``; return its ``RERANK`` best answers by
-    the closed form as (latency, traceback) pairs, best first (ties: fewer stages, then
-    fewer devices)."""
-    config = search.problem.config
-    big_l, big_n = search.n_blk, search.n_dev
-    m = config.global_batch // batch
-    max_p = min(big_l, big_n, config.max_stages or big_n)
-    shape = (big_l + 1, big_n + 1, FRONT)
+class _BatchSearch:
+    """The DP for one micro-batch size over one state graph."""
 
-    def warmup(p: int) -> int:
+    def __init__(
+        self, tables: _Tables, graph: _Graph, batch: int, deadline: float, tick: Callable
+    ) -> None:
+        self.t, self.g, self.batch, self.deadline, self.tick = tables, graph, batch, deadline, tick
+        config = tables.problem.config
+        self.m = config.global_batch // batch
+        n_dev = sum(tables.counts)
+        self.max_p = min(tables.n_blk, n_dev, config.max_stages or n_dev)
+        self.capped = config.max_stages is not None and config.max_stages < min(tables.n_blk, n_dev)
+        self.levels: list[_Level] = []
+        self.answers: list[tuple[float, int, int]] = []
+        self.root = len(graph.states) - 1
+        self.mask = tables.masks()
+        self.sizes = np.array([sum(s) for s in graph.states])
+        big_l = tables.n_blk
+        cut = big_l - np.arange(big_l + 1)  # first block of a suffix of l' blocks
+        self.act = batch * tables.cm.boundary[np.clip(cut - 1, 0, big_l - 1)]
+
+    def warmup(self, p: int) -> int:
         """K of the head of a p-stage suffix: stage P-p of P, the same for every P."""
-        return config.warmup_depth(max_p - p, max_p, m)
+        return self.t.problem.config.warmup_depth(self.max_p - p, self.max_p, self.m)
 
-    def empty_front() -> dict[str, np.ndarray]:
-        # D, X; parent l', n' (the suffix's head group ends at device N - n'), slot k
-        front = {k: np.full(shape, INF) for k in ("D", "X")}
-        front.update({k: np.full(shape, -1, dtype=np.int64) for k in ("PL", "PN", "PK")})
-        return front
+    def first_free_level(self) -> int:
+        """The least p0 such that heads at every p >= p0 see the same tables: no range
+        of any composition fits its unconstrained split at a depth d with
+        K(p0) <= d < K(P) (then memory reads the same at all those warm-ups). Every
+        level stays exact (P + 1) with a stage cap, or when exact levels are cheap
+        (``EXACT_LEVELS_WORK``): each level's own answers are re-scored, which matters
+        where the closed form ranks plans differently from the exact makespan."""
+        if self.capped:
+            return self.max_p + 1
+        moves = sum(1 for _, c, _ in self.g.edges if c >= 0)
+        if self.max_p * moves * (self.t.n_blk + 1) ** 2 <= EXACT_LEVELS_WORK:
+            return self.max_p + 1
+        k_max = self.warmup(self.max_p)
+        worst = -INF
+        for cid in sorted({c for _, c, _ in self.g.edges if c >= 0}):
+            if time.perf_counter() > self.deadline:
+                raise _Timeout
+            depth = self.t._unconstrained(cid, self.batch)[2]
+            binding = depth[np.isfinite(depth) & (depth < k_max)]
+            if binding.size:
+                worst = max(worst, float(binding.max()))
+        return 1 + max((p for p in range(1, self.max_p + 1) if self.warmup(p) <= worst), default=0)
 
-    fronts: list[dict[str, np.ndarray]] = [{}]
-    f1 = empty_front()
-    for n in range(1, big_n + 1):
-        c, _, ta = search.head_table(big_n - n, big_n, warmup(1), batch)
-        f1["D"][1:, n, 0] = m * c[big_l - np.arange(1, big_l + 1), big_l]
-        f1["X"][1:, n, 0] = ta[big_l - np.arange(1, big_l + 1), big_l]
-        f1["PN"][:, n, 0] = 0
-    fronts.append(f1)
+    def run(self) -> list[tuple[float, int, int]]:
+        """Exact levels p = 1 .. p0 - 1, then one collapsed level for every p >= p0, until
+        done or the deadline; the root's best (value, stages, slot) answers. When the
+        deadline passes in the first level, the root alone is finished (its
+        single-stage plans), so some plan is returned whenever one fits memory."""
+        try:
+            p0 = self.first_free_level()
+        except _Timeout:
+            p0 = self.max_p + 1
+        for p in range(1, min(p0, self.max_p) + 1):
+            collapsed = p == p0
+            try:
+                if p == 1 and time.perf_counter() > self.deadline:
+                    raise _Timeout
+                level = self._level(p, collapsed)
+            except _Timeout:
+                if p > 1:
+                    raise
+                self.levels.append(self._level(1, False, only_root=True))
+                self._collect(1)
+                raise
+            self.t.drop_warmups(level.warm)
+            if self.levels:
+                self.levels[-1].trim()
+            self.levels.append(level)
+            self._collect(p)
+            self.tick()
+        return self.answers
 
-    for p in range(2, max_p + 1):
-        fp = empty_front()
-        for n in range(p, big_n + 1):
-            subs = list(range(p - 1, n))
-            parts = [
-                _compose(search, fronts[p - 1], n_sub, big_n - n, warmup(p), batch, m)
-                for n_sub in subs
-            ]
-            d_all = np.concatenate([d for d, _ in parts], axis=1)
-            x_all = np.concatenate([x for _, x in parts], axis=1)
-            chosen, ok = _pareto(d_all, np.where(np.isfinite(d_all), x_all, INF), FRONT)
-            per_sub = (big_l + 1) * FRONT
-            which_sub = chosen // per_sub
-            rest = chosen % per_sub
-            l_sub, k_sub = rest // FRONT, rest % FRONT
-            rows = np.arange(big_l + 1)[:, None]
-            n_sub_arr = np.array(subs)[which_sub]
-            fp["D"][:, n, :] = np.where(ok, d_all[rows, chosen], INF)
-            fp["X"][:, n, :] = np.where(ok, x_all[rows, chosen], INF)
-            fp["PL"][:, n, :] = np.where(ok, l_sub, -1)
-            fp["PN"][:, n, :] = np.where(ok, n_sub_arr, -1)
-            fp["PK"][:, n, :] = np.where(ok, k_sub, -1)
-        fronts.append(fp)
+    def _collect(self, p: int) -> None:
+        level, big_l = self.levels[-1], self.t.n_blk
+        total = level.d[self.root, big_l] + level.x[self.root, big_l]
+        found = [(float(v), p, k) for k, v in enumerate(total) if np.isfinite(v)]
+        self.answers = sorted(self.answers + found)[:RERANK]
 
-    answers = []
-    for p in range(1, max_p + 1):
-        total = fronts[p]["D"][big_l] + fronts[p]["X"][big_l]  # (n, k)
-        for n in range(1, big_n + 1):
-            for k in range(FRONT):
-                if np.isfinite(total[n, k]):
-                    answers.append((float(total[n, k]), p, n, k))
-    answers.sort()
-    return [(value, (fronts, (p, n, k), max_p)) for value, p, n, k in answers[:RERANK]]
+    def _level(self, p: int, collapsed: bool, only_root: bool = False) -> _Level:
+        """Fronts of level p for every state (or the root's moves alone): from base heads
+        (p = 1), moves onto the previous level, moves onto this level (collapsed) and
+        skips."""
+        t, graph = self.t, self.g
+        big_l = t.n_blk
+        warm = self.warmup(p)
+        level = _Level.empty(len(graph.states), big_l, warm, collapsed)
+        prev = self.levels[-1] if self.levels else None
+        states = [self.root] if only_root else range(len(graph.states))
+        n_l = big_l + 1 - p
+        rows = np.arange(n_l)[:, None]
+        l_here = np.arange(p, big_l + 1)[:, None]
+        for s in states:
+            if self.sizes[s] < p:
+                continue
+            if not only_root and time.perf_counter() > self.deadline:
+                raise _Timeout
+            moves = [e for e in graph.out[s] if graph.edges[e][1] >= 0]
+            skips = [] if only_root else [e for e in graph.out[s] if graph.edges[e][1] < 0]
+            # sources: (moves, front they compose onto or None for base heads, same level)
+            sources: list[tuple[list[int], _Level | None, bool]] = []
+            if p == 1:
+                sources.append((moves, None, False))
+            else:
+                assert prev is not None
+                sources.append((self._live(moves, prev), prev, False))
+            if collapsed and not only_root:
+                sources.append((self._live(moves, level), level, True))
+            parts: list[tuple[np.ndarray, np.ndarray]] = []
+            meta: list[tuple[str, list[int], bool, int]] = []  # kind, edges, same, width
+            for mv, front, same in sources:
+                if mv:
+                    d, x = self._moves(mv, p, warm, front)
+                    parts.append((d, x))
+                    meta.append(("base" if front is None else "move", mv, same, d.shape[1]))
+            for e in skips:
+                sub = graph.edges[e][2]
+                parts.append((level.d[sub, p:], level.x[sub, p:]))
+                meta.append(("skip", [e], True, FRONT))
+            if not parts:
+                continue
+            d = np.concatenate([q[0] for q in parts], axis=1)
+            x = np.concatenate([q[1] for q in parts], axis=1)
+            chosen, ok = _pareto(d, np.where(np.isfinite(d), x, INF), FRONT)
+            level.d[s, p:] = np.where(ok, d[rows, chosen], INF)
+            level.x[s, p:] = np.where(ok, x[rows, chosen], INF)
+            edge = np.full(chosen.shape, -1, dtype=np.int64)
+            head = np.full(chosen.shape, -1, dtype=np.int64)
+            l_sub = np.zeros(chosen.shape, dtype=np.int64)
+            k_sub = np.zeros(chosen.shape, dtype=np.int64)
+            same = np.zeros(chosen.shape, dtype=bool)
+            offset = 0
+            span = big_l + 2 - p  # l' = p-1 .. L
+            for kind, mv, same_level, width in meta:
+                here = (chosen >= offset) & (chosen < offset + width)
+                j = chosen - offset
+                if kind == "base":
+                    e_arr = np.array(mv)[np.clip(j, 0, len(mv) - 1)]
+                    l_j, k_j = np.zeros_like(j), np.zeros_like(j)
+                elif kind == "move":
+                    which, rest = np.divmod(np.clip(j, 0, width - 1), span * FRONT)
+                    e_arr = np.array(mv)[which]
+                    l_off, k_j = np.divmod(rest, FRONT)
+                    l_j = l_off + p - 1
+                else:
+                    e_arr = np.full(j.shape, mv[0])
+                    l_j, k_j = np.broadcast_to(l_here, j.shape), np.clip(j, 0, FRONT - 1)
+                edge = np.where(here, e_arr, edge)
+                l_sub = np.where(here, l_j, l_sub)
+                k_sub = np.where(here, k_j, k_sub)
+                same = np.where(here, same_level, same)
+                if kind == "skip":
+                    sub = graph.edges[mv[0]][2]
+                    h_j = level.h[sub, l_here, np.clip(j, 0, FRONT - 1)]
+                else:
+                    h_j = np.array([graph.edges[e][1] for e in mv])[
+                        np.clip(j, 0, width - 1) // (1 if kind == "base" else span * FRONT)
+                    ]
+                head = np.where(here, h_j, head)
+                offset += width
+            level.h[s, p:] = np.where(ok, head, -1)
+            level.edge[s, p:] = np.where(ok, edge, -1)
+            level.l_sub[s, p:] = l_sub
+            level.k_sub[s, p:] = k_sub
+            level.same[s, p:] = same
+        return level
+
+    def _live(self, moves: list[int], front: _Level) -> list[int]:
+        """Moves whose next state has some finite entry in ``front`` (others add nothing)."""
+        return [e for e in moves if np.isfinite(front.d[self.g.edges[e][2]]).any()]
+
+    def _moves(
+        self, moves: list[int], p: int, warm: int, front: _Level | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(D, X) candidates of rows l = p..L from ``moves``: heads alone (``front`` None)
+        flattened per row as (move,), else composed onto ``front`` as (move, l' =
+        p-1..L, slot) (module docstring)."""
+        t, graph, m = self.t, self.g, self.m
+        big_l = t.n_blk
+        cids = [graph.edges[e][1] for e in moves]
+        heads = [t.head(c, warm, self.batch) for c in cids]
+        if front is None:
+            d = m * np.stack([h[0][p:, 0] for h in heads], axis=1)  # (l, T)
+            x = np.stack([h[2][p:, 0] for h in heads], axis=1)
+            return d, x
+        lo = p - 1  # l' runs over lo..L (l' = L is never below l, so it stays inf)
+        c0 = np.stack([h[0][p:, lo:] for h in heads])[..., None]  # (T, l, l', 1)
+        eb0 = np.stack([h[1][p:, lo:] for h in heads])[..., None]
+        ta0 = np.stack([h[2][p:, lo:] for h in heads])[..., None]
+        subs = [graph.edges[e][2] for e in moves]
+        sub_d, sub_x, sub_h = front.d[subs, lo:], front.x[subs, lo:], front.h[subs, lo:]
+        # link from the head group to each entry's head group (slowest pair, Eq. 8)
+        masks = self.mask[sub_h]  # (T, l', F, K); h = -1 reads the empty last row
+        own = self.mask[cids]  # (T, K)
+        bw_row = np.where(own[:, :, None], t.bw[None], INF).min(axis=1)  # (T, K)
+        lat_row = np.where(own[:, :, None], t.lat[None], 0.0).max(axis=1)
+        bw = np.where(masks, bw_row[:, None, None, :], INF).min(axis=-1)
+        lat = np.where(masks, lat_row[:, None, None, :], 0.0).max(axis=-1)
+        link = transfer_ms(self.act[None, lo:, None], bw, lat)[:, None]  # (T, 1, l', F)
+        sub_d, sub_x = sub_d[:, None], sub_x[:, None]
+        d_new = np.maximum(np.maximum(m * c0, c0 + 2 * m * link), c0 + 2 * link + sub_d)
+        with np.errstate(invalid="ignore"):
+            x_new = np.maximum(ta0, sub_x - eb0 - link)
+        d_new = np.where(np.isfinite(sub_d), d_new, INF)
+        n_l = big_l + 1 - p
+        return (
+            np.moveaxis(d_new, 1, 0).reshape(n_l, -1),
+            np.moveaxis(x_new, 1, 0).reshape(n_l, -1),
+        )
+
+    def reconstruct(self, p: int, k: int) -> Partition:
+        """The plan of answer (level p, slot k) at the root, devices taken from each class
+        in cluster order."""
+        t, graph = self.t, self.g
+        big_l = t.n_blk
+        devices = t.problem.cluster.devices
+        free = [list(c.members) for c in t.classes]
+        stages: list[StageAssignment] = []
+        s, l_cur, i = self.root, big_l, p - 1
+        while l_cur > 0:
+            level = self.levels[i]
+            e = int(level.edge[s, l_cur, k])
+            _, cid, sub = graph.edges[e]
+            l_sub, k_sub = int(level.l_sub[s, l_cur, k]), int(level.k_sub[s, l_cur, k])
+            same = bool(level.same[s, l_cur, k])
+            if cid < 0:
+                s, k = sub, k_sub
+                continue
+            first, end = big_l - l_cur, big_l - l_sub
+            row = np.flatnonzero((t.rows_first == first) & (t.rows_end == end))
+            y, _ = t.allocation(cid, row, level.warm, self.batch)
+            taken = []
+            for cls, count in zip(t.slots(t.comps[cid]), y[0], strict=True):
+                member = free[int(cls)].pop(0)
+                if count > 0:
+                    taken.append((member, int(count)))
+            taken.sort()
+            stages.append(
+                StageAssignment(
+                    first,
+                    end,
+                    tuple(devices[j].id for j, _ in taken),
+                    tuple(c for _, c in taken),
+                )
+            )
+            s, k, l_cur = sub, k_sub, l_sub
+            if not same:
+                i -= 1
+        return Partition(self.batch, self.m, tuple(stages))
 
 
-def _reconstruct(search: _Search, batch: int, trace: tuple) -> Partition:
-    fronts, (p, n, k), max_p = trace
-    problem = search.problem
-    m = problem.config.global_batch // batch
-    big_l, big_n = search.n_blk, search.n_dev
-    devices = problem.cluster.devices
-    stages: list[StageAssignment] = []
-    l_cur = big_l
-    while p >= 1:
-        f = fronts[p]
-        if p == 1:
-            l_sub, n_sub, k_sub = 0, 0, 0
-        else:
-            l_sub = int(f["PL"][l_cur, n, k])
-            n_sub = int(f["PN"][l_cur, n, k])
-            k_sub = int(f["PK"][l_cur, n, k])
-        a, b = big_n - n, big_n - n_sub
-        first, end = big_l - l_cur, big_l - l_sub
-        row = np.flatnonzero((search.rows_first == first) & (search.rows_end == end))
-        warm = problem.config.warmup_depth(max_p - p, max_p, m)
-        y, _ = search.allocation(a, b, row, warm, batch)
-        ids, samples = [], []
-        for j, count in enumerate(y[0]):
-            if count > 0:
-                ids.append(devices[search.order[a + j]].id)
-                samples.append(int(count))
-        stages.append(StageAssignment(first, end, tuple(ids), tuple(samples)))
-        p, n, k, l_cur = p - 1, n_sub, k_sub, l_sub
-    return Partition(batch, m, tuple(stages))
-
-
-def plan_dp(problem: Problem, progress: Callable[[int, int], None] | None = None) -> DPResult:
+def plan_dp(
+    problem: Problem,
+    progress: Callable[[int, int], None] | None = None,
+    time_limit: float = DEFAULT_TIME_LIMIT,
+    *,
+    by_class: bool = True,
+) -> DPResult:
     """Best partition found by the DP over every micro-batch candidate.
 
     Args:
         problem: the inputs.
-        progress: optional ``callback(done, total)`` after each micro-batch candidate.
+        progress: optional ``callback(done, total)`` after each level of each micro-batch
+            candidate.
+        time_limit: wall-clock seconds; when they run out the best plan so far is
+            returned with status ``timed_out``.
+        by_class: key states by device class (default); ``False`` makes every device a
+            class of its own (the device-by-device DP, for tests and benchmarks).
 
     Raises:
         InfeasibleError: no candidate fits memory (message names the binding figure).
     """
-    result = _best_plan(problem, progress)
+    result = best_plan(problem, progress, time_limit, by_class=by_class)
     if result is None:
-        sizes = problem.config.micro_batch_sizes()
-        raise diagnose_infeasible(problem, CostModel(problem, max(sizes)))
+        # imported here: the diagnosis runs the DP itself (on clusters with more memory)
+        from planner.diagnosis import diagnose_infeasible
+
+        raise diagnose_infeasible(problem)
     return result
 
 
-def _best_plan(
-    problem: Problem, progress: Callable[[int, int], None] | None = None
+def best_plan(
+    problem: Problem,
+    progress: Callable[[int, int], None] | None = None,
+    time_limit: float = DEFAULT_TIME_LIMIT,
+    *,
+    by_class: bool = True,
 ) -> DPResult | None:
     """:func:`plan_dp` without the diagnosis: ``None`` when nothing fits."""
     start = time.perf_counter()
+    deadline = start + time_limit
     sizes = problem.config.micro_batch_sizes()
     cm = CostModel(problem, max(sizes))
-    search = _Search(problem, cm, device_order(problem))
+    classes = device_classes(problem)
+    if not by_class:
+        classes = [
+            DeviceClass(c.type, c.budget, c.slowdown, (i,)) for c in classes for i in c.members
+        ]
+    tables = _Tables(problem, cm, classes)
+    orders = device_orders(problem, classes)
+    n_dev = len(problem.cluster.devices)
+    per_batch_levels = min(problem.model.num_blocks, n_dev, problem.config.max_stages or n_dev)
+    total = per_batch_levels * len(sizes)
+    done = 0
+
+    def tick() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(min(done, total), total)
+
     found: list[tuple[PlanCost, Partition, float]] = []
     per_batch: dict[int, float] = {}
-    for i, batch in enumerate(sizes):
-        search.clear()
-        for value, trace in _solve_batch(search, batch):
-            partition = _reconstruct(search, batch, trace)
+    status, kind = "complete", ""
+    for batch in sizes:
+        tables.clear()
+        graph = tables.graph(batch, orders)
+        kind = graph.kind
+        search = _BatchSearch(tables, graph, batch, deadline, tick)
+        try:
+            answers = search.run()
+        except _Timeout:
+            status = "timed_out"
+            answers = getattr(search, "answers", [])
+        done = (sizes.index(batch) + 1) * per_batch_levels
+        if progress is not None:
+            progress(done, total)
+        for value, p, k in answers:
+            partition = search.reconstruct(p, k)
             cost = cm.evaluate(partition)
             per_batch[batch] = min(per_batch.get(batch, INF), cost.iteration_ms)
             found.append((cost, partition, value))
-        if progress is not None:
-            progress(i + 1, len(sizes))
     if not found:
         return None
     fastest = min(cost.iteration_ms for cost, _, _ in found)
     cost, partition, value = min(
         (c for c in found if c[0].iteration_ms <= fastest * (1 + TIE_TOLERANCE)),
         key=lambda c: (
-            c[1].num_stages,
             len(c[1].used_devices()),
+            c[1].num_stages,
             c[1].micro_batch_size,
             c[0].iteration_ms,
         ),
     )
-    return DPResult(partition, cost, value, time.perf_counter() - start, per_batch)
-
-
-def diagnose_infeasible(problem: Problem, cm: CostModel) -> InfeasibleError:
-    """Explain why no plan fits memory: the first violated necessary condition.
-
-    Checks, in order: (1) some block's weights + gradients + optimizer state exceed the
-    largest device's usable memory; (2) the whole model's static state exceeds all usable
-    memory together; (3) otherwise activations of the in-flight micro-batches bind.
-    """
-    cluster = problem.cluster
-    n = len(cluster.devices)
-    budgets = [cluster.budget_bytes(i) for i in range(n)]
-    largest = max(range(n), key=lambda i: budgets[i])
-    gib = 2**30
-    for i, block in enumerate(problem.model.blocks):
-        need = cm.static_bytes(i, i + 1)
-        if need > budgets[largest]:
-            short = need - budgets[largest]
-            return InfeasibleError(
-                f"memory: block {i} ({block.name}) alone needs {need / gib:.2f} GiB for "
-                f"weights, gradients and {problem.config.optimizer} state, but the largest "
-                f"device ({cluster.devices[largest].id}) has {budgets[largest] / gib:.2f} GiB "
-                f"usable: short by {short / gib:.2f} GiB. Use a device with more memory, "
-                "a lighter optimizer (sgd), or a smaller model.",
-                "memory",
-                short,
-            )
-    total = cm.static_bytes(0, problem.model.num_blocks)
-    if total > sum(budgets):
-        short = total - sum(budgets)
-        return InfeasibleError(
-            f"memory: the model's weights, gradients and {problem.config.optimizer} state "
-            f"need {total / gib:.2f} GiB but all devices together have "
-            f"{sum(budgets) / gib:.2f} GiB usable: short by {short / gib:.2f} GiB. Add "
-            "devices, use a lighter optimizer (sgd), or a smaller model.",
-            "memory",
-            short,
-        )
-    smallest = min(problem.config.micro_batch_sizes())
-    scale, plan = _memory_scale_to_fit(problem, smallest)
-    if plan is None:
-        return InfeasibleError(
-            "memory: no stage layout fits even with 1000x the devices' memory at "
-            f"micro-batch {smallest}; check the profile's byte figures",
-            "memory",
-            None,
-        )
-    device, over = max(
-        (
-            (d, mem - cluster.budget_bytes(cluster.index(d)))
-            for stage, sc in zip(plan.partition.stages, plan.cost.stages, strict=True)
-            for d, mem in zip(stage.devices, sc.memory_bytes, strict=True)
-        ),
-        key=lambda t: t[1],
-    )
-    return InfeasibleError(
-        "memory: no stage layout fits; the activations of in-flight micro-batches bind. "
-        f"With micro-batch {smallest} the best plan needs {scale:.2f}x the usable memory: "
-        f"device {device} is short by {_human_bytes(over)} "
-        f"({plan.partition.num_stages} stages). Try smaller micro_batch_candidates, "
-        "warmup 'classic' (fewer micro-batches in flight), or more devices.",
-        "memory",
-        over,
-    )
-
-
-def _human_bytes(n: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n:.0f} B"
-
-
-def _memory_scale_to_fit(problem: Problem, batch: int) -> tuple[float, DPResult | None]:
-    """Smallest factor (to 2%) by which every device's memory must grow for the DP to find
-    a plan at micro-batch ``batch``, and that plan (scored on the scaled cluster)."""
-
-    def attempt(factor: float) -> DPResult | None:
-        cl = problem.cluster
-        devices = tuple(
-            replace(d, memory_bytes=cl.memory_bytes(i) * factor) for i, d in enumerate(cl.devices)
-        )
-        scaled = replace(
-            problem,
-            cluster=replace(cl, devices=devices),
-            config=replace(problem.config, micro_batch_candidates=(batch,)),
-        )
-        return _best_plan(scaled)
-
-    low, high, found = 1.0, 2.0, attempt(2.0)
-    while found is None and high < 1000:
-        low, high = high, high * 4
-        found = attempt(high)
-    if found is None:
-        return high, None
-    while high / low > 1.02:
-        mid = (low * high) ** 0.5
-        plan = attempt(mid)
-        if plan is None:
-            low = mid
-        else:
-            high, found = mid, plan
-    return high, found
+    return DPResult(partition, cost, value, time.perf_counter() - start, per_batch, status, kind)

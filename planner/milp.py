@@ -103,8 +103,10 @@ from pathlib import Path
 
 import numpy as np
 
+from planner.classes import DeviceClass, device_classes, representative_pair
 from planner.cost import CostModel, PlanCost
-from planner.dp import diagnose_infeasible, plan_dp
+from planner.diagnosis import diagnose_infeasible
+from planner.dp import plan_dp
 from planner.errors import InfeasibleError, InputError
 from planner.partition import Partition, StageAssignment
 from planner.problem import Problem
@@ -153,37 +155,6 @@ def quiet_stdout() -> Iterator[None]:
         os.dup2(saved, 1)
         os.close(saved)
         os.close(devnull)
-
-
-# --------------------------------------------------------------------------------------
-# device classes
-# --------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class DeviceClass:
-    """Interchangeable devices: same type, usable memory and slowdown, no link override.
-
-    ``members`` are cluster indices in cluster order."""
-
-    type: str
-    budget: float
-    slowdown: float
-    members: tuple[int, ...]
-
-    @property
-    def count(self) -> int:
-        return len(self.members)
-
-
-def device_classes(problem: Problem) -> list[DeviceClass]:
-    """Group the cluster's devices into classes of interchangeable devices (see the
-    module docstring), in order of first appearance. O(N + links)."""
-    cluster = problem.cluster
-    linked = {end for link in cluster.network.links for end in (link.a, link.b)}
-    groups: dict[tuple, list[int]] = {}
-    for i, dev in enumerate(cluster.devices):
-        key = (dev.type, cluster.budget_bytes(i), dev.slowdown, dev.id if dev.id in linked else "")
-        groups.setdefault(key, []).append(i)
-    return [DeviceClass(k[0], k[1], k[2], tuple(v)) for k, v in groups.items()]
 
 
 # --------------------------------------------------------------------------------------
@@ -279,7 +250,7 @@ class _Tables:
         lat = np.full((n_cls, n_cls), np.nan)
         for a, ca in enumerate(classes):
             for b, cb in enumerate(classes):
-                pair = _representative_pair(ca, cb)
+                pair = representative_pair(ca, cb)
                 if pair is not None:
                     inv[a, b] = 1.0 / cm.bw[pair]
                     lat[a, b] = cm.lat[pair]
@@ -300,13 +271,6 @@ class _Tables:
             for tf, tb in zip(self.tf, self.tb, strict=True)
         ]
         self.n_devices = sum(c.count for c in classes)
-
-
-def _representative_pair(a: DeviceClass, b: DeviceClass) -> tuple[int, int] | None:
-    """Two distinct devices, one of each class (None when a = b has one member)."""
-    if a is b:
-        return (a.members[0], a.members[1]) if a.count >= 2 else None
-    return (a.members[0], b.members[0])
 
 
 def _schedule(cm: CostModel, batch: int, num_stages: int) -> list[list[tuple[str, int]]]:
@@ -991,7 +955,7 @@ def plan_milp(
     closed = all(s.closed for s in done)
     if best is None:
         if closed:
-            raise diagnose_infeasible(problem, cm)
+            raise diagnose_infeasible(problem)
         raise InfeasibleError(
             f"no plan that fits memory was found within the time limit of {time_limit:g} s "
             "(infeasibility is not proven); raise the time limit",

@@ -18,8 +18,8 @@ from planner.baselines import (
 from planner.cost import CostModel
 from planner.errors import InfeasibleError, InputError
 from planner.milp import plan_milp
-from planner.synthetic import random_problem
 from tests.oracles import best_contiguous_split
+from tests.synthetic import random_problem
 
 
 def ranges(partition):

@@ -13,7 +13,7 @@ from planner import api
 from planner.cli import main
 from planner.comparison import COLUMNS, ComparisonResult
 from planner.errors import InputError
-from planner.synthetic import random_problem
+from tests.synthetic import random_problem
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from planner.problem import make_problem
 from planner.profile import Block, ModelProfile, Timing
 from planner.simulator import simulate
 from planner.steps import Step, StepChain
-from planner.synthetic import device_type
+from tests.synthetic import device_type
 
 
 def hand_problem(shared: bool = False, optimizer: str = "momentum"):

@@ -6,7 +6,7 @@ import numpy as np
 
 from planner.cost import CostModel
 from planner.simulator import simulate
-from planner.synthetic import random_partition, random_problem
+from tests.synthetic import random_partition, random_problem
 
 
 def relative_errors(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

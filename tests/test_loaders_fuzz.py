@@ -16,7 +16,7 @@ from planner.errors import EdgepipeError, InputError
 from planner.plan import SolverInfo, make_plan, plan_from_dict, plan_to_dict
 from planner.profile import ModelProfile
 from planner.schema import parse_json
-from planner.synthetic import random_problem
+from tests.synthetic import random_problem
 
 PROBLEM = random_problem(4, 3, seed=2, global_batch=8, candidates=(2, 4), bandwidth_mbps=1e4)
 _RESULT = plan_dp(PROBLEM)

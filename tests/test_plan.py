@@ -15,7 +15,7 @@ from planner.errors import InfeasibleError, InputError, PlanMismatchError, Schem
 from planner.plan import SolverInfo, load_plan, make_plan, plan_from_dict, plan_to_dict, save_plan
 from planner.profile import ModelProfile
 from planner.schema import validate
-from planner.synthetic import random_problem
+from tests.synthetic import random_problem
 
 
 @pytest.fixture(scope="module")
