@@ -53,7 +53,15 @@ recurrence exact with respect to the closed form. Fronts are capped at ``FRONT``
 entries (lowest D + X kept).
 
 State: Q(p, l, r), p = stages of the suffix; its head's warm-up K = warmup_depth(P-p of
-P) depends on p only (Asteroid: 2p-1), so memory is checked locally.
+P) depends on p only (Asteroid: 2p-1), so memory is checked locally. Levels collapse:
+p matters only through K(p), and a head's tables change with K only where some block
+range's unconstrained split fits at a depth d with K(p) <= d < K(P) (Eq. 3 solved for
+K). From the least p0 beyond every such d, all levels read the same tables, so they
+merge into one level holding every stage count >= p0, filled in one pass over the
+states in ascending size (a move may then land in the same level). With memory to spare
+p0 = 1 and the P levels become one. Levels stay exact when ``max_stages`` caps P and
+when P x moves x (L + 1)^2 <= ``EXACT_LEVELS_WORK`` (each exact level contributes its own
+answers to the re-scoring, which matters where the closed form misranks plans).
 Base: Q(1, l, r) = Pareto-min over moves g of r of the head [L-l, L) on g alone
     (D = M c0, X = T_a0), and over skips r' of r of Q(1, l, r').
 Transition (p >= 2): Q(p, l, r) = Pareto-min over
@@ -81,7 +89,7 @@ completed (status ``timed_out``); the first level (single-stage plans, O(moves) 
 always completes, so a plan is returned whenever one fits memory.
 
 Complexity per B, with S states, E moves, C distinct compositions and P = min(L, N,
-max_stages) levels: C head tables, each Algorithm 1 over the O(L^2) block ranges (a
+max_stages) levels (1 + p0 - 1 after collapsing): C head tables, each Algorithm 1 over the O(L^2) block ranges (a
 closed form for one-class groups); P x E compositions of O(L^2 F) numpy work each, one
 Pareto reduction per (p, state). The complete graph has S = prod_k (c_k + 1) states and
 E = prod_k (c_k + 1)(c_k + 2) / 2 moves at most; the ordered graph S <= 3 (N + 1) and
