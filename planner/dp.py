@@ -89,11 +89,12 @@ completed (status ``timed_out``); the first level (single-stage plans, O(moves) 
 always completes, so a plan is returned whenever one fits memory.
 
 Complexity per B, with S states, E moves, C distinct compositions and P = min(L, N,
-max_stages) levels (1 + p0 - 1 after collapsing): C head tables, each Algorithm 1 over the O(L^2) block ranges (a
-closed form for one-class groups); P x E compositions of O(L^2 F) numpy work each, one
-Pareto reduction per (p, state). The complete graph has S = prod_k (c_k + 1) states and
-E = prod_k (c_k + 1)(c_k + 2) / 2 moves at most; the ordered graph S <= 3 (N + 1) and
-E <= 3 (N + 1) min(B, N). Memory: the traceback, O(P S L F) small integers.
+max_stages) levels (p0 of them after collapsing): C head tables, each Algorithm 1 over
+the O(L^2) block ranges (a closed form for one-class groups); P x E compositions of
+O(L^2 F) numpy work each, one Pareto reduction per (level, state). The complete graph
+has S = prod_k (c_k + 1) states and E = prod_k (c_k + 1)(c_k + 2) / 2 moves at most;
+the ordered graph S <= 3 (N + 1) and E <= 3 (N + 1) min(B, N). Memory: the traceback,
+O(P S L F) small integers.
 """
 
 from __future__ import annotations

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -183,6 +186,31 @@ def test_solver_prints_nothing_to_stdout(backend, capfd):
     plan_milp(random_problem(4, 3, seed=1, global_batch=4), backend=backend, time_limit=30)
     out, _ = capfd.readouterr()
     assert out == ""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_another_threads_output_survives_a_solve(backend, capfd):
+    # the solver must not silence the process's stdout: a thread writing to descriptor
+    # 1 meanwhile (as print does outside pytest) keeps every line, and no solver banner
+    # appears among them
+    stop = threading.Event()
+    printed = []
+
+    def chatter() -> None:
+        while not stop.is_set() or not printed:
+            printed.append(len(printed))
+            os.write(1, f"tick {printed[-1]}\n".encode())
+            time.sleep(0.002)
+
+    thread = threading.Thread(target=chatter)
+    thread.start()
+    try:
+        plan_milp(random_problem(5, 4, seed=2, global_batch=8), backend=backend, time_limit=30)
+    finally:
+        stop.set()
+        thread.join()
+    out, _ = capfd.readouterr()
+    assert out.splitlines() == [f"tick {i}" for i in printed]
 
 
 def test_plan_json_on_stdout_is_clean_in_a_fresh_process():
