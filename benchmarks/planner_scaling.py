@@ -1,17 +1,28 @@
-"""DP planning time over blocks x devices (issue: planner core).
+"""DP planning time and peak memory over blocks x devices x device types (issue 10).
 
-Synthetic models (tests/synthetic.py: two device types, uniform 1 Gbit/s shared network)
-with global batch 64 and the default micro-batch candidates (every divisor of 64: seven
-sizes), plus the PipeDream vgg16 profile on the demo cluster. Prints a table and writes
-it as markdown with --markdown FILE. Targets on a 2-core machine: 50 blocks x 8 devices
-<= 1 s, 100 x 16 <= 20 s, vgg16 on the demo cluster <= 1 s.
+Cases (each run in a fresh process, so its peak resident memory is its own):
+
+- synthetic models (tests/synthetic.py: random blocks, two timed device types) on
+  clusters of N devices in T types (type t has t+1 times the base throughput pattern of
+  "fast"/"slow" alternately; 1 Gbit/s switched network), global batch 64, every divisor
+  of 64 as micro-batch candidate (seven DP runs);
+- PipeDream's shipped profiles on 16 identical Jetson Nanos and vgg16 on 64 (global
+  batch 32, the CLI defaults).
+
+Targets on the 2-core development machine: 100 blocks x 16 mixed devices <= 2 s;
+64 identical devices <= 1 s; 512 devices of 8 types with 100 blocks <= 30 s and <= 2 GB;
+400 blocks on 16 identical devices <= 5 s; every shipped PipeDream profile on 16
+identical devices <= 0.5 s. Prints a markdown table (also written with --markdown).
 
     .venv/bin/python benchmarks/planner_scaling.py [--repeat 3] [--markdown out.md]
+        [--time-limit 120] [--only NAME]
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import resource
 import sys
 import time
 from pathlib import Path
@@ -19,67 +30,134 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from planner import api
+from planner.cluster import Cluster, Device, Network
+from planner.config import TrainingConfig
 from planner.dp import plan_dp
-from tests.synthetic import random_problem
+from planner.problem import Problem, make_problem
+from planner.profile import ModelProfile
+from tests.synthetic import device_type, random_problem
 
-GRID_BLOCKS = (10, 25, 50, 100)
-GRID_DEVICES = (2, 4, 8, 16)
-TARGETS = {(50, 8): 1.0, (100, 16): 20.0}
+#: name -> (blocks, devices, types, target seconds, target GiB)
+SYNTHETIC = {
+    "synthetic 10 x 4 mixed": (10, 4, 2, None, None),
+    "synthetic 50 x 8 mixed": (50, 8, 2, None, None),
+    "synthetic 100 x 16 mixed": (100, 16, 2, 2.0, None),
+    "synthetic 100 x 64 identical": (100, 64, 1, 1.0, None),
+    "synthetic 100 x 512, 8 types": (100, 512, 8, 30.0, 2.0),
+    "synthetic 400 x 16 identical": (400, 16, 1, 5.0, None),
+}
+PIPEDREAM = (
+    "pipedream-alexnet",
+    "pipedream-resnet18",
+    "pipedream-squeezenet1_0",
+    "pipedream-vgg16",
+)
 
 
-def timed(problem, repeat: int) -> tuple[float, object]:
-    best, result = float("inf"), None
+def synthetic(blocks: int, n_dev: int, types: int) -> Problem:
+    base = random_problem(blocks, 2, seed=blocks * 1000 + n_dev, global_batch=64,
+                          candidates=None, bandwidth_mbps=1000.0)  # fmt: skip
+    kinds = {f"t{k}": device_type(f"t{k}", 8e9 / (1 + k % 2), 100.0 + 20 * k, 1e5)
+             for k in range(types)}  # fmt: skip
+    timings = {}
+    for k in range(types):
+        t = base.model.timings[("fast", "slow")[k % 2]]
+        scale = 1.0 / (1 + 0.15 * k)
+        timings[f"t{k}"] = type(t)(
+            t.batch_sizes,
+            tuple(tuple(v * scale for v in row) for row in t.forward_ms),
+            tuple(tuple(v * scale for v in row) for row in t.backward_ms),
+        )
+    model = ModelProfile(base.model.name, base.model.source, base.model.input_bytes_per_sample,
+                         base.model.blocks, timings)  # fmt: skip
+    devices = tuple(Device(f"d{i}", f"t{i % types}") for i in range(n_dev))
+    cluster = Cluster(f"{n_dev}x{types}", devices, Network(1000.0, 0.5, False), kinds)
+    return make_problem(model, cluster, base.config, catalog=kinds)
+
+
+def nanos(model: str, n_dev: int) -> Problem:
+    profile = ModelProfile.load(api.resolve(model, "models"))
+    catalog = Cluster.load(api.resolve("jetson-testbed-6", "clusters")).device_types
+    devices = tuple(Device(f"nano-{i}", "jetson-nano") for i in range(n_dev))
+    cluster = Cluster(f"nano-{n_dev}", devices, Network(940.0, 0.2, False),
+                      {"jetson-nano": catalog["jetson-nano"]})  # fmt: skip
+    return make_problem(profile, cluster, TrainingConfig(32))
+
+
+def cases() -> dict[str, tuple]:
+    out: dict[str, tuple] = {
+        name: (("synthetic", b, n, t), target_s, target_gb)
+        for name, (b, n, t, target_s, target_gb) in SYNTHETIC.items()
+    }
+    for model in PIPEDREAM:
+        out[f"{model} x 16 nanos"] = (("nanos", model, 16), 0.5, None)
+    out["pipedream-vgg16 x 64 nanos"] = (("nanos", "pipedream-vgg16", 64), 1.0, None)
+    return out
+
+
+def run_case(spec: tuple, repeat: int, time_limit: float, queue) -> None:
+    problem = synthetic(*spec[1:]) if spec[0] == "synthetic" else nanos(*spec[1:])
+    best = float("inf")
+    result = None
     for _ in range(repeat):
         start = time.perf_counter()
-        result = plan_dp(problem)
+        result = plan_dp(problem, time_limit=time_limit)
         best = min(best, time.perf_counter() - start)
-    return best, result
+    peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30
+    assert result is not None
+    queue.put(
+        (
+            problem.model.num_blocks,
+            len(problem.cluster.devices),
+            len({d.type for d in problem.cluster.devices}),
+            best,
+            peak_gib,
+            result.status,
+            result.graph,
+            result.partition.num_stages,
+            len(result.partition.used_devices()),
+            result.partition.micro_batch_size,
+        )
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3, help="best of N runs")
+    parser.add_argument("--time-limit", type=float, default=120.0, help="DP limit per run")
+    parser.add_argument("--only", help="run the cases whose name contains this")
     parser.add_argument("--markdown", help="also write the table to this file")
     args = parser.parse_args()
 
     lines = [
-        "| blocks | devices | DP time (s) | stages | micro-batch | target |",
-        "|---:|---:|---:|---:|---:|---|",
+        "| case | blocks | devices | types | time (s) | peak RSS (GiB) | status | graph "
+        "| stages | devices used | micro-batch | target |",
+        "|---|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---|",
     ]
-    for blocks in GRID_BLOCKS:
-        for devices in GRID_DEVICES:
-            problem = random_problem(
-                blocks,
-                devices,
-                seed=blocks * 100 + devices,
-                global_batch=64,
-                candidates=None,
-                bandwidth_mbps=1000.0,
-            )
-            repeat = 1 if blocks * devices >= 800 else args.repeat
-            secs, result = timed(problem, repeat)
-            target = TARGETS.get((blocks, devices))
-            verdict = (
-                ""
-                if target is None
-                else f"<= {target:g} s: {'met' if secs <= target else 'MISSED'}"
-            )
-            lines.append(
-                f"| {blocks} | {devices} | {secs:.3f} | {result.partition.num_stages} | "
-                f"{result.partition.micro_batch_size} | {verdict} |"
-            )
-            print(lines[-1], flush=True)
-    problem = api.load_problem(api.DEMO_MODEL, api.DEMO_CLUSTER)
-    secs, result = timed(problem, args.repeat)
-    lines.append(
-        f"| vgg16 ({problem.model.num_blocks}, PipeDream) | 6 (demo) | {secs:.3f} | "
-        f"{result.partition.num_stages} | {result.partition.micro_batch_size} | "
-        f"<= 1 s: {'met' if secs <= 1.0 else 'MISSED'} |"
-    )
-    print(lines[-1])
+    print(lines[0], flush=True)
+    ctx = multiprocessing.get_context("spawn")
+    for name, (spec, target_s, target_gb) in cases().items():
+        if args.only and args.only not in name:
+            continue
+        queue = ctx.Queue()
+        repeat = 1 if spec[0] == "synthetic" and spec[2] >= 512 else args.repeat
+        proc = ctx.Process(target=run_case, args=(spec, repeat, args.time_limit, queue))
+        proc.start()
+        row = queue.get()
+        proc.join()
+        blocks, n_dev, types, secs, gib, status, graph, stages, used, batch = row
+        verdict = ""
+        if target_s is not None:
+            ok = secs <= target_s and (target_gb is None or gib <= target_gb)
+            goal = f"<= {target_s:g} s" + (f", <= {target_gb:g} GiB" if target_gb else "")
+            verdict = f"{goal}: {'met' if ok else 'MISSED'}"
+        lines.append(
+            f"| {name} | {blocks} | {n_dev} | {types} | {secs:.3f} | {gib:.2f} | {status} | "
+            f"{graph} | {stages} | {used} | {batch} | {verdict} |"
+        )
+        print(lines[-1], flush=True)
     if args.markdown:
-        with open(args.markdown, "w") as fh:
-            fh.write("\n".join(lines) + "\n")
+        Path(args.markdown).write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
