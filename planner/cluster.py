@@ -19,7 +19,7 @@ from typing import Any
 
 from planner.errors import InputError
 from planner.resources import profile_path
-from planner.schema import load_document, validate
+from planner.schema import excerpt, load_document, validate
 
 CATALOG_KIND = "edgepipe.device_catalog"
 CLUSTER_KIND = "edgepipe.cluster"
@@ -235,14 +235,16 @@ class Cluster:
                 raise InputError(
                     source,
                     f"$.devices[{i}].id",
-                    f"device id {d['id']!r} is used twice; give every device a unique id",
+                    f"device id {excerpt(repr(d['id']), 40)} is used twice; give every device a "
+                    "unique id",
                 )
             seen.add(d["id"])
             if d["type"] not in known:
                 raise InputError(
                     source,
                     f"$.devices[{i}].type",
-                    f"unknown device type {d['type']!r}; use one of {sorted(known)} or add "
+                    f"unknown device type {excerpt(repr(d['type']), 40)}; use one of "
+                    f"{sorted(known)} or add "
                     "its spec under device_types",
                 )
             types[d["type"]] = known[d["type"]]
@@ -263,7 +265,8 @@ class Cluster:
                     raise InputError(
                         source,
                         f"$.network.links[{k}].{end}",
-                        f"link names device {link[end]!r}, which is not in devices",
+                        f"link names device {excerpt(repr(link[end]), 40)}, which is not in "
+                        "devices",
                     )
             links.append(
                 Link(link["a"], link["b"], link.get("bandwidth_mbps"), link.get("latency_ms"))

@@ -89,11 +89,13 @@ def check_partition(problem: Problem, partition: Partition) -> None:
         for dev in stage.devices:
             if not problem.cluster.has_device(dev):
                 raise PlanMismatchError(
-                    f"stage {p} uses device {dev!r}, which is not in cluster "
-                    f"{problem.cluster.name!r}; re-plan for this cluster"
+                    f"stage {p} uses device {_excerpt(dev)}, which is not in cluster "
+                    f"{_excerpt(problem.cluster.name)}; re-plan for this cluster"
                 )
             if dev in seen:
-                raise PlanMismatchError(f"device {dev!r} serves two stages; a device runs one")
+                raise PlanMismatchError(
+                    f"device {_excerpt(dev)} serves two stages; a device runs one"
+                )
             seen.add(dev)
         if not stage.devices or len(stage.devices) != len(stage.samples):
             raise PlanMismatchError(
@@ -112,7 +114,7 @@ def check_partition(problem: Problem, partition: Partition) -> None:
     if expected_first != n_blocks:
         raise PlanMismatchError(
             f"the stages cover blocks [0, {expected_first}) but model "
-            f"{problem.model.name!r} has {n_blocks} blocks; the plan was made for another "
+            f"{_excerpt(problem.model.name)} has {n_blocks} blocks; the plan was made for another "
             "model, re-plan for this one"
         )
 
@@ -124,7 +126,7 @@ def check_memory(problem: Problem, partition: Partition, cost: PlanCost) -> None
         for dev, need, limit in zip(stage.devices, sc.memory_bytes, sc.budget_bytes, strict=True):
             if need > limit:
                 raise PlanMismatchError(
-                    f"device {dev!r} (stage {p}) needs {need / GIB:.3f} GiB but has "
+                    f"device {_excerpt(dev)} (stage {p}) needs {need / GIB:.3f} GiB but has "
                     f"{limit / GIB:.3f} GiB usable ({need:.0f} > {limit:.0f} bytes); the "
                     "plan does not fit this cluster, re-plan for it"
                 )

@@ -191,13 +191,15 @@ def validate(doc: Any, kind: str, source: str) -> dict[str, Any]:
         raise SchemaVersionError(
             source,
             "$.schema_version",
-            f"schema version {version!r} is not supported; this edgepipe reads version "
-            f"{SCHEMA_VERSION}. Re-create the file with this release or convert it.",
+            f"schema version {excerpt(repr(version), 40)} is not supported; this edgepipe "
+            f"reads version {SCHEMA_VERSION}. Re-create the file with this release or convert it.",
         )
     found = doc.get("kind")
     if found != kind:
         raise InputError(
-            source, "$.kind", f"this is a {found!r} document, but a {kind!r} was expected"
+            source,
+            "$.kind",
+            f"this is a {excerpt(repr(found), 60)} document, but a {kind!r} was expected",
         )
     errors = sorted(_validator(kind).iter_errors(doc), key=lambda e: list(e.absolute_path))
     if errors:

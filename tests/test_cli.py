@@ -322,3 +322,35 @@ def test_the_gantt_title_names_the_plan_s_schedule(plan_file):
     gpipe = replace(plan, problem=replace(plan.problem, config=replace(
         plan.problem.config, schedule="gpipe")))  # fmt: skip
     assert cli.gantt_title(gpipe) == f"{plan.id}: one iteration (GPipe)"
+
+
+def edited(kind: str, change) -> dict:
+    """A shipped document of ``kind`` (cluster orin-pair-2, model pipedream-alexnet)
+    after ``change``."""
+    name = {"clusters": "orin-pair-2", "models": "pipedream-alexnet"}[kind]
+    doc = json.loads(Path(resolve(name, kind)).read_text())
+    change(doc)
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        (edited("clusters", lambda d: d["devices"].append(dict(d["devices"][0]))), "used twice"),
+        (
+            edited("clusters", lambda d: d["network"].setdefault("links", []).append(
+                {"a": d["devices"][0]["id"], "b": "ghost", "latency_ms": 1})),
+            "'ghost', which is not in devices",
+        ),
+        (edited("models", lambda d: next(iter(d["timings"].values()))["forward_ms"].pop()), "rows"),
+        (
+            {"schema_version": 1, "kind": "edgepipe.training_config", "global_batch": 16.0},
+            "$.global_batch: 16.0 is not of type 'integer'",
+        ),
+    ],
+    ids=["duplicate-device", "link-to-unknown-device", "timing-rows", "float-count"],
+)  # fmt: skip
+def test_validate_runs_the_semantic_checks_plan_runs(doc, message, tmp_path, capsys):
+    path = write_json(tmp_path / "doc.json", doc)
+    assert main(["validate", path]) == 2
+    assert message in capsys.readouterr().err

@@ -192,3 +192,17 @@ def test_valid_documents_load():
 def test_api_config_refuses_non_integer_counts_with_a_typed_error(kwargs, field):
     with pytest.raises(InputError, match=rf"\$\.{field}: must be a whole number"):
         TrainingConfig(**kwargs)
+
+
+HUGE = ("x" * 100_000, list(range(20_000)), {"k" * 50_000: 1})
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(sorted(LOADERS)), st.data(), st.sampled_from(HUGE))
+def test_a_huge_value_anywhere_is_quoted_in_at_most_a_short_excerpt(kind, data, value):
+    doc = VALID[kind]
+    path = data.draw(st.sampled_from(list(paths(doc))))
+    try:
+        LOADERS[kind](replaced(doc, path, value))
+    except EdgepipeError as exc:
+        assert len(str(exc)) < 600, str(exc)[:200]
