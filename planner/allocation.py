@@ -28,7 +28,8 @@ Algorithm (per row):
 Devices may end with 0 samples (they then sit idle). Ties break toward the lower device
 index, so results are deterministic and independent of the other rows.
 
-Complexity: O(g) rounds for step 1 and O(moves) for step 2, each O(rows x g) numpy work.
+Complexity: O(g) rounds for step 1, O(rows x g) numpy work each; O(moves) rounds for step 2,
+each O(rows still moving x g).
 """
 
 from __future__ import annotations
@@ -82,23 +83,24 @@ def allocate(
         y = np.minimum(y + add, caps)
     ok = y.sum(axis=1) == batch
 
-    rows = np.arange(n)
-    active = ok.copy()
+    active = np.flatnonzero(ok)
     big = np.inf
     for _ in range((batch + 1) * batch * g + 1):  # bound from the termination argument
-        if not active.any():
+        if not len(active):
             break
-        now = _times(table, first, end, y)
-        now_busy = np.where(y > 0, now, -big)
+        ya, ca, fa, ea = y[active], caps[active], first[active], end[active]
+        rows = np.arange(len(active))
+        now = _times(table, fa, ea, ya)
+        now_busy = np.where(ya > 0, now, -big)
         slow = np.argmax(now_busy, axis=1)
-        up = _times(table, first, end, np.minimum(y + 1, batch))
-        up = np.where(y < caps, up, big)
+        up = _times(table, fa, ea, np.minimum(ya + 1, batch))
+        up = np.where(ya < ca, up, big)
         up[rows, slow] = big
         fast = np.argmin(up, axis=1)
-        move = active & (up[rows, fast] < now[rows, slow])
+        move = up[rows, fast] < now[rows, slow]
         if not move.any():
             break
-        y[rows[move], slow[move]] -= 1
-        y[rows[move], fast[move]] += 1
-        active = move
+        active = active[move]
+        y[active, slow[move]] -= 1
+        y[active, fast[move]] += 1
     return y, ok

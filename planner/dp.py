@@ -136,7 +136,7 @@ COMPLETE_MOVES = 1500
 #: levels stay exact (one per stage count, each adding its own answers to the re-scored
 #: ones) while levels x moves x (L + 1)^2 is at most this; above it they collapse where
 #: memory allows (docstring)
-EXACT_LEVELS_WORK = 3e7
+EXACT_LEVELS_WORK = 1e6
 
 #: default wall-clock limit of one DP run, seconds
 DEFAULT_TIME_LIMIT = 60.0
@@ -321,12 +321,14 @@ class _Tables:
         ef = (self.fwd[k, end[:, None], y] - self.fwd[k, first[:, None], y]).max(1)
         eb = (self.bwd[k, end[:, None], y] - self.bwd[k, first[:, None], y]).max(1)
         used = y > 0
-        n = len(slot)
-        pair = used[:, :, None] & used[:, None, :] & ~np.eye(n, dtype=bool)[None]
-        bw = self.bw[np.ix_(slot, slot)][None]
-        lat = self.lat[np.ix_(slot, slot)][None]
-        bw_min = np.where(pair, bw, INF).min(axis=(1, 2))
-        lat_max = np.where(pair, lat, 0.0).max(axis=(1, 2))
+        # pairs of used devices, counted per class: a pair of classes (a, b) occurs when
+        # both have a used device, (a, a) when a has two
+        per_class = used.astype(np.int64) @ (slot[:, None] == np.arange(len(self.counts)))
+        present = per_class >= 1
+        pair = present[:, :, None] & present[:, None, :]
+        pair &= ~np.eye(len(self.counts), dtype=bool)[None] | (per_class >= 2)[:, :, None]
+        bw_min = np.where(pair, self.bw[None], INF).min(axis=(1, 2))
+        lat_max = np.where(pair, self.lat[None], 0.0).max(axis=(1, 2))
         ta = ring_allreduce_ms(self.grad[rows], used.sum(1), bw_min, lat_max, self.cm.shared_medium)
         return ef, eb, ta
 
@@ -361,6 +363,19 @@ class _Tables:
         """Forget head tables of warm-ups other than ``keep`` (one level at a time)."""
         for key in [k for k in self._tables if k[1] not in (-1, keep)]:
             del self._tables[key]
+
+    def lower_bound(self, batch: int, max_stages: int) -> float:
+        """A lower bound on the exact iteration time of every plan at micro-batch
+        ``batch``: with s = ceil(B / N), every stage's c = E_f + E_b is at least its
+        blocks' time at >= s samples on the fastest class, so sum_p c_p >= T_min, the
+        sum over blocks of the least time of any class at any batch >= s. The schedule
+        runs one micro-batch forward and back through every step (>= T_min) and each
+        step M times (>= M max_p c_p >= M T_min / P). O(K L max_batch)."""
+        share = -(-batch // sum(self.counts))
+        per_block = np.diff(self.fb, axis=1)[:, :, share:].min(axis=(0, 2))
+        t_min = float(per_block.sum())
+        m = self.problem.config.global_batch // batch
+        return max(t_min, m * t_min / max_stages)
 
     # -- the state graph -----------------------------------------------------------------
     def useful(self, g: tuple[int, ...], batch: int) -> bool:
@@ -490,6 +505,20 @@ class _Level:
         self.d = self.x = self.h = np.empty(0)
 
 
+@dataclass(frozen=True)
+class _Source:
+    """Layout of one block of candidate columns: ``kind`` base | move | skip, its edges,
+    whether the parent lies in the same level, its width, and for moves onto a front the
+    first l' and the slots per l'."""
+
+    kind: str
+    edges: list[int]
+    same: bool
+    width: int
+    first: int
+    slots: int
+
+
 class _BatchSearch:
     """The DP for one micro-batch size over one state graph."""
 
@@ -503,7 +532,9 @@ class _BatchSearch:
         self.max_p = min(tables.n_blk, n_dev, config.max_stages or n_dev)
         self.capped = config.max_stages is not None and config.max_stages < min(tables.n_blk, n_dev)
         self.levels: list[_Level] = []
-        self.answers: list[tuple[float, int, int]] = []
+        #: root answers: (D + X, level index, edge, head, l', slot, same level)
+        self.answers: list[tuple[float, int, int, int, int, int, int]] = []
+        self._pending: list[tuple[float, int, int, int, int, int, int]] = []
         self.root = len(graph.states) - 1
         self.mask = tables.masks()
         self.sizes = np.array([sum(s) for s in graph.states])
@@ -568,15 +599,16 @@ class _BatchSearch:
         return self.answers
 
     def _collect(self, p: int) -> None:
-        level, big_l = self.levels[-1], self.t.n_blk
-        total = level.d[self.root, big_l] + level.x[self.root, big_l]
-        found = [(float(v), p, k) for k, v in enumerate(total) if np.isfinite(v)]
-        self.answers = sorted(self.answers + found)[:RERANK]
+        """Keep the ``RERANK`` best root answers so far (level ``p``'s among them)."""
+        self.answers = sorted(self.answers + self._pending, key=lambda a: a[0])[:RERANK]
+        self._pending = []
 
     def _level(self, p: int, collapsed: bool, only_root: bool = False) -> _Level:
         """Fronts of level p for every state (or the root's moves alone): from base heads
         (p = 1), moves onto the previous level, moves onto this level (collapsed) and
-        skips."""
+        skips. At the root, whose front nothing builds on, the ``RERANK`` candidates of
+        least D + X for all L blocks become answers whether Pareto-optimal or not (the
+        exact makespan may rank a dominated one first)."""
         t, graph = self.t, self.g
         big_l = t.n_blk
         warm = self.warmup(p)
@@ -586,6 +618,7 @@ class _BatchSearch:
         n_l = big_l + 1 - p
         rows = np.arange(n_l)[:, None]
         l_here = np.arange(p, big_l + 1)[:, None]
+        self._pending = []
         for s in states:
             if self.sizes[s] < p:
                 continue
@@ -603,16 +636,17 @@ class _BatchSearch:
             if collapsed and not only_root:
                 sources.append((self._live(moves, level), level, True))
             parts: list[tuple[np.ndarray, np.ndarray]] = []
-            meta: list[tuple[str, list[int], bool, int]] = []  # kind, edges, same, width
+            meta: list[_Source] = []
             for mv, front, same in sources:
                 if mv:
-                    d, x = self._moves(mv, p, warm, front)
+                    d, x, lo, f = self._moves(mv, p, warm, front)
                     parts.append((d, x))
-                    meta.append(("base" if front is None else "move", mv, same, d.shape[1]))
+                    meta.append(_Source("base" if front is None else "move", mv, same,
+                                        d.shape[1], lo, f))  # fmt: skip
             for e in skips:
                 sub = graph.edges[e][2]
                 parts.append((level.d[sub, p:], level.x[sub, p:]))
-                meta.append(("skip", [e], True, FRONT))
+                meta.append(_Source("skip", [e], True, FRONT, 0, FRONT))
             if not parts:
                 continue
             d = np.concatenate([q[0] for q in parts], axis=1)
@@ -620,46 +654,62 @@ class _BatchSearch:
             chosen, ok = _pareto(d, np.where(np.isfinite(d), x, INF), FRONT)
             level.d[s, p:] = np.where(ok, d[rows, chosen], INF)
             level.x[s, p:] = np.where(ok, x[rows, chosen], INF)
-            edge = np.full(chosen.shape, -1, dtype=np.int64)
-            head = np.full(chosen.shape, -1, dtype=np.int64)
-            l_sub = np.zeros(chosen.shape, dtype=np.int64)
-            k_sub = np.zeros(chosen.shape, dtype=np.int64)
-            same = np.zeros(chosen.shape, dtype=bool)
-            offset = 0
-            span = big_l + 2 - p  # l' = p-1 .. L
-            for kind, mv, same_level, width in meta:
-                here = (chosen >= offset) & (chosen < offset + width)
-                j = chosen - offset
-                if kind == "base":
-                    e_arr = np.array(mv)[np.clip(j, 0, len(mv) - 1)]
-                    l_j, k_j = np.zeros_like(j), np.zeros_like(j)
-                elif kind == "move":
-                    which, rest = np.divmod(np.clip(j, 0, width - 1), span * FRONT)
-                    e_arr = np.array(mv)[which]
-                    l_off, k_j = np.divmod(rest, FRONT)
-                    l_j = l_off + p - 1
-                else:
-                    e_arr = np.full(j.shape, mv[0])
-                    l_j, k_j = np.broadcast_to(l_here, j.shape), np.clip(j, 0, FRONT - 1)
-                edge = np.where(here, e_arr, edge)
-                l_sub = np.where(here, l_j, l_sub)
-                k_sub = np.where(here, k_j, k_sub)
-                same = np.where(here, same_level, same)
-                if kind == "skip":
-                    sub = graph.edges[mv[0]][2]
-                    h_j = level.h[sub, l_here, np.clip(j, 0, FRONT - 1)]
-                else:
-                    h_j = np.array([graph.edges[e][1] for e in mv])[
-                        np.clip(j, 0, width - 1) // (1 if kind == "base" else span * FRONT)
-                    ]
-                head = np.where(here, h_j, head)
-                offset += width
+            edge, head, l_sub, k_sub, same = self._decode(meta, chosen, l_here, level)
             level.h[s, p:] = np.where(ok, head, -1)
             level.edge[s, p:] = np.where(ok, edge, -1)
             level.l_sub[s, p:] = l_sub
             level.k_sub[s, p:] = k_sub
             level.same[s, p:] = same
+            if s == self.root:
+                total = d[-1] + x[-1]
+                best = np.argsort(total, kind="stable")[:RERANK]
+                best = best[np.isfinite(total[best])][None, :]
+                top = self._decode(meta, best, np.array([[big_l]]), level)
+                self._pending = [
+                    (float(total[j]), len(self.levels), *(int(v[0, i]) for v in top))
+                    for i, j in enumerate(best[0])
+                ]
         return level
+
+    def _decode(
+        self, meta: list[_Source], chosen: np.ndarray, l_here: np.ndarray, level: _Level
+    ) -> tuple[np.ndarray, ...]:
+        """Parent (edge, head composition, l', slot, same level) of candidate indices
+        ``chosen`` (rows l_here), from the sources' layouts in concatenation order."""
+        graph = self.g
+        edge = np.full(chosen.shape, -1, dtype=np.int64)
+        head = np.full(chosen.shape, -1, dtype=np.int64)
+        l_sub = np.zeros(chosen.shape, dtype=np.int64)
+        k_sub = np.zeros(chosen.shape, dtype=np.int64)
+        same = np.zeros(chosen.shape, dtype=bool)
+        offset = 0
+        for src in meta:
+            mv, width = src.edges, src.width
+            per_move = width // len(mv)
+            here = (chosen >= offset) & (chosen < offset + width)
+            j = np.clip(chosen - offset, 0, width - 1)
+            if src.kind == "base":
+                e_arr = np.array(mv)[j]
+                l_j, k_j = np.zeros_like(j), np.zeros_like(j)
+            elif src.kind == "move":
+                which, rest = np.divmod(j, per_move)
+                e_arr = np.array(mv)[which]
+                l_off, k_j = np.divmod(rest, src.slots)
+                l_j = l_off + src.first
+            else:
+                e_arr = np.full(j.shape, mv[0])
+                l_j, k_j = np.broadcast_to(l_here, j.shape), j
+            edge = np.where(here, e_arr, edge)
+            l_sub = np.where(here, l_j, l_sub)
+            k_sub = np.where(here, k_j, k_sub)
+            same = np.where(here, src.same, same)
+            if src.kind == "skip":
+                h_j = level.h[graph.edges[mv[0]][2], l_here, j]
+            else:
+                h_j = np.array([graph.edges[e][1] for e in mv])[j // per_move]
+            head = np.where(here, h_j, head)
+            offset += width
+        return edge, head, l_sub, k_sub, same
 
     def _live(self, moves: list[int], front: _Level) -> list[int]:
         """Moves whose next state has some finite entry in ``front`` (others add nothing)."""
@@ -667,81 +717,89 @@ class _BatchSearch:
 
     def _moves(
         self, moves: list[int], p: int, warm: int, front: _Level | None
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """(D, X) candidates of rows l = p..L from ``moves``: heads alone (``front`` None)
-        flattened per row as (move,), else composed onto ``front`` as (move, l' =
-        p-1..L, slot) (module docstring)."""
+    ) -> tuple[np.ndarray, np.ndarray, int, int]:
+        """(D, X) candidates of rows l = p..L from ``moves``, with the first l' and the
+        slots per l' of their layout: heads alone (``front`` None) flattened per row as
+        (move,), else composed onto ``front`` as (move, l' = lo..hi, slot < f), where
+        [lo, hi] and f bound the finite entries of the fronts moved onto (module
+        docstring)."""
         t, graph, m = self.t, self.g, self.m
-        big_l = t.n_blk
         cids = [graph.edges[e][1] for e in moves]
         heads = [t.head(c, warm, self.batch) for c in cids]
         if front is None:
             d = m * np.stack([h[0][p:, 0] for h in heads], axis=1)  # (l, T)
             x = np.stack([h[2][p:, 0] for h in heads], axis=1)
-            return d, x
-        lo = p - 1  # l' runs over lo..L (l' = L is never below l, so it stays inf)
-        c0 = np.stack([h[0][p:, lo:] for h in heads])[..., None]  # (T, l, l', 1)
-        eb0 = np.stack([h[1][p:, lo:] for h in heads])[..., None]
-        ta0 = np.stack([h[2][p:, lo:] for h in heads])[..., None]
+            return d, x, 0, 1
         subs = [graph.edges[e][2] for e in moves]
-        sub_d, sub_x, sub_h = front.d[subs, lo:], front.x[subs, lo:], front.h[subs, lo:]
+        finite = np.isfinite(front.d[subs])  # (T, l', F)
+        lps = np.flatnonzero(finite.any(axis=(0, 2)))
+        lo, hi = max(int(lps[0]), p - 1), int(lps[-1])
+        f = int(np.flatnonzero(finite.any(axis=(0, 1)))[-1]) + 1
+        c0 = np.stack([h[0][p:, lo : hi + 1] for h in heads])[..., None]  # (T, l, l', 1)
+        eb0 = np.stack([h[1][p:, lo : hi + 1] for h in heads])[..., None]
+        ta0 = np.stack([h[2][p:, lo : hi + 1] for h in heads])[..., None]
+        window = (subs, slice(lo, hi + 1), slice(0, f))
+        sub_d, sub_x, sub_h = front.d[window], front.x[window], front.h[window]
         # link from the head group to each entry's head group (slowest pair, Eq. 8)
-        masks = self.mask[sub_h]  # (T, l', F, K); h = -1 reads the empty last row
+        masks = self.mask[sub_h]  # (T, l', f, K); h = -1 reads the empty last row
         own = self.mask[cids]  # (T, K)
         bw_row = np.where(own[:, :, None], t.bw[None], INF).min(axis=1)  # (T, K)
         lat_row = np.where(own[:, :, None], t.lat[None], 0.0).max(axis=1)
         bw = np.where(masks, bw_row[:, None, None, :], INF).min(axis=-1)
         lat = np.where(masks, lat_row[:, None, None, :], 0.0).max(axis=-1)
-        link = transfer_ms(self.act[None, lo:, None], bw, lat)[:, None]  # (T, 1, l', F)
+        link = transfer_ms(self.act[None, lo : hi + 1, None], bw, lat)[:, None]  # (T,1,l',f)
         sub_d, sub_x = sub_d[:, None], sub_x[:, None]
         d_new = np.maximum(np.maximum(m * c0, c0 + 2 * m * link), c0 + 2 * link + sub_d)
         with np.errstate(invalid="ignore"):
             x_new = np.maximum(ta0, sub_x - eb0 - link)
         d_new = np.where(np.isfinite(sub_d), d_new, INF)
-        n_l = big_l + 1 - p
+        n_l = t.n_blk + 1 - p
         return (
             np.moveaxis(d_new, 1, 0).reshape(n_l, -1),
             np.moveaxis(x_new, 1, 0).reshape(n_l, -1),
+            lo,
+            f,
         )
 
-    def reconstruct(self, p: int, k: int) -> Partition:
-        """The plan of answer (level p, slot k) at the root, devices taken from each class
-        in cluster order."""
+    def reconstruct(self, answer: tuple) -> Partition:
+        """The plan of a root answer, devices taken from each class in cluster order."""
         t, graph = self.t, self.g
         big_l = t.n_blk
         devices = t.problem.cluster.devices
         free = [list(c.members) for c in t.classes]
         stages: list[StageAssignment] = []
-        s, l_cur, i = self.root, big_l, p - 1
-        while l_cur > 0:
+        _, i, e, _, l_sub, k_sub, same = answer
+        s, l_cur = self.root, big_l
+        while True:
+            level = self.levels[i]
+            _, cid, sub = graph.edges[e]
+            if cid >= 0:
+                first, end = big_l - l_cur, big_l - l_sub
+                row = np.flatnonzero((t.rows_first == first) & (t.rows_end == end))
+                y, _ = t.allocation(cid, row, level.warm, self.batch)
+                taken = []
+                for cls, count in zip(t.slots(t.comps[cid]), y[0], strict=True):
+                    member = free[int(cls)].pop(0)
+                    if count > 0:
+                        taken.append((member, int(count)))
+                taken.sort()
+                stages.append(
+                    StageAssignment(
+                        first,
+                        end,
+                        tuple(devices[j].id for j, _ in taken),
+                        tuple(c for _, c in taken),
+                    )
+                )
+                if not same:
+                    i -= 1
+            s, l_cur, k = sub, l_sub, k_sub
+            if l_cur == 0:
+                break
             level = self.levels[i]
             e = int(level.edge[s, l_cur, k])
-            _, cid, sub = graph.edges[e]
             l_sub, k_sub = int(level.l_sub[s, l_cur, k]), int(level.k_sub[s, l_cur, k])
             same = bool(level.same[s, l_cur, k])
-            if cid < 0:
-                s, k = sub, k_sub
-                continue
-            first, end = big_l - l_cur, big_l - l_sub
-            row = np.flatnonzero((t.rows_first == first) & (t.rows_end == end))
-            y, _ = t.allocation(cid, row, level.warm, self.batch)
-            taken = []
-            for cls, count in zip(t.slots(t.comps[cid]), y[0], strict=True):
-                member = free[int(cls)].pop(0)
-                if count > 0:
-                    taken.append((member, int(count)))
-            taken.sort()
-            stages.append(
-                StageAssignment(
-                    first,
-                    end,
-                    tuple(devices[j].id for j, _ in taken),
-                    tuple(c for _, c in taken),
-                )
-            )
-            s, k, l_cur = sub, k_sub, l_sub
-            if not same:
-                i -= 1
         return Partition(self.batch, self.m, tuple(stages))
 
 
@@ -808,7 +866,11 @@ def best_plan(
     found: list[tuple[PlanCost, Partition, float]] = []
     per_batch: dict[int, float] = {}
     status, kind = "complete", ""
-    for batch in sizes:
+    bounds = {b: tables.lower_bound(b, per_batch_levels) for b in sizes}
+    for i, batch in enumerate(sorted(sizes, key=lambda b: (bounds[b], b))):
+        fastest = min((c.iteration_ms for c, _, _ in found), default=INF)
+        if bounds[batch] > fastest * (1 + TIE_TOLERANCE):
+            continue  # no plan at this micro-batch size can win or tie
         tables.clear()
         graph = tables.graph(batch, orders)
         kind = graph.kind
@@ -818,11 +880,12 @@ def best_plan(
         except _Timeout:
             status = "timed_out"
             answers = getattr(search, "answers", [])
-        done = (sizes.index(batch) + 1) * per_batch_levels
+        done = (i + 1) * per_batch_levels
         if progress is not None:
             progress(done, total)
-        for value, p, k in answers:
-            partition = search.reconstruct(p, k)
+        for answer in answers:
+            value = answer[0]
+            partition = search.reconstruct(answer)
             cost = cm.evaluate(partition)
             per_batch[batch] = min(per_batch.get(batch, INF), cost.iteration_ms)
             found.append((cost, partition, value))
