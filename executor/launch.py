@@ -29,6 +29,7 @@ from typing import Any
 import torch.distributed as dist
 
 from executor import data
+from executor.checkpoint import check_resume
 from executor.control import generation_store
 from executor.layout import RankLayout, check_runnable
 from executor.metrics import read_jsonl
@@ -80,6 +81,8 @@ def preflight(opts: WorkerOptions) -> RankLayout:
     rows = data.Rows(data.load_dataset(name, model.build, plan.problem.config.seed))
     data.step_indices(0, plan.partition.micro_batch_size * plan.partition.num_micro_batches,
                       rows.size, 0)
+    if opts.resume:
+        check_resume(plan, opts.resume)
     return RankLayout.from_plan(plan)
 
 

@@ -7,7 +7,9 @@ environment (torchrun sets them); the local launcher calls :func:`run` directly 
 spawned child. Rank ``r`` runs plan device ``r`` in :mod:`executor.layout` order (stage
 by stage, the plan's device order within a stage); ``EDGEPIPE_DEVICE``, when set, must
 name that device (a guard against a mis-ordered multi-host start).
-``--emulate [--time-scale K]`` runs with :mod:`executor.emulation`'s hooks.
+``--emulate [--time-scale K]`` runs with :mod:`executor.emulation`'s hooks;
+``--checkpoint-every N [--checkpoint-dir DIR]`` saves and ``--resume DIR`` continues a
+run with :mod:`executor.checkpoint` (``--steps`` counts from step 0 either way).
 
 Sequence: refuse a mismatched start (world size vs plan devices) before touching the
 network; connect to the run's store (hosted by the launcher, by torchrun's agent when
@@ -38,7 +40,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from executor import data
+from executor import checkpoint, data
 from executor.comm import StageLinks, Transport
 from executor.control import generation_store
 from executor.emulation import Emulation
@@ -70,6 +72,9 @@ class WorkerOptions:
     generation: int = 0
     emulate: bool = False
     time_scale: float = 1.0
+    checkpoint_every: int = 0
+    checkpoint_dir: str | None = None
+    resume: str | None = None
 
 
 @dataclass(frozen=True)
@@ -222,9 +227,17 @@ class Worker:
             writer = MetricsWriter(Path(opts.out), layout, opts.deterministic)
         first, last = me.stage == 0, me.stage == layout.num_stages - 1
         b = layout.micro_batch_size
-        written = 0
+        stage_part = plan.partition.stages[me.stage]
+        ckpt_group = None
+        if opts.checkpoint_every or opts.resume:
+            ckpt_group = dist.new_group(backend="gloo", timeout=self.timeout)
+        start = 0
+        if opts.resume:
+            start = checkpoint.load(opts.resume, module, optimizer, stage_part.first, plan,
+                                    ckpt_group)
+        written = start
         dist.barrier()
-        for step in range(opts.steps):
+        for step in range(start, opts.steps):
             idx = data.step_indices(step, layout.global_batch, rows.size, config.seed)
             mine = [idx[m * b + me.offset : m * b + me.offset + me.samples]
                     for m in range(layout.num_micro_batches)]
@@ -236,7 +249,12 @@ class Worker:
             self.store.set(f"commit/{self.rank}", str(step))
             if writer is not None:
                 written = self._write_metrics(writer, written, step, block=False)
-        if writer is not None:
+            if opts.checkpoint_every and (step + 1) % opts.checkpoint_every == 0:
+                assert ckpt_group is not None
+                folder = opts.checkpoint_dir or str(Path(opts.out or ".") / "checkpoints")
+                checkpoint.save(folder, step + 1, module, optimizer, stage_part.first, plan,
+                                self.rank, ckpt_group)
+        if writer is not None and written < opts.steps:
             self._write_metrics(writer, written, opts.steps - 1, block=True)
             writer.close()
         if opts.save_weights and opts.out:
@@ -356,9 +374,13 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerOptions:
     p.add_argument("--generation", type=int, default=0)
     p.add_argument("--emulate", action="store_true")
     p.add_argument("--time-scale", type=float, default=1.0)
+    p.add_argument("--checkpoint-every", type=int, default=0)
+    p.add_argument("--checkpoint-dir")
+    p.add_argument("--resume")
     a = p.parse_args(argv)
     return WorkerOptions(a.plan, a.steps, a.out, a.deterministic, a.dataset, a.timeout,
-                         a.save_weights, a.generation, a.emulate, a.time_scale)
+                         a.save_weights, a.generation, a.emulate, a.time_scale,
+                         a.checkpoint_every, a.checkpoint_dir, a.resume)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

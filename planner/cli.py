@@ -598,6 +598,9 @@ def cmd_run(args: argparse.Namespace) -> None:
         save_weights=args.save_weights,
         emulate=args.emulate,
         time_scale=args.time_scale,
+        checkpoint_every=args.checkpoint_every,
+        checkpoint_dir=args.checkpoint_dir,
+        resume=args.resume,
     )
     devices = len(plan.partition.used_devices())
     err.print(
@@ -957,6 +960,18 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_float,
         default=1.0,
         help="with --emulate: stretch every emulated time by this factor",
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        type=positive_int,
+        default=0,
+        help="save a checkpoint every N steps to --checkpoint-dir (default OUT/checkpoints)",
+    )
+    p.add_argument("--checkpoint-dir", help="where --checkpoint-every saves")
+    p.add_argument(
+        "--resume",
+        help="continue from the latest committed checkpoint in DIR (a checkpoint, a "
+        "checkpoints directory or a run directory); any plan of the same model and config",
     )
     p.set_defaults(func=cmd_run)
 

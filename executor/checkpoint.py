@@ -1,0 +1,174 @@
+"""Checkpoints of a run with ``torch.distributed.checkpoint`` (DCP), resumable under any
+plan of the same model and training configuration.
+
+**Keys are plan-independent.** A rank holding blocks ``first..end-1`` saves every tensor
+under the block's index, not its stage-local position: parameter or buffer ``rest`` of
+block ``i`` is ``model.<i>.<rest>``; optimizer state ``name`` of that parameter is
+``optim.<i>.<rest>.<name>`` (``momentum_buffer``; Adam's ``step``, ``exp_avg``,
+``exp_avg_sq``); ``step`` is the number of completed steps (the next step to run). The
+members of a data-parallel group hold identical copies; DCP's planner writes each key
+once. Loading under another plan, each rank asks for the keys of its own blocks and DCP
+reads them from whichever files hold them: resharding by block, bit for bit (tensor
+bytes are copied, never recomputed).
+
+**Atomic.** A checkpoint of step ``N`` is written to ``<dir>/.step-<N>.tmp``, then (after
+every rank's files and DCP's ``.metadata`` are on disk) rank 0 writes
+``edgepipe-checkpoint.json`` (what it was trained with) and the commit marker
+``COMMITTED``, and renames the directory to ``<dir>/step-<N>`` (one ``rename``). A
+directory without the marker is never loaded; a crash mid-save leaves at most a
+``.tmp`` directory, removed by the next save of that step. DCP's collectives run on a
+process group of their own (gloo), as P11 of the torch reference advises.
+
+**Compatible.** Resuming checks the model's build spec, the global batch, the optimizer
+and its settings and the data seed against the checkpoint's record and refuses a
+mismatch with a message naming it (the plan itself may differ: that is the point).
+
+Storage: a directory every rank can reach (on several hosts, a shared file system).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+
+from planner.errors import InputError
+from planner.plan import Plan
+
+MARKER = "COMMITTED"
+RECORD = "edgepipe-checkpoint.json"
+#: optimizer state each optimizer of the training config keeps per parameter
+OPTIMIZER_STATE = {"sgd": (), "momentum": ("momentum_buffer",),
+                   "adam": ("step", "exp_avg", "exp_avg_sq")}
+
+
+def training_record(plan: Plan) -> dict[str, Any]:
+    """What a checkpoint must agree with to be resumed under ``plan``."""
+    config = plan.problem.config
+    build = plan.problem.model.build
+    return {
+        "model": build.describe() if build is not None else plan.problem.model.name,
+        "blocks": plan.problem.model.num_blocks,
+        "global_batch": config.global_batch,
+        "optimizer": config.optimizer,
+        "optimizer_settings": {k: list(v) if isinstance(v, tuple) else v
+                               for k, v in config.optimizer_settings().items()},
+        "data_seed": config.seed,
+    }
+
+
+def _block_keys(module: nn.Sequential, first: int) -> dict[str, str]:
+    """Stage-local state-dict key -> plan-independent key (``model.<block>.<rest>``)."""
+    index = {name: first + k for k, (name, _) in enumerate(module.named_children())}
+    out = {}
+    for key in module.state_dict():
+        child, _, rest = key.partition(".")
+        out[key] = f"{index[child]}.{rest}"
+    return out
+
+
+def _state(module: nn.Sequential, optimizer: torch.optim.Optimizer, first: int,
+           optimizer_name: str, step: int, fresh: bool) -> tuple[dict[str, Any], list]:
+    """The DCP state dict of a rank; with ``fresh`` the optimizer entries are new zero
+    tensors to load into (returned with the parameter they belong to)."""
+    keys = _block_keys(module, first)
+    state: dict[str, Any] = {"step": step}
+    for local, tensor in module.state_dict(keep_vars=True).items():
+        state[f"model.{keys[local]}"] = tensor.detach()
+    slots = []
+    for local, param in module.named_parameters():
+        if not param.requires_grad:
+            continue
+        per_param = {}
+        for name in OPTIMIZER_STATE[optimizer_name]:
+            if fresh:
+                value = (torch.tensor(0.0) if name == "step"
+                         else torch.zeros_like(param, memory_format=torch.preserve_format))
+            else:
+                value = optimizer.state[param][name]
+            state[f"optim.{keys[local]}.{name}"] = value
+            per_param[name] = value
+        slots.append((param, per_param))
+    return state, slots
+
+
+def save(root: str | Path, step: int, module: nn.Sequential, optimizer: torch.optim.Optimizer,
+         first: int, plan: Plan, rank: int, group: dist.ProcessGroup) -> Path:
+    """Collective: save the run after ``step`` completed steps to ``root/step-<step>``
+    (module docstring); every rank of the run calls it. Returns the directory."""
+    root = Path(root)
+    final, tmp = root / f"step-{step:08d}", root / f".step-{step:08d}.tmp"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    dist.barrier(group=group)
+    state, _ = _state(module, optimizer, first, plan.problem.config.optimizer, step, False)
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp)), process_group=group)
+    dist.barrier(group=group)
+    if rank == 0:
+        record = {**training_record(plan), "step": step, "plan": plan.id}
+        (tmp / RECORD).write_text(json.dumps(record, indent=1) + "\n")
+        with open(tmp / MARKER, "w") as f:
+            f.write(f"{step}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+    dist.barrier(group=group)
+    return final
+
+
+def resolve(path: str | Path) -> Path:
+    """The checkpoint to resume from: ``path`` itself when it is a committed checkpoint,
+    else the committed ``step-*`` with the most steps in ``path`` or ``path/checkpoints``.
+    Raises :class:`InputError` when there is none."""
+    p = Path(path)
+    if (p / MARKER).is_file():
+        return p
+    for folder in (p, p / "checkpoints"):
+        done = sorted(d for d in folder.glob("step-*") if (d / MARKER).is_file())
+        if done:
+            return done[-1]
+    raise InputError(str(p), "", "no committed checkpoint here (a step-N directory with a "
+                     f"{MARKER} marker); give --resume a checkpoint or a run's checkpoints")
+
+
+def check_resume(plan: Plan, path: str | Path) -> Path:
+    """:func:`resolve` ``path`` and refuse a checkpoint trained otherwise than ``plan``
+    trains (model, blocks, global batch, optimizer and settings, data seed)."""
+    ckpt = resolve(path)
+    try:
+        record = json.loads((ckpt / RECORD).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InputError(str(ckpt / RECORD), "", f"unreadable checkpoint record ({exc})") from None
+    want = training_record(plan)
+    for key, value in want.items():
+        if record.get(key) != value:
+            raise InputError(
+                str(ckpt), "", f"checkpoint has {key} {record.get(key)!r} but plan {plan.id} "
+                f"trains with {value!r}; resume under a plan of the same model and training "
+                "configuration"
+            )
+    return ckpt
+
+
+def load(path: str | Path, module: nn.Sequential, optimizer: torch.optim.Optimizer,
+         first: int, plan: Plan, group: dist.ProcessGroup) -> int:
+    """Collective: load this rank's blocks and their optimizer state from the checkpoint
+    at ``path`` (:func:`check_resume`) into ``module`` and ``optimizer`` in place;
+    returns the number of completed steps."""
+    ckpt = check_resume(plan, path)
+    name = plan.problem.config.optimizer
+    state, slots = _state(module, optimizer, first, name, 0, True)
+    dcp.load(state, storage_reader=dcp.FileSystemReader(str(ckpt)), process_group=group)
+    for param, per_param in slots:
+        if per_param:
+            optimizer.state[param] = per_param
+    return int(state["step"])
