@@ -44,6 +44,12 @@ def shipped(kind: str) -> list[str]:
 
 def resolve(name_or_path: str | Path, kind: str) -> Path:
     """A path as given if it exists, else the shipped ``profiles/<kind>/<name>.json``."""
+    if not isinstance(name_or_path, str | Path):
+        raise InputError(
+            kind[:-1],
+            "",
+            f"expected a shipped name or a path, got a {type(name_or_path).__name__}",
+        )
     path = Path(name_or_path)
     if path.exists():
         return path
@@ -68,6 +74,12 @@ def load_problem(
     ``config`` may be a file, a :class:`TrainingConfig`, or ``None`` for the defaults
     with ``global_batch`` (default 32).
     """
+    if not isinstance(config, str | Path | TrainingConfig | None):
+        raise InputError(
+            "config",
+            "",
+            f"expected a config file, a TrainingConfig or None, got a {type(config).__name__}",
+        )
     profile = ModelProfile.load(resolve(model, "models"))
     cl = Cluster.load(resolve(cluster, "clusters"))
     if isinstance(config, TrainingConfig):
@@ -106,6 +118,10 @@ def solve(
         InfeasibleError: nothing fits memory (the message names the binding figure).
         InputError: unknown solver or backend name, or a non-positive time limit.
     """
+    if not isinstance(time_limit, int | float) or isinstance(time_limit, bool):
+        raise InputError(
+            "--time-limit", "", f"expected seconds as a number, got a {type(time_limit).__name__}"
+        )
     if solver == "dp":
         result = plan_dp(problem, progress=progress, time_limit=time_limit)
         info = SolverInfo(

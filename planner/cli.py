@@ -979,7 +979,9 @@ def build_parser() -> argparse.ArgumentParser:
         "report", help="a run's measurements against its plan's prediction, with Gantt charts"
     )
     p.add_argument("run_dir", help="run directory written by `edgepipe run --out DIR`")
-    p.add_argument("-o", "--output", help="chart file (default RUN_DIR/report.png)")
+    p.add_argument(
+        "-o", "--output", type=chart_file, help="chart file (default RUN_DIR/report.png)"
+    )
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser(

@@ -128,6 +128,8 @@ def compare(
     Raises:
         InputError: an unknown planner name (before anything runs).
     """
+    if isinstance(planners, str):
+        raise InputError("--planners", "", f"expected a list of planner names, got {planners!r}")
     names = list(planners) if planners is not None else api.planners()
     unknown = [n for n in names if n not in api.planners()]
     if unknown or not names:

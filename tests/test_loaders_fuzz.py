@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from planner import api
 from planner.cluster import Cluster, catalog_from_dict
 from planner.config import TrainingConfig
 from planner.dp import plan_dp
@@ -206,3 +207,28 @@ def test_a_huge_value_anywhere_is_quoted_in_at_most_a_short_excerpt(kind, data, 
         LOADERS[kind](replaced(doc, path, value))
     except EdgepipeError as exc:
         assert len(str(exc)) < 600, str(exc)[:200]
+
+
+API_PROBLEM = api.load_problem("pipedream-alexnet", "orin-pair-2", global_batch=8)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: api.load_problem("pipedream-alexnet", "orin-pair-2", global_batch=2.5),
+         "global_batch: must be a whole number"),
+        (lambda: api.load_problem(123, "orin-pair-2"), "expected a shipped name or a path"),
+        (lambda: api.load_problem("pipedream-alexnet", "orin-pair-2", {"global_batch": 8}),
+         "expected a config file, a TrainingConfig or None"),
+        (lambda: api.solve(API_PROBLEM, "milp", time_limit="x"), "expected seconds"),
+        (lambda: api.solve(API_PROBLEM, "milp", time_limit=-1.0), "positive seconds"),
+        (lambda: api.solve(API_PROBLEM, "milp", backend="gurobi"), "unknown backend"),
+        (lambda: api.solve(API_PROBLEM, "annealing"), "unknown solver"),
+        (lambda: api.compare(API_PROBLEM, "dp"), "expected a list of planner names"),
+    ],
+    ids=["float-batch", "model-int", "config-dict", "time-limit-str", "time-limit-negative",
+         "backend", "solver", "planners-str"],
+)  # fmt: skip
+def test_api_mistakes_raise_typed_errors(call, message):
+    with pytest.raises(InputError, match=message):
+        call()
