@@ -157,8 +157,13 @@ def load_dataset(name: str, build: BuildSpec, seed: int) -> Dataset:
         return digits(build)
     if ":" in name:
         dataset = zoo.load_callable(name)()
-        if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
-            raise InputError(name, "", "must return a map-style torch Dataset (len and [i])")
+        ok = hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__") and len(dataset) > 0
+        first = dataset[0] if ok else None
+        if not (isinstance(first, tuple | list) and len(first) == 2):
+            raise InputError(
+                name, "", "must return a map-style torch Dataset (len and [i]) whose items "
+                "are (input, target) pairs"
+            )
         return dataset
     raise InputError(
         "--dataset", "", f"unknown dataset {name!r}; use one of {list(BUILT_IN)} or "

@@ -90,13 +90,11 @@ def check_build(profile: ModelProfile) -> None:
     spec = _spec(profile)
     if spec.zoo is not None:
         specs = zoo.block_specs(spec.zoo, **spec.sizes)
-        built = []
+        if len(specs) != profile.num_blocks:
+            check_blocks(profile, len(specs), [])
         with torch.device("meta"):
-            for i, (name, factory) in enumerate(specs):
-                built.append((i, name, factory()))
-                if len(built) > profile.num_blocks:
-                    break
-        check_blocks(profile, len(specs), built[: profile.num_blocks])
+            built = [(i, name, factory()) for i, (name, factory) in enumerate(specs)]
+        check_blocks(profile, len(specs), built)
     else:
         whole = _callable_model(spec)
         check_blocks(

@@ -16,6 +16,7 @@ import torch
 
 from executor import data, zoo
 from executor.launch import launch
+from executor.metrics import read_jsonl
 from executor.worker import WorkerOptions
 from planner.profile import BuildSpec
 from tests import reference_trainer as ref
@@ -107,6 +108,16 @@ def test_three_stage_pipeline_classic_warmup_with_adam_matches_the_reference(tmp
         optimizer="adam", learning_rate=0.01, warmup="classic",
     )
     assert len(result.metrics) == STEPS
+    # the plan's warm-ups (classic: K_p = P - p = 3, 2, 1) decide the compute order
+    timeline = read_jsonl(tmp_path / "timeline.jsonl")
+
+    def order(device):
+        return " ".join(f"{e['kind']}{e['micro_batch']}" for e in timeline
+                        if e["device"] == device and e["step"] == 0 and e["kind"] in ("F", "B"))
+
+    assert order("d0") == "F0 F1 F2 B0 F3 B1 B2 B3"
+    assert order("d1") == "F0 F1 B0 F2 B1 F3 B2 B3"
+    assert order("d2") == "F0 B0 F1 B1 F2 B2 F3 B3"
 
 
 @pytest.mark.slow
@@ -160,3 +171,22 @@ def test_fast_mode_with_batch_norm_matches_the_reference_split_as_the_plan_does(
             change = (want.float() - initial[key].float()).abs().max()
             diff = (value.float() - want.float()).abs().max()
             assert diff <= 0.05 * change + 1e-6, f"{saved.name} {key}: {diff} vs {change}"
+
+
+@pytest.mark.slow
+def test_fast_mode_with_an_uneven_hybrid_split_gives_the_global_batch_mean(tmp_path):
+    """Fast mode scales each slice's loss by slice / B and all-reduces: with uneven
+    splits that is still the full-batch mean, equal to ordinary full-batch training up
+    to float summation order."""
+    plan = make_test_plan(profile(GPT2), [(0, 2, [1, 2]), (2, 6, [2, 1])], 3, 2,
+                          optimizer="sgd", learning_rate=0.5)
+    path = write_plan(plan, tmp_path)
+    result = launch(WorkerOptions(str(path), STEPS, str(tmp_path), timeout_s=60,
+                                  save_weights=True))
+    reference = ref.train(ref.ModelSpec(GPT2.zoo, GPT2.sizes, GPT2.seed),
+                          data.synthetic(GPT2, 0), 6, STEPS, ref.OptimizerSpec("sgd", lr=0.5),
+                          deterministic=False)
+    assert result.losses == pytest.approx(reference.losses, rel=1e-5)
+    for saved in sorted((tmp_path / "weights").glob("rank*.pt")):
+        for key, value in torch.load(saved)["model"].items():
+            assert torch.allclose(value, reference.state[key], rtol=1e-4, atol=1e-6), key
