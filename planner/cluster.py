@@ -3,8 +3,10 @@
 A :class:`DeviceType` carries memory, compute and network figures (each with a public
 source in the shipped catalog ``profiles/devices/catalog.json``). A :class:`Cluster`
 lists devices (id, type, optional memory / usable-fraction / slowdown overrides) and the
-network between them: a default bandwidth and latency, optional per-pair links, and a
-shared-medium flag for Wi-Fi, where concurrent transfers share one channel.
+network between them: a default bandwidth and latency, optional per-pair links, and its
+topology (:data:`TOPOLOGIES`): dedicated full-duplex point-to-point links, a switch with
+one full-duplex port per device, or one shared half-duplex medium (Wi-Fi, the
+``shared_medium`` flag), where concurrent transfers share one channel.
 
 Bandwidths are Mbit/s and latencies ms in files; :meth:`Cluster.bytes_per_ms` gives the
 unit the cost model uses.
@@ -15,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from planner.errors import InputError
 from planner.resources import profile_path
@@ -23,6 +25,9 @@ from planner.schema import excerpt, load_document, validate
 
 CATALOG_KIND = "edgepipe.device_catalog"
 CLUSTER_KIND = "edgepipe.cluster"
+
+Topology = Literal["point_to_point", "switched", "shared_medium"]
+TOPOLOGIES: tuple[Topology, ...] = ("point_to_point", "switched", "shared_medium")
 
 
 @dataclass(frozen=True)
@@ -112,10 +117,22 @@ class Link:
 
 @dataclass(frozen=True)
 class Network:
+    """Default pair bandwidth (Mbit/s) and latency (ms), per-pair overrides and the
+    topology; ``topology`` None means ``shared_medium`` if that flag is set, else
+    ``switched`` (the file's default)."""
+
     bandwidth_mbps: float
     latency_ms: float
     shared_medium: bool = False
     links: tuple[Link, ...] = ()
+    topology: Topology | None = None
+
+    @property
+    def kind(self) -> Topology:
+        """The resolved topology."""
+        if self.topology is not None:
+            return self.topology
+        return "shared_medium" if self.shared_medium else "switched"
 
 
 @dataclass(frozen=True)
@@ -197,6 +214,8 @@ class Cluster:
             "latency_ms": self.network.latency_ms,
             "shared_medium": self.network.shared_medium,
         }
+        if self.network.topology is not None:
+            net["topology"] = self.network.topology
         if self.network.links:
             links = []
             for link in self.network.links:
@@ -271,6 +290,15 @@ class Cluster:
             links.append(
                 Link(link["a"], link["b"], link.get("bandwidth_mbps"), link.get("latency_ms"))
             )
+        topology = net.get("topology")
+        shared = net.get("shared_medium", topology == "shared_medium")
+        if topology is not None and (topology == "shared_medium") != shared:
+            raise InputError(
+                source,
+                "$.network.topology",
+                f"topology {topology!r} contradicts shared_medium {shared}; drop one of "
+                "them or make them agree (shared_medium true means topology shared_medium)",
+            )
         return cls(
             name=doc["name"],
             description=doc.get("description", ""),
@@ -278,8 +306,9 @@ class Cluster:
             network=Network(
                 bandwidth_mbps=net["bandwidth_mbps"],
                 latency_ms=net["latency_ms"],
-                shared_medium=net.get("shared_medium", False),
+                shared_medium=shared,
                 links=tuple(links),
+                topology=topology,
             ),
             device_types=types,
         )

@@ -1,7 +1,8 @@
 """The cost model: time and memory of a partition. The one place these formulas live.
 
-Every planner, the simulator input, the comparison and the executor's report use this
-module. Formulas follow the Asteroid reconstruction (reference/asteroid.md §3); the
+Every planner, the plan file, the comparison and the executor's report use this module
+(the simulator does not: it is the independent reference the figures are checked
+against). Formulas follow the Asteroid reconstruction (reference/asteroid.md §3); the
 decisions it leaves open are fixed here and recorded in docs/decisions.md.
 
 Time of blocks at a batch size (§2, "non-linear batch scaling"): per device type and
@@ -13,22 +14,45 @@ type's time x its ``slowdown``.
 Stage compute step (Eq. 8): ``E_f = max_d t_f(stage, d, y_d)``, ``E_b = max_d t_b(...)``
 over the devices d of the group with their samples y_d per micro-batch.
 
-Link step p -> p+1 (Eq. 8): ``E_f = E_b = lat + B * a_p / bw``, a_p the boundary bytes
-per sample, bw the minimum pairwise bandwidth between the two groups and lat the
-largest pairwise latency (one transfer of the micro-batch's activations forward and of
-its gradients back).
+Network (cluster ``network.kind``): ``point_to_point`` (a full-duplex channel per
+ordered device pair), ``switched`` (a full-duplex port per device: an uplink and a
+downlink channel) or ``shared_medium`` (one half-duplex channel for all transfers, Wi-Fi).
+
+Boundary p -> p+1, the exact figure (:meth:`CostModel.link_transfer`): a micro-batch's
+activations are re-sliced by sample interval (:func:`reslice_pieces`): the piece from
+device i of stage p to device j of stage p+1 carries their n_ij shared samples, n_ij x
+a_p bytes (a_p the boundary bytes per sample), taking n_ij a_p / bw_ij ms of channel time;
+gradients travel the same pieces back. Per direction a boundary holds each channel for
+its load (:func:`channel_loads`): point-to-point every piece its own pair's channel
+(channel time = max over pieces), switched a sender's uplink for the sum of its pieces
+and a receiver's downlink for the sum of its (= max over ports), shared medium the medium
+for the sum of all pieces; delivery follows the latency max_ij lat_ij after the most
+loaded channel is through.
+
+Link step of the chain (the closed form's and the exact solver's view, Eq. 8):
+``E_f = E_b = lat + B * a_p / bw``, bw the minimum pairwise bandwidth between the two
+groups and lat the largest pairwise latency (the whole micro-batch over the slowest
+pair, one resource for both directions). It is conservative against the exact figure.
 
 All-reduce (§3.3): ring over the g devices of a group, ``2(g-1)/g * W_p / bw_min +
 2(g-1) * lat``; on a shared medium the g concurrent transfers of each ring step share one
-channel, so ``2(g-1) * W_p / bw + 2(g-1) * lat``. Zero for g = 1.
+channel, so ``2(g-1) * W_p / bw + 2(g-1) * lat``. Zero for g = 1. It runs as the executor
+runs it: once, after the stage's last backward (``REDUCE_GRAD`` of
+:mod:`planner.schedule`), not in buckets overlapped with the backward.
 
-Round latency. The reported iteration time is the exact makespan of the schedule (1F1B
-with the steps' warm-ups, or GPipe) over these step times, by a longest-path recurrence
-over the schedule's actions (:func:`schedule_makespan`, O(S x M)). The planners' search
-objective is Asteroid's closed form (Eqs. 4-6, 11 with the aligned dominant step),
-O(S), which is slightly optimistic (docs/benchmarks.md gives its error against the
-simulator); the DP re-ranks its best candidates by the exact makespan. Closed form:
-writing c_i = E_f^i + E_b^i,
+Iteration time (what every plan reports, ``PlanCost.iteration_ms``): the stage-level
+list schedule of :func:`round_makespan`: the plan's schedule (:func:`planner.schedule.build`
+with the config's warm-ups) with each stage's compute as one resource and each transfer
+on the channels above, first come first served, the all-reduces on a switch or a medium
+filling the gaps the pipeline leaves on their channels. ``PlanCost.chain_ms`` is the
+older chain recurrence (:func:`schedule_makespan`, one resource per chain step), which is
+what the exact solver's program computes; ``PlanCost.closed_form_ms`` is Asteroid's closed
+form over the chain (the DP's objective). The DP re-ranks its best candidates, and every
+planner scores its answer, by ``iteration_ms``. docs/cost-model.md states where the
+figure is exact against the independent simulator (:mod:`planner.simulator`) and where
+it approximates.
+
+Closed form: writing c_i = E_f^i + E_b^i,
 C_c = sum_{i<c} c_i and PB_s = sum_{i<s} E_b^i, the closed form simplifies to
 
     T_round = max_c (M c_c + C_c) + max_s (T_a^s - PB_s)
@@ -45,38 +69,17 @@ activations of its y_d samples for each of the stage's K_p in-flight micro-batch
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 import numpy as np
 
-from planner.partition import Partition
+from planner.cluster import Topology
+from planner.partition import Partition, StageAssignment
 from planner.problem import Problem
-from planner.profile import Timing
-from planner.simulator import one_f_one_b
+from planner.profile import Timing, batch_curve
+from planner.schedule import ActionType, Schedule, build, compute_actions, compute_order
 from planner.steps import Step, StepChain
-
-
-def batch_curve(batch_sizes: tuple[int, ...], times: np.ndarray, max_batch: int) -> np.ndarray:
-    """Times at every integer batch 0..max_batch from times measured at ``batch_sizes``.
-
-    ``times`` has shape (blocks, len(batch_sizes)); the result (blocks, max_batch + 1).
-    Rule in the module docstring. O(blocks x max_batch).
-    """
-    sizes = np.asarray(batch_sizes, dtype=float)
-    ys = np.arange(max_batch + 1, dtype=float)
-    out = np.empty((times.shape[0], max_batch + 1))
-    for r, row in enumerate(times):
-        curve = np.interp(ys, sizes, row)
-        low = ys < sizes[0]
-        curve[low] = row[0] * ys[low] / sizes[0]
-        high = ys > sizes[-1]
-        if len(sizes) == 1:
-            slope = row[0] / sizes[0]
-        else:
-            slope = max((row[-1] - row[-2]) / (sizes[-1] - sizes[-2]), 0.0)
-        curve[high] = row[-1] + slope * (ys[high] - sizes[-1])
-        out[r] = curve
-    return out
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,7 @@ class PlanCost:
 
     iteration_ms: float
     closed_form_ms: float
+    chain_ms: float
     samples_per_s: float
     dominant_step: int
     bottleneck: str
@@ -180,6 +184,12 @@ def closed_form_latency(chain: StepChain) -> tuple[float, int]:
     return best_d + best_x, dominant
 
 
+def chain_schedule(chain: StepChain) -> list[list[tuple[str, int]]]:
+    """Per chain step its compute order (:func:`planner.schedule.compute_order` with the
+    step's warm-up): the action lists the exact solver's schedule constraints follow."""
+    return [compute_order(chain.num_micro_batches, step.warmup) for step in chain.steps]
+
+
 def schedule_makespan(chain: StepChain) -> float:
     """Exact round time of the chain's schedule: the longest path through its actions.
 
@@ -196,7 +206,7 @@ def schedule_makespan(chain: StepChain) -> float:
     Raises:
         ValueError: the warm-ups make the schedule deadlock.
     """
-    actions = one_f_one_b(chain)
+    actions = chain_schedule(chain)
     n_steps, m = len(chain.steps), chain.num_micro_batches
     last = n_steps - 1
     f_end: list[list[float | None]] = [[None] * m for _ in range(n_steps)]
@@ -226,6 +236,203 @@ def schedule_makespan(chain: StepChain) -> float:
                 "the schedule's warm-ups deadlock; warm-ups must not grow along the chain"
             )
     return max(free[s] + step.allreduce_ms for s, step in enumerate(chain.steps))
+
+
+def reslice_pieces(
+    samples_a: tuple[int, ...], samples_b: tuple[int, ...]
+) -> list[tuple[int, int, int]]:
+    """The pieces of a micro-batch re-sliced from a group with per-device samples
+    ``samples_a`` to one with ``samples_b`` (consecutive sample intervals in group order):
+    ``(i, j, n)`` for every sender i and receiver j whose intervals share n > 0 samples.
+    O(|a| + |b|) pieces."""
+    pieces = []
+    i = j = 0
+    lo_a = lo_b = 0
+    while i < len(samples_a) and j < len(samples_b):
+        hi_a, hi_b = lo_a + samples_a[i], lo_b + samples_b[j]
+        n = min(hi_a, hi_b) - max(lo_a, lo_b)
+        if n > 0:
+            pieces.append((i, j, n))
+        if hi_a <= hi_b:
+            i, lo_a = i + 1, hi_a
+        if hi_b <= hi_a:
+            j, lo_b = j + 1, hi_b
+    return pieces
+
+
+@dataclass(frozen=True)
+class BoundaryCost:
+    """One stage boundary p -> p+1 as the exact figure sees it: per direction, how long
+    each channel it uses is held (``forward_load`` for activations, ``backward_load`` for
+    gradients, as (channel, ms) pairs), and the latency until delivery."""
+
+    forward_load: tuple[tuple[str, float], ...]
+    backward_load: tuple[tuple[str, float], ...]
+    latency_ms: float
+
+    @property
+    def occupancy_ms(self) -> float:
+        """Channel time of one direction: the most loaded channel."""
+        return max((ms for _, ms in self.forward_load), default=0.0)
+
+
+def channel_loads(
+    pieces: list[tuple[str, str, float]], topology: Topology
+) -> tuple[tuple[str, float], ...]:
+    """Channel time per channel of transfers ``(sender, receiver, ms at the pair's rate)``
+    that start together:
+
+        point_to_point: every piece holds its pair's channel for its own ms;
+        switched:       a sender's uplink is held for the sum of its pieces, a receiver's
+                        downlink for the sum of its pieces;
+        shared_medium:  the one medium is held for the sum of all pieces.
+
+    The boundary's channel time is the largest load: max over pieces (point-to-point),
+    max over ports (switched), the sum (shared medium).
+    """
+    loads: dict[str, float] = {}
+    for a, b, ms in pieces:
+        if topology == "shared_medium":
+            keys = ["medium"]
+        elif topology == "switched":
+            keys = [f"{a} up", f"{b} down"]
+        else:
+            keys = [f"{a}->{b}"]
+        for k in keys:
+            loads[k] = loads.get(k, 0.0) + ms
+    return tuple(loads.items())
+
+
+def round_makespan(
+    schedule: Schedule,
+    compute: list[tuple[float, float]],
+    links: list[BoundaryCost],
+    allreduce: list[tuple[float, float, tuple[str, ...]]],
+    topology: Topology,
+) -> float:
+    """Iteration time of one round by list scheduling the stage-level schedule on the
+    network's resources.
+
+    Inputs: ``schedule`` (per stage its actions, :mod:`planner.schedule`); per stage
+    ``compute[p] = (E_f, E_b)`` (its slowest device, Eq. 8) and ``allreduce[p] = (T_a,
+    latency part of T_a, the group's device ids)``; per boundary p -> p+1 its
+    :class:`BoundaryCost` (channel loads per direction, :func:`channel_loads`).
+
+    Tasks: stage p runs its F/B in schedule order; ``F_p(m)`` also waits for the
+    activation transfer of m from p-1, ``B_p(m)`` for the gradient transfer from p+1.
+    ``SEND_F``/``SEND_B`` make a stage-level transfer (all pieces of the boundary) ready
+    when the compute before it ends. It starts when every channel it uses is free, holds
+    each for that channel's load and is delivered ``latency`` after the most loaded one
+    is through. Channels: one per ordered device pair (point_to_point: full duplex, a
+    boundary's directions never meet), an uplink and a downlink per device (switched: a
+    middle stage's activations and gradients share its uplinks), or one medium
+    (shared_medium). The all-reduce of stage p: point_to_point uses the group's own
+    pairs (a pure delay); switched holds every member's uplink and downlink for T_a;
+    shared_medium uses the medium only where the pipeline leaves it idle (its channel
+    time fills the gaps after it is ready, all-reduces in ready order; the latency part
+    is added at the end).
+
+    Every channel serves transfers first come, first served (ties in the order they
+    became ready); the round ends with the last compute or all-reduce. An event heap
+    keyed by ready time makes the order exact: a task never becomes ready before the
+    event that readies it. O(A log A) for A = O(P M) tasks (plus O(P x busy periods) for
+    the shared-medium all-reduces).
+
+    Raises:
+        ValueError: the schedule deadlocks.
+    """
+    num_stages = len(schedule)
+    orders = [compute_actions(actions) for actions in schedule]
+    last = num_stages - 1
+    arrived: dict[tuple[str, int, int], float] = {}  # ("F"|"B", stage, m) -> delivery
+    free: dict[str, float] = {}
+    busy: dict[str, list[tuple[float, float]]] = {}  # channel -> intervals held
+    heap: list[tuple[float, int, str, int, int]] = []  # (ready, seq, task, stage, m)
+    seq = 0
+    pos = [0] * num_stages
+    stage_free = [0.0] * num_stages
+    waiting = [False] * num_stages
+    ends = [0.0]
+    ar_ready: list[tuple[float, int]] = []
+
+    def push(ready: float, task: str, p: int, m: int) -> None:
+        nonlocal seq
+        heapq.heappush(heap, (ready, seq, task, p, m))
+        seq += 1
+
+    def try_compute(p: int) -> None:
+        if waiting[p] or pos[p] == len(orders[p]):
+            return
+        action = orders[p][pos[p]]
+        m = action.micro_batch
+        assert m is not None
+        if action.type == ActionType.F:
+            dep = arrived.get(("F", p, m)) if p > 0 else 0.0
+        else:
+            dep = arrived.get(("B", p, m)) if p < last else 0.0
+        if dep is None:
+            return
+        waiting[p] = True
+        push(max(stage_free[p], dep), action.type.value, p, m)
+
+    for p in range(num_stages):
+        try_compute(p)
+    while heap:
+        ready, _, task, p, m = heapq.heappop(heap)
+        if task in ("F", "B"):
+            end = ready + compute[p][0 if task == "F" else 1]
+            stage_free[p], waiting[p] = end, False
+            pos[p] += 1
+            ends.append(end)
+            if task == "F" and p < last:
+                push(end, "send_F", p, m)
+            if task == "B" and p > 0:
+                push(end, "send_B", p, m)
+            if pos[p] == len(orders[p]) and allreduce[p][0] > 0:
+                if topology == "point_to_point":
+                    ends.append(end + allreduce[p][0])
+                else:
+                    ar_ready.append((end, p))
+            try_compute(p)
+        else:
+            dst = p + 1 if task == "send_F" else p - 1
+            link = links[min(p, dst)]
+            loads = link.forward_load if task == "send_F" else link.backward_load
+            start = max([ready] + [free.get(r, 0.0) for r, _ in loads])
+            for r, ms in loads:
+                free[r] = start + ms
+                busy.setdefault(r, []).append((start, start + ms))
+            occupancy = max((ms for _, ms in loads), default=0.0)
+            arrived[(task[-1], dst, m)] = start + occupancy + link.latency_ms
+            try_compute(dst)
+    if any(pos[p] < len(orders[p]) for p in range(num_stages)):
+        raise ValueError("the schedule deadlocks: a stage waits for a transfer never sent")
+    cursor = 0.0  # shared medium: all-reduces also queue behind each other
+    for ready, p in sorted(ar_ready):
+        work, latency = allreduce[p][0] - allreduce[p][1], allreduce[p][1]
+        if topology == "shared_medium":
+            cursor = _fill_gaps(busy.get("medium", []), max(cursor, ready), work)
+            ends.append(cursor + latency)
+        else:  # switched: the ring needs its members' ports, disjoint between stages
+            ports = [f"{d} {way}" for d in allreduce[p][2] for way in ("up", "down")]
+            held = sorted(iv for r in ports for iv in busy.get(r, []))
+            ends.append(_fill_gaps(held, ready, work) + latency)
+    return max(ends)
+
+
+def _fill_gaps(busy: list[tuple[float, float]], start: float, work: float) -> float:
+    """When ``work`` ms of channel time, begun at ``start``, ends on channels that the
+    ``busy`` intervals (sorted by start, possibly overlapping) already hold."""
+    t = start
+    for b_start, b_end in busy:
+        if b_end <= t:
+            continue
+        if b_start > t:
+            if t + work <= b_start:
+                return t + work
+            work -= b_start - t
+        t = max(t, b_end)
+    return t + work
 
 
 def describe_step(s: int) -> str:
@@ -305,8 +512,37 @@ class CostModel:
         grad = float(self.param_prefix[end] - self.param_prefix[first])
         return float(ring_allreduce_ms(grad, g, bw, lat, self.shared_medium))
 
+    def allreduce_latency_ms(self, group: list[int]) -> float:
+        """The latency part of :meth:`allreduce_ms`: 2(g-1) x the group's largest latency."""
+        g = len(group)
+        if g <= 1:
+            return 0.0
+        sub = np.ix_(group, group)
+        return float(2 * (g - 1) * self.lat[sub][~np.eye(g, dtype=bool)].max())
+
+    def link_transfer(self, a: StageAssignment, b: StageAssignment) -> BoundaryCost:
+        """The boundary between consecutive stages ``a`` and ``b``: the micro-batch
+        re-sliced into pieces by sample interval (:func:`reslice_pieces`), each at its
+        pair's rate, loaded on the topology's channels (:func:`channel_loads`); latency =
+        the largest over the pieces' pairs."""
+        cl = self.problem.cluster
+        per_sample = float(self.boundary[a.end - 1])
+        ga = [cl.index(d) for d in a.devices]
+        gb = [cl.index(d) for d in b.devices]
+        pieces = reslice_pieces(a.samples, b.samples)
+        ms = [(i, j, n * per_sample / float(self.bw[ga[i], gb[j]])) for i, j, n in pieces]
+        lat = max((float(self.lat[ga[i], gb[j]]) for i, j, _ in pieces), default=0.0)
+        kind = cl.network.kind
+        return BoundaryCost(
+            channel_loads([(a.devices[i], b.devices[j], t) for i, j, t in ms], kind),
+            channel_loads([(b.devices[j], a.devices[i], t) for i, j, t in ms], kind),
+            lat,
+        )
+
     def link_ms(self, cut: int, micro_batch: int, group_a: list[int], group_b: list[int]) -> float:
-        """One direction of link step at block boundary ``cut`` (after block ``cut - 1``)."""
+        """One direction of the chain's link step at block boundary ``cut`` (after block
+        ``cut - 1``): the whole micro-batch over the slowest pair (the closed form's and
+        the exact solver's link, module docstring)."""
         sub = np.ix_(group_a, group_b)
         bw = float(self.bw[sub].min())
         lat = float(self.lat[sub].max())
@@ -326,6 +562,8 @@ class CostModel:
         groups = [[cluster.index(d) for d in s.devices] for s in partition.stages]
         steps: list[Step] = []
         stage_costs: list[StageCost] = []
+        links: list[BoundaryCost] = []
+        ar_parts: list[tuple[float, float, tuple[str, ...]]] = []
         for p, stage in enumerate(partition.stages):
             warmup = config.warmup_depth(p, num_stages, m)
             times = [
@@ -338,6 +576,9 @@ class CostModel:
             link = (
                 self.link_ms(stage.end, mb, groups[p], groups[p + 1]) if p + 1 < num_stages else 0.0
             )
+            if p + 1 < num_stages:
+                links.append(self.link_transfer(stage, partition.stages[p + 1]))
+            ar_parts.append((ar, self.allreduce_latency_ms(groups[p]), stage.devices))
             steps.append(
                 Step("stage", p, max(dev_f), max(dev_b), ar, warmup, stage.devices, dev_f, dev_b)
             )
@@ -355,7 +596,9 @@ class CostModel:
                     forward_ms=max(dev_f),
                     backward_ms=max(dev_b),
                     allreduce_ms=ar,
-                    link_out_ms=link,
+                    link_out_ms=(
+                        links[p].occupancy_ms + links[p].latency_ms if p + 1 < num_stages else 0.0
+                    ),
                     warmup=warmup,
                     device_forward_ms=dev_f,
                     device_backward_ms=dev_b,
@@ -365,12 +608,21 @@ class CostModel:
                     budget_bytes=tuple(float(self.budget[d]) for d in groups[p]),
                 )
             )
-        chain = StepChain(tuple(steps), m)
+        topology = cluster.network.kind
+        chain = StepChain(tuple(steps), m, topology)
         closed, dominant = closed_form_latency(chain)
-        total = schedule_makespan(chain)
+        warmups = [s.warmup for s in stage_costs]
+        total = round_makespan(
+            build(config.schedule, warmups, m),  # type: ignore[arg-type]
+            [(s.forward_ms, s.backward_ms) for s in stage_costs],
+            links,
+            ar_parts,
+            topology,
+        )
         return PlanCost(
             iteration_ms=total,
             closed_form_ms=closed,
+            chain_ms=schedule_makespan(chain),
             samples_per_s=mb * m / total * 1e3 if total > 0 else float("inf"),
             dominant_step=dominant,
             bottleneck=describe_step(dominant),

@@ -1,9 +1,10 @@
-"""Gantt chart and text summary of a simulated round (:class:`planner.simulator.Timeline`).
+"""Gantt chart and text summary of a simulated iteration (:class:`planner.simulator.Timeline`).
 
-Rows, top to bottom in pipeline order: one per device of each stage (a stage without
-devices gets one row for the stage itself) and one per link. The chart is drawn on a
-private :class:`~matplotlib.figure.Figure` rendered by the Agg canvas, so it touches no
-global matplotlib state (no pyplot, no backend switch).
+Rows, top to bottom: one per device in pipeline order (its forwards, backwards and
+all-reduce), then one per network channel that carried anything (its transfers; on a
+shared channel they overlap and are drawn translucent). The chart is drawn on a private
+:class:`~matplotlib.figure.Figure` rendered by the Agg canvas, so it touches no global
+matplotlib state (no pyplot, no backend switch).
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from matplotlib.patches import Patch
 from planner.simulator import Interval, Timeline
 
 _STYLE = {
-    "F": {"facecolor": "#4c72b0", "edgecolor": "white", "label": "forward"},
-    "B": {"facecolor": "#dd8452", "edgecolor": "white", "label": "backward"},
+    "F": {"facecolor": "#4c72b0", "edgecolor": "white", "label": "forward / activations"},
+    "B": {"facecolor": "#dd8452", "edgecolor": "white", "label": "backward / gradients"},
     "AR": {"facecolor": "#d9d9d9", "edgecolor": "#555555", "hatch": "///", "label": "all-reduce"},
 }
 _ROW_HEIGHT_IN = 0.42
@@ -30,16 +31,31 @@ _MIN_LABEL_PX = 12.0  # narrowest box that gets its micro-batch number
 
 
 def rows(timeline: Timeline) -> list[tuple[str, tuple[Interval, ...]]]:
-    """The chart's rows, in pipeline order: (label, busy intervals)."""
-    out: list[tuple[str, tuple[Interval, ...]]] = []
-    for step, intervals in zip(timeline.chain.steps, timeline.steps, strict=True):
-        if step.kind == "link":
-            out.append((f"link {step.index}→{step.index + 1}", intervals))
-        elif step.devices:
-            out.extend((f"stage {step.index} · {d}", timeline.devices[d]) for d in step.devices)
-        else:
-            out.append((f"stage {step.index}", intervals))
+    """The chart's rows: (label, intervals) per device, then per used channel."""
+    out: list[tuple[str, tuple[Interval, ...]]] = [
+        (f"stage {p} · {d}", timeline.devices[d])
+        for p, devs in enumerate(timeline.stages)
+        for d in devs
+    ]
+    per_channel: dict[str, list[Interval]] = {}
+    for t in timeline.transfers:
+        for ch in t.channels:
+            per_channel.setdefault(ch, []).append(
+                Interval(t.kind, t.micro_batch, t.start_ms, t.end_ms)
+            )
+    for ch in sorted(per_channel):
+        out.append((ch, tuple(sorted(per_channel[ch], key=lambda iv: iv.start_ms))))
     return out
+
+
+def _busy_ms(intervals: tuple[Interval, ...]) -> float:
+    """Length of the union of the intervals (overlapping transfers count once)."""
+    total, end = 0.0, float("-inf")
+    for iv in sorted(intervals, key=lambda iv: iv.start_ms):
+        if iv.end_ms > end:
+            total += iv.end_ms - max(iv.start_ms, end)
+            end = iv.end_ms
+    return total
 
 
 def draw_gantt(timeline: Timeline, path: str | Path, title: str = "") -> None:
@@ -84,11 +100,15 @@ def _draw_panel(ax: Axes, timeline: Timeline, title: str, span: float) -> None:
     ax.grid(axis="x", color="#e0e0e0", linewidth=0.6)
     ax.set_axisbelow(True)
     px_per_ms = (ax.transData.transform((span, 0))[0] - ax.transData.transform((0, 0))[0]) / span
+    n_devices = sum(len(devs) for devs in timeline.stages)
 
     for y, (_, intervals) in enumerate(chart_rows):
+        alpha = 1.0 if y < n_devices else 0.6
         for iv in intervals:
             style = {k: v for k, v in _STYLE[iv.kind].items() if k != "label"}
-            ax.barh(y, iv.duration_ms, left=iv.start_ms, height=0.7, linewidth=0.6, **style)
+            ax.barh(
+                y, iv.duration_ms, left=iv.start_ms, height=0.7, linewidth=0.6, alpha=alpha, **style
+            )
             digits = len(str(iv.micro_batch))
             if iv.kind != "AR" and iv.duration_ms * px_per_ms >= _MIN_LABEL_PX + 6 * (digits - 1):
                 ax.text(
@@ -111,7 +131,10 @@ def _draw_panel(ax: Axes, timeline: Timeline, title: str, span: float) -> None:
         frameon=False,
         fontsize=8,
     )
-    heading = f"makespan {timeline.makespan_ms:.3f} ms, M = {timeline.chain.num_micro_batches}"
+    heading = (
+        f"simulated makespan {timeline.makespan_ms:.3f} ms, M = {timeline.num_micro_batches}, "
+        f"{timeline.topology}"
+    )
     ax.set_title(f"{title}\n{heading}" if title else heading, loc="left", fontsize=9)
 
 
@@ -120,13 +143,14 @@ def timeline_text(timeline: Timeline) -> str:
     chart_rows = rows(timeline)
     width = max(len(label) for label, _ in chart_rows)
     span = timeline.makespan_ms
+    n_devices = sum(len(devs) for devs in timeline.stages)
     lines = [
-        f"makespan {span:.3f} ms ({len(timeline.chain.steps)} steps, "
-        f"M = {timeline.chain.num_micro_batches})",
+        f"makespan {span:.3f} ms ({len(timeline.stages)} stages, {n_devices} devices, "
+        f"M = {timeline.num_micro_batches}, {timeline.topology})",
         f"{'row':<{width}}  {'busy ms':>10}  {'busy':>6}",
     ]
     for label, intervals in chart_rows:
-        busy = sum(iv.duration_ms for iv in intervals)
+        busy = _busy_ms(intervals)
         share = f"{100 * busy / span:5.1f}%" if span > 0 else "    -"
         lines.append(f"{label:<{width}}  {busy:>10.3f}  {share:>6}")
     return "\n".join(lines)

@@ -88,6 +88,7 @@ class SubProblem:
     best_ms: float | None  # exact iteration time of its solution, re-scored
     bound_ms: float | None  # the solver's lower bound on the program's optimum
     solve_time_s: float
+    chain_ms: float | None = None  # its solution in the program's units (PlanCost.chain_ms)
 
     @property
     def closed(self) -> bool:
@@ -144,7 +145,8 @@ class _Search:
             return before or SubProblem(*job, "skipped", None, None, 0.0)
         with self.lock:
             best = self.best
-        ref = best[0] if best else self.horizon
+        # the cutoff is in the program's own units: the incumbent's chain recurrence
+        ref = best[2].chain_ms if best else self.horizon
         form = Builder(self.tables, *job).build(ref * (1 + CUTOFF_SLACK), self.horizon)
         hint = {}
         if best and (best[1].micro_batch_size, best[1].num_stages) == job:
@@ -156,17 +158,18 @@ class _Search:
         else:
             outcome = solve_pulp(form.model, hint, limit, self.backend)
         found = before.best_ms if before else None
+        chain = before.chain_ms if before else None
         if outcome.values is not None:
             partition = extract(form, self.tables, outcome.values)
             cost = self.tables.cm.evaluate(partition)
-            found = cost.iteration_ms
+            found, chain = cost.iteration_ms, cost.chain_ms
             with self.lock:
                 if cost.memory_ok and (
                     self.best is None or found < self.best[0] * (1 - IMPROVEMENT)
                 ):
                     self.best = (found, partition, cost)
         spent = time.perf_counter() - t0 + (before.solve_time_s if before else 0.0)
-        return SubProblem(*job, outcome.status, found, outcome.bound_ms, spent)
+        return SubProblem(*job, outcome.status, found, outcome.bound_ms, spent, chain)
 
     def run(
         self,
@@ -271,8 +274,9 @@ def plan_milp(
         if any(b is None for b in open_bounds):
             status, bound = "timed_out", None
         else:
-            status, bound = "feasible", min([value, *open_bounds])  # type: ignore[list-item]
-    gap = None if bound is None else max(0.0, (value - bound) / value)
+            # bounds are in the program's units (the chain recurrence), so is the gap
+            status, bound = "feasible", min([cost.chain_ms, *open_bounds])  # type: ignore[list-item]
+    gap = None if bound is None else max(0.0, (cost.chain_ms - bound) / cost.chain_ms)
     return MILPResult(
         partition,
         cost,

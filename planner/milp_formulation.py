@@ -45,8 +45,12 @@ Objective: minimise T. With the durations fixed the least T satisfying the sched
 constraints is the longest path through the schedule's actions, i.e. exactly
 :func:`planner.cost.schedule_makespan`; every other constraint is an exact linear (or
 indicator) form of a cost-model formula, or drops only plans that another plan matches
-or beats (balance), so the optimum of the program is the least iteration time over the
-space; the plan is re-scored by :class:`CostModel` anyway.
+or beats (balance), so the optimum of the program is the least chain recurrence
+(``PlanCost.chain_ms``) over the space. The cost model's reported figure
+(``PlanCost.iteration_ms``) prices boundaries as parallel re-sliced pieces on the
+network's channels (docs/cost-model.md), which the program does not: every solution is
+re-scored by :class:`CostModel`, incumbents are compared by that figure, and the cutoff,
+bounds and gap are in the program's units.
 Uniform networks need no LAT/ein/ex variables (a single bandwidth and latency value).
 
 Size per program: O(P L) block binaries, O(P K B) sample variables, O(P min(N, B))
@@ -63,10 +67,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from planner.classes import DeviceClass, representative_pair
-from planner.cost import CostModel
+from planner.cost import CostModel, chain_schedule
 from planner.partition import Partition, StageAssignment
 from planner.problem import Problem
-from planner.simulator import one_f_one_b
 
 #: variable kinds: binary, integer, time in ms
 BIN, INT, TIME = "bin", "int", "time"
@@ -191,7 +194,7 @@ class Tables:
 def schedule_actions(cm: CostModel, batch: int, num_stages: int) -> list[list[tuple[str, int]]]:
     """The action lists of every chain step for (B, P), as the cost model builds them:
     the warm-ups come from scoring a placeholder partition of P stages (they depend on P,
-    M and the config only), the order from :func:`planner.simulator.one_f_one_b`."""
+    M and the config only), the order from :func:`planner.cost.chain_schedule`."""
     problem = cm.problem
     n_blocks = problem.model.num_blocks
     devices = problem.cluster.devices
@@ -200,7 +203,7 @@ def schedule_actions(cm: CostModel, batch: int, num_stages: int) -> list[list[tu
         for p in range(num_stages)
     )
     placeholder = Partition(batch, problem.config.global_batch // batch, stages)
-    return one_f_one_b(cm.evaluate(placeholder).chain)
+    return chain_schedule(cm.evaluate(placeholder).chain)
 
 
 class Builder:

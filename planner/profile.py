@@ -5,7 +5,8 @@ layer). Per block the profile records parameter bytes, the bytes per sample of i
 (what crosses a stage cut), the bytes per sample it saves for backward, and optionally its
 forward FLOPs per sample. Per device type it records forward and backward milliseconds at
 several batch sizes (shared by all blocks of that type); the cost model interpolates
-between them (see :mod:`planner.cost`), never assuming time proportional to batch.
+between them (:func:`batch_curve`), never assuming time proportional to batch; the cost
+model and the simulator both read times through it.
 
 An optional :class:`BuildSpec` says how the executor builds the model (a zoo name with
 sizes and seed, or a ``package.module:callable`` with keyword arguments); a profile
@@ -18,6 +19,8 @@ import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from planner.errors import InputError
 from planner.schema import load_document, validate
@@ -51,6 +54,31 @@ class Timing:
     forward_spread_ms: tuple[tuple[float, ...], ...] | None = None
     backward_spread_ms: tuple[tuple[float, ...], ...] | None = None
     repeats: int | None = None
+
+
+def batch_curve(batch_sizes: tuple[int, ...], times: np.ndarray, max_batch: int) -> np.ndarray:
+    """Times at every integer batch 0..max_batch from times measured at ``batch_sizes``.
+
+    ``times`` has shape (blocks, len(batch_sizes)); the result (blocks, max_batch + 1).
+    Between measured sizes b_1 < ... < b_k time is interpolated linearly; below b_1 it
+    falls proportionally to 0 at batch 0; above b_k it grows with the last segment's
+    slope (proportionally when k = 1). O(blocks x max_batch).
+    """
+    sizes = np.asarray(batch_sizes, dtype=float)
+    ys = np.arange(max_batch + 1, dtype=float)
+    out = np.empty((times.shape[0], max_batch + 1))
+    for r, row in enumerate(times):
+        curve = np.interp(ys, sizes, row)
+        low = ys < sizes[0]
+        curve[low] = row[0] * ys[low] / sizes[0]
+        high = ys > sizes[-1]
+        if len(sizes) == 1:
+            slope = row[0] / sizes[0]
+        else:
+            slope = max((row[-1] - row[-2]) / (sizes[-1] - sizes[-2]), 0.0)
+        curve[high] = row[-1] + slope * (ys[high] - sizes[-1])
+        out[r] = curve
+    return out
 
 
 @dataclass(frozen=True)

@@ -1,53 +1,76 @@
-"""Discrete-event simulation of one synchronous pipeline round over a :class:`StepChain`.
+"""An independent event simulator of one training iteration, written from the hardware's
+semantics: the reference the cost model (:mod:`planner.cost`) is measured against.
 
-This is the ground truth the closed-form cost model (reference/asteroid.md §3.4) is
-checked against, so it is written from the schedule semantics alone, never from the
-formulas.
+It shares with the cost model only its inputs: the schedule (:mod:`planner.schedule`),
+the cluster's pair bandwidths, latencies and topology (:mod:`planner.cluster`) and the
+profile's time curves (:func:`planner.profile.batch_curve`). It imports nothing from
+:mod:`planner.cost`, and it never aggregates a stage: every device and every transfer is
+its own actor.
 
 Model:
-    * Every step of the chain (stage compute or link) is one sequential resource. It runs
-      the actions of its list in order, one at a time, without preemption: ``("F", m)``
-      (forward of micro-batch m) takes ``Step.forward_ms``, ``("B", m)`` takes
-      ``Step.backward_ms``.
-    * An action starts as soon as the step has finished its previous action and its
-      dependency is done:
+    * **Devices.** Every device of stage p runs the stage's action list (``schedule[p]``)
+      over its own slice of each micro-batch, in order, one action at a time. ``F m`` /
+      ``B m`` keep it busy for its own forward / backward time of the stage's blocks at
+      its sample count (type time x slowdown). ``RECV_F m`` / ``RECV_B m`` wait until
+      every piece addressed to it has been delivered. ``SEND_F m`` / ``SEND_B m`` post its
+      pieces and return at once (asynchronous sends, as ``isend``). ``REDUCE_GRAD`` joins
+      the stage's ring all-reduce and waits until the ring has delivered its last chunk.
+    * **Re-slicing.** Micro-batch samples are numbered 0..B-1 and every stage's devices
+      take consecutive intervals in plan order. The piece from device i of stage p to
+      device j of stage p+1 carries the samples of both intervals (their overlap) x the
+      boundary bytes per sample of the stage's last block; gradients travel the same
+      pieces backward.
+    * **Ring all-reduce** over the g devices of a stage in plan order: the gradient bytes
+      W are cut into g chunks; in each of the 2(g-1) ring steps member r sends one chunk
+      (W / g bytes) to member r+1 (mod g). Step 0 of a member starts once all g members
+      have joined; step k > 0 once the member has received step k-1 from member r-1.
+    * **Transfers and channels.** A transfer of ``n`` bytes between devices a and b needs
+      ``n / bw(a, b)`` ms of exclusive use of its channels and is delivered
+      ``lat(a, b)`` ms after its last byte left (latency does not hold the channel).
+      Channels by topology (``cluster.network.kind``):
 
-        - ``F(s, m)`` needs ``F(s-1, m)`` (no dependency on step 0);
-        - ``B(s, m)`` needs ``B(s+1, m)``; on the last step it needs ``F(S-1, m)``.
+        - ``point_to_point``: one channel per ordered pair (a -> b): full duplex, no two
+          pairs interfere;
+        - ``switched``: a transfer a -> b uses a's uplink and b's downlink: full duplex
+          ports, but one device's sends (or receives) share its port;
+        - ``shared_medium``: one half-duplex channel that every transfer uses.
 
-    * After its last action a stage step all-reduces its gradients for
-      ``Step.allreduce_ms``; nothing waits for the all-reduce, it only extends the round.
-    * Inside a stage every device starts each action with the step and is busy for its own
-      time (``device_forward_ms`` / ``device_backward_ms``), then idle until the step's
-      action ends; all devices take part in the whole all-reduce.
+      Messages between one ordered pair go one after the other in posting order (one
+      connection per pair, as gloo keeps). The transfers at the head of their pairs share
+      their channels max-min fairly (progressive filling): each channel gives out at most
+      one unit of time per unit of time, a transfer progresses at the fraction ``x <= 1``
+      of its own pair rate that it gets on its tightest channel, and no transfer can grow
+      without shrinking one that is not larger.
 
-A schedule is data, as in ``torch.distributed.pipelining``: per step an ordered list of
-actions. :func:`one_f_one_b` builds 1F1B from the steps' warm-ups, :func:`gpipe` the
-all-forwards-then-all-backwards schedule, both with the compute order of
-:func:`planner.schedule.compute_order` (the one schedule generator).
-
-Complexity: every action is pushed on and popped from an event heap once, so a round of
-S steps and M micro-batches costs O(S·M log(S·M)) time (the heap never holds more than S
-events) and O(S·M) memory.
+Event loop: the clock jumps to the next compute end, delivery or transfer completion
+under the current rates; rates are recomputed after every event. Complexity: with E
+events (O(n M) compute actions and sends for n devices and M micro-batches, plus the ring
+transfers) and at most T transfers in flight over C channels, O(E (n + T C)) time.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import Literal
 
-from planner.schedule import compute_order
-from planner.steps import Step, StepChain
+import numpy as np
 
-ActionKind = Literal["F", "B"]
-Action = tuple[ActionKind, int]
-Schedule = list[list[Action]]
+from planner.cluster import Topology
+from planner.partition import Partition
+from planner.problem import Problem
+from planner.profile import batch_curve
+from planner.schedule import Action, ActionType, Schedule, build
+
+_EPS = 1e-9
 
 
-class Interval(NamedTuple):
-    """One busy interval: an action (``"F"``, ``"B"``) or the all-reduce (``"AR"``,
-    micro-batch -1), from ``start_ms`` to ``end_ms`` after the round starts."""
+@dataclass(frozen=True)
+class Interval:
+    """A device busy (``F``/``B``: computing micro-batch ``micro_batch``; ``AR``: inside
+    its all-reduce, micro-batch -1) from ``start_ms`` to ``end_ms``."""
 
     kind: Literal["F", "B", "AR"]
     micro_batch: int
@@ -60,224 +83,370 @@ class Interval(NamedTuple):
 
 
 @dataclass(frozen=True)
+class Transfer:
+    """One message: ``F`` (a piece of activations), ``B`` (a piece of gradients) or
+    ``AR`` (a ring chunk; ``micro_batch`` is then the ring step). Posted at
+    ``posted_ms``, on its channels from ``start_ms`` (when its pair's earlier messages
+    were through) to ``end_ms``, delivered at ``delivered_ms``."""
+
+    kind: Literal["F", "B", "AR"]
+    micro_batch: int
+    src: str
+    dst: str
+    num_bytes: float
+    channels: tuple[str, ...]
+    posted_ms: float
+    start_ms: float
+    end_ms: float
+    delivered_ms: float
+
+
+@dataclass(frozen=True)
 class Timeline:
-    """The simulated round.
+    """The simulated iteration.
 
     Attributes:
-        chain: the simulated chain.
-        steps: per step, its intervals in execution order (the all-reduce last).
-        devices: per device id of a stage, its busy intervals in time order; keys follow
-            pipeline order, then the order of ``Step.devices``.
-        makespan_ms: end of the last interval of any step, all-reduces included.
-        step_end_ms: per step, the end of its last interval.
-        busy_ms: per step, the summed length of its intervals.
-        idle_ms: per step, ``makespan_ms - busy_ms``.
+        topology: the network kind simulated.
+        stages: per stage, its device ids in plan order.
+        devices: per device id, its busy intervals in time order.
+        transfers: every transfer, in the order they completed.
+        makespan_ms: when the last device finished (all-reduces included).
+        num_micro_batches: M.
     """
 
-    chain: StepChain
-    steps: tuple[tuple[Interval, ...], ...]
+    topology: Topology
+    stages: tuple[tuple[str, ...], ...]
     devices: dict[str, tuple[Interval, ...]]
+    transfers: tuple[Transfer, ...]
     makespan_ms: float
-    step_end_ms: tuple[float, ...]
-    busy_ms: tuple[float, ...]
-    idle_ms: tuple[float, ...]
+    num_micro_batches: int
+
+    def channel_intervals(self) -> dict[str, tuple[tuple[float, float], ...]]:
+        """Per channel, the (start, end) of every transfer that used it, by start time."""
+        out: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        for t in self.transfers:
+            for ch in t.channels:
+                out[ch].append((t.start_ms, t.end_ms))
+        return {ch: tuple(sorted(v)) for ch, v in sorted(out.items())}
 
 
-def one_f_one_b(chain: StepChain) -> Schedule:
-    """The 1F1B schedule: step s with warm-up w = min(Step.warmup, M) runs F0..F(w-1),
-    then B(i) followed by F(i+w) while forwards remain, then the remaining backwards.
+def default_schedule(problem: Problem, partition: Partition) -> Schedule:
+    """The schedule the plan's config names, with the config's warm-up depths."""
+    config, stages, m = problem.config, partition.num_stages, partition.num_micro_batches
+    warmups = [config.warmup_depth(p, stages, m) for p in range(stages)]
+    return build(config.schedule, warmups, m)
 
-    Warm-ups must not increase along the chain (after clamping) and the last must be at
-    least 1, or :func:`simulate` reports a deadlock. Raises ``ValueError`` for M < 1 or a
-    warm-up below 1.
+
+def simulate(problem: Problem, partition: Partition, schedule: Schedule | None = None) -> Timeline:
+    """Simulate one iteration of ``partition`` on ``problem``'s cluster (module docstring).
+
+    ``schedule`` defaults to :func:`default_schedule`. Raises ``ValueError`` when the
+    schedule does not have one action list per stage, or deadlocks (the message names
+    each blocked device and the action it waits on).
     """
-    m_count = _micro_batches(chain)
-    for s, step in enumerate(chain.steps):
-        if step.warmup < 1:
-            raise ValueError(f"step {s} ({_name(step)}): warm-up {step.warmup} is below 1")
-    return [compute_order(m_count, step.warmup) for step in chain.steps]
-
-
-def gpipe(chain: StepChain) -> Schedule:
-    """The GPipe schedule: every step runs all M forwards, then all M backwards."""
-    m_count = _micro_batches(chain)
-    return [compute_order(m_count, m_count) for _ in chain.steps]
-
-
-def simulate(chain: StepChain, schedule: Schedule | None = None) -> Timeline:
-    """Simulate one round of ``chain`` under ``schedule`` (default :func:`one_f_one_b`).
-
-    Raises ``ValueError`` if the chain is malformed (no steps, M < 1, a negative or NaN
-    time, device times that do not match the step), if the schedule does not list every
-    ``F`` and ``B`` of every micro-batch exactly once per step, or if it deadlocks (the
-    message names each blocked step, the action it cannot start and what that waits for).
-    """
-    _check_chain(chain)
     if schedule is None:
-        schedule = one_f_one_b(chain)
-    _check_schedule(chain, schedule)
-    steps = chain.steps
-    last = len(steps) - 1
-
-    done: dict[tuple[int, Action], float] = {}  # (step, action) -> end time
-    intervals: list[list[Interval]] = [[] for _ in steps]
-    position = [0] * len(steps)  # index of the next action of each step
-    free_at = [0.0] * len(steps)  # end of each step's previous action
-    running = [False] * len(steps)
-    events: list[tuple[float, int]] = []  # (end time, step); one per running step
-
-    def try_start(s: int) -> None:
-        if running[s] or position[s] == len(schedule[s]):
-            return
-        action = schedule[s][position[s]]
-        start = free_at[s]
-        dep = _dependency(s, action, last)
-        if dep is not None:
-            if dep not in done:
-                return
-            start = max(start, done[dep])
-        kind, m = action
-        duration = steps[s].forward_ms if kind == "F" else steps[s].backward_ms
-        intervals[s].append(Interval(kind, m, start, start + duration))
-        running[s] = True
-        heapq.heappush(events, (start + duration, s))
-
-    for s in range(len(steps)):
-        try_start(s)
-    while events:
-        end, s = heapq.heappop(events)
-        done[(s, schedule[s][position[s]])] = end
-        position[s] += 1
-        running[s] = False
-        free_at[s] = end
-        # Only the step itself and its two neighbours can have been waiting on this action.
-        for r in (s - 1, s, s + 1):
-            if 0 <= r <= last:
-                try_start(r)
-
-    if len(done) < sum(len(actions) for actions in schedule):
-        raise ValueError(_deadlock_message(chain, schedule, position, done))
-
-    for s, step in enumerate(steps):
-        if step.allreduce_ms > 0:
-            intervals[s].append(Interval("AR", -1, free_at[s], free_at[s] + step.allreduce_ms))
-    step_end = tuple(iv[-1].end_ms for iv in intervals)
-    makespan = max(step_end)
-    busy = tuple(sum(i.duration_ms for i in iv) for iv in intervals)
-    return Timeline(
-        chain=chain,
-        steps=tuple(tuple(iv) for iv in intervals),
-        devices=_device_intervals(steps, intervals),
-        makespan_ms=makespan,
-        step_end_ms=step_end,
-        busy_ms=busy,
-        idle_ms=tuple(makespan - b for b in busy),
-    )
+        schedule = default_schedule(problem, partition)
+    if len(schedule) != partition.num_stages:
+        raise ValueError(
+            f"the schedule has {len(schedule)} stages, the partition {partition.num_stages}"
+        )
+    return _Simulation(problem, partition, schedule).run()
 
 
-def _dependency(s: int, action: Action, last: int) -> tuple[int, Action] | None:
-    """The (step, action) that must be done before ``action`` may start on step s."""
-    kind, m = action
-    if kind == "F":
-        return (s - 1, ("F", m)) if s > 0 else None
-    return (s + 1, ("B", m)) if s < last else (s, ("F", m))
+@dataclass
+class _Flow:
+    kind: Literal["F", "B", "AR"]
+    micro_batch: int
+    src: str
+    dst: str
+    num_bytes: float
+    channels: tuple[str, ...]
+    posted_ms: float
+    remaining_ms: float  # channel time still needed at full pair rate
+    latency_ms: float
+    on_delivery: Callable[[], None]
+    start_ms: float | None = None
 
 
-def _device_intervals(
-    steps: tuple[Step, ...], intervals: list[list[Interval]]
-) -> dict[str, tuple[Interval, ...]]:
-    devices: dict[str, tuple[Interval, ...]] = {}
-    for step, step_intervals in zip(steps, intervals, strict=True):
-        for d, device in enumerate(step.devices):
-            own = {"F": step.device_forward_ms[d], "B": step.device_backward_ms[d]}
-            devices[device] = tuple(
-                iv
-                if iv.kind == "AR"
-                else Interval(iv.kind, iv.micro_batch, iv.start_ms, iv.start_ms + own[iv.kind])
-                for iv in step_intervals
-            )
-    return devices
-
-
-def _micro_batches(chain: StepChain) -> int:
-    if chain.num_micro_batches < 1:
-        raise ValueError(f"num_micro_batches is {chain.num_micro_batches}; it must be >= 1")
-    return chain.num_micro_batches
-
-
-def _name(step: Step) -> str:
-    return f"stage {step.index}" if step.kind == "stage" else f"link {step.index}"
-
-
-def _slack(ms: float) -> float:
-    """``ms`` plus a rounding tolerance, for device times recomputed by the caller."""
-    return ms * (1 + 1e-9) + 1e-12
-
-
-def _check_chain(chain: StepChain) -> None:
-    _micro_batches(chain)
-    if not chain.steps:
-        raise ValueError("the chain has no steps")
-    seen: set[str] = set()
-    for s, step in enumerate(chain.steps):
-        where = f"step {s} ({_name(step)})"
-        times = (step.forward_ms, step.backward_ms, step.allreduce_ms)
-        times += step.device_forward_ms + step.device_backward_ms
-        if not all(t >= 0 for t in times):  # also rejects NaN
-            raise ValueError(f"{where}: times must be >= 0, got {times}")
-        if step.kind == "link" and (step.allreduce_ms or step.devices):
-            raise ValueError(f"{where}: a link has no devices and no all-reduce")
-        n = len(step.devices)
-        if len(step.device_forward_ms) != n or len(step.device_backward_ms) != n:
-            raise ValueError(
-                f"{where}: {n} devices but {len(step.device_forward_ms)} forward and "
-                f"{len(step.device_backward_ms)} backward device times"
-            )
-        for device, f, b in zip(
-            step.devices, step.device_forward_ms, step.device_backward_ms, strict=True
-        ):
-            if f > _slack(step.forward_ms) or b > _slack(step.backward_ms):
-                raise ValueError(
-                    f"{where}: device {device!r} takes ({f}, {b}) ms, longer than the "
-                    f"step's ({step.forward_ms}, {step.backward_ms}) ms"
+class _Simulation:
+    def __init__(self, problem: Problem, partition: Partition, schedule: Schedule) -> None:
+        cluster, model = problem.cluster, problem.model
+        self.cluster = cluster
+        self.topology: Topology = cluster.network.kind
+        self.schedule = schedule
+        self.m = partition.num_micro_batches
+        self.stages = tuple(s.devices for s in partition.stages)
+        self.stage_of = {d: p for p, devs in enumerate(self.stages) for d in devs}
+        batch = partition.micro_batch_size
+        curves: dict[tuple[str, str], np.ndarray] = {}
+        for name, timing in problem.timings.items():
+            for field in ("forward_ms", "backward_ms"):
+                curves[(name, field)] = batch_curve(
+                    timing.batch_sizes, np.asarray(getattr(timing, field)), batch
                 )
-            if device in seen:
-                raise ValueError(f"{where}: device {device!r} appears in two stages")
-            seen.add(device)
+        self.compute: dict[tuple[str, ActionType], float] = {}
+        self.interval: dict[str, tuple[int, int]] = {}
+        for stage in partition.stages:
+            offset = 0
+            for dev, y in zip(stage.devices, stage.samples, strict=True):
+                i = cluster.index(dev)
+                kind, slow = cluster.devices[i].type, cluster.devices[i].slowdown
+                for action, field in ((ActionType.F, "forward_ms"), (ActionType.B, "backward_ms")):
+                    rows = curves[(kind, field)][stage.first : stage.end, y]
+                    self.compute[(dev, action)] = float(rows.sum()) * slow
+                self.interval[dev] = (offset, offset + y)
+                offset += y
+        # pieces[p]: (sender in stage p, receiver in stage p+1, bytes)
+        self.pieces: list[list[tuple[str, str, float]]] = []
+        for p in range(len(self.stages) - 1):
+            per_sample = model.blocks[partition.stages[p].end - 1].output_bytes_per_sample
+            out = []
+            for a in self.stages[p]:
+                for b in self.stages[p + 1]:
+                    lo = max(self.interval[a][0], self.interval[b][0])
+                    hi = min(self.interval[a][1], self.interval[b][1])
+                    if hi > lo:
+                        out.append((a, b, (hi - lo) * per_sample))
+            self.pieces.append(out)
+        self.grad_bytes = [
+            float(sum(b.param_bytes for b in model.blocks[s.first : s.end]))
+            for s in partition.stages
+        ]
 
+        self.now = 0.0
+        self.events: list[tuple[float, int, Callable[[], None]]] = []
+        self.seq = 0
+        self.flows: list[_Flow] = []
+        self.done_transfers: list[Transfer] = []
+        self.position = {d: 0 for d in self.stage_of}
+        self.busy = dict.fromkeys(self.stage_of, False)
+        self.intervals: dict[str, list[Interval]] = {d: [] for d in self.stage_of}
+        self.arrived: dict[tuple[str, str, int], int] = defaultdict(int)  # (dst, F|B, m)
+        self.expected: dict[tuple[str, str, int], int] = {}
+        for pieces in self.pieces:
+            for a, b, _ in pieces:
+                for m in range(self.m):
+                    self.expected[(b, "F", m)] = self.expected.get((b, "F", m), 0) + 1
+                    self.expected[(a, "B", m)] = self.expected.get((a, "B", m), 0) + 1
+        self.ring_joined: dict[int, set[str]] = defaultdict(set)
+        self.ring_received: dict[str, int] = {}  # member -> ring steps received
+        self.ring_entered: dict[str, float] = {}
 
-def _check_schedule(chain: StepChain, schedule: Schedule) -> None:
-    if len(schedule) != len(chain.steps):
-        raise ValueError(f"the schedule has {len(schedule)} steps, the chain {len(chain.steps)}")
-    expected = {(kind, m) for kind in ("F", "B") for m in range(chain.num_micro_batches)}
-    for s, actions in enumerate(schedule):
-        where = f"step {s} ({_name(chain.steps[s])})"
-        seen: set[Action] = set()
-        for action in actions:
-            if action not in expected:
-                raise ValueError(f"{where}: unknown action {action!r}")
-            if action in seen:
-                raise ValueError(f"{where}: action {action!r} appears twice")
-            seen.add(action)
-        if missing := sorted(expected - seen):
-            raise ValueError(f"{where}: actions {missing} are missing")
+    # -- transfers ---------------------------------------------------------------------------
+    def _channels(self, a: str, b: str) -> tuple[str, ...]:
+        if self.topology == "shared_medium":
+            return ("medium",)
+        if self.topology == "switched":
+            return (f"{a} up", f"{b} down")
+        return (f"{a}->{b}",)
 
-
-def _deadlock_message(
-    chain: StepChain,
-    schedule: Schedule,
-    position: list[int],
-    done: dict[tuple[int, Action], float],
-) -> str:
-    last = len(chain.steps) - 1
-    blocked = []
-    for s, actions in enumerate(schedule):
-        if position[s] < len(actions):
-            action = actions[position[s]]
-            dep = _dependency(s, action, last)
-            assert dep is not None and dep not in done  # only dependencies can block
-            blocked.append(
-                f"step {s} ({_name(chain.steps[s])}) cannot start {action!r}, which waits "
-                f"for {dep[1]!r} on step {dep[0]}"
+    def _post(
+        self,
+        kind: Literal["F", "B", "AR"],
+        m: int,
+        a: str,
+        b: str,
+        n: float,
+        then: Callable[[], None],
+    ) -> None:
+        i, j = self.cluster.index(a), self.cluster.index(b)
+        self.flows.append(
+            _Flow(
+                kind,
+                m,
+                a,
+                b,
+                n,
+                self._channels(a, b),
+                self.now,
+                n / self.cluster.bytes_per_ms(i, j),
+                self.cluster.latency_ms(i, j),
+                then,
             )
-    return "the schedule deadlocks: " + "; ".join(blocked)
+        )
+
+    def _rates(self) -> list[float]:
+        """Max-min fair fractions by progressive filling over the flows at the head of
+        their pairs (the others get 0): raise every unfrozen flow's fraction together
+        until a channel is full (its flows freeze) or the fraction reaches 1. O(T C) per
+        round, at most T + 1 rounds."""
+        n = len(self.flows)
+        rate = [0.0] * n
+        residual: dict[str, float] = defaultdict(lambda: 1.0)
+        heads: dict[tuple[str, str], int] = {}
+        for f, flow in enumerate(self.flows):
+            heads.setdefault((flow.src, flow.dst), f)
+        unfrozen = set(heads.values())
+        level = 0.0
+        while unfrozen:
+            users: dict[str, int] = defaultdict(int)
+            for f in unfrozen:
+                for ch in self.flows[f].channels:
+                    users[ch] += 1
+            step = min([1.0 - level] + [residual[ch] / c for ch, c in users.items()])
+            level += step
+            for ch, c in users.items():
+                residual[ch] -= step * c
+            full = {ch for ch in users if residual[ch] <= _EPS}
+            frozen = {
+                f
+                for f in unfrozen
+                if level >= 1.0 - _EPS or any(ch in full for ch in self.flows[f].channels)
+            }
+            for f in frozen:
+                rate[f] = level
+            unfrozen -= frozen
+        for f in heads.values():
+            if self.flows[f].start_ms is None:
+                self.flows[f].start_ms = self.now
+        return rate
+
+    # -- devices -------------------------------------------------------------------------------
+    def _push(self, at: float, what: Callable[[], None]) -> None:
+        heapq.heappush(self.events, (at, self.seq, what))
+        self.seq += 1
+
+    def _advance(self, dev: str) -> bool:
+        """Run ``dev``'s zero-time actions and start its next compute; True if it moved."""
+        moved = False
+        p = self.stage_of[dev]
+        actions = self.schedule[p]
+        while not self.busy[dev] and self.position[dev] < len(actions):
+            a = actions[self.position[dev]]
+            t = a.type
+            if t in (ActionType.RECV_F, ActionType.RECV_B):
+                key = (dev, "F" if t == ActionType.RECV_F else "B", _mb(a))
+                if self.arrived[key] < self.expected.get(key, 0):
+                    return moved
+            elif t in (ActionType.F, ActionType.B):
+                duration = self.compute[(dev, t)]
+                kind: Literal["F", "B"] = "F" if t == ActionType.F else "B"
+                self.intervals[dev].append(Interval(kind, _mb(a), self.now, self.now + duration))
+                self.busy[dev] = True
+                self._push(self.now + duration, lambda dev=dev: self._compute_done(dev))
+            elif t in (ActionType.SEND_F, ActionType.SEND_B):
+                self._send(dev, a)
+            else:  # REDUCE_GRAD: busy until the ring delivers its last chunk
+                if len(self.stages[p]) > 1:
+                    self.busy[dev] = True
+                    self._join_ring(dev, p)
+            self.position[dev] += 1
+            moved = True
+        return moved
+
+    def _compute_done(self, dev: str) -> None:
+        self.busy[dev] = False
+
+    def _send(self, dev: str, a: Action) -> None:
+        p, m = self.stage_of[dev], _mb(a)
+        if a.type == ActionType.SEND_F:
+            for src, dst, n in self.pieces[p]:
+                if src == dev:
+                    self._post("F", m, src, dst, n, lambda dst=dst: self._arrive(dst, "F", m))
+        else:
+            for src, dst, n in self.pieces[p - 1]:
+                if dst == dev:
+                    self._post("B", m, dst, src, n, lambda src=src: self._arrive(src, "B", m))
+
+    def _arrive(self, dev: str, kind: str, m: int) -> None:
+        self.arrived[(dev, kind, m)] += 1
+
+    def _join_ring(self, dev: str, p: int) -> None:
+        group = self.stages[p]
+        self.ring_entered[dev] = self.now
+        self.ring_joined[p].add(dev)
+        if len(self.ring_joined[p]) == len(group):
+            for r in range(len(group)):
+                self.ring_received[group[r]] = 0
+                self._ring_send(p, r, 0)
+
+    def _ring_send(self, p: int, r: int, step: int) -> None:
+        group = self.stages[p]
+        g = len(group)
+        src, dst = group[r], group[(r + 1) % g]
+        self._post(
+            "AR", step, src, dst, self.grad_bytes[p] / g, lambda: self._ring_arrive(p, (r + 1) % g)
+        )
+
+    def _ring_arrive(self, p: int, r: int) -> None:
+        group = self.stages[p]
+        member = group[r]
+        self.ring_received[member] += 1
+        steps = 2 * (len(group) - 1)
+        if self.ring_received[member] < steps:
+            self._ring_send(p, r, self.ring_received[member])
+        else:
+            self.busy[member] = False
+            self.intervals[member].append(Interval("AR", -1, self.ring_entered[member], self.now))
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self) -> Timeline:
+        devices = list(self.stage_of)
+        while True:
+            while any([self._advance(d) for d in devices]):
+                pass
+            if not self.flows and not self.events:
+                break
+            rates = self._rates()
+            horizon = self.events[0][0] if self.events else np.inf
+            for f, x in zip(self.flows, rates, strict=True):
+                if x > 0:
+                    horizon = min(horizon, self.now + f.remaining_ms / x)
+            elapsed = horizon - self.now
+            still: list[_Flow] = []
+            for f, x in zip(self.flows, rates, strict=True):
+                f.remaining_ms -= elapsed * x
+                if f.remaining_ms <= _EPS * max(1.0, horizon):
+                    delivered = horizon + f.latency_ms
+                    self.done_transfers.append(
+                        Transfer(
+                            f.kind,
+                            f.micro_batch,
+                            f.src,
+                            f.dst,
+                            f.num_bytes,
+                            f.channels,
+                            f.posted_ms,
+                            self.now if f.start_ms is None else f.start_ms,
+                            horizon,
+                            delivered,
+                        )
+                    )
+                    self._push(delivered, f.on_delivery)
+                else:
+                    still.append(f)
+            self.flows = still
+            self.now = horizon
+            while self.events and self.events[0][0] <= self.now + _EPS * max(1.0, self.now):
+                _, _, what = heapq.heappop(self.events)
+                what()
+
+        for p, devs in enumerate(self.stages):
+            for d in devs:
+                if self.position[d] < len(self.schedule[p]) or self.busy[d]:
+                    raise ValueError(self._deadlock_message())
+        ends = [iv.end_ms for ivs in self.intervals.values() for iv in ivs]
+        ends += [t.delivered_ms for t in self.done_transfers]
+        return Timeline(
+            topology=self.topology,
+            stages=self.stages,
+            devices={d: tuple(ivs) for d, ivs in self.intervals.items()},
+            transfers=tuple(self.done_transfers),
+            makespan_ms=max(ends, default=0.0),
+            num_micro_batches=self.m,
+        )
+
+    def _deadlock_message(self) -> str:
+        blocked = []
+        for p, devs in enumerate(self.stages):
+            for d in devs:
+                if self.position[d] < len(self.schedule[p]):
+                    blocked.append(f"{d} (stage {p}) waits at {self.schedule[p][self.position[d]]}")
+                elif self.busy[d]:
+                    blocked.append(f"{d} (stage {p}) waits in its all-reduce")
+        return "the schedule deadlocks: " + "; ".join(blocked)
+
+
+def _mb(action: Action) -> int:
+    assert action.micro_batch is not None
+    return action.micro_batch

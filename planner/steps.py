@@ -1,4 +1,5 @@
-"""The pipeline as a chain of execution steps: what the cost model hands the simulator.
+"""The pipeline as a chain of execution steps: the closed form's (and the exact solver's)
+view of a plan.
 
 A plan of P stages is a chain of S = 2P-1 steps (reference/asteroid.md §1, §3.2):
 step 2p is stage p's compute, step 2p+1 the link from stage p to p+1. Each step is one
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
+
+from planner.cluster import Topology
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,9 @@ class Step:
 
 @dataclass(frozen=True)
 class StepChain:
-    """The steps of one plan, in pipeline order, and the micro-batch count M."""
+    """The steps of one plan, in pipeline order, the micro-batch count M and the
+    network's topology."""
 
     steps: tuple[Step, ...]
     num_micro_batches: int
+    topology: Topology = "switched"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.cluster import Cluster, Device, DeviceType, Link, Network
+from planner.cluster import Cluster, Device, DeviceType, Link, Network, Topology
 from planner.config import TrainingConfig
 from planner.partition import Partition, StageAssignment
 from planner.problem import Problem, make_problem
@@ -34,10 +34,12 @@ def random_problem(
     schedule: str = "1f1b",
     links: tuple[Link, ...] = (),
     bandwidth_mbps: float = 100.0,
+    topology: Topology | None = None,
 ) -> Problem:
     """``blocks`` random blocks on ``devices`` devices alternating between two types
     (fast with ``memory[0]`` bytes, slow with ``memory[1]``) on a uniform network
-    (``bandwidth_mbps``, 1 ms) unless ``links`` override pairs."""
+    (``bandwidth_mbps``, 1 ms) unless ``links`` override pairs; ``topology`` (when
+    given) overrides ``shared``."""
     rng = np.random.default_rng(seed)
     types = {
         "fast": device_type("fast", memory[0], 200.0, 1e5),
@@ -45,7 +47,9 @@ def random_problem(
     }
     names = ["fast", "slow"]
     devs = tuple(Device(f"d{i}", names[i % 2]) for i in range(devices))
-    cluster = Cluster("test", devs, Network(bandwidth_mbps, 1.0, shared, links), types)
+    if topology is not None:
+        shared = topology == "shared_medium"
+    cluster = Cluster("test", devs, Network(bandwidth_mbps, 1.0, shared, links, topology), types)
     blocks_ = tuple(
         Block(
             f"b{i}",
@@ -89,3 +93,29 @@ def random_partition(problem: Problem, rng: np.random.Generator) -> Partition:
             StageAssignment(bounds[p], bounds[p + 1], tuple(group), tuple(int(y) for y in split))
         )
     return Partition(batch, problem.config.global_batch // batch, tuple(assignment))
+
+
+def random_plans(
+    count: int,
+    seed: int,
+    topologies: tuple[Topology, ...] = ("point_to_point", "switched", "shared_medium"),
+) -> list[tuple[Problem, Partition]]:
+    """``count`` random (problem, partition) pairs cycling through ``topologies``: 2-11
+    blocks, 1-8 devices, global batch 32 with micro-batches 1-8, 10 / 100 / 1000 Mbit/s,
+    1F1B or GPipe, Asteroid or classic warm-ups; seeded, so every figure reproduces."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(count):
+        problem = random_problem(
+            int(rng.integers(2, 12)),
+            int(rng.integers(1, 9)),
+            seed=seed * 100_003 + i,
+            global_batch=32,
+            candidates=(1, 2, 4, 8),
+            bandwidth_mbps=float(rng.choice([10.0, 100.0, 1e3])),
+            schedule=str(rng.choice(["1f1b", "gpipe"])),
+            warmup=str(rng.choice(["asteroid", "classic"])),
+            topology=topologies[i % len(topologies)],
+        )
+        out.append((problem, random_partition(problem, rng)))
+    return out
