@@ -6,7 +6,9 @@ classes; transformers at their full configuration with 128-token sequences) this
 * ``profiles/models/<model>-cpu.json``: measured on this machine (timing key
   ``--device-type``, default ``host-cpu``), and
 * ``profiles/models/<model>-analytic.json``: the same blocks with analytic times for
-  every device type of the shipped catalog (``executor.analytic``), no measured times,
+  every device type of the shipped catalog (``executor.analytic``: FLOPs over each
+  type's throughput, with per-block fixed costs fitted from the measured batch curve),
+  no measured times,
 
 and prints one line per model. Both carry the profile's ``build`` spec (zoo name, demo
 sizes, seed 0), so their plans can be run by ``edgepipe run``. ``--analytic-only``
@@ -120,7 +122,11 @@ def main() -> None:
             write(measured, measured_path)
             print(summary(measured, args.device_type, time.perf_counter() - start), flush=True)
         write(
-            analytic_profile(replace(measured, timings={}), catalog),
+            analytic_profile(
+                replace(measured, timings={}),
+                catalog,
+                reference=measured.timings[args.device_type],
+            ),
             args.out / f"{name}-analytic.json",
         )
 

@@ -1,16 +1,25 @@
 """Analytic per-block times for device types that are not at hand.
 
 For a block with ``f`` forward FLOPs per sample on a device type with peak FP32
-throughput ``P`` GFLOP/s and training efficiency ``e`` (both from the device catalog):
+throughput ``P`` GFLOP/s and training efficiency ``e`` (both from the device catalog), a
+fixed per-block cost plus a throughput term:
 
-    forward_ms(b)  = f * b / (P * e * 1e9) * 1e3
-    backward_ms(b) = 2 * forward_ms(b)
+    forward_ms(b)  = f / (P * e * 1e9) * 1e3 * (w_f + b)
+    backward_ms(b) = 2 * f / (P * e * 1e9) * 1e3 * (w_b + b)
 
 Backward is twice forward because it runs two products of the forward's size per layer
-(gradient with respect to the input and with respect to the weights). The model is
-linear in the batch and ignores memory-bound work (normalisation, activations, pooling,
-embedding look-ups have no counted FLOPs and so take 0 ms), which is what the efficiency
-factor absorbs on average. Every such Timing is marked ``source: "analytic"``.
+(gradient with respect to the input and with respect to the weights). ``w_f`` / ``w_b``
+are the block's fixed cost (kernel launches, framework overhead, memory-bound layers
+such as normalisation, activations and pooling, which have no counted FLOPs) expressed
+in samples of its own throughput work. They are fitted per block from a measured
+profile of the same blocks (:func:`fit_fixed_samples`: least squares of ``t(b) = a +
+s b`` over the measured batch sizes, ``w = a / s``), so the shape of the batch curve is
+the measured one and its scale follows the device's FLOP rate: the assumption is that a
+device's fixed costs scale with its speed as its throughput does. Without a measured
+reference ``w = 0`` (time proportional to batch). The shipped analytic profiles are fitted
+from the ``host-cpu`` profiles measured with ``edgepipe profile``; docs/profiles.md gives
+the fit's error on held-out batch sizes. Every such Timing is marked ``source:
+"analytic"``.
 
 This module imports only the planner's types (no torch), so it also works on profiles
 imported from elsewhere, as long as their blocks carry ``forward_flops_per_sample``.
@@ -34,34 +43,71 @@ BACKWARD_FACTOR = 2.0
 MS_DECIMALS = 6
 
 
+def fit_fixed_samples(
+    batch_sizes: Sequence[int], times: Sequence[float]
+) -> tuple[float, float, float]:
+    """Least-squares fit of ``t(b) = a + s b`` to one block's ``times`` at ``batch_sizes``:
+    returns ``(a, s, a / s)``. A negative intercept or a non-positive slope (noise, a
+    flat block) falls back to the proportional fit through 0 (``a = 0``). O(sizes)."""
+    sizes = [float(b) for b in batch_sizes]
+    n = len(sizes)
+    if n >= 2:
+        mean_b, mean_t = sum(sizes) / n, sum(times) / n
+        var = sum((b - mean_b) ** 2 for b in sizes)
+        slope = sum((b - mean_b) * (t - mean_t) for b, t in zip(sizes, times, strict=True)) / var
+        intercept = mean_t - slope * mean_b
+        if intercept >= 0 and slope > 0:
+            return intercept, slope, intercept / slope
+    slope = sum(b * t for b, t in zip(sizes, times, strict=True)) / sum(b * b for b in sizes)
+    return 0.0, slope, 0.0
+
+
+def fixed_samples(reference: Timing) -> tuple[tuple[float, float], ...]:
+    """Per block (w_f, w_b): the fixed cost in samples fitted from a measured timing."""
+    return tuple(
+        (
+            fit_fixed_samples(reference.batch_sizes, f)[2],
+            fit_fixed_samples(reference.batch_sizes, b)[2],
+        )
+        for f, b in zip(reference.forward_ms, reference.backward_ms, strict=True)
+    )
+
+
 def analytic_timing(
-    profile: ModelProfile, device: DeviceType, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES
+    profile: ModelProfile,
+    device: DeviceType,
+    batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
+    fixed: Sequence[tuple[float, float]] | None = None,
 ) -> Timing:
     """Per-block analytic times of ``profile`` on ``device`` (formula in the module
-    docstring). O(blocks x batch sizes)."""
+    docstring), with per-block fixed costs ``fixed`` = (w_f, w_b) in samples (default 0:
+    proportional to batch). O(blocks x batch sizes)."""
     if not batch_sizes or batch_sizes[0] < 1 or any(b <= a for a, b in pairwise(batch_sizes)):
         raise ValueError(f"batch sizes {list(batch_sizes)} must be positive and increasing")
+    if fixed is None:
+        fixed = [(0.0, 0.0)] * profile.num_blocks
+    if len(fixed) != profile.num_blocks:
+        raise ValueError(f"{len(fixed)} fixed costs for {profile.num_blocks} blocks")
     flops_per_ms = device.effective_gflops * 1e9 / 1e3
-    forward = []
+    forward, backward = [], []
     for i, block in enumerate(profile.blocks):
         if block.forward_flops_per_sample is None:
             raise InputError(
-                profile.name, f"$.blocks[{i}].forward_flops_per_sample",
+                profile.name,
+                f"$.blocks[{i}].forward_flops_per_sample",
                 "missing; analytic times need every block's forward FLOPs (profile the "
-                "model with edgepipe profile)"
+                "model with edgepipe profile)",
             )
-        forward.append(
-            tuple(
-                round(block.forward_flops_per_sample * b / flops_per_ms, MS_DECIMALS)
-                for b in batch_sizes
-            )
+        per_sample = block.forward_flops_per_sample / flops_per_ms
+        w_f, w_b = fixed[i]
+        forward.append(tuple(round(per_sample * (w_f + b), MS_DECIMALS) for b in batch_sizes))
+        backward.append(
+            tuple(round(BACKWARD_FACTOR * per_sample * (w_b + b), MS_DECIMALS) for b in batch_sizes)
         )
     return Timing(
         batch_sizes=tuple(batch_sizes),
         forward_ms=tuple(forward),
-        backward_ms=tuple(
-            tuple(round(BACKWARD_FACTOR * t, MS_DECIMALS) for t in row) for row in forward
-        ),
+        backward_ms=tuple(backward),
         source="analytic",
     )
 
@@ -71,23 +117,38 @@ def analytic_profile(
     device_types: Mapping[str, DeviceType],
     *,
     batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
+    reference: Timing | None = None,
 ) -> ModelProfile:
     """``profile`` plus an analytic :class:`~planner.profile.Timing` for every device type
     in ``device_types`` (e.g. ``planner.cluster.load_catalog()``) that has no timing yet;
-    existing (measured or imported) timings are kept as they are. The result's source is
-    ``analytic`` and names where the FLOPs came from. O(types x blocks x batch sizes)."""
+    existing (measured or imported) timings are kept as they are. The per-block fixed
+    costs are fitted from ``reference`` (a measured timing of the same blocks; default:
+    none, times proportional to batch). The result's source is ``analytic`` and names
+    where the FLOPs and the batch curve came from. O(types x blocks x batch sizes)."""
+    if reference is not None and len(reference.forward_ms) != profile.num_blocks:
+        raise ValueError(
+            f"the reference timing has {len(reference.forward_ms)} blocks, the profile "
+            f"{profile.num_blocks}"
+        )
+    fixed = fixed_samples(reference) if reference is not None else None
     timings = dict(profile.timings)
     for name, device in device_types.items():
         if name not in timings:
-            timings[name] = analytic_timing(profile, device, batch_sizes)
+            timings[name] = analytic_timing(profile, device, batch_sizes, fixed)
     origin = profile.source.get("detail", profile.source["kind"])
+    curve = (
+        "per-block fixed cost + throughput: times = forward FLOPs x (w + batch) / (catalog "
+        "peak FP32 x efficiency), w fitted per block from the measured batch curve at "
+        f"batch sizes {list(reference.batch_sizes)}"
+        if reference is not None
+        else "per-block times = forward FLOPs x batch / (catalog peak FP32 x efficiency)"
+    )
     return ModelProfile(
         name=profile.name,
         source={
             "kind": "analytic",
             "detail": (
-                "per-block times = forward FLOPs x batch / (catalog peak FP32 x efficiency),"
-                f" backward = {BACKWARD_FACTOR:g} x forward; FLOPs from a "
+                f"{curve}, backward = {BACKWARD_FACTOR:g} x forward FLOPs; FLOPs from a "
                 f"{profile.source['kind']} profile ({origin})"
             ),
             "date": datetime.now(UTC).isoformat(timespec="seconds"),

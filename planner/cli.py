@@ -559,7 +559,9 @@ def cmd_profile(args: argparse.Namespace) -> None:
             build=build,
         )
     if args.analytic:
-        profile = analytic_profile(profile, load_catalog())
+        profile = analytic_profile(
+            profile, load_catalog(), reference=profile.timings[args.device_type]
+        )
     write_text_atomic(args.output, json.dumps(profile.to_dict(), indent=1) + "\n")
     out.print(
         f"wrote {args.output}: {name}, {profile.num_blocks} blocks, timed on "
