@@ -230,7 +230,7 @@ def gantt_title(plan: Plan) -> str:
     """The Gantt chart's title: the plan and the schedule it runs."""
     config = plan.problem.config
     schedule = "GPipe" if config.schedule == "gpipe" else f"1F1B, {config.warmup} warm-up"
-    return f"{plan.id}: one iteration ({schedule}), independent simulator"
+    return f"{plan.id}: one iteration ({schedule})"
 
 
 def _progress_callback(progress: Progress, label: str) -> Callable[[int, int], None]:
