@@ -132,7 +132,7 @@ def _draw_panel(ax: Axes, timeline: Timeline, title: str, span: float) -> None:
         fontsize=8,
     )
     heading = (
-        f"simulated makespan {timeline.makespan_ms:.3f} ms, M = {timeline.num_micro_batches}, "
+        f"makespan {timeline.makespan_ms:.3f} ms, M = {timeline.num_micro_batches}, "
         f"{timeline.topology}"
     )
     ax.set_title(f"{title}\n{heading}" if title else heading, loc="left", fontsize=9)

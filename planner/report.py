@@ -19,12 +19,14 @@ Predictions are multiplied by the emulation's time scale when the run was emulat
 they are the emulated devices' budgets); a run that was not emulated ran at this
 machine's speed, so its ratios compare this machine with the plan's devices.
 
-The measured Gantt chart shows one step (the one with the median wall time) as a
-:class:`planner.simulator.Timeline` on the plan's step chain: each device's ``F``, ``B``
-and ``REDUCE_GRAD`` (as all-reduce) intervals, each rank's times taken from its own step
-start (ranks are not clock-aligned; a later stage's first action is its wait for
-activations, so the offsets line up to within that rank's step start). Link rows stay
-empty: the executor measures transfers at their ends only.
+The predicted Gantt chart is the independent simulator's iteration
+(:func:`planner.simulator.simulate`; its makespan is within the cost model's error of
+``PlanCost.iteration_ms``, docs/cost-model.md). The measured one shows one step (the one
+with the median wall time) as a :class:`planner.simulator.Timeline`: each device's
+``F``, ``B`` and ``REDUCE_GRAD`` (as all-reduce) intervals, each rank's times taken from
+its own step start (ranks are not clock-aligned; a later stage's first action is its
+wait for activations, so the offsets line up to within that rank's step start). It has
+no channel rows: the executor measures transfers at their ends only.
 """
 
 from __future__ import annotations
@@ -32,13 +34,13 @@ from __future__ import annotations
 import json
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from planner.errors import InputError
 from planner.plan import Plan, load_plan
-from planner.simulator import Interval, Timeline, gpipe, simulate
+from planner.simulator import Interval, Timeline, Transfer, simulate
 
 
 @dataclass(frozen=True)
@@ -182,14 +184,13 @@ def build_report(run_dir: str | Path) -> RunReport:
 
 def predicted_timeline(plan: Plan) -> Timeline:
     """The simulated iteration of the plan under its configured schedule."""
-    chain = plan.cost.chain
-    return simulate(chain, gpipe(chain) if plan.problem.config.schedule == "gpipe" else None)
+    return simulate(plan.problem, plan.partition)
 
 
 def measured_timeline(run_dir: str | Path, plan: Plan, step: int) -> Timeline:
-    """Step ``step`` of the run as a :class:`Timeline` on the plan's chain (module
-    docstring: per-rank clocks, empty link rows)."""
-    chain = plan.cost.chain
+    """Step ``step`` of the run as a :class:`Timeline` of the plan's devices (module
+    docstring: per-rank clocks, no channel rows)."""
+    stages = tuple(s.devices for s in plan.partition.stages)
     per_device: dict[str, list[Interval]] = defaultdict(list)
     kinds = {"F": "F", "B": "B", "REDUCE_GRAD": "AR"}
     for e in _jsonl(Path(run_dir) / "timeline.jsonl"):
@@ -198,23 +199,17 @@ def measured_timeline(run_dir: str | Path, plan: Plan, step: int) -> Timeline:
             per_device[e["device"]].append(
                 Interval(kinds[e["kind"]], mb, float(e["start_ms"]), float(e["end_ms"]))
             )
-    devices = {d: tuple(per_device[d]) for s in chain.steps for d in s.devices}
-    steps = []
-    for s in chain.steps:
-        merged = sorted((iv for d in s.devices for iv in devices[d]),
-                        key=lambda iv: iv.start_ms)
-        steps.append(tuple(merged))
-    ends = [max((iv.end_ms for iv in ivs), default=0.0) for ivs in steps]
-    busy = [sum(iv.end_ms - iv.start_ms for iv in ivs) for ivs in steps]
-    span = max(ends, default=0.0)
+    devices = {
+        d: tuple(sorted(per_device[d], key=lambda iv: iv.start_ms)) for s in stages for d in s
+    }
+    span = max((iv.end_ms for ivs in devices.values() for iv in ivs), default=0.0)
     return Timeline(
-        chain=chain,
-        steps=tuple(steps),
+        topology=plan.problem.cluster.network.kind,
+        stages=stages,
         devices=devices,
+        transfers=(),
         makespan_ms=span,
-        step_end_ms=tuple(ends),
-        busy_ms=tuple(busy),
-        idle_ms=tuple(span - b for b in busy),
+        num_micro_batches=plan.partition.num_micro_batches,
     )
 
 
@@ -230,7 +225,11 @@ def draw_report(report: RunReport, run_dir: str | Path, path: str | Path) -> Non
     scale = f" x time scale {report.time_scale:g}" if report.time_scale != 1.0 else ""
     draw_gantts(
         [
-            (predicted, f"{report.plan.id}: predicted iteration (cost model{scale})"),
+            (
+                predicted,
+                f"{report.plan.id}: predicted iteration (independent simulator{scale}; cost "
+                f"model {report.iteration_predicted_ms:.1f} ms)",
+            ),
             (measured, f"measured step {report.measured_step} (each rank from its step start)"),
         ],
         path,
@@ -241,12 +240,18 @@ def _scaled(t: Timeline, k: float) -> Timeline:
     def iv(x: Interval) -> Interval:
         return Interval(x.kind, x.micro_batch, x.start_ms * k, x.end_ms * k)
 
-    return Timeline(
-        chain=t.chain,
-        steps=tuple(tuple(iv(x) for x in s) for s in t.steps),
+    def tr(x: Transfer) -> Transfer:
+        return replace(
+            x,
+            posted_ms=x.posted_ms * k,
+            start_ms=x.start_ms * k,
+            end_ms=x.end_ms * k,
+            delivered_ms=x.delivered_ms * k,
+        )
+
+    return replace(
+        t,
         devices={d: tuple(iv(x) for x in xs) for d, xs in t.devices.items()},
+        transfers=tuple(tr(x) for x in t.transfers),
         makespan_ms=t.makespan_ms * k,
-        step_end_ms=tuple(e * k for e in t.step_end_ms),
-        busy_ms=tuple(b * k for b in t.busy_ms),
-        idle_ms=tuple(i * k for i in t.idle_ms),
     )

@@ -97,7 +97,7 @@ def test_overruns_are_named_per_device(tmp_path: Path) -> None:
     )
 
 
-def test_the_measured_timeline_is_the_chosen_step_on_the_plans_chain(tmp_path: Path) -> None:
+def test_the_measured_timeline_is_the_chosen_step_of_the_plans_devices(tmp_path: Path) -> None:
     plan = write_run(tmp_path)
     t = measured_timeline(tmp_path, plan, 1)
     m_count = plan.partition.num_micro_batches
