@@ -54,13 +54,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from executor.comm import Transport, Work
 from executor.layout import RankLayout
 from executor.runtime import ComputeHook
+from planner.cost import batch_curve
 from planner.plan import Plan
+from planner.profile import ModelProfile
 from planner.schedule import Action, ActionType
 
 #: added to a data tag to make the tag of its arrival-time header
@@ -265,3 +268,50 @@ def read_reports(out: str | Path) -> list[dict]:
     for path in sorted(Path(out, "emulation").glob("rank*.jsonl")):
         lines += [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
     return lines
+
+
+def time_scale_for(plan: Plan, host: ModelProfile, host_type: str = "host-cpu",
+                   margin: float = 1.5, floor: float = 0.25) -> float:
+    """A time scale at which this machine keeps up with ``plan``'s devices.
+
+    For every rank: ``real`` = its stage's forward + backward time per micro-batch at its
+    sample count on ``host`` (a profile of the same blocks measured here, timing
+    ``host_type``), against ``max(budget, floor x D)``, its budget in the plan (forward +
+    backward) or a ``floor`` share of the plan's dominant step ``D`` (forward + backward
+    of the slowest stage or link), whichever is larger. The scale is the largest ratio x
+    ``margin``, at least 1. The floor keeps a rank with a negligible budget (a
+    classifier head) from forcing a huge scale: its real compute then overruns its
+    budget but stays well inside the bottleneck's time, which sets the iteration.
+    O(ranks x blocks)."""
+    timing = host.timings.get(host_type)
+    if timing is None or host.num_blocks != plan.problem.model.num_blocks:
+        raise ValueError(f"profile {host.name!r} has no {host_type!r} timing of the plan's "
+                         f"{plan.problem.model.num_blocks} blocks")
+    top = plan.partition.micro_batch_size
+    fwd = batch_curve(timing.batch_sizes, np.asarray(timing.forward_ms), top)
+    bwd = batch_curve(timing.batch_sizes, np.asarray(timing.backward_ms), top)
+    dominant = max(s.forward_ms + s.backward_ms for s in plan.cost.chain.steps)
+    worst = 0.0
+    for stage, cost in zip(plan.partition.stages, plan.cost.stages, strict=True):
+        for j, y in enumerate(stage.samples):
+            blocks = slice(stage.first, stage.end)
+            real = float(fwd[blocks, y].sum() + bwd[blocks, y].sum())
+            budget = cost.device_forward_ms[j] + cost.device_backward_ms[j]
+            worst = max(worst, real / max(budget, floor * dominant, 1e-9))
+    return max(1.0, worst * margin)
+
+
+def calibrated_time_scale(plan: Plan, lines: list[dict], margin: float = 1.5,
+                          floor: float = 0.25) -> float:
+    """:func:`time_scale_for` from a short emulated run's report ``lines``
+    (:func:`read_reports`) instead of a profile: each rank's real compute per unit of
+    budget as measured here, now (under whatever load the machine carries). Lines of the
+    first step (start-up) are skipped when there are later ones. O(lines)."""
+    dominant = max(s.forward_ms + s.backward_ms for s in plan.cost.chain.steps)
+    m = plan.partition.num_micro_batches
+    later = [x for x in lines if x["step"] > 0] or lines
+    worst = 0.0
+    for x in later:
+        budget = x["budget_ms"] / x["time_scale"]  # the step's unscaled budget, all F and B
+        worst = max(worst, x["real_ms"] / max(budget, floor * dominant * m, 1e-9))
+    return max(1.0, worst * margin)

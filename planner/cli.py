@@ -500,6 +500,55 @@ def cmd_demo(args: argparse.Namespace) -> None:
     out.print(f"wrote {path} and {outdir / 'gantt.png'}", highlight=False)
     out.rule("the DP against the exact solver and the baselines")
     _run_compare(problem, None, DEFAULT_BACKEND, DEFAULT_TIME_LIMIT, outdir)
+    if args.run_steps:
+        _demo_run(outdir, args.run_steps)
+
+
+#: the model the demo runs here: a zoo build spec with analytic Jetson times, and this
+#: machine's measured profile of the same blocks (for the emulation's time scale)
+DEMO_RUN_MODEL, DEMO_RUN_HOST, DEMO_RUN_BATCH = "resnet18-analytic", "resnet18-cpu", 8
+
+
+def _demo_run(outdir: Path, steps: int) -> None:
+    """Plan DEMO_RUN_MODEL on the demo cluster, run the plan here with emulated devices
+    and links, and set the measured iteration against the prediction."""
+    from planner.report import build_report, draw_report
+
+    out.rule(f"running a plan here: {DEMO_RUN_MODEL} on {api.DEMO_CLUSTER}, emulated")
+    try:
+        launch = _executor("executor.launch")
+        worker = _executor("executor.worker")
+        emulation = _executor("executor.emulation")
+    except EdgepipeError as exc:
+        out.print(f"skipped: {exc}", highlight=False)
+        return
+    problem = api.load_problem(DEMO_RUN_MODEL, api.DEMO_CLUSTER, global_batch=DEMO_RUN_BATCH)
+    plan = api.solve(problem, "dp")
+    _print_plan(plan)
+    host = ModelProfile.load(api.resolve(DEMO_RUN_HOST, "models"))
+    k = emulation.time_scale_for(plan, host)  # type: ignore[attr-defined]
+    path = outdir / "run-plan.json"
+    save_plan(plan, path)
+    run_dir = outdir / "run"
+    err.print(f"running {steps} steps on {len(plan.partition.used_devices())} local "
+              f"processes, every emulated time x {k:.1f} (this machine is slower)")
+    launch.launch(  # type: ignore[attr-defined]
+        worker.WorkerOptions(  # type: ignore[attr-defined]
+            str(path), steps, str(run_dir), emulate=True, time_scale=k, timeout_s=120
+        )
+    )
+    report = build_report(run_dir)
+    draw_report(report, run_dir, run_dir / "report.png")
+    measured = report.iteration_measured_ms / k
+    out.print(
+        f"iteration on the emulated devices: predicted {plan.cost.iteration_ms:.1f} ms, "
+        f"measured {measured:.1f} ms (x{measured / plan.cost.iteration_ms:.2f}; "
+        f"{report.iteration_measured_ms:.0f} ms here at time scale {k:.1f}); wrote "
+        f"{run_dir}/report.png (`edgepipe report {run_dir}` for the per-device table)",
+        highlight=False,
+    )
+    if report.overrun_warning:
+        err.print(f"warning: {report.overrun_warning}", highlight=False)
 
 
 @contextmanager
@@ -1014,13 +1063,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser(
-        "demo", help="plan the demo model on the demo cluster, show it, compare the planners"
+        "demo",
+        help="plan the demo model on the demo cluster, show it, compare the planners, run a "
+        "plan here (emulated)",
     )
     p.add_argument(
         "--out",
         type=output_dir,
         default="out/demo",
         help="folder for the plan, chart and comparison",
+    )
+    p.add_argument(
+        "--run-steps",
+        type=int,
+        default=3,
+        help="also run a plan of resnet18 here for this many emulated steps (0: skip)",
     )
     p.set_defaults(func=cmd_demo)
     return parser

@@ -90,7 +90,7 @@ def test_infeasible_memory_is_reported_not_raised(tmp_path, capsys):
 
 
 def test_demo_writes_plan_and_chart(tmp_path):
-    assert main(["demo", "--out", str(tmp_path)]) == 0
+    assert main(["demo", "--out", str(tmp_path), "--run-steps", "0"]) == 0
     assert load_plan(tmp_path / "plan.json").problem.cluster.name == "jetson-testbed-6"
     assert (tmp_path / "gantt.png").stat().st_size > 0
 

@@ -17,7 +17,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from executor.emulation import EmulatedTransport, LinkFigures, read_reports, reserve
+from executor.emulation import (
+    EmulatedTransport,
+    LinkFigures,
+    calibrated_time_scale,
+    read_reports,
+    reserve,
+)
 from executor.launch import launch
 from executor.worker import WorkerOptions
 from planner.cluster import Cluster
@@ -207,3 +213,22 @@ def test_emulation_changes_timing_not_training(tmp_path: Path, mlp_profile) -> N
                                     deterministic=True, timeout_s=30, emulate=True,
                                     time_scale=2.0))
     assert emulated.losses == plain.losses
+
+
+# -- choosing the time scale -------------------------------------------------------------
+
+
+def test_the_calibrated_scale_is_the_worst_real_to_budget_ratio_times_the_margin(
+    mlp_profile,
+) -> None:
+    plan = emulated_plan(mlp_profile, [(0, 4, [2, 1])], 3, 2, [1, 1])
+    # budgets far above the floor (a quarter of the dominant step per micro-batch)
+    lines = [
+        {"step": 0, "device": "d0", "budget_ms": 4000.0, "real_ms": 99000.0, "time_scale": 2.0},
+        {"step": 1, "device": "d0", "budget_ms": 4000.0, "real_ms": 6000.0, "time_scale": 2.0},
+        {"step": 1, "device": "d1", "budget_ms": 4000.0, "real_ms": 2000.0, "time_scale": 2.0},
+    ]
+    # d0 after start-up: 6000 ms real against 2000 ms of unscaled budget = 3; x 1.5
+    assert calibrated_time_scale(plan, lines, margin=1.5) == pytest.approx(4.5)
+    assert calibrated_time_scale(plan, lines[2:], margin=1.5) == 1.5
+    assert calibrated_time_scale(plan, [{**lines[2], "real_ms": 1.0}]) == 1.0  # never < 1
