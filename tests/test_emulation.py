@@ -232,3 +232,16 @@ def test_the_calibrated_scale_is_the_worst_real_to_budget_ratio_times_the_margin
     assert calibrated_time_scale(plan, lines, margin=1.5) == pytest.approx(4.5)
     assert calibrated_time_scale(plan, lines[2:], margin=1.5) == 1.5
     assert calibrated_time_scale(plan, [{**lines[2], "real_ms": 1.0}]) == 1.0  # never < 1
+
+
+@pytest.mark.slow
+def test_the_demo_runs_its_resnet_plan_here_and_reports_predicted_vs_measured(
+    tmp_path: Path, capsys
+) -> None:
+    from planner.cli import main
+
+    assert main(["demo", "--out", str(tmp_path), "--run-steps", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "iteration on the emulated devices: predicted" in printed
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 2
+    assert (tmp_path / "run" / "report.png").stat().st_size > 10_000
