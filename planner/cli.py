@@ -463,7 +463,7 @@ def cmd_validate(args: argparse.Namespace) -> None:
 
 
 def cmd_import_pipedream(args: argparse.Namespace) -> None:
-    from planner.importers.pipedream import import_pipedream
+    from planner.importers.pipedream import import_pipedream, swallowing_block
 
     known = load_catalog()
     if args.device_type not in known:
@@ -479,6 +479,9 @@ def cmd_import_pipedream(args: argparse.Namespace) -> None:
         name=args.name,
     )
     write_text_atomic(args.output, json.dumps(profile.to_dict(), indent=1) + "\n")
+    warning = swallowing_block(profile)
+    if warning:
+        err.print(f"warning: {warning}", highlight=False)
     out.print(f"wrote {args.output}: {profile.name}, {profile.num_blocks} blocks")
 
 

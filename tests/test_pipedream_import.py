@@ -27,7 +27,6 @@ MODELS = REPO / "profiles" / "models"
 BATCH = {"alexnet": 256, "vgg16": 128, "resnet18": 256, "squeezenet1_0": 256}
 
 
-
 def graph(model: str) -> Path:
     """The raw PipeDream file of ``model`` (profiles/raw/pipedream, in the repository)."""
     path = DATA / f"{model}.graph.txt"
@@ -78,20 +77,23 @@ def structure(p: ModelProfile) -> list[tuple[object, ...]]:
 # -- hand-worked graphs ------------------------------------------------------------------
 
 
-def test_diamond_collapses_into_one_block_with_exact_sums() -> None:
+def test_diamond_offers_a_boundary_between_every_layer_with_crossing_sums() -> None:
     p = parse_pipedream(DIAMOND, "diamond.txt", batch_size=4, device_type="dev", name="d")
-    # cuts: node2 (every path passes it) and node5; node3 is spanned by 2->4, node4 by 3->5
-    assert [b.members for b in p.blocks] == [("node2",), ("node3", "node4", "node5")]
-    assert [b.name for b in p.blocks] == ["Conv2d-node2", "Add-node5"]
-    assert [b.param_bytes for b in p.blocks] == [100.0, 16.0]
-    assert [b.output_bytes_per_sample for b in p.blocks] == [10.0, 10.0]  # 40 / 4
-    assert [b.saved_bytes_per_sample for b in p.blocks] == [10.0, 17.0]  # (20+8+40) / 4
+    # order node2, node3, node4, node5; crossing bytes (minibatch of 4):
+    #   after node2: node2's 40 (read by node3 and node4) = 40
+    #   after node3: node2's 40 (node4 still to come) + node3's 20 = 60
+    #   after node4: node3's 20 + node4's 8 (both read by node5) = 28
+    assert [b.members for b in p.blocks] == [("node2",), ("node3",), ("node4",), ("node5",)]
+    assert [b.name for b in p.blocks] == ["Conv2d-node2", "Conv2d-node3", "ReLU-node4", "Add-node5"]
+    assert [b.param_bytes for b in p.blocks] == [100.0, 10.0, 0.0, 6.0]
+    assert [b.output_bytes_per_sample for b in p.blocks] == [10.0, 15.0, 7.0, 10.0]
+    assert [b.saved_bytes_per_sample for b in p.blocks] == [10.0, 5.0, 2.0, 10.0]
     assert p.input_bytes_per_sample == 3.0  # 12 / 4; the Input's 9 ms load time is dropped
     t = p.timings["dev"]
     assert t.batch_sizes == (4,)
     assert t.source == "imported"
-    assert t.forward_ms == ((1.0,), (0.875,))
-    assert t.backward_ms == ((2.0,), (1.75,))
+    assert t.forward_ms == ((1.0,), (0.5,), (0.25,), (0.125,))
+    assert t.backward_ms == ((2.0,), (1.0,), (0.5,), (0.25,))
     assert p.name == "d"
     assert p.source == {
         "kind": "imported",
@@ -99,6 +101,66 @@ def test_diamond_collapses_into_one_block_with_exact_sums() -> None:
         "tool": "edgepipe import-pipedream",
     }
     assert ModelProfile.from_dict(p.to_dict()) == p
+
+
+#: an encoder-decoder whose skip connections span the whole graph: e1 feeds d1 (the last
+#: layer), e2 feeds d2; no single node separates it, so dominator cuts give one block
+SPANNING = "\n".join(
+    [
+        node("in", "Input", 0, 0, 8, 0),
+        node("e1", "Conv2d()", 2, 4, 16, 1e8),
+        node("e2", "Conv2d()", 2, 4, 8, 1e8),
+        node("mid", "Conv2d()", 2, 4, 4, 1e8),
+        node("d2", "Upsample()", 2, 4, 8, 1e8),
+        node("d1", "Upsample()", 2, 4, 16, 1e8),
+        "\tin -- e1",
+        "\te1 -- e2",
+        "\te2 -- mid",
+        "\tmid -- d2",
+        "\te2 -- d2",
+        "\td2 -- d1",
+        "\te1 -- d1",
+    ]
+)
+
+
+def test_skip_connections_spanning_the_graph_leave_every_boundary_cuttable() -> None:
+    p = parse_pipedream(SPANNING, "unet.txt", batch_size=4)
+    assert [b.members for b in p.blocks] == [("e1",), ("e2",), ("mid",), ("d2",), ("d1",)]
+    # crossing bytes (minibatch of 4): after e1: e1 16; after e2: e1 16 + e2 8;
+    # after mid: e1 16 + e2 8 + mid 4; after d2: e1 16 + d2 8; d1 is the output
+    outputs = [b.output_bytes_per_sample for b in p.blocks]
+    assert outputs == [16 / 4, 24 / 4, 28 / 4, 24 / 4, 16 / 4]
+
+
+def test_a_spanning_graph_plans_into_several_stages() -> None:
+    from planner.cluster import Cluster, Device, Network
+    from planner.config import TrainingConfig
+    from planner.dp import plan_dp
+    from planner.problem import make_problem
+    from tests.synthetic import device_type
+
+    p = parse_pipedream(SPANNING, "unet.txt", batch_size=4, device_type="edge")
+    # weights, gradients and momentum of one layer take 3e8 bytes: at most two per device
+    kind = {"edge": device_type("edge", 7e8, 100.0, 1e4)}
+    cluster = Cluster("four", tuple(Device(f"d{i}", "edge") for i in range(4)),
+                      Network(1e4, 0.1, False), kind)  # fmt: skip
+    problem = make_problem(p, cluster, TrainingConfig(16, (4,)), catalog=kind)
+    assert plan_dp(problem).partition.num_stages > 1
+
+
+def test_a_batch_size_that_does_not_divide_the_input_is_refused() -> None:
+    with pytest.raises(InputError, match="batch size 5 does not divide"):
+        parse_pipedream(DIAMOND, "diamond.txt", batch_size=5)
+
+
+def test_a_block_holding_most_of_the_time_is_reported() -> None:
+    from planner.importers.pipedream import swallowing_block
+
+    heavy = DIAMOND.replace("forward_compute_time=1.000", "forward_compute_time=90.000")
+    warning = swallowing_block(parse_pipedream(heavy, "heavy.txt", batch_size=4))
+    assert warning is not None and "block 0 (Conv2d-node2, 1 layers)" in warning
+    assert swallowing_block(parse_pipedream(SPANNING, "unet.txt", batch_size=4)) is None
 
 
 def test_pure_chain_gives_one_block_per_layer() -> None:
@@ -119,28 +181,29 @@ def test_pure_chain_gives_one_block_per_layer() -> None:
     assert list(p.timings) == ["v100"]  # the default device type
 
 
-def test_several_sinks_close_at_the_virtual_sink() -> None:
+def test_outputs_nothing_consumes_cross_no_boundary() -> None:
     text = "\n".join(
         [
             node("a", "Conv2d()", 1, 1, 16, 4),
-            node("b", "Linear()", 1, 1, 8, 2),  # main head
+            node("b", "Linear()", 1, 1, 8, 2),  # main head: a sink
             node("c", "Linear()", 1, 1, 4, 2),  # auxiliary head
             "\ta -- b",
             "\ta -- c",
         ]
     )
     p = parse_pipedream(text, "two-heads", batch_size=4)
-    assert [b.members for b in p.blocks] == [("a",), ("b", "c")]
-    assert p.blocks[1].output_bytes_per_sample == 3.0  # (8 + 4) / 4: both sinks' outputs
+    assert [b.members for b in p.blocks] == [("a",), ("b",), ("c",)]
+    # after b only a's output (read by c) crosses: the sink b sends nothing on
+    assert [b.output_bytes_per_sample for b in p.blocks] == [4.0, 4.0, 1.0]
     assert p.input_bytes_per_sample == 0.0  # no Input node
 
 
-def test_several_sources_meet_at_the_first_common_node() -> None:
+def test_a_node_that_costs_nothing_joins_the_side_with_fewer_bytes() -> None:
     text = "\n".join(
         [
             node("x", "Embedding()", 1, 1, 4, 8),
             node("y", "Embedding()", 1, 1, 4, 8),
-            node("z", "Add()", 0, 0, 4, 0),
+            node("z", "Add()", 0, 0, 4, 0),  # no time, no parameters
             node("w", "Linear()", 1, 1, 4, 8),
             "\tx -- z",
             "\ty -- z",
@@ -148,7 +211,9 @@ def test_several_sources_meet_at_the_first_common_node() -> None:
         ]
     )
     p = parse_pipedream(text, "two-sources", batch_size=1)
-    assert [b.members for b in p.blocks] == [("x", "y", "z"), ("w",)]
+    # before z: x's 4 + y's 4 = 8 bytes cross; after z: z's 4, so z joins y's block
+    assert [b.members for b in p.blocks] == [("x",), ("y", "z"), ("w",)]
+    assert [b.output_bytes_per_sample for b in p.blocks] == [4.0, 4.0, 4.0]
 
 
 def test_input_edges_do_not_pin_the_graph_together() -> None:
@@ -201,20 +266,23 @@ def test_layer_repr_with_separator_stage_id_and_list_activation() -> None:
     assert p.timings["v100"].forward_ms == ((1.5,),)
 
 
-def test_cut_set_does_not_depend_on_line_order() -> None:
-    lines = DIAMOND.splitlines()
-    reference = structure(parse_pipedream(DIAMOND, "d", batch_size=4))
+def test_blocks_follow_a_topological_order_whatever_the_line_order() -> None:
+    lines = SPANNING.splitlines()
+    edges = [tuple(x.split(" -- ")) for x in lines if x.startswith("\t")]
     rng = random.Random(7)
     for _ in range(20):
         rng.shuffle(lines)
-        assert structure(parse_pipedream("\n".join(lines), "d", batch_size=4)) == reference
+        p = parse_pipedream("\n".join(lines), "d", batch_size=4)
+        where = {m: i for i, b in enumerate(p.blocks) for m in b.members}
+        assert all(where[a.strip()] <= where[b] for a, b in edges if a.strip() != "in")
+        assert sum(b.param_bytes for b in p.blocks) == 5e8
 
 
 def test_default_names_follow_the_path(tmp_path: Path) -> None:
     (tmp_path / "resnet50").mkdir()
     (tmp_path / "resnet50" / "graph.txt").write_text(DIAMOND)
     (tmp_path / "mynet.graph.txt").write_text(DIAMOND)
-    assert import_pipedream(tmp_path / "resnet50" / "graph.txt").name == "resnet50"
+    assert import_pipedream(tmp_path / "resnet50" / "graph.txt", batch_size=4).name == "resnet50"
     p = import_pipedream(tmp_path / "mynet.graph.txt", batch_size=4)
     assert p.name == "mynet"
     assert p.source["detail"] == "PipeDream graph.txt mynet.graph.txt, batch 4, device type v100"
@@ -237,7 +305,7 @@ def test_large_graph_imports_in_linear_time() -> None:
     start = time.perf_counter()
     p = parse_pipedream(text, "big", batch_size=128)
     elapsed = time.perf_counter() - start
-    assert p.num_blocks == 3 * units  # [a], [b, c], [d] per unit
+    assert p.num_blocks == 4 * units  # [a], [b], [c], [d] per unit
     assert elapsed < 5.0
 
 
@@ -348,20 +416,16 @@ def _import(model: str) -> ModelProfile:
 @pytest.mark.parametrize(
     ("model", "nodes", "blocks"),
     [
-        # alexnet: 1 Input + 22 layers; the flatten pair Size(0)/View(9216) is a branch
-        # (node14 -> node15 -> node16 and node14 -> node16), so 22 - 1 = 21 blocks
-        ("alexnet", 23, 21),
-        # vgg16: 1 Input + 40 layers; NOT a pure chain: Size(0) node33 / View(-1) node34
-        # form the same flatten branch, so 40 - 1 = 39 blocks
-        ("vgg16", 41, 39),
-        # resnet18: stem conv, bn, relu, maxpool (4 blocks); 8 BasicBlocks, each one block
-        # up to its Add (6 members, or 8 with the downsample conv + bn) plus its ReLU
-        # (16 blocks); avgpool, [Size, View], fc (3 blocks): 23
-        ("resnet18", 71, 23),
-        # squeezenet1_0: 8 Fire modules x 3 blocks (squeeze conv, squeeze relu,
-        # [expand1x1, relu, expand3x3, relu, concat]) = 24; conv1, relu, 3 maxpools,
-        # dropout, conv10, relu, avgpool, [Size, View] = 10: 34
-        ("squeezenet1_0", 68, 34),
+        # one block per layer, except that each layer costing nothing (no time, no
+        # parameters) joins a neighbour: alexnet 22 layers, 3 such (Size/View counted
+        # once as a pair, two Dropouts): 19
+        ("alexnet", 23, 19),
+        # vgg16: 40 layers, the same three fusions: 37
+        ("vgg16", 41, 37),
+        # resnet18: 70 layers; 8 Adds (no time recorded) and the Size/View pair: 61
+        ("resnet18", 71, 61),
+        # squeezenet1_0: 67 layers; 10 zero-cost layers (concats, dropout, Size/View): 57
+        ("squeezenet1_0", 68, 57),
     ],
 )
 def test_block_counts_and_conservation(model: str, nodes: int, blocks: int) -> None:
@@ -383,22 +447,29 @@ def test_block_counts_and_conservation(model: str, nodes: int, blocks: int) -> N
     assert p.blocks[-1].output_bytes_per_sample == 1000 * 4  # the logits
 
 
-def test_vgg16_is_a_chain_except_the_flatten_pair() -> None:
+def test_vgg16_is_a_chain_with_its_free_layers_fused() -> None:
     p = _import("vgg16")
     multi = [b.members for b in p.blocks if len(b.members) > 1]
-    assert multi == [("node33", "node34")]
+    # Size(0)/View(-1) flatten pair; each Dropout joins the Linear after it
+    assert multi == [("node33", "node34"), ("node37", "node38"), ("node40", "node41")]
     assert p.blocks[0].name == "Conv2d-node2"
     assert p.blocks[0].output_bytes_per_sample == 64 * 224 * 224 * 4
 
 
-def test_resnet18_residual_units_collapse() -> None:
+def test_resnet18_residual_units_can_be_cut_inside() -> None:
     p = _import("resnet18")
     units = [b for b in p.blocks if b.name.startswith("Add-")]
-    assert len(units) == 8
-    assert sorted(len(b.members) for b in units) == [6] * 5 + [8] * 3
-    first = units[0]
-    assert first.members == ("node6", "node7", "node8", "node9", "node10", "node11")
-    assert first.output_bytes_per_sample == 64 * 56 * 56 * 4
+    assert len(units) == 8 and all(len(b.members) == 2 for b in units)
+    # the first unit: maxpool node5 feeds conv node6 and the Add node11; inside the unit
+    # both the skip tensor and the branch's tensor cross (64x56x56 fp32 each)
+    names = [b.members for b in p.blocks]
+    first = names.index(("node5",))
+    assert names[first + 1 : first + 6] == [
+        ("node6",), ("node7",), ("node8",), ("node9",), ("node10", "node11"),
+    ]  # fmt: skip
+    tensor = 64 * 56 * 56 * 4
+    outputs = [b.output_bytes_per_sample for b in p.blocks[first : first + 6]]
+    assert outputs == [tensor, 2 * tensor, 2 * tensor, 2 * tensor, 2 * tensor, tensor]
 
 
 @pytest.mark.parametrize("model", sorted(BATCH))
@@ -407,9 +478,7 @@ def test_shipped_profile_matches_a_fresh_import_and_round_trips(model: str) -> N
     shipped = ModelProfile.load(path)
     assert ModelProfile.from_dict(shipped.to_dict()) == shipped
     assert json.loads(path.read_text()) == shipped.to_dict()
-    fresh = import_pipedream(
-        graph(model), batch_size=BATCH[model], name=f"pipedream-{model}"
-    )
+    fresh = import_pipedream(graph(model), batch_size=BATCH[model], name=f"pipedream-{model}")
     assert fresh == shipped, "re-run benchmarks/import_pipedream_profiles.py"
 
 

@@ -18,34 +18,32 @@ own parser does. Sizes are bytes and times milliseconds for one profiled minibat
 
 DAG to chain
 ------------
-A chain planner cuts between blocks, and exactly one tensor may cross each cut. Let the
-layer graph (Input nodes removed, see below) get one virtual source ``S`` joined to every
-node without predecessors and one virtual sink ``T`` joined from every node without
-successors, and fix any topological order ``pos``. A node ``v`` is a *cut* iff no edge
-``(u, w)`` spans it, i.e. none has ``pos(u) < pos(v) < pos(w)``.
+A chain planner cuts between blocks; a branchy graph must stay cuttable. The layer graph
+(Input nodes removed, see below) is ordered topologically (Kahn's algorithm, ties by file
+order), and a stage boundary may fall after any position of that order: PipeDream's
+antichain idea, priced as a chain. The boundary after position i carries every tensor
+that crosses it: the outputs of the nodes at or before i that some node after i consumes,
+summed (each output once, however many later nodes read it). A node whose output nothing
+consumes (a sink, e.g. an unused tuple output) sends nothing across any boundary, so it
+fuses nothing that follows it. Cutting only where one node separates the graph (the
+dominator cuts of earlier versions) collapses a network whose skip connections span it
+(encoder-decoder with attention, Inception- or NASNet-style nets) into a handful of
+blocks or one, and then it cannot be pipelined at all.
 
-*Claim.* ``v`` is a cut iff every ``S``-``T`` path passes through ``v`` (``v`` dominates
-``T``); in particular the set of cuts does not depend on the topological order chosen.
-*Proof.* With the virtual ``S`` and ``T`` every node lies on some ``S``-``T`` path (walk
-predecessors back to a source, successors on to a sink). If an edge ``(u, w)`` spans
-``v``, the path ``S ~> u -> w ~> T`` uses only positions ``<= pos(u)`` before the edge and
-``>= pos(w)`` after it (positions increase along edges), so it avoids ``v``. Conversely,
-if nothing spans ``v``, positions strictly increase along any ``S``-``T`` path from
-``pos(S) < pos(v)`` to ``pos(T) > pos(v)`` and no step jumps over ``pos(v)``, so the path
-lands on ``v``. QED.
-
-Because no edge jumps over a cut ``c``, every edge leaving the nodes up to ``c`` starts
-at ``c`` itself: the only tensor crossing the boundary after ``c`` is ``c``'s output.
-Each *block* is the run of nodes after one cut up to and including the next cut, so a
-branch region (a residual unit, an Inception/Fire module, PipeDream's ``Size``/``View``
-flatten pair) becomes one block. Nodes after the last real cut (several sinks) form a
-final block that closes at ``T``.
+Blocks are the single nodes of the order, except that a coarse block is kept where it
+loses nothing: a node that costs nothing (zero forward and backward time, no parameters:
+Size, View, ...) splits no work, so of the two boundaries around it only the one carrying
+fewer bytes is kept (ties: the one before it) and the node joins the neighbouring block.
+On a chain every block is one layer as before; a residual unit or an Inception module now
+offers a boundary between any two of its layers. Cost: the planners' work grows with the
+number of blocks (the DP is O(L^2) per composition), e.g. resnet18 61 blocks instead of
+23 (docs/benchmarks.md).
 
 Block figures (per sample = per minibatch figure / ``batch_size``):
 
 - ``param_bytes``: sum of the members' ``parameter_size``.
-- ``output_bytes_per_sample``: the closing cut's ``activation_size`` (for the final block
-  closing at ``T``: the sum over its sink nodes).
+- ``output_bytes_per_sample``: the bytes crossing the block's closing boundary (for the
+  final block: the sum over its sink nodes, the model's outputs).
 - ``saved_bytes_per_sample``: sum of the members' ``activation_size``. Approximation:
   every member's output is assumed kept for backward; in-place layers (``ReLU(inplace)``)
   and layers whose backward needs no stored output make this an over-estimate, and
@@ -56,12 +54,17 @@ Block figures (per sample = per minibatch figure / ``batch_size``):
 
 Input nodes (layer repr starting with ``Input``, e.g. ``Input``, ``Input0``) are not
 blocks: their ``activation_size / batch_size`` summed is ``input_bytes_per_sample``. They
-are removed *before* the cut analysis, because the data loader can hand an input to
+are removed *before* the boundary analysis, because the data loader can hand an input to
 whichever stage consumes it (a second input that feeds a late layer, as in PipeDream's
-GNMT profile, would otherwise span and fuse the whole graph into one block). Their
-profiled "forward time" is data loading, not compute, and is dropped.
+GNMT profile, would otherwise cross every boundary). Their profiled "forward time" is
+data loading, not compute, and is dropped. An Input's ``activation_size`` is its whole
+profiled minibatch, so it must be a whole multiple of ``batch_size``: a batch size that
+does not divide it contradicts the profile and is refused.
 
-Complexity: parsing O(L) for L lines; Kahn's topological sort and the cut sweep
+:func:`swallowing_block` names a block holding most of the graph's time (a sign that the
+profile cannot be pipelined well); the CLI prints it as a warning.
+
+Complexity: parsing O(L) for L lines; Kahn's topological sort and the boundary sweep
 O(V + E); the whole import is linear in the file size.
 """
 
@@ -406,28 +409,77 @@ def _chain(
             "profile must be acyclic: remove the edge that points backwards",
         )
 
-    # Positions: S = 0, layers 1..n in topological order, T = n + 1.
+    for n in inputs:  # the structure is sound; now the batch size against the inputs
+        if n.activation_bytes % batch:
+            raise InputError(
+                source,
+                f"line {n.line}",
+                f"Input node {n.node_id} holds {n.activation_bytes:.0f} bytes for the "
+                f"profiled minibatch, which batch size {batch} does not divide; give the "
+                "--batch-size the graph was profiled at",
+            )
+
+    # Boundaries: one after every position of the topological order but the last; the
+    # tensors crossing the boundary after position i are the outputs of nodes at or
+    # before i consumed after i (sinks' outputs feed nothing and cross nothing).
     n = len(order)
-    pos = {v: i + 1 for i, v in enumerate(order)}
-    reach = [0] * (n + 2)  # reach[i]: farthest position an edge out of position i goes to
-    reach[0] = max(pos[v] for v in order if not preds[v])  # S -> every source
+    pos = {v: i for i, v in enumerate(order)}
+    delta = [0.0] * (n + 1)
     for v in order:
-        i = pos[v]
-        reach[i] = max((pos[w] for w in succ[v]), default=n + 1)  # a sink -> T
+        if succ[v]:
+            delta[pos[v]] += nodes[v].activation_bytes
+            delta[max(pos[w] for w in succ[v])] -= nodes[v].activation_bytes
+    crossing, running = [], 0.0
+    for i in range(n - 1):
+        running += delta[i]
+        crossing.append(running)
+    keep = [True] * (n - 1)  # keep[i]: a boundary after position i
+    for i, v in enumerate(order):
+        node = nodes[v]
+        if node.forward_ms or node.backward_ms or node.param_bytes or n == 1:
+            continue
+        # a node that costs nothing splits no work: of the boundaries before and after
+        # it keep only the one carrying fewer bytes (ties: the one before it)
+        before, after = i - 1, i
+        if before < 0:
+            keep[after] = False
+        elif after > n - 2 or crossing[after] < crossing[before]:
+            keep[before] = False
+        else:
+            keep[after] = False
     blocks: list[tuple[Block, float, float]] = []
     members: list[_Node] = []
-    farthest = reach[0]
-    for v in order:
-        i = pos[v]
+    for i, v in enumerate(order):
         members.append(nodes[v])
-        if farthest <= i:  # no edge from before i lands beyond i: v is a cut
-            blocks.append(_block(members, members[-1].activation_bytes, batch))
+        if i < n - 1 and keep[i]:
+            blocks.append(_block(members, crossing[i], batch))
             members = []
-        farthest = max(farthest, reach[i])
-    if members:  # several sinks: the last block closes at the virtual sink T
-        out = math.fsum(m.activation_bytes for m in members if not succ[m.node_id])
-        blocks.append(_block(members, out, batch))
+    out = math.fsum(m.activation_bytes for m in members if not succ[m.node_id])
+    blocks.append(_block(members, out, batch))
     return blocks, input_bytes
+
+
+#: a block holding more than this share of the forward + backward time is reported
+SWALLOW_SHARE = 0.5
+
+
+def swallowing_block(profile: ModelProfile) -> str | None:
+    """A warning when one block of a profile with several layers holds more than
+    ``SWALLOW_SHARE`` of its forward + backward time (the planners cannot spread that
+    block over stages), else ``None``."""
+    timing = next(iter(profile.timings.values()))
+    times = [f[0] + b[0] for f, b in zip(timing.forward_ms, timing.backward_ms, strict=True)]
+    total = math.fsum(times)
+    if profile.num_blocks < 2 or total <= 0:
+        return None
+    i = max(range(len(times)), key=times.__getitem__)
+    if times[i] <= SWALLOW_SHARE * total:
+        return None
+    block = profile.blocks[i]
+    return (
+        f"block {i} ({block.name}, {len(block.members)} layers) holds "
+        f"{times[i] / total:.0%} of the model's time; a pipeline cannot split it"
+    )
 
 
 def _block(members: list[_Node], output_bytes: float, batch: int) -> tuple[Block, float, float]:
