@@ -199,6 +199,21 @@ def test_dp_value_equals_cost_model_on_a_uniform_network():
     assert result.dp_value_ms == pytest.approx(result.cost.closed_form_ms, rel=1e-9)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_dp_value_equals_cost_model_on_a_non_uniform_network(seed):
+    # per-pair bandwidths and mixed latencies: where every device of the plan's groups
+    # got samples, the DP's objective is the cost model's closed form of its plan
+    links = (
+        Link("d0", "d1", bandwidth_mbps=40.0, latency_ms=3.0),
+        Link("d1", "d2", bandwidth_mbps=400.0, latency_ms=0.2),
+        Link("d0", "d3", latency_ms=6.0),
+    )
+    problem = random_problem(7, 4, seed=seed, global_batch=16, candidates=(4,), links=links,
+                             shared=False)  # fmt: skip
+    result = plan_dp(problem)
+    assert result.dp_value_ms == pytest.approx(result.cost.closed_form_ms, rel=1e-9)
+
+
 def test_block_too_big_for_any_device_names_memory_and_shortfall():
     problem = random_problem(3, 2, seed=0, memory=(1e6, 1e6))
     with pytest.raises(InfeasibleError) as info:

@@ -85,6 +85,26 @@ def test_program_objective_is_the_cost_models_chain_recurrence(seed):
         assert sub.bound_ms == pytest.approx(sub.chain_ms, rel=1e-6)
 
 
+NON_UNIFORM = (
+    Link("d0", "d1", bandwidth_mbps=40.0, latency_ms=3.0),
+    Link("d1", "d2", bandwidth_mbps=400.0, latency_ms=0.2),
+    Link("d0", "d3", latency_ms=6.0),
+)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_program_objective_is_the_cost_models_on_a_non_uniform_network(seed):
+    # per-pair bandwidths and mixed latencies: the rows of every program solved to
+    # optimality price its plan exactly as the cost model does
+    problem = random_problem(5, 4, seed=seed, global_batch=8, candidates=(2, 4),
+                             links=NON_UNIFORM, shared=False)  # fmt: skip
+    result = plan_milp(problem, backend="highs", time_limit=60)
+    solved = [s for s in result.subproblems if s.status == "optimal"]
+    assert solved
+    for sub in solved:
+        assert sub.bound_ms == pytest.approx(sub.best_ms, rel=1e-6)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_exact_is_never_worse_than_the_dp(seed):
     problem = random_problem(
