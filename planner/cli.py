@@ -94,8 +94,8 @@ def _check_solver_flags(args: argparse.Namespace, planners: Sequence[str]) -> No
             raise InputError(
                 option,
                 "",
-                f"applies only to {' and '.join(applies)}, which is not being run; drop "
-                f"{option} or choose {'/'.join(applies)}",
+                f"applies only to {' and '.join(applies)}, not to {', '.join(planners)}; "
+                f"drop {option} or run {' or '.join(applies)}",
             )
 
 
@@ -104,7 +104,7 @@ def _solver_options(args: argparse.Namespace) -> tuple[str, float]:
     return backend, DEFAULT_TIME_LIMIT if args.time_limit is None else args.time_limit
 
 
-#: tables: no vertical rules, one space between columns, so they fit 80 columns
+#: tables: no vertical rules and no outer padding, so they fit 80 columns
 TABLE_STYLE = {"box": box.SIMPLE_HEAD, "padding": (0, 1), "collapse_padding": True,
                "pad_edge": False, "title_justify": "left"}  # fmt: skip
 

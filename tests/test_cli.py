@@ -230,7 +230,13 @@ def test_ctrl_c_exits_130_and_leaves_nothing_half_written(tmp_path):
            "-o", str(out)]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(8)  # imports done, measuring (100000 repeats take hours)
+        # torch is imported inside the command (within its Ctrl-C handling): wait until
+        # its library is mapped, then a little, so the run is measuring (for hours)
+        deadline = time.monotonic() + 240
+        while "libtorch" not in Path(f"/proc/{proc.pid}/maps").read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.2)
+        time.sleep(2)
         assert proc.poll() is None, proc.communicate()
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
