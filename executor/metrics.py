@@ -3,8 +3,9 @@
 A run directory holds ``plan.json`` (the plan as run), ``ranks.json`` (rank -> device,
 stage, pid; written by the local launcher), ``metrics.jsonl`` and ``timeline.jsonl``
 (format in docs/executor.md). Ranks publish one small JSON payload per step on the run's
-store; rank 0 merges them into one metrics line per step (in step order) and the
-timeline lines. Reading these files needs no torch.
+store; a thread of rank 0 merges them into one metrics line per step (in step order)
+and the timeline lines (appended to when a run resumes from a checkpoint). Reading
+these files needs no torch.
 
 Per-device figures of a step: ``compute_ms`` (F + B), ``send_ms`` (posting sends and
 waiting for them at the end of the step), ``recv_wait_ms`` (waiting for activations and
@@ -77,12 +78,15 @@ def step_loss(payloads: list[dict[str, Any]], global_batch: int, deterministic: 
 class MetricsWriter:
     """Appends merged step lines to ``metrics.jsonl`` and ``timeline.jsonl``."""
 
-    def __init__(self, out_dir: Path, layout: RankLayout, deterministic: bool) -> None:
+    def __init__(
+        self, out_dir: Path, layout: RankLayout, deterministic: bool, append: bool = False
+    ) -> None:
         self.layout = layout
         self.deterministic = deterministic
         out_dir.mkdir(parents=True, exist_ok=True)
-        self.metrics = (out_dir / "metrics.jsonl").open("w")
-        self.timeline = (out_dir / "timeline.jsonl").open("w")
+        mode = "a" if append else "w"
+        self.metrics = (out_dir / "metrics.jsonl").open(mode)
+        self.timeline = (out_dir / "timeline.jsonl").open(mode)
 
     def write_step(self, step: int, payloads: list[dict[str, Any]]) -> dict[str, Any]:
         """Merge one step's payloads (index = rank) and write its lines; returns the

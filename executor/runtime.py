@@ -192,15 +192,17 @@ class StageRuntime:
         return m * self.layout.micro_batch_size + self.me.offset + k
 
     # -- compute -------------------------------------------------------------------------
-    def _leaf(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.detach().clone()
+    def _leaf(self, x: torch.Tensor, fresh: bool) -> torch.Tensor:
+        """``x`` as the stage's input leaf; ``fresh`` copies it into its own allocation
+        (deterministic mode's batch-of-one rows)."""
+        x = x.detach().clone() if fresh else x.detach()
         return x.requires_grad_(not self.first and x.is_floating_point())
 
     def _forward(
         self, x: torch.Tensor, target: torch.Tensor | None, record: StepRecord, m: int
     ) -> dict:
         if self.deterministic:
-            leaves = [self._leaf(x[k : k + 1]) for k in range(len(x))]
+            leaves = [self._leaf(x[k : k + 1], fresh=True) for k in range(len(x))]
             outs = [self.module(leaf) for leaf in leaves]
             st: dict = {"leaves": leaves, "outs": outs}
             if self.last:
@@ -214,7 +216,7 @@ class StageRuntime:
             else:
                 st["send"] = torch.cat([o.detach() for o in outs])
             return st
-        leaf = self._leaf(x)
+        leaf = self._leaf(x, fresh=False)
         out = self.module(leaf)
         st = {"leaves": [leaf], "outs": [out]}
         if self.last:
@@ -272,7 +274,7 @@ class StageRuntime:
         offset = 0
         for p in self.params:
             n = p.numel()
-            p.grad = flat[offset : offset + n].view_as(p).clone()
+            p.grad = flat[offset : offset + n].view_as(p)
             offset += n
 
     def _reduce_deterministic(self, per_sample: dict[int, torch.Tensor]) -> None:

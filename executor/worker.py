@@ -30,6 +30,7 @@ import contextlib
 import json
 import os
 import sys
+import threading
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -120,6 +121,53 @@ def _dtype(name: str) -> torch.dtype:
     return getattr(torch, name.removeprefix("torch."))
 
 
+class MetricsCollector(threading.Thread):
+    """Rank 0's metrics thread: waits for every rank's payload of each step in turn
+    (blocking store reads on its own connection), merges and writes it, and deletes the
+    keys, so the training loop never waits for metrics."""
+
+    def __init__(
+        self, store: dist.Store, writer: MetricsWriter, world_size: int, first: int, end: int
+    ) -> None:
+        super().__init__(name="edgepipe-metrics", daemon=True)
+        self.store, self.writer = store, writer
+        self.world_size, self.first, self.end = world_size, first, end
+        self.error: BaseException | None = None
+        self._stop_event = threading.Event()
+
+    def _get(self, key: str) -> bytes:
+        while True:
+            try:
+                return self.store.get(key)
+            except dist.DistStoreError:
+                if self._stop_event.is_set():
+                    raise
+                # a step longer than the store timeout: keep waiting
+
+    def run(self) -> None:
+        try:
+            for step in range(self.first, self.end):
+                keys = [f"metrics/{step}/{r}" for r in range(self.world_size)]
+                payloads = [json.loads(self._get(k)) for k in keys]
+                self.writer.write_step(step, payloads)
+                for k in keys:
+                    self.store.delete_key(k)
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            self.writer.close()
+
+    def finish(self, timeout_s: float) -> None:
+        """Wait for the last step's line (every rank has published it by now unless one
+        failed); re-raise the thread's error."""
+        self._stop_event.set()
+        self.join(timeout_s)
+        if self.is_alive():
+            raise RuntimeError(f"metrics of the last step did not arrive within {timeout_s} s")
+        if self.error is not None:
+            raise self.error
+
+
 class Worker:
     """One rank of a run (see the module docstring)."""
 
@@ -129,17 +177,21 @@ class Worker:
         self.rank = endpoint.rank
         self.me = self.layout.ranks[self.rank]
         self.device, self.backend = _device(endpoint)
-        timeout = timedelta(seconds=opts.timeout_s)
-        self.timeout = timeout
+        self.timeout = timedelta(seconds=opts.timeout_s)
+        self.store = self._connect(host=endpoint.host_store)
+        self._emulated: Emulation | None = None
+
+    def _connect(self, host: bool = False) -> dist.Store:
+        """A connection to the run's store under this generation's prefix (``host``:
+        this process hosts the store)."""
         root = dist.TCPStore(
-            endpoint.store_host,
-            endpoint.store_port,
-            is_master=endpoint.host_store,
-            timeout=timeout,
+            self.endpoint.store_host,
+            self.endpoint.store_port,
+            is_master=host,
+            timeout=self.timeout,
             wait_for_workers=False,
         )
-        self.store = generation_store(root, opts.generation)
-        self._emulated: Emulation | None = None
+        return generation_store(root, self.opts.generation)
 
     def fail(self, message: str) -> None:
         self.store.set(f"error/{self.rank}", message)
@@ -222,9 +274,6 @@ class Worker:
             module, layout, self.rank, schedule[me.stage], links, group, loss_fn, optimizer,
             deterministic=opts.deterministic, hook=self.compute_hook(), device=self.device,
         )
-        writer = None
-        if self.rank == 0 and opts.out:
-            writer = MetricsWriter(Path(opts.out), layout, opts.deterministic)
         first, last = me.stage == 0, me.stage == layout.num_stages - 1
         b = layout.micro_batch_size
         stage_part = plan.partition.stages[me.stage]
@@ -235,7 +284,12 @@ class Worker:
         if opts.resume:
             start = checkpoint.load(opts.resume, module, optimizer, stage_part.first, plan,
                                     ckpt_group)
-        written = start
+        collector = None
+        if self.rank == 0 and opts.out:
+            writer = MetricsWriter(Path(opts.out), layout, opts.deterministic, append=start > 0)
+            collector = MetricsCollector(self._connect(), writer, layout.world_size, start,
+                                         opts.steps)
+            collector.start()
         dist.barrier()
         for step in range(start, opts.steps):
             idx = data.step_indices(step, layout.global_batch, rows.size, config.seed)
@@ -247,33 +301,16 @@ class Worker:
             payload = json.dumps(rank_payload(record, self.device))
             self.store.set(f"metrics/{step}/{self.rank}", payload)
             self.store.set(f"commit/{self.rank}", str(step))
-            if writer is not None:
-                written = self._write_metrics(writer, written, step, block=False)
             if opts.checkpoint_every and (step + 1) % opts.checkpoint_every == 0:
                 assert ckpt_group is not None
                 folder = opts.checkpoint_dir or str(Path(opts.out or ".") / "checkpoints")
                 checkpoint.save(folder, step + 1, module, optimizer, stage_part.first, plan,
                                 self.rank, ckpt_group)
-        if writer is not None and written < opts.steps:
-            self._write_metrics(writer, written, opts.steps - 1, block=True)
-            writer.close()
+        if collector is not None:
+            collector.finish(self.opts.timeout_s)
         if opts.save_weights and opts.out:
             self._save(module, optimizer)
         dist.barrier()
-
-    def _write_metrics(self, writer: MetricsWriter, next_step: int, upto: int, block: bool) -> int:
-        """Rank 0: write every complete step from ``next_step`` to ``upto``; without
-        ``block`` stop at the first step some rank has not published yet."""
-        while next_step <= upto:
-            keys = [f"metrics/{next_step}/{r}" for r in range(self.layout.world_size)]
-            if not block and not self.store.check(keys):
-                break
-            payloads = [json.loads(self.store.get(k)) for k in keys]
-            writer.write_step(next_step, payloads)
-            for k in keys:
-                self.store.delete_key(k)
-            next_step += 1
-        return next_step
 
     def _save(self, module: torch.nn.Sequential, optimizer: torch.optim.Optimizer) -> None:
         folder = Path(self.opts.out) / "weights"

@@ -689,7 +689,13 @@ def cmd_run(args: argparse.Namespace) -> None:
     table = Table(title=f"{plan.id}: measured", title_justify="left")
     for col in ("step", "loss", "wall ms", "samples/s"):
         table.add_column(col, justify="right")
-    for m in result.metrics:
+    lines = result.metrics
+    # a long run shows its first and last steps; every step is in metrics.jsonl
+    shown = lines if len(lines) <= 12 else [*lines[:5], None, *lines[-5:]]
+    for m in shown:
+        if m is None:
+            table.add_row("...", "", "", "")
+            continue
         sps = m["samples_per_s"]
         table.add_row(
             str(m["step"]), f"{m['loss']:.6f}", f"{m['wall_ms']:.1f}",

@@ -19,6 +19,7 @@ import torch
 from executor.launch import RunFailed, launch
 from executor.metrics import read_jsonl
 from executor.worker import WorkerOptions
+from planner.cli import main
 from planner.profile import BuildSpec
 from tests.executor_helpers import MLP_IN, make_test_plan, profile_of, write_plan
 
@@ -40,13 +41,18 @@ def alive(pid: int) -> bool:
     return True
 
 
-def test_a_fast_mode_run_writes_one_metrics_line_per_step_and_a_timeline(tmp_path, mlp_profile):
+def test_edgepipe_run_writes_one_metrics_line_per_step_and_a_timeline(
+    tmp_path, mlp_profile, capsys
+):
     plan = make_test_plan(mlp_profile, [(0, 1, [2, 1]), (1, 4, [3])], 3, 2, optimizer="momentum")
     path = write_plan(plan, tmp_path)
-    result = launch(WorkerOptions(str(path), 4, str(tmp_path), dataset=DATASET,
-                                  timeout_s=TIMEOUT_S))
-    assert [m["step"] for m in result.metrics] == [0, 1, 2, 3]
-    first = result.metrics[0]
+    assert main(["run", str(path), "--steps", "4", "--out", str(tmp_path), "--dataset",
+                 DATASET, "--timeout", str(TIMEOUT_S)]) == 0
+    printed = capsys.readouterr().out
+    metrics = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [0, 1, 2, 3]
+    assert f"{metrics[3]['loss']:.6f}" in printed and "predicted" in printed
+    first = metrics[0]
     assert set(first["devices"]) == {"d0", "d1", "d2"}
     for figures in first["devices"].values():
         assert figures["compute_ms"] > 0 and figures["peak_mem_bytes"] > 0
