@@ -30,6 +30,10 @@ DEFAULT_ADAM_BETAS = (0.9, 0.999)
 DEFAULT_ADAM_EPS = 1e-8
 DEFAULT_DATA_SEED = 0
 
+#: replicas of every stage's weights and optimizer state are refreshed every this many
+#: committed steps (docs/fault-tolerance.md); 0 turns replication off
+MAX_REPLICATION_INTERVAL = 1_000_000
+
 SCHEDULES = ("1f1b", "gpipe")
 WARMUPS = ("asteroid", "classic")
 
@@ -50,6 +54,7 @@ class TrainingConfig:
     adam_betas: tuple[float, float] | None = None
     adam_eps: float | None = None
     data_seed: int | None = None
+    replication_interval: int = 1
 
     def __post_init__(self) -> None:
         def bad(field: str, problem: str) -> InputError:
@@ -96,6 +101,12 @@ class TrainingConfig:
             raise bad("adam_eps", f"must be positive, got {self.adam_eps}")
         if self.data_seed is not None and self.data_seed < 0:
             raise bad("data_seed", f"must be >= 0, got {self.data_seed}")
+        if not 0 <= self.replication_interval <= MAX_REPLICATION_INTERVAL:
+            raise bad(
+                "replication_interval",
+                f"must be 0 (off) .. {MAX_REPLICATION_INTERVAL} steps, got "
+                f"{self.replication_interval}",
+            )
 
     def optimizer_settings(self) -> dict[str, Any]:
         """The optimizer's keyword arguments with defaults filled in: ``sgd``: ``lr``;
@@ -162,6 +173,10 @@ class TrainingConfig:
                 out[key] = getattr(self, key)
         if self.adam_betas is not None:
             out["adam_betas"] = list(self.adam_betas)
+        if self.replication_interval != 1:
+            # written only when not the default, so plans made before the field existed
+            # keep their content-hash ids
+            out["replication_interval"] = self.replication_interval
         return out
 
     @classmethod
@@ -181,6 +196,7 @@ class TrainingConfig:
                 adam_betas=tuple(doc["adam_betas"]) if "adam_betas" in doc else None,
                 adam_eps=doc.get("adam_eps"),
                 data_seed=doc.get("data_seed"),
+                replication_interval=doc.get("replication_interval", 1),
             )
         except InputError as exc:
             raise InputError(source, exc.path, exc.problem) from None

@@ -64,7 +64,16 @@ Memory per device (Eq. 3): ``(2 + k_opt) * W_p + K_p * y_d * A_p`` - weights, gr
 and k_opt optimizer buffers per parameter (SGD 0, momentum 1, Adam 2), plus the saved
 activations of its y_d samples for each of the stage's K_p in-flight micro-batches
 (A_p = sum of the stage's saved bytes per sample; K_p from
-:meth:`TrainingConfig.warmup_depth`). It must not exceed the device's usable memory.
+:meth:`TrainingConfig.warmup_depth`). A device holding the ring replica of a stage q
+(:mod:`planner.replicas`; reference/asteroid.md §6) also pays ``(1 + k_opt) * W_q``, that
+stage's weights and optimizer state (gradients are not replicated). The total must not
+exceed the device's usable memory.
+
+Migration after a re-plan (:mod:`planner.replan`): each transfer moves its blocks'
+weights and optimizer state, ``(1 + k_opt) * W`` bytes, point to point (``transfer_ms``
+over the pair's bandwidth and latency). A device's transfers, sent or received, share its
+interface, so the migration takes the largest per-device sum; on a shared medium every
+transfer shares one channel, so it takes the sum of all (:func:`migration_ms`).
 """
 
 from __future__ import annotations
@@ -78,6 +87,7 @@ from planner.cluster import Topology
 from planner.partition import Partition, StageAssignment
 from planner.problem import Problem
 from planner.profile import Timing, batch_curve
+from planner.replicas import placement, ring_load
 from planner.schedule import ActionType, Schedule, build, compute_actions, compute_order
 from planner.steps import Step, StepChain
 
@@ -95,6 +105,7 @@ class StageCost:
     device_backward_ms: tuple[float, ...]
     memory_bytes: tuple[float, ...]
     budget_bytes: tuple[float, ...]
+    replica_bytes: tuple[float, ...] = ()  # of memory_bytes: ring replicas held
 
 
 @dataclass(frozen=True)
@@ -164,6 +175,20 @@ def warmup_that_fits(budget, static_bytes, samples, saved_per_sample):
     with np.errstate(divide="ignore", invalid="ignore"):
         depth = np.where(per > 0, np.floor(room / np.where(per > 0, per, 1)), np.inf)
     return np.where(room < 0, -np.inf, depth)
+
+
+def migration_ms(transfers: list[tuple[str, str, float]], shared_medium: bool) -> float:
+    """Time to carry out ``(sender, receiver, ms)`` transfers (module docstring): the
+    largest per-device sum of the transfers it takes part in, or on a shared medium the
+    sum of all. Local moves (sender = receiver) take no time."""
+    moves = [(a, b, t) for a, b, t in transfers if a != b]
+    if shared_medium:
+        return float(sum(t for _, _, t in moves))
+    per_device: dict[str, float] = {}
+    for a, b, t in moves:
+        per_device[a] = per_device.get(a, 0.0) + t
+        per_device[b] = per_device.get(b, 0.0) + t
+    return max(per_device.values(), default=0.0)
 
 
 def closed_form_latency(chain: StepChain) -> tuple[float, int]:
@@ -487,6 +512,22 @@ class CostModel:
         """Weights + gradients + optimizer state of blocks ``[first, end)``."""
         return float(self.state_factor * (self.param_prefix[end] - self.param_prefix[first]))
 
+    def replica_bytes(self, first: int, end: int) -> float:
+        """Weights + optimizer state of blocks ``[first, end)``: what a replica holds and a
+        migration moves."""
+        return float((self.state_factor - 1) * (self.param_prefix[end] - self.param_prefix[first]))
+
+    def replica_memory(self, partition: Partition) -> dict[str, float]:
+        """Bytes of ring replicas each device holds under ``partition``
+        (:func:`planner.replicas.placement` with the config's interval)."""
+        cluster = self.problem.cluster
+        budget = {d: float(self.budget[cluster.index(d)]) for d in partition.used_devices()}
+        replicas = placement(partition, budget, self.problem.config.replication_interval)
+        return {
+            dev: sum(self.replica_bytes(r.first, r.end) for r in held)
+            for dev, held in ring_load(replicas).items()
+        }
+
     def saved_bytes(self, first: int, end: int) -> float:
         """Saved activation bytes per sample of blocks ``[first, end)`` (A_p)."""
         return float(self.saved_prefix[end] - self.saved_prefix[first])
@@ -560,6 +601,7 @@ class CostModel:
         m = partition.num_micro_batches
         mb = partition.micro_batch_size
         groups = [[cluster.index(d) for d in s.devices] for s in partition.stages]
+        held = self.replica_memory(partition)
         steps: list[Step] = []
         stage_costs: list[StageCost] = []
         links: list[BoundaryCost] = []
@@ -603,9 +645,11 @@ class CostModel:
                     device_forward_ms=dev_f,
                     device_backward_ms=dev_b,
                     memory_bytes=tuple(
-                        self.device_memory(stage.first, stage.end, y, warmup) for y in stage.samples
+                        self.device_memory(stage.first, stage.end, y, warmup) + held.get(d, 0.0)
+                        for d, y in zip(stage.devices, stage.samples, strict=True)
                     ),
                     budget_bytes=tuple(float(self.budget[d]) for d in groups[p]),
+                    replica_bytes=tuple(held.get(d, 0.0) for d in stage.devices),
                 )
             )
         topology = cluster.network.kind

@@ -71,7 +71,9 @@ Transition (p >= 2): Q(p, l, r) = Pareto-min over
 The link of a head to its suffix is priced from the classes of both groups (slowest
 pair, largest latency: Eq. 8), so each entry remembers its head composition.
 Answer: the ``RERANK`` lowest D + X over p of Q(p, L, all devices) per B, re-scored by
-the exact schedule makespan of the cost model (:meth:`CostModel.evaluate`); among plans
+the exact schedule makespan of the cost model (:meth:`CostModel.evaluate`), dropping
+those whose ring replicas (charged by the cost model on the whole plan,
+:mod:`planner.replicas`) overflow a holder; among plans
 within ``TIE_TOLERANCE`` of the fastest the one using fewest devices wins, then fewest
 stages, then the smallest B (a plan that leaves devices free is worth more than one
 fewer stage: seen, 16-way data parallel chosen over a 4-device plan 0.04% slower).
@@ -887,6 +889,10 @@ def best_plan(
             value = answer[0]
             partition = search.reconstruct(answer)
             cost = cm.evaluate(partition)
+            if not cost.memory_ok:
+                # the search checks each stage's own memory; ring replicas
+                # (planner.replicas) are charged here, on the whole plan
+                continue
             per_batch[batch] = min(per_batch.get(batch, INF), cost.iteration_ms)
             found.append((cost, partition, value))
     if not found:

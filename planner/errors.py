@@ -51,3 +51,17 @@ class InfeasibleError(EdgepipeError):
 
 class PlanMismatchError(EdgepipeError):
     """A plan does not fit the model, cluster or config it is used with."""
+
+
+class UnrecoverableError(EdgepipeError):
+    """Devices were lost together with every copy of some blocks' committed state.
+
+    Attributes:
+        blocks: the half-open block ranges ``(first, end)`` no surviving device holds.
+        lost: the lost device ids.
+    """
+
+    def __init__(self, message: str, blocks: tuple[tuple[int, int], ...], lost: tuple[str, ...]):
+        self.blocks = blocks
+        self.lost = lost
+        super().__init__(message)

@@ -33,6 +33,7 @@ from planner.errors import PlanMismatchError
 from planner.partition import Partition, StageAssignment
 from planner.problem import Problem, make_problem
 from planner.profile import ModelProfile
+from planner.replicas import Replica, placement
 from planner.schema import load_document, validate, write_text_atomic
 
 KIND = "edgepipe.plan"
@@ -52,8 +53,38 @@ class SolverInfo:
 
 
 @dataclass(frozen=True)
+class Transfer:
+    """One move of a migration: device ``to`` gets blocks ``[first, end)`` (weights and
+    optimizer state, ``bytes``) from device ``source``, predicted to take ``ms``.
+    ``from_replica``: the source serves its replica copy (:mod:`planner.replicas`), not
+    its live stage. ``source == to`` is a local promotion of a replica: no bytes move."""
+
+    to: str
+    source: str
+    first: int
+    end: int
+    from_replica: bool
+    bytes: float
+    ms: float
+
+
+@dataclass(frozen=True)
+class Changes:
+    """What a re-plan (:mod:`planner.replan`) changed from its parent plan: devices lost,
+    slowed (id -> factor on the parent's slowdown) and joined; ``path`` ``fast`` (the local
+    repair) or ``full`` (a full solve), and why."""
+
+    lost: tuple[str, ...] = ()
+    slowed: tuple[tuple[str, float], ...] = ()
+    joined: tuple[str, ...] = ()
+    path: str = "fast"
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class Plan:
-    """A validated plan. ``cost`` holds the cost model's figures for ``partition``."""
+    """A validated plan. ``cost`` holds the cost model's figures for ``partition``.
+    A re-planned plan also says what changed from ``parent_id`` and which blocks move."""
 
     id: str
     parent_id: str | None
@@ -62,6 +93,9 @@ class Plan:
     problem: Problem
     partition: Partition
     cost: PlanCost
+    changes: Changes | None = None
+    migration: tuple[Transfer, ...] = ()
+    migration_ms: float = 0.0
 
 
 def check_partition(problem: Problem, partition: Partition) -> None:
@@ -164,6 +198,9 @@ def make_plan(
     solver: SolverInfo,
     parent_id: str | None = None,
     cost: PlanCost | None = None,
+    changes: Changes | None = None,
+    migration: tuple[Transfer, ...] = (),
+    migration_ms: float = 0.0,
 ) -> Plan:
     """Check ``partition`` against ``problem``, score it and wrap it as a :class:`Plan`.
 
@@ -184,6 +221,9 @@ def make_plan(
         problem=problem,
         partition=partition,
         cost=cost,
+        changes=changes,
+        migration=migration,
+        migration_ms=migration_ms,
     )
 
 
@@ -200,14 +240,16 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
                 "backward_ms": b,
                 "memory_bytes": mem,
                 "memory_limit_bytes": lim,
+                "replica_bytes": rep,
             }
-            for dev, y, f, b, mem, lim in zip(
+            for dev, y, f, b, mem, lim, rep in zip(
                 stage.devices,
                 stage.samples,
                 sc.device_forward_ms,
                 sc.device_backward_ms,
                 sc.memory_bytes,
                 sc.budget_bytes,
+                sc.replica_bytes,
                 strict=True,
             )
         ]
@@ -258,6 +300,54 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             "peak_memory_fraction": cost.peak_memory_fraction,
         },
         "assumptions": list(problem.assumptions),
+        "replicas": [
+            {
+                "stage": r.stage,
+                "layers": [r.first, r.end],
+                "kind": r.kind,
+                "holders": list(r.holders),
+            }
+            for r in replica_placement(plan)
+        ],
+        **_lineage_dict(plan),
+    }
+
+
+def replica_placement(plan: Plan) -> tuple[Replica, ...]:
+    """Where each stage's committed state is replicated (:func:`planner.replicas.placement`)."""
+    cl = plan.problem.cluster
+    budget = {d: cl.budget_bytes(cl.index(d)) for d in plan.partition.used_devices()}
+    return placement(plan.partition, budget, plan.problem.config.replication_interval)
+
+
+def _lineage_dict(plan: Plan) -> dict[str, Any]:
+    """``changes`` and ``migration`` of a re-planned plan (nothing for a fresh one)."""
+    if plan.changes is None:
+        return {}
+    ch = plan.changes
+    return {
+        "changes": {
+            "lost": list(ch.lost),
+            "slowed": {d: f for d, f in ch.slowed},
+            "joined": list(ch.joined),
+            "path": ch.path,
+            "reason": ch.reason,
+        },
+        "migration": {
+            "bytes": sum(t.bytes for t in plan.migration),
+            "predicted_ms": plan.migration_ms,
+            "transfers": [
+                {
+                    "to": t.to,
+                    "from": t.source,
+                    "layers": [t.first, t.end],
+                    "from_replica": t.from_replica,
+                    "bytes": t.bytes,
+                    "ms": t.ms,
+                }
+                for t in plan.migration
+            ],
+        },
     }
 
 
@@ -317,7 +407,42 @@ def plan_from_dict(doc: Any, source: str = "<plan>", *, rehash: bool = False) ->
             f"({expected}): the file was edited after planning. Re-plan, or accept the edit "
             f"with `edgepipe validate --rehash {source}`"
         )
-    return Plan(expected, doc["parent_id"], doc["created"], solver, problem, partition, cost)
+    changes, migration, migration_ms = None, (), 0.0
+    if "changes" in doc:
+        ch = doc["changes"]
+        changes = Changes(
+            lost=tuple(ch["lost"]),
+            slowed=tuple(sorted(ch["slowed"].items())),
+            joined=tuple(ch["joined"]),
+            path=ch["path"],
+            reason=ch["reason"],
+        )
+        mig = doc["migration"]
+        migration = tuple(
+            Transfer(
+                to=t["to"],
+                source=t["from"],
+                first=t["layers"][0],
+                end=t["layers"][1],
+                from_replica=t["from_replica"],
+                bytes=t["bytes"],
+                ms=t["ms"],
+            )
+            for t in mig["transfers"]
+        )
+        migration_ms = mig["predicted_ms"]
+    return Plan(
+        expected,
+        doc["parent_id"],
+        doc["created"],
+        solver,
+        problem,
+        partition,
+        cost,
+        changes,
+        migration,
+        migration_ms,
+    )
 
 
 def _excerpt(value: str, limit: int = 40) -> str:

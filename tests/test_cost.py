@@ -71,9 +71,11 @@ def test_two_stage_plan_figures_by_hand():
     assert s0.link_out_ms == 2.0
     # warm-ups 2(P-p)-1 clamped to M = 2
     assert (s0.warmup, s1.warmup) == (2, 1)
-    # memory: (2 + 1 momentum buffer) x params + K x y x saved
-    assert s0.memory_bytes == (3e6 + 2 * 2 * 1000,)
-    assert s1.memory_bytes == (6e6 + 1 * 2 * 3000,)
+    # memory: (2 + 1 momentum buffer) x params + K x y x saved, plus the ring replica of
+    # the other single-device stage: (1 + 1 momentum buffer) x its params
+    assert s0.memory_bytes == (3e6 + 2 * 2 * 1000 + 2 * 2e6,)
+    assert s1.memory_bytes == (6e6 + 1 * 2 * 3000 + 2 * 1e6,)
+    assert (s0.replica_bytes, s1.replica_bytes) == ((4e6,), (2e6,))
     # steps c = (6, 4, 9): D = max(2*6, 6 + 2*4, 10 + 2*9) = 28; no all-reduce
     assert cost.closed_form_ms == 28.0
     # exact 1F1B (worked in the docstring of test_schedule_by_hand): also 28; the link is

@@ -134,7 +134,9 @@ def memory_tight_problem(big_memory: float = 3.2e8):
         for name, s in (("big", 1.0), ("small", 3.0))
     }
     model = ModelProfile("tight", {"kind": "analytic"}, 1e4, blocks, timings)
-    return make_problem(model, cluster, TrainingConfig(4, (2,)), catalog=types)
+    # ring replicas off: each device holds only its own stage (replicas would not fit)
+    config = TrainingConfig(4, (2,), replication_interval=0)
+    return make_problem(model, cluster, config, catalog=types)
 
 
 def test_memory_tight_instance_puts_the_small_device_first_in_both_planners():

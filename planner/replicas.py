@@ -1,0 +1,81 @@
+"""Replica placement: which devices hold a copy of each stage's committed state.
+
+The rule (issue 8 item 3; reference/fault-tolerance.md §2 lesson 4, reference/asteroid.md
+§6 "topology-driven replication"; docs/fault-tolerance.md): after every
+``replication_interval``-th committed step, every stage's weights and optimizer state
+live on at least one device other than each of its owners.
+
+- A stage whose group has two or more devices is covered by its **data-parallel peers**:
+  synchronous data parallelism leaves every member of the group with identical weights
+  and optimizer state after each step, so each member's working copy *is* the replica.
+  It costs no memory and no traffic, and it is always fresh (whatever the interval).
+- A stage run by one device is replicated to the **next stage in a ring**: stage q's
+  state goes to stage (q + 1) mod P, onto that stage's device with the largest usable
+  memory (ties: the one listed first). That holder pays stage q's weights + optimizer
+  state in memory (:meth:`planner.cost.CostModel.replica_bytes`).
+- A plan of one stage on one device has no other device: that stage has no replica.
+- ``replication_interval = 0`` turns ring replication off (DP peers still cover their
+  stages, since that copy is free).
+
+Pure function of the partition, the devices' usable memory and the interval:
+O(P + number of devices).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from planner.partition import Partition
+
+DP_PEER = "dp_peer"
+RING = "ring"
+NONE = "none"
+
+
+@dataclass(frozen=True)
+class Replica:
+    """Where stage ``stage``'s (blocks ``[first, end)``) committed state survives the loss
+    of any one of its owners: on ``holders``. ``kind``: ``dp_peer`` (holders are the
+    group itself; any surviving member serves), ``ring`` (one holder on the next stage,
+    which pays the memory) or ``none``."""
+
+    stage: int
+    first: int
+    end: int
+    kind: str
+    holders: tuple[str, ...]
+
+
+def placement(
+    partition: Partition, budget: Mapping[str, float], interval: int
+) -> tuple[Replica, ...]:
+    """The replica of every stage of ``partition`` under the rule of the module docstring.
+
+    Args:
+        partition: the plan's decision (devices listed per stage are those with samples).
+        budget: usable memory in bytes of every device the partition uses.
+        interval: the config's ``replication_interval`` (0 = ring replication off).
+    """
+    stages = partition.stages
+    out = []
+    for q, stage in enumerate(stages):
+        if len(stage.devices) >= 2:
+            out.append(Replica(q, stage.first, stage.end, DP_PEER, stage.devices))
+            continue
+        if interval == 0 or len(stages) == 1:
+            out.append(Replica(q, stage.first, stage.end, NONE, ()))
+            continue
+        ring = stages[(q + 1) % len(stages)].devices
+        holder = max(ring, key=lambda d: (budget[d], -ring.index(d)))
+        out.append(Replica(q, stage.first, stage.end, RING, (holder,)))
+    return tuple(out)
+
+
+def ring_load(replicas: tuple[Replica, ...]) -> dict[str, list[Replica]]:
+    """The ring replicas each holder keeps (what its memory pays for), by device id."""
+    load: dict[str, list[Replica]] = {}
+    for r in replicas:
+        if r.kind == RING:
+            load.setdefault(r.holders[0], []).append(r)
+    return load
