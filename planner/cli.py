@@ -443,6 +443,53 @@ LOADERS: dict[str, Callable[[object, str], object]] = {
 }
 
 
+def device_factor(text: str) -> tuple[str, float]:
+    """``DEV=FACTOR`` with a finite factor > 0, e.g. ``nano-0=3``."""
+    dev, sep, factor = text.rpartition("=")
+    if not sep or not dev:
+        raise argparse.ArgumentTypeError(f"{excerpt(text, 40)!r} is not DEV=FACTOR (e.g. nano-0=3)")
+    return dev, positive_float(factor)
+
+
+def migration_table(plan: Plan) -> Table:
+    """The transfers a re-planned plan needs, as a rich table."""
+    table = Table(
+        title=f"migration: {len(plan.migration)} transfers, "
+        f"{sum(t.bytes for t in plan.migration) / 2**20:.1f} MiB, "
+        f"predicted {plan.migration_ms / 1e3:.2f} s",
+        title_justify="left",
+    )
+    for col in ("to", "from", "blocks", "copy", "MiB", "ms"):
+        table.add_column(col, justify="right" if col in ("MiB", "ms") else "left")
+    for t in plan.migration:
+        kind = "local replica" if t.source == t.to else "replica" if t.from_replica else "live"
+        table.add_row(
+            t.to, t.source, f"[{t.first}, {t.end})", kind, f"{t.bytes / 2**20:.1f}", f"{t.ms:.0f}"
+        )
+    return table
+
+
+def cmd_replan(args: argparse.Namespace) -> None:
+    from planner.replan import replan
+
+    plan = load_plan(args.plan)
+    slowed = dict(args.slowed or [])
+    joined = Cluster.load(args.joined) if args.joined else None
+    full = True if args.full_solve else None
+    new = replan(plan, lost=args.lost or [], slowed=slowed, joined=joined, full_solve=full)
+    if args.output == "-":
+        sys.stdout.write(json.dumps(plan_to_dict(new), indent=1) + "\n")
+        return
+    _print_plan(new)
+    ch = new.changes
+    assert ch is not None
+    out.print(f"re-planned from {plan.id} ({ch.path} path): {ch.reason}")
+    out.print(migration_table(new))
+    if args.output:
+        save_plan(new, args.output)
+        out.print(f"wrote {args.output}", highlight=False)
+
+
 def cmd_validate(args: argparse.Namespace) -> None:
     doc = read_json(args.file)
     kind = doc.get("kind") if isinstance(doc, dict) else None
@@ -698,7 +745,9 @@ def cmd_run(args: argparse.Namespace) -> None:
             continue
         sps = m["samples_per_s"]
         table.add_row(
-            str(m["step"]), f"{m['loss']:.6f}", f"{m['wall_ms']:.1f}",
+            str(m["step"]),
+            f"{m['loss']:.6f}",
+            f"{m['wall_ms']:.1f}",
             "-" if sps is None else f"{sps:.1f}",
         )
     out.print(table)
@@ -951,6 +1000,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="simulate another schedule (default: the plan's)",
     )
     p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser(
+        "replan", help="re-plan after devices are lost, slow down or join; list the migration"
+    )
+    p.add_argument("plan")
+    p.add_argument("--lost", action="append", metavar="DEV", help="a lost device (repeatable)")
+    p.add_argument(
+        "--slowed",
+        action="append",
+        type=device_factor,
+        metavar="DEV=FACTOR",
+        help="a device now FACTOR times slower (repeatable)",
+    )
+    p.add_argument("--joined", metavar="FILE", help="cluster file of the devices that join")
+    p.add_argument("--full-solve", action="store_true", help="always run the full solve to compare")
+    p.add_argument("-o", "--output", type=output_file, help="plan file to write ('-': stdout)")
+    p.set_defaults(func=cmd_replan)
 
     p = sub.add_parser(
         "validate", help="check any edgepipe document: its schema and the checks `plan` makes"

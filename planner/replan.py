@@ -196,6 +196,9 @@ class _Sources:
         self.owners = []
         self.ring = []
         self.held: dict[str, set[int]] = {}
+        # ring replicas refreshed every step are as fresh as the live state at a step
+        # boundary; with a longer interval a surviving live owner is preferred
+        self.fresh = old.problem.config.replication_interval == 1
         for q, (s, r) in enumerate(zip(old.partition.stages, replica_placement(old), strict=True)):
             self.stage_of.update({b: q for b in range(s.first, s.end)})
             self.owners.append([d for d in s.devices if d not in lost])
@@ -215,7 +218,7 @@ class _Sources:
                     if b in have:
                         continue
                     q = self.stage_of[b]
-                    if b in self.held.get(dev, ()):
+                    if b in self.held.get(dev, ()) and (self.fresh or not self.owners[q]):
                         src, rep = dev, True
                     elif self.owners[q]:
                         src, rep = self.owners[q][0], False
@@ -368,6 +371,25 @@ def _fast_path(
         for s in current.partition.stages
         if (s.first, s.end, s.devices) not in unchanged or slowed & set(s.devices)
     ]
+    current = _descend(search, current, touched)
+
+    # C: entrants, each followed by B on the stage it entered
+    for dev in joined + (idle if capacity_lost else []):
+        cands = []
+        for q, s in enumerate(current.stages):
+            cand = list(current.stages)
+            cand[q] = _Stage(s.first, s.end, (*s.devices, dev), None)
+            cands.append(cand)
+        entered = search.best(cands, current)
+        if entered is not current:
+            q = next(i for i, s in enumerate(entered.stages) if s != current.stages[i])
+            current = _descend(search, entered, [set(entered.stages[q].devices)])
+    return current
+
+
+def _descend(search: _Search, current: _Scored, touched: list[set[str]]) -> _Scored:
+    """Step B: for each touched stage (found by its devices), re-split it and move its
+    cuts one block at a time, steepest first, while the value falls."""
     for key in touched:
         while True:
             q = next((i for i, t in enumerate(current.stages) if key & set(t.devices)), None)
@@ -377,15 +399,6 @@ def _fast_path(
             if step is current:
                 break
             current = step
-
-    # C: entrants
-    for dev in joined + (idle if capacity_lost else []):
-        cands = []
-        for q, s in enumerate(current.stages):
-            cand = list(current.stages)
-            cand[q] = _Stage(s.first, s.end, (*s.devices, dev), None)
-            cands.append(cand)
-        current = search.best(cands, current)
     return current
 
 
