@@ -6,6 +6,7 @@
 >>> plan.cost.iteration_ms, plan.partition.num_stages
 >>> exact = api.solve(problem, "milp", backend="cpsat", time_limit=60)
 >>> table = api.compare(problem)                   # DP, exact solver and baselines
+>>> after = api.replan(plan, lost=["nano-1"])       # incremental re-plan + migration
 """
 
 from __future__ import annotations
@@ -24,12 +25,22 @@ from planner.milp import DEFAULT_BACKEND, DEFAULT_TIME_LIMIT, plan_milp
 from planner.plan import Plan, SolverInfo, load_plan, make_plan, save_plan
 from planner.problem import Problem, make_problem
 from planner.profile import ModelProfile
+from planner.replanning import precompute, replan
 from planner.resources import data_dir
 
 if TYPE_CHECKING:
     from planner.comparison import ComparisonResult
 
-__all__ = ["load_plan", "load_problem", "resolve", "save_plan", "shipped", "solve"]
+__all__ = [
+    "load_plan",
+    "load_problem",
+    "precompute",
+    "replan",
+    "resolve",
+    "save_plan",
+    "shipped",
+    "solve",
+]
 
 #: the demo: a real third-party profile on the 6-device mixed Jetson testbed
 DEMO_MODEL = "pipedream-vgg16"

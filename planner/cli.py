@@ -470,7 +470,7 @@ def migration_table(plan: Plan) -> Table:
 
 
 def cmd_replan(args: argparse.Namespace) -> None:
-    from planner.replan import replan
+    from planner.replanning import replan
 
     plan = load_plan(args.plan)
     slowed = dict(args.slowed or [])

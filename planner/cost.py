@@ -69,7 +69,7 @@ activations of its y_d samples for each of the stage's K_p in-flight micro-batch
 stage's weights and optimizer state (gradients are not replicated). The total must not
 exceed the device's usable memory.
 
-Migration after a re-plan (:mod:`planner.replan`): each transfer moves its blocks'
+Migration after a re-plan (:mod:`planner.replanning`): each transfer moves its blocks'
 weights and optimizer state, ``(1 + k_opt) * W`` bytes, point to point (``transfer_ms``
 over the pair's bandwidth and latency). A device's transfers, sent or received, share its
 interface, so the migration takes the largest per-device sum; on a shared medium every

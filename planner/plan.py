@@ -70,7 +70,7 @@ class Transfer:
 
 @dataclass(frozen=True)
 class Changes:
-    """What a re-plan (:mod:`planner.replan`) changed from its parent plan: devices lost,
+    """What a re-plan (:mod:`planner.replanning`) changed from its parent plan: devices lost,
     slowed (id -> factor on the parent's slowdown) and joined; ``path`` ``fast`` (the local
     repair) or ``full`` (a full solve), and why."""
 

@@ -1,4 +1,4 @@
-"""Incremental re-planning (planner.replan) and replica placement (planner.replicas),
+"""Incremental re-planning (planner.replanning) and replica placement (planner.replicas),
 table by table: a plan given by hand, what changed, and the exact new assignment and
 source of every migrated block, worked out by hand in each test's comment.
 
@@ -24,7 +24,7 @@ from planner.partition import Partition, StageAssignment
 from planner.plan import SolverInfo, load_plan, make_plan, plan_to_dict, save_plan
 from planner.problem import make_problem
 from planner.profile import Block, ModelProfile, Timing
-from planner.replan import precompute, replan
+from planner.replanning import precompute, replan
 from planner.replicas import DP_PEER, NONE, RING, Replica, placement
 from planner.schema import validate
 from planner.synthetic import device_type
