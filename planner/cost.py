@@ -80,6 +80,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -675,6 +676,11 @@ class CostModel:
         )
 
 
+@lru_cache(maxsize=256)
 def _prefix(timing: Timing, field: str, max_batch: int) -> np.ndarray:
+    """Prefix table of one timing field; cached (read-only) because re-planning builds a
+    cost model per call and must stay in milliseconds."""
     curves = batch_curve(timing.batch_sizes, np.asarray(getattr(timing, field)), max_batch)
-    return np.vstack([np.zeros((1, max_batch + 1)), np.cumsum(curves, axis=0)])
+    table = np.vstack([np.zeros((1, max_batch + 1)), np.cumsum(curves, axis=0)])
+    table.flags.writeable = False
+    return table

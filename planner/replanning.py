@@ -124,6 +124,25 @@ class _Search:
         }
         self.sources = _Sources(old, lost)
         self.evaluations = 0
+        # interchangeable devices (same type, memory, speed, no per-pair link) score the
+        # same anywhere, so only the first idle one of each class is tried
+        linked = {x for ln in problem.cluster.network.links for x in (ln.a, ln.b)}
+        self.kind = {
+            d.id: d.id
+            if d.id in linked
+            else (d.type, d.memory_bytes, d.usable_fraction, d.slowdown)
+            for d in problem.cluster.devices
+        }
+
+    def distinct(self, devices: Iterable[str]) -> list[str]:
+        """The first device of each interchangeable class, in order."""
+        seen: set[object] = set()
+        out = []
+        for d in devices:
+            if self.kind[d] not in seen:
+                seen.add(self.kind[d])
+                out.append(d)
+        return out
 
     def _split(self, stage: _Stage, p: int, num: int, held: Mapping[str, float]) -> _Stage | None:
         """Algorithm 1 for one stage at position ``p`` of ``num`` under memory caps."""
@@ -192,56 +211,34 @@ class _Sources:
 
     def __init__(self, old: Plan, lost: set[str]) -> None:
         self.live = {d: (s.first, s.end) for s in old.partition.stages for d in s.devices}
-        self.stage_of = {}
-        self.owners = []
-        self.ring = []
-        self.held: dict[str, set[int]] = {}
+        self.ranges = [(s.first, s.end) for s in old.partition.stages]
+        self.owners: list[list[str]] = []
+        self.ring: list[str | None] = []
         # ring replicas refreshed every step are as fresh as the live state at a step
         # boundary; with a longer interval a surviving live owner is preferred
         self.fresh = old.problem.config.replication_interval == 1
-        for q, (s, r) in enumerate(zip(old.partition.stages, replica_placement(old), strict=True)):
-            self.stage_of.update({b: q for b in range(s.first, s.end)})
+        for s, r in zip(old.partition.stages, replica_placement(old), strict=True):
             self.owners.append([d for d in s.devices if d not in lost])
             alive = r.kind == RING and r.holders[0] not in lost
             self.ring.append(r.holders[0] if alive else None)
-            if alive:
-                self.held.setdefault(r.holders[0], set()).update(range(s.first, s.end))
 
     def transfers(self, new: Partition, cm: CostModel) -> tuple[Transfer, ...]:
-        """The migration to ``new`` (see :func:`migration`), priced by ``cm``."""
+        """The migration to ``new`` (see :func:`migration`), priced by ``cm``.
+        Works on block intervals: O(devices x P) per call."""
         moves: list[Transfer] = []
-        missing = []
+        missing: list[tuple[int, int]] = []
         for s in new.stages:
             for dev in s.devices:
-                have = range(*self.live[dev]) if dev in self.live else range(0)
-                for b in range(s.first, s.end):
-                    if b in have:
-                        continue
-                    q = self.stage_of[b]
-                    if b in self.held.get(dev, ()) and (self.fresh or not self.owners[q]):
-                        src, rep = dev, True
-                    elif self.owners[q]:
-                        src, rep = self.owners[q][0], False
-                    elif self.ring[q] is not None:
-                        src, rep = self.ring[q], True
-                    else:
-                        missing.append(b)
-                        continue
-                    last = moves[-1] if moves else None
-                    if last and (last.to, last.source, last.from_replica, last.end) == (
-                        dev,
-                        src,
-                        rep,
-                        b,
-                    ):
-                        moves[-1] = replace(last, end=b + 1)
-                    else:
-                        moves.append(Transfer(dev, src, b, b + 1, rep, 0.0, 0.0))
+                live = self.live.get(dev, (0, 0))
+                need = [(s.first, min(s.end, live[0])), (max(s.first, live[1]), s.end)]
+                for first, end in need:
+                    for q, (a, b) in enumerate(self.ranges):
+                        lo, hi = max(first, a), min(end, b)
+                        if lo < hi:
+                            self._serve(dev, q, lo, hi, moves, missing)
         if missing:
             raise UnrecoverableError(
-                f"no surviving device holds blocks {missing}",
-                tuple((b, b + 1) for b in missing),
-                (),
+                f"no surviving device holds blocks {missing}", tuple(missing), ()
             )
         cl = cm.problem.cluster
         priced = []
@@ -251,10 +248,34 @@ class _Sources:
                 continue
             size = cm.replica_bytes(t.first, t.end)
             i, j = cl.index(t.source), cl.index(t.to)
-            priced.append(
-                replace(t, bytes=size, ms=float(transfer_ms(size, cm.bw[i, j], cm.lat[i, j])))
-            )
+            ms = float(transfer_ms(size, cm.bw[i, j], cm.lat[i, j]))
+            priced.append(replace(t, bytes=size, ms=ms))
         return tuple(priced)
+
+    def _serve(
+        self,
+        dev: str,
+        q: int,
+        first: int,
+        end: int,
+        moves: list[Transfer],
+        missing: list[tuple[int, int]],
+    ) -> None:
+        """Append the source of blocks [first, end) of old stage q for ``dev``."""
+        if dev == self.ring[q] and (self.fresh or not self.owners[q]):
+            src, rep = dev, True
+        elif self.owners[q]:
+            src, rep = self.owners[q][0], False
+        elif self.ring[q] is not None:
+            src, rep = self.ring[q], True
+        else:
+            missing.append((first, end))
+            return
+        last = moves[-1] if moves else None
+        if last and (last.to, last.source, last.from_replica, last.end) == (dev, src, rep, first):
+            moves[-1] = replace(last, end=end)
+        else:
+            moves.append(Transfer(dev, src, first, end, rep, 0.0, 0.0))
 
 
 def migration(
@@ -350,7 +371,7 @@ def _fast_path(
     while any(not s.devices for s in stages):
         q = next(i for i, s in enumerate(stages) if not s.devices)
         best = None
-        for cand, dev in _fill_empty(stages, q, idle):
+        for cand, dev in _fill_empty(stages, q, search.distinct(idle)):
             value = _score_with_holes(search, cand)
             if value is not None and (best is None or value < best[0]):
                 best = (value, cand, dev)
@@ -374,16 +395,22 @@ def _fast_path(
     current = _descend(search, current, touched)
 
     # C: entrants, each followed by B on the stage it entered
+    rejected: set[object] = set()  # classes that helped nowhere in the current layout
     for dev in joined + (idle if capacity_lost else []):
+        if search.kind[dev] in rejected:
+            continue
         cands = []
         for q, s in enumerate(current.stages):
             cand = list(current.stages)
             cand[q] = _Stage(s.first, s.end, (*s.devices, dev), None)
             cands.append(cand)
         entered = search.best(cands, current)
-        if entered is not current:
-            q = next(i for i, s in enumerate(entered.stages) if s != current.stages[i])
-            current = _descend(search, entered, [set(entered.stages[q].devices)])
+        if entered is current:
+            rejected.add(search.kind[dev])
+            continue
+        rejected.clear()
+        q = next(i for i, s in enumerate(entered.stages) if s != current.stages[i])
+        current = _descend(search, entered, [set(entered.stages[q].devices)])
     return current
 
 
@@ -432,10 +459,12 @@ def _new_problem(
     old: Problem, lost: set[str], slowed: Mapping[str, float], joined: Cluster | None
 ) -> Problem:
     """The old inputs with lost devices (and their links) removed, slowdowns multiplied
-    and joined devices, their types and links added."""
+    and joined devices, their types and links added. Without joined devices every type
+    is an old one, so the old timings and derivation notes are reused (what
+    :func:`~planner.problem.make_problem` would recompute)."""
     cl = old.cluster
     devices = [
-        replace(d, slowdown=d.slowdown * slowed.get(d.id, 1.0))
+        replace(d, slowdown=d.slowdown * slowed[d.id]) if d.id in slowed else d
         for d in cl.devices
         if d.id not in lost
     ]
@@ -451,7 +480,16 @@ def _new_problem(
         device_types=types,
         network=replace(cl.network, links=tuple(links)),
     )
-    return make_problem(old.model, cluster, old.config, catalog={})
+    if joined is not None:
+        return make_problem(old.model, cluster, old.config, catalog={})
+    used = {d.type for d in devices}
+    return Problem(
+        old.model,
+        cluster,
+        old.config,
+        {t: timing for t, timing in old.timings.items() if t in used},
+        tuple(a for a in old.assumptions if any(a.startswith(f"times for {t} ") for t in used)),
+    )
 
 
 def _check_request(

@@ -15,6 +15,7 @@ import json
 
 import pytest
 
+from planner import api
 from planner.cli import main
 from planner.cluster import Cluster, Device, Network
 from planner.config import TrainingConfig
@@ -495,3 +496,21 @@ def test_cli_replan_rejects_a_malformed_slowed_option(tmp_path, capsys):
     assert main(["replan", str(src), "--slowed", "a"]) == 2
     err = capsys.readouterr().err
     assert "DEV=FACTOR" in err and "Traceback" not in err
+
+
+def test_the_survivors_problem_is_what_make_problem_builds():
+    # the re-planner reuses the old timings (derived from v100 for every Jetson type)
+    # instead of deriving them again; make_problem on the same cluster is the oracle
+    old = api.solve(api.load_problem(api.DEMO_MODEL, api.DEMO_CLUSTER))
+    new = replan(old, lost=["nx-0"], slowed={"tx2-0": 2.0})
+    fresh = make_problem(old.problem.model, new.problem.cluster, old.problem.config, catalog={})
+    assert new.problem.timings == fresh.timings
+    assert new.problem.assumptions == fresh.assumptions
+    assert [d.id for d in new.problem.cluster.devices] == [
+        "nano-0",
+        "nano-1",
+        "tx2-0",
+        "tx2-1",
+        "orin-0",
+    ]
+    assert new.problem.cluster.devices[2].slowdown == 2.0
