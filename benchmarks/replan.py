@@ -93,7 +93,8 @@ def run_case(model: str, cluster: str, batch: int, repeats: int) -> list[dict]:
             continue
         print(
             f"{r['lost']:<10} {'yes' if r['used'] else 'no':>5} {r['path']:>5} "
-            f"{r['fast_ms']:>8.2f} {r['fast_min_ms']:>7.2f} {r['call_ms']:>8.1f} {r['ratio']:>8.1%} {r['stages']:>6} "
+            f"{r['fast_ms']:>8.2f} {r['fast_min_ms']:>7.2f} {r['call_ms']:>8.1f} "
+            f"{r['ratio']:>8.1%} {r['stages']:>6} "
             f"{r['mib']:>10.1f} {r['migration_s']:>8.2f}"
         )
     return rows

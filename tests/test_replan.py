@@ -53,7 +53,7 @@ def hand_plan(
         {"kind": "analytic"},
         1.0,
         tuple(Block(f"b{i}", param_bytes, 1.0, 1.0) for i in range(len(times))),
-        {"t": Timing((1,), tuple((f,) for f in times), tuple((2 * f,) for f in times))},
+        {"t": Timing((1,), tuple((float(f),) for f in times), tuple((2.0 * f,) for f in times))},
     )
     cluster = Cluster(
         "hand",
