@@ -124,7 +124,10 @@ OPTIONAL = {
                                             "link_out_ms", "warmup")},
              *{("stages", "#", "devices", "#", k) for k in ("backward_ms", "forward_ms",
                                                             "memory_bytes",
-                                                            "memory_limit_bytes")}},
+                                                            "memory_limit_bytes",
+                                                            "replica_bytes")},
+             # replica placement is recomputed on load, like the predictions
+             ("replicas",), ("replicas", "#"), ("replicas", "#", "holders", "#")},
 }  # fmt: skip
 
 

@@ -514,3 +514,18 @@ def test_the_survivors_problem_is_what_make_problem_builds():
         "orin-0",
     ]
     assert new.problem.cluster.devices[2].slowdown == 2.0
+
+
+def test_cli_replan_reads_joined_devices_from_a_cluster_file(tmp_path, capsys):
+    old = hand_plan([1, 2], [(0, 1, ("a",), (4,)), (1, 2, ("b",), (4,))], ["a", "b"])
+    t = old.problem.cluster.device_types["t"]
+    joined = tmp_path / "joined.json"
+    joined.write_text(
+        json.dumps(Cluster("new", (Device("e", "t"),), Network(8e3, 0.0), {"t": t}).to_dict())
+    )
+    src, dst = tmp_path / "plan.json", tmp_path / "new.json"
+    save_plan(old, src)
+    assert main(["replan", str(src), "--joined", str(joined), "-o", str(dst)]) == 0
+    new = load_plan(dst)
+    assert new.changes.joined == ("e",)
+    assert "e" in new.partition.used_devices()
