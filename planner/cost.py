@@ -71,9 +71,9 @@ exceed the device's usable memory.
 
 Migration after a re-plan (:mod:`planner.replanning`): each transfer moves its blocks'
 weights and optimizer state, ``(1 + k_opt) * W`` bytes, point to point (``transfer_ms``
-over the pair's bandwidth and latency). A device's transfers, sent or received, share its
-interface, so the migration takes the largest per-device sum; on a shared medium every
-transfer shares one channel, so it takes the sum of all (:func:`migration_ms`).
+over the pair's bandwidth and latency). All transfers start together and share the
+network's channels as a boundary's pieces do (:func:`channel_loads`), so the migration
+takes the most loaded channel plus the largest latency (:func:`migration_ms`).
 """
 
 from __future__ import annotations
@@ -178,18 +178,14 @@ def warmup_that_fits(budget, static_bytes, samples, saved_per_sample):
     return np.where(room < 0, -np.inf, depth)
 
 
-def migration_ms(transfers: list[tuple[str, str, float]], shared_medium: bool) -> float:
-    """Time to carry out ``(sender, receiver, ms)`` transfers (module docstring): the
-    largest per-device sum of the transfers it takes part in, or on a shared medium the
-    sum of all. Local moves (sender = receiver) take no time."""
-    moves = [(a, b, t) for a, b, t in transfers if a != b]
-    if shared_medium:
-        return float(sum(t for _, _, t in moves))
-    per_device: dict[str, float] = {}
-    for a, b, t in moves:
-        per_device[a] = per_device.get(a, 0.0) + t
-        per_device[b] = per_device.get(b, 0.0) + t
-    return max(per_device.values(), default=0.0)
+def migration_ms(transfers: list[tuple[str, str, float, float]], topology: Topology) -> float:
+    """Time to carry out ``(sender, receiver, ms at the pair's rate, latency ms)``
+    transfers started together (module docstring): the most loaded channel
+    (:func:`channel_loads`) plus the largest latency. Local moves (sender = receiver)
+    take no time."""
+    moves = [(a, b, t, lat) for a, b, t, lat in transfers if a != b]
+    loads = channel_loads([(a, b, t) for a, b, t, _ in moves], topology)
+    return max((ms for _, ms in loads), default=0.0) + max((m[3] for m in moves), default=0.0)
 
 
 def closed_form_latency(chain: StepChain) -> tuple[float, int]:

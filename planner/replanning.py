@@ -190,9 +190,7 @@ class _Search:
         if not cost.memory_ok:
             return None
         moves = self.sources.transfers(partition, self.cm)
-        move_ms = migration_ms(
-            [(t.source, t.to, t.ms) for t in moves], self.problem.cluster.network.shared_medium
-        )
+        move_ms = _migration_ms(moves, self.cm)
         value = cost.iteration_ms + move_ms / self.horizon
         return _Scored(_settled(partition), partition, cost, moves, move_ms, value)
 
@@ -276,6 +274,17 @@ class _Sources:
             moves[-1] = replace(last, end=end)
         else:
             moves.append(Transfer(dev, src, first, end, rep, 0.0, 0.0))
+
+
+def _migration_ms(moves: tuple[Transfer, ...], cm: CostModel) -> float:
+    """Predicted time of a migration (:func:`planner.cost.migration_ms`)."""
+    cl = cm.problem.cluster
+    pieces = []
+    for t in moves:
+        if t.source != t.to:
+            i, j = cl.index(t.source), cl.index(t.to)
+            pieces.append((t.source, t.to, t.bytes / float(cm.bw[i, j]), float(cm.lat[i, j])))
+    return migration_ms(pieces, cl.network.kind)
 
 
 def migration(
@@ -667,9 +676,7 @@ def replan(
         reference = full_ms
     elif joined_ids:
         reference = cost.iteration_ms
-    move_ms = migration_ms(
-        [(t.source, t.to, t.ms) for t in moves], problem.cluster.network.shared_medium
-    )
+    move_ms = _migration_ms(moves, search.cm)
     info = SolverInfo(
         name="replan",
         settings={

@@ -180,7 +180,7 @@ def test_lost_dp_peer_can_shift_a_cut_and_the_block_comes_from_the_live_owner():
     # each transfer: weights + momentum of block 1 = 2 MB over 1e6 B/ms = 2 ms
     assert [t.bytes for t in new.migration] == [2 * W, 2 * W]
     assert [t.ms for t in new.migration] == [2.0, 2.0]
-    # two transfers out of a over its one interface: 4 ms
+    # two transfers out of a share its uplink (switched network): 4 ms
     assert new.migration_ms == 4.0
 
 
