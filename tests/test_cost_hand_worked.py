@@ -101,10 +101,12 @@ def test_memory_under_each_warm_up_rule(schedule, warmup, global_batch, depths):
                                             enumerate("ABC")))  # fmt: skip
     stages = CostModel(problem(cl, config), 1).evaluate(part).stages
     assert tuple(s.warmup for s in stages) == depths
-    # momentum: (2 + 1) W + K x 1 sample x saved
+    # momentum: (2 + 1) W + K x 1 sample x saved, plus the ring replica each device holds
+    # (planner.replicas): A holds C's stage, B holds A's, C holds B's, (1 + 1) W each
     state = (3 * 1000, 3 * 2000, 3 * 3000)
     saved = (100, 200, 300)
-    expected = [w + k * a for w, a, k in zip(state, saved, depths, strict=True)]
+    ring = (2 * 3000, 2 * 1000, 2 * 2000)
+    expected = [w + k * a + r for w, a, k, r in zip(state, saved, depths, ring, strict=True)]
     assert [s.memory_bytes[0] for s in stages] == expected
 
 
