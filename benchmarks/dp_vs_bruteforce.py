@@ -2,8 +2,9 @@
 
 The oracle enumerates every stage count, block cut, device-to-stage assignment (any
 order, idle devices allowed) and positive sample split, keeping memory-feasible plans,
-and scores them with the cost model. The DP searches a smaller space (memory-ordered
-contiguous groups, Algorithm 1 splits), so its gap shows what that restriction costs.
+and scores them with the cost model. On clusters this small the DP searches every
+device-to-stage assignment too (its complete state graph), with Algorithm 1 splits and
+the closed form as its objective, so its gap shows what those two cost.
 
     .venv/bin/python benchmarks/dp_vs_bruteforce.py [--instances 40] [--markdown out.md]
 """

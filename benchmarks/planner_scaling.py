@@ -12,7 +12,9 @@ Cases (each run in a fresh process, so its peak resident memory is its own):
 Targets on the 2-core development machine: 100 blocks x 16 mixed devices <= 2 s;
 64 identical devices <= 1 s; 512 devices of 8 types with 100 blocks <= 30 s and <= 2 GB;
 400 blocks on 16 identical devices <= 5 s; every shipped PipeDream profile on 16
-identical devices <= 0.5 s. Prints a markdown table (also written with --markdown).
+identical devices <= 0.5 s. Prints a markdown table (also written with --markdown) with
+wall-clock and process CPU time; the verdict uses CPU time, which other jobs on a shared
+machine inflate far less than wall time (both are reported).
 
     .venv/bin/python benchmarks/planner_scaling.py [--repeat 3] [--markdown out.md]
         [--time-limit 120] [--only NAME]
@@ -97,12 +99,13 @@ def cases() -> dict[str, tuple]:
 
 def run_case(spec: tuple, repeat: int, time_limit: float, queue) -> None:
     problem = synthetic(*spec[1:]) if spec[0] == "synthetic" else nanos(*spec[1:])
-    best = float("inf")
+    best = cpu = float("inf")
     result = None
     for _ in range(repeat):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         result = plan_dp(problem, time_limit=time_limit)
         best = min(best, time.perf_counter() - start)
+        cpu = min(cpu, time.process_time() - start_cpu)
     peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30
     assert result is not None
     queue.put(
@@ -111,6 +114,7 @@ def run_case(spec: tuple, repeat: int, time_limit: float, queue) -> None:
             len(problem.cluster.devices),
             len({d.type for d in problem.cluster.devices}),
             best,
+            cpu,
             peak_gib,
             result.status,
             result.graph,
@@ -130,9 +134,9 @@ def main() -> None:
     args = parser.parse_args()
 
     lines = [
-        "| case | blocks | devices | types | time (s) | peak RSS (GiB) | status | graph "
-        "| stages | devices used | micro-batch | target |",
-        "|---|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---|",
+        "| case | blocks | devices | types | wall (s) | CPU (s) | peak RSS (GiB) | status "
+        "| graph | stages | devices used | micro-batch | target (on CPU time) |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---|",
     ]
     print(lines[0], flush=True)
     ctx = multiprocessing.get_context("spawn")
@@ -145,14 +149,16 @@ def main() -> None:
         proc.start()
         row = queue.get()
         proc.join()
-        blocks, n_dev, types, secs, gib, status, graph, stages, used, batch = row
+        blocks, n_dev, types, secs, cpu, gib, status, graph, stages, used, batch = row
         verdict = ""
         if target_s is not None:
-            ok = secs <= target_s and (target_gb is None or gib <= target_gb)
+            ok = status == "complete" and cpu <= target_s
+            ok = ok and (target_gb is None or gib <= target_gb)
             goal = f"<= {target_s:g} s" + (f", <= {target_gb:g} GiB" if target_gb else "")
             verdict = f"{goal}: {'met' if ok else 'MISSED'}"
         lines.append(
-            f"| {name} | {blocks} | {n_dev} | {types} | {secs:.3f} | {gib:.2f} | {status} | "
+            f"| {name} | {blocks} | {n_dev} | {types} | {secs:.3f} | {cpu:.3f} | {gib:.2f} | "
+            f"{status} | "
             f"{graph} | {stages} | {used} | {batch} | {verdict} |"
         )
         print(lines[-1], flush=True)
