@@ -125,8 +125,11 @@ from planner.problem import Problem
 #: Pareto front entries kept per DP state
 FRONT = 4
 
-#: answers per micro-batch size re-scored by the exact schedule makespan
+#: root answers re-scored by the exact schedule makespan: the best of a collapsed level
+#: (every stage count), and per exact level (one stage count) the best RERANK_LEVEL, so
+#: that a stage count whose plans the closed form ranks low is still re-scored
 RERANK = 8
+RERANK_LEVEL = 3
 
 #: plans within this relative margin of the fastest count as tied; among them the one
 #: using fewest devices, then fewest stages, then smallest micro-batch wins
@@ -601,8 +604,10 @@ class _BatchSearch:
         return self.answers
 
     def _collect(self, p: int) -> None:
-        """Keep the ``RERANK`` best root answers so far (level ``p``'s among them)."""
-        self.answers = sorted(self.answers + self._pending, key=lambda a: a[0])[:RERANK]
+        """Add level ``p``'s best root answers (``RERANK_LEVEL`` of an exact level,
+        ``RERANK`` of a collapsed one) to the answers to re-score."""
+        keep = RERANK if self.levels[-1].collapsed else RERANK_LEVEL
+        self.answers = sorted(self.answers + self._pending[:keep], key=lambda a: a[0])
         self._pending = []
 
     def _level(self, p: int, collapsed: bool, only_root: bool = False) -> _Level:
