@@ -88,7 +88,7 @@ from planner.cluster import Topology
 from planner.partition import Partition, StageAssignment
 from planner.problem import Problem
 from planner.profile import Timing, batch_curve
-from planner.replicas import placement, ring_load
+from planner.replicas import Replica, placement, ring_load
 from planner.schedule import ActionType, Schedule, build, compute_actions, compute_order
 from planner.steps import Step, StepChain
 
@@ -514,15 +514,19 @@ class CostModel:
         migration moves."""
         return float((self.state_factor - 1) * (self.param_prefix[end] - self.param_prefix[first]))
 
-    def replica_memory(self, partition: Partition) -> dict[str, float]:
-        """Bytes of ring replicas each device holds under ``partition``
-        (:func:`planner.replicas.placement` with the config's interval)."""
+    def replicas(self, partition: Partition) -> tuple[Replica, ...]:
+        """Where each stage's state is replicated (:func:`planner.replicas.placement` with
+        the config's interval and :meth:`replica_bytes`)."""
         cluster = self.problem.cluster
-        budget = {d: float(self.budget[cluster.index(d)]) for d in partition.used_devices()}
-        replicas = placement(partition, budget, self.problem.config.replication_interval)
+        budget = {d.id: float(self.budget[i]) for i, d in enumerate(cluster.devices)}
+        interval = self.problem.config.replication_interval
+        return placement(partition, budget, interval, self.replica_bytes)
+
+    def replica_memory(self, partition: Partition) -> dict[str, float]:
+        """Bytes of ring replicas each device holds under ``partition``."""
         return {
             dev: sum(self.replica_bytes(r.first, r.end) for r in held)
-            for dev, held in ring_load(replicas).items()
+            for dev, held in ring_load(self.replicas(partition)).items()
         }
 
     def saved_bytes(self, first: int, end: int) -> float:

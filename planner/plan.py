@@ -33,7 +33,7 @@ from planner.errors import PlanMismatchError
 from planner.partition import Partition, StageAssignment
 from planner.problem import Problem, make_problem
 from planner.profile import ModelProfile
-from planner.replicas import Replica, placement
+from planner.replicas import Replica
 from planner.schema import load_document, validate, write_text_atomic
 
 KIND = "edgepipe.plan"
@@ -314,10 +314,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
 
 
 def replica_placement(plan: Plan) -> tuple[Replica, ...]:
-    """Where each stage's committed state is replicated (:func:`planner.replicas.placement`)."""
-    cl = plan.problem.cluster
-    budget = {d: cl.budget_bytes(cl.index(d)) for d in plan.partition.used_devices()}
-    return placement(plan.partition, budget, plan.problem.config.replication_interval)
+    """Where each stage's committed state is replicated (:mod:`planner.replicas`)."""
+    return CostModel(plan.problem, plan.partition.micro_batch_size).replicas(plan.partition)
 
 
 def _lineage_dict(plan: Plan) -> dict[str, Any]:

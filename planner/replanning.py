@@ -123,7 +123,8 @@ class _Search:
             d.id: (cm.fwd[d.type] + cm.bwd[d.type]) * d.slowdown for d in problem.cluster.devices
         }
         self.sources = _Sources(old, lost)
-        self.evaluations = 0
+        self.evaluations = 0  # cost-model evaluations (distinct partitions scored)
+        self.scored: dict[Partition, _Scored | None] = {}
         # interchangeable devices (same type, memory, speed, no per-pair link) score the
         # same anywhere, so only the first idle one of each class is tried
         linked = {x for ln in problem.cluster.network.links for x in (ln.a, ln.b)}
@@ -167,7 +168,6 @@ class _Search:
 
     def score(self, stages: list[_Stage]) -> _Scored | None:
         """Re-split the stages that need it and evaluate; ``None`` if anything overflows."""
-        self.evaluations += 1
         num = len(stages)
         shape = Partition(
             self.batch,
@@ -186,6 +186,13 @@ class _Search:
                 s = split
             done.append(StageAssignment(s.first, s.end, s.devices, s.samples))
         partition = Partition(self.batch, self.m, tuple(done))
+        if partition not in self.scored:
+            self.scored[partition] = self._evaluate(partition)
+        return self.scored[partition]
+
+    def _evaluate(self, partition: Partition) -> _Scored | None:
+        """Cost-model figures and migration of ``partition``; ``None`` if it overflows."""
+        self.evaluations += 1
         cost = self.cm.evaluate(partition)
         if not cost.memory_ok:
             return None

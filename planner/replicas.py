@@ -13,17 +13,19 @@ live on at least one device other than each of its owners.
   state goes to stage (q + 1) mod P, onto that stage's device with the largest usable
   memory (ties: the one listed first). That holder pays stage q's weights + optimizer
   state in memory (:meth:`planner.cost.CostModel.replica_bytes`).
-- A plan of one stage on one device has no other device: that stage has no replica.
+- A plan of one stage on one device has no next stage: its replica goes to the idle
+  device with the most usable memory among those that can hold it (ties: the one listed
+  first in the cluster), which pays the same memory; with no such device, none.
 - ``replication_interval = 0`` turns ring replication off (DP peers still cover their
   stages, since that copy is free).
 
-Pure function of the partition, the devices' usable memory and the interval:
-O(P + number of devices).
+Pure function of the partition, the devices' usable memory, the replica sizes and the
+interval: O(P + number of devices).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from planner.partition import Partition
@@ -38,7 +40,7 @@ class Replica:
     """Where stage ``stage``'s (blocks ``[first, end)``) committed state survives the loss
     of any one of its owners: on ``holders``. ``kind``: ``dp_peer`` (holders are the
     group itself; any surviving member serves), ``ring`` (one holder on the next stage,
-    which pays the memory) or ``none``."""
+    which pays the memory; on a one-stage plan an idle device) or ``none``."""
 
     stage: int
     first: int
@@ -48,14 +50,19 @@ class Replica:
 
 
 def placement(
-    partition: Partition, budget: Mapping[str, float], interval: int
+    partition: Partition,
+    budget: Mapping[str, float],
+    interval: int,
+    size: Callable[[int, int], float],
 ) -> tuple[Replica, ...]:
     """The replica of every stage of ``partition`` under the rule of the module docstring.
 
     Args:
         partition: the plan's decision (devices listed per stage are those with samples).
-        budget: usable memory in bytes of every device the partition uses.
+        budget: usable memory in bytes of every device of the cluster, in cluster order
+            (those the partition does not use are the idle ones).
         interval: the config's ``replication_interval`` (0 = ring replication off).
+        size: bytes of a replica of blocks [first, end) (weights + optimizer state).
     """
     stages = partition.stages
     out = []
@@ -63,8 +70,15 @@ def placement(
         if len(stage.devices) >= 2:
             out.append(Replica(q, stage.first, stage.end, DP_PEER, stage.devices))
             continue
-        if interval == 0 or len(stages) == 1:
+        if interval == 0:
             out.append(Replica(q, stage.first, stage.end, NONE, ()))
+            continue
+        if len(stages) == 1:
+            need = size(stage.first, stage.end)
+            idle = [d for d in budget if d not in stage.devices and budget[d] >= need]
+            holder = max(idle, key=lambda d: (budget[d], -idle.index(d)), default=None)
+            kind, holders = (RING, (holder,)) if holder is not None else (NONE, ())
+            out.append(Replica(q, stage.first, stage.end, kind, holders))
             continue
         ring = stages[(q + 1) % len(stages)].devices
         holder = max(ring, key=lambda d: (budget[d], -ring.index(d)))

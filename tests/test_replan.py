@@ -22,7 +22,14 @@ from planner.config import TrainingConfig
 from planner.dp import plan_dp
 from planner.errors import InfeasibleError, InputError, UnrecoverableError
 from planner.partition import Partition, StageAssignment
-from planner.plan import SolverInfo, load_plan, make_plan, plan_to_dict, save_plan
+from planner.plan import (
+    SolverInfo,
+    load_plan,
+    make_plan,
+    plan_to_dict,
+    replica_placement,
+    save_plan,
+)
 from planner.problem import make_problem
 from planner.profile import Block, ModelProfile, Timing
 from planner.replanning import precompute, replan
@@ -31,6 +38,11 @@ from planner.schema import validate
 from tests.synthetic import device_type
 
 W = 1e6
+
+
+def unit(first: int, end: int) -> float:
+    """Replica size of 1 byte per block, for the placement tests."""
+    return float(end - first)
 
 
 def hand_plan(
@@ -90,7 +102,7 @@ def test_placement_uses_dp_peers_else_the_largest_device_of_the_next_stage_in_a_
         ),
     )
     budget = {"a": 5.0, "b": 5.0, "c": 1.0, "d": 1.0, "e": 2.0}
-    assert placement(part, budget, 1) == (
+    assert placement(part, budget, 1, unit) == (
         Replica(0, 0, 1, DP_PEER, ("a", "b")),
         Replica(1, 1, 2, RING, ("e",)),  # stage 2's larger device
         Replica(2, 2, 3, DP_PEER, ("d", "e")),
@@ -101,7 +113,7 @@ def test_last_stage_replicates_to_the_first_and_ties_go_to_the_first_listed():
     part = Partition(
         2, 1, (StageAssignment(0, 1, ("a", "b"), (1, 1)), StageAssignment(1, 2, ("c",), (2,)))
     )
-    reps = placement(part, {"a": 3.0, "b": 3.0, "c": 1.0}, 5)
+    reps = placement(part, {"a": 3.0, "b": 3.0, "c": 1.0}, 5, unit)
     assert reps[1] == Replica(1, 1, 2, RING, ("a",))
 
 
@@ -109,9 +121,18 @@ def test_no_ring_replicas_when_replication_is_off_or_there_is_no_other_device():
     two = Partition(
         2, 1, (StageAssignment(0, 1, ("a",), (2,)), StageAssignment(1, 2, ("b",), (2,)))
     )
-    assert [r.kind for r in placement(two, {"a": 1.0, "b": 1.0}, 0)] == [NONE, NONE]
+    assert [r.kind for r in placement(two, {"a": 1.0, "b": 1.0}, 0, unit)] == [NONE, NONE]
     one = Partition(2, 1, (StageAssignment(0, 2, ("a",), (2,)),))
-    assert placement(one, {"a": 1.0}, 1) == (Replica(0, 0, 2, NONE, ()),)
+    assert placement(one, {"a": 1.0}, 1, unit) == (Replica(0, 0, 2, NONE, ()),)
+
+
+def test_a_one_stage_plan_replicates_to_the_largest_idle_device_that_can_hold_it():
+    # the replica of blocks [0, 2) takes 2 bytes (unit: 1 per block)
+    one = Partition(2, 1, (StageAssignment(0, 2, ("a",), (2,)),))
+    assert placement(one, {"a": 9.0, "b": 3.0, "c": 5.0, "d": 5.0}, 1, unit) == (
+        Replica(0, 0, 2, RING, ("c",)),
+    )
+    assert placement(one, {"a": 9.0, "b": 1.0}, 1, unit) == (Replica(0, 0, 2, NONE, ()),)
 
 
 def test_replica_holder_pays_the_stage_weights_and_optimizer_state():
@@ -275,6 +296,18 @@ def test_without_replication_a_single_device_stage_cannot_be_recovered():
     with pytest.raises(UnrecoverableError, match="replication_interval is 0") as info:
         replan(old, lost=["b"])
     assert info.value.blocks == ((1, 2),)
+
+
+def test_losing_the_only_device_of_a_one_stage_plan_hands_it_to_idle_devices():
+    # a runs [0,2) alone; its replica sits on the larger idle device, e (2 GB; d has 1).
+    # Lose a: e takes the stage over by promoting its replica (d would need 4 MB moved
+    # for the same speed), then d joins as a data-parallel peer (half the samples each,
+    # the all-reduce costs ~0 here) and receives the blocks from e.
+    old = hand_plan([1, 1], [(0, 2, ("a",), (4,))], ["a", "d", "e"], memory={"e": 2e9})
+    assert replica_placement(old)[0].holders == ("e",)
+    new = replan(old, lost=["a"])
+    assert layout(new) == [(0, 2, ("e", "d"), (2, 2))]
+    assert moves(new) == [("e", "e", 0, 2, True), ("d", "e", 0, 2, True)]
 
 
 def test_losing_an_idle_device_changes_nothing():
