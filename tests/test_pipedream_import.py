@@ -145,7 +145,9 @@ def test_a_spanning_graph_plans_into_several_stages() -> None:
     kind = {"edge": device_type("edge", 7e8, 100.0, 1e4)}
     cluster = Cluster("four", tuple(Device(f"d{i}", "edge") for i in range(4)),
                       Network(1e4, 0.1, False), kind)  # fmt: skip
-    problem = make_problem(p, cluster, TrainingConfig(16, (4,)), catalog=kind)
+    # ring replicas off: the budget is sized for each device's own layers only
+    config = TrainingConfig(16, (4,), replication_interval=0)
+    problem = make_problem(p, cluster, config, catalog=kind)
     assert plan_dp(problem).partition.num_stages > 1
 
 
