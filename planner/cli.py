@@ -576,12 +576,24 @@ def _demo_run(outdir: Path, steps: int) -> None:
     plan = api.solve(problem, "dp")
     _print_plan(plan)
     host = ModelProfile.load(api.resolve(DEMO_RUN_HOST, "models"))
-    k = emulation.time_scale_for(plan, host)  # type: ignore[attr-defined]
     path = outdir / "run-plan.json"
     save_plan(plan, path)
     run_dir = outdir / "run"
+    # this CPU is slower than the Jetsons: 2 steps at the scale its measured profile
+    # suggests, then the scale its real compute under the current load needs
+    first_k = emulation.time_scale_for(plan, host)  # type: ignore[attr-defined]
+    err.print(f"calibrating: 2 emulated steps at time scale {first_k:.1f}")
+    launch.launch(  # type: ignore[attr-defined]
+        worker.WorkerOptions(  # type: ignore[attr-defined]
+            str(path), 2, str(outdir / "run-calibration"), emulate=True, time_scale=first_k,
+            timeout_s=120,
+        )
+    )
+    k = emulation.calibrated_time_scale(  # type: ignore[attr-defined]
+        plan, emulation.read_reports(outdir / "run-calibration")  # type: ignore[attr-defined]
+    )
     err.print(f"running {steps} steps on {len(plan.partition.used_devices())} local "
-              f"processes, every emulated time x {k:.1f} (this machine is slower)")
+              f"processes, every emulated time x {k:.1f}")
     launch.launch(  # type: ignore[attr-defined]
         worker.WorkerOptions(  # type: ignore[attr-defined]
             str(path), steps, str(run_dir), emulate=True, time_scale=k, timeout_s=120
