@@ -72,9 +72,9 @@ def main() -> None:
                                   margin=args.margin)
         launch(WorkerOptions(str(path), args.steps, str(out / name), emulate=True,
                              time_scale=k, timeout_s=300))
-        report = build_report(out / name)
+        report = build_report(out / name)  # the plan as run, re-scored on load
         overruns = sum(1 for _ in [report.overrun_warning] if report.overrun_warning)
-        rows.append((name, plan, report.iteration_measured_ms / k, overruns,
+        rows.append((name, report.plan, report.iteration_measured_ms / k, overruns,
                      report.overrun_warning, time.perf_counter() - started, k))
     print()
     print(f"{'plan':<10} {'stages':>6} {'devices':>7} {'mb x M':>7} {'predicted ms':>12} "
