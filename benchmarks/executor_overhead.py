@@ -76,7 +76,8 @@ def _plan(profile, stages, micro: int, m: int):
 
 
 def ours(plan, folder: Path, steps: int) -> float:
-    path = folder / "plan.json"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "input-plan.json"
     save_plan(plan, path)
     result = launch(WorkerOptions(str(path), steps, str(folder), timeout_s=300))
     walls = [m["wall_ms"] for m in result.metrics[1:]]
