@@ -810,6 +810,24 @@ class _BatchSearch:
         return Partition(self.batch, self.m, tuple(stages))
 
 
+def choose(
+    found: list[tuple[PlanCost, Partition, float]],
+) -> tuple[PlanCost, Partition, float]:
+    """The tie rule: among the plans within ``TIE_TOLERANCE`` of the fastest exact
+    iteration time, the one using fewest devices, then fewest stages, then the smallest
+    micro-batch, then the fastest."""
+    fastest = min(cost.iteration_ms for cost, _, _ in found)
+    return min(
+        (c for c in found if c[0].iteration_ms <= fastest * (1 + TIE_TOLERANCE)),
+        key=lambda c: (
+            len(c[1].used_devices()),
+            c[1].num_stages,
+            c[1].micro_batch_size,
+            c[0].iteration_ms,
+        ),
+    )
+
+
 def plan_dp(
     problem: Problem,
     progress: Callable[[int, int], None] | None = None,
@@ -902,14 +920,5 @@ def best_plan(
             found.append((cost, partition, value))
     if not found:
         return None
-    fastest = min(cost.iteration_ms for cost, _, _ in found)
-    cost, partition, value = min(
-        (c for c in found if c[0].iteration_ms <= fastest * (1 + TIE_TOLERANCE)),
-        key=lambda c: (
-            len(c[1].used_devices()),
-            c[1].num_stages,
-            c[1].micro_batch_size,
-            c[0].iteration_ms,
-        ),
-    )
+    cost, partition, value = choose(found)
     return DPResult(partition, cost, value, time.perf_counter() - start, per_batch, status, kind)

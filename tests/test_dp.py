@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from planner import api
+from planner import dp as dp_module
 from planner.cluster import Cluster, Device, Link, Network
 from planner.config import TrainingConfig
 from planner.cost import CostModel
@@ -215,6 +216,29 @@ def test_dp_value_equals_cost_model_on_a_non_uniform_network(seed):
                              shared=False)  # fmt: skip
     result = plan_dp(problem)
     assert result.dp_value_ms == pytest.approx(result.cost.closed_form_ms, rel=1e-9)
+
+
+def test_ties_prefer_fewer_devices_over_fewer_stages(monkeypatch):
+    # a 3-stage plan on 5 devices and a 2-stage plan on 6 are within the tie tolerance:
+    # the one that leaves a device free wins
+    seen = []
+    original = dp_module.choose
+
+    def recording(found):  # the real rule, with the candidates it chose from kept
+        seen.extend(found)
+        return original(found)
+
+    monkeypatch.setattr(dp_module, "choose", recording)
+    rng = np.random.default_rng(144)
+    problem = random_problem(int(rng.integers(2, 6)), int(rng.integers(3, 7)), seed=144,
+                             global_batch=16, candidates=(1, 2, 4, 8, 16),
+                             bandwidth_mbps=1e3, shared=False)  # fmt: skip
+    result = plan_dp(problem)
+    fastest = min(c.iteration_ms for c, _, _ in seen)
+    tied = [p for c, p, _ in seen if c.iteration_ms <= fastest * (1 + TIE_TOLERANCE)]
+    fewer_stages = min(tied, key=lambda p: p.num_stages)
+    assert len(fewer_stages.used_devices()) > len(result.partition.used_devices())
+    assert len(result.partition.used_devices()) == min(len(p.used_devices()) for p in tied)
 
 
 def test_block_too_big_for_any_device_names_memory_and_shortfall():
