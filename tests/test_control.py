@@ -95,16 +95,16 @@ def test_a_hung_device_is_declared_after_the_timeout_and_not_before(fleet: Fleet
     failures = wait_for_failures(coordinator, within_s=5.0)
     assert [(f.device, f.cause) for f in failures] == [("a", "hang")]
     # its last beat was at most one interval before the stop
-    assert 1.0 - INTERVAL <= failures[0].detected_at - stopped < 1.0 + 0.5
+    assert 1.0 - INTERVAL <= failures[0].detected_at - stopped < 1.0 + 1.0
 
 
 def test_a_slow_but_alive_device_is_never_declared_dead(fleet: Fleet) -> None:
     store = host_store(0)
     start_workers(fleet, store.port, ["slow", "fast"], busy=("slow",))
-    coordinator = Coordinator(store, ["slow", "fast"], hang_timeout_s=0.5, exited=fleet.exited)
+    coordinator = Coordinator(store, ["slow", "fast"], hang_timeout_s=1.5, exited=fleet.exited)
     before = coordinator.beats("slow")
-    assert wait_for_failures(coordinator, within_s=3.0) == []  # six hang timeouts
-    assert coordinator.beats("slow") - before >= 3.0 / INTERVAL / 2  # it kept beating
+    assert wait_for_failures(coordinator, within_s=4.5) == []  # three hang timeouts
+    assert coordinator.beats("slow") - before >= 4.5 / INTERVAL / 3  # it kept beating
 
 
 def test_an_abort_reaches_every_rank_within_one_heartbeat(fleet: Fleet) -> None:
@@ -115,7 +115,7 @@ def test_an_abort_reaches_every_rank_within_one_heartbeat(fleet: Fleet) -> None:
     aborted = time.time()
     coordinator.abort("last stage lost")
     seen = [float(store.get(f"t/aborted/{d}")) for d in devices]  # blocks until each sees it
-    assert max(seen) - aborted < INTERVAL + 0.5
+    assert max(seen) - aborted < INTERVAL + 1.0
     for d in devices:
         fleet.procs[d].join(timeout=5)
         assert fleet.procs[d].exitcode == EXIT_ABORTED
