@@ -155,13 +155,22 @@ def check_partition(problem: Problem, partition: Partition) -> None:
 
 def check_memory(problem: Problem, partition: Partition, cost: PlanCost) -> None:
     """Raise :class:`PlanMismatchError` naming the first device whose memory under the
-    plan (``cost``, Eq. 3) exceeds its usable memory."""
+    plan (``cost``, Eq. 3 plus the ring replicas it holds) exceeds its usable memory."""
     for p, (stage, sc) in enumerate(zip(partition.stages, cost.stages, strict=True)):
-        for dev, need, limit in zip(stage.devices, sc.memory_bytes, sc.budget_bytes, strict=True):
+        replicas = sc.replica_bytes or (0.0,) * len(stage.devices)
+        for dev, need, limit, held in zip(
+            stage.devices, sc.memory_bytes, sc.budget_bytes, replicas, strict=True
+        ):
             if need > limit:
+                note = (
+                    f", {held / GIB:.3f} GiB of it ring replicas of another stage "
+                    "(replication_interval 0 turns them off)"
+                    if held > 0
+                    else ""
+                )
                 raise PlanMismatchError(
-                    f"device {_excerpt(dev)} (stage {p}) needs {need / GIB:.3f} GiB but has "
-                    f"{limit / GIB:.3f} GiB usable ({need:.0f} > {limit:.0f} bytes); the "
+                    f"device {_excerpt(dev)} (stage {p}) needs {need / GIB:.3f} GiB{note} but "
+                    f"has {limit / GIB:.3f} GiB usable ({need:.0f} > {limit:.0f} bytes); the "
                     "plan does not fit this cluster, re-plan for it"
                 )
 

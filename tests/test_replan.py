@@ -20,7 +20,7 @@ from planner.cli import main
 from planner.cluster import Cluster, Device, Network
 from planner.config import TrainingConfig
 from planner.dp import plan_dp
-from planner.errors import InfeasibleError, InputError, UnrecoverableError
+from planner.errors import InfeasibleError, InputError, PlanMismatchError, UnrecoverableError
 from planner.partition import Partition, StageAssignment
 from planner.plan import (
     SolverInfo,
@@ -563,3 +563,22 @@ def test_cli_replan_reads_joined_devices_from_a_cluster_file(tmp_path, capsys):
     new = load_plan(dst)
     assert new.changes.joined == ("e",)
     assert "e" in new.partition.used_devices()
+
+
+def test_a_plan_overflowing_only_by_its_replica_says_so():
+    # a [0,1), b [1,2); b holds a's replica, 2 MB, and has 4 MB: 3 MB live + 2 MB > 4 MB
+    with pytest.raises(PlanMismatchError, match="of it ring replicas of another stage"):
+        hand_plan(
+            [1, 1],
+            [(0, 1, ("a",), (4,)), (1, 2, ("b",), (4,))],
+            ["a", "b"],
+            memory={"b": 4e6},
+        )
+    fits = hand_plan(
+        [1, 1],
+        [(0, 1, ("a",), (4,)), (1, 2, ("b",), (4,))],
+        ["a", "b"],
+        memory={"b": 4e6},
+        interval=0,
+    )
+    assert fits.cost.memory_ok
