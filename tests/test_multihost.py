@@ -85,17 +85,17 @@ def test_hosts_have_their_own_addresses_in_the_benchmarking_range() -> None:
 
 def test_everything_is_torn_down_when_the_body_fails() -> None:
     with pytest.raises(RuntimeError, match="test body failed"), netns.Hosts(2) as hosts:
-        sleeper = hosts.start(0, ["sleep", "300"])
+        sleeper = hosts.start(0, ["sleep", "3017"])
         # a grandchild outside our process group, as torchrun's workers may be
         orphan = hosts.start(
-            1, ["sh", "-c", "setsid sh -c 'echo started; exec sleep 301' & wait"],
+            1, ["sh", "-c", "setsid sh -c 'echo started; exec sleep 3019' & wait"],
             stdout=subprocess.PIPE, text=True,
         )
         assert orphan.stdout is not None and orphan.stdout.readline() == "started\n"
         raise RuntimeError("test body failed")
     assert sleeper.poll() is not None
     assert netns.leftover_namespaces() == []
-    ps = subprocess.run(["pgrep", "-f", "sleep 30[01]$"], capture_output=True, text=True)
+    ps = subprocess.run(["pgrep", "-f", "^sleep 301[79]$"], capture_output=True, text=True)
     assert ps.stdout == ""
 
 
