@@ -8,16 +8,19 @@ hosted by the coordinator.
 
 Store layout (every key under ``ctl/``):
 
-=====================  ==========================================================
-``ctl/generation``     the current generation g (decimal); workers build their
-                       process groups on ``PrefixStore(f"gen{g}", store)``, so an
-                       old generation's sockets never meet the new one's (P4)
-``ctl/abort``          ``"g:cause"``: generation g is aborted (every rank stops it)
-``ctl/hb/<device>``    a counter the device's heartbeat thread increments every
-                       ``interval_s``; the coordinator only reads it (``add(k, 0)``)
-``ctl/fenced/<dev>``   set when ``dev`` was declared dead; a fenced worker that
-                       wakes up (e.g. after SIGSTOP) sees it and exits
-=====================  ==========================================================
+======================  ==========================================================
+``ctl/generation``      the current generation g (decimal); workers build their
+                        process groups on ``PrefixStore(f"gen{g}", store)``, so an
+                        old generation's sockets never meet the new one's (P4)
+``ctl/abort``           ``"g:cause"``: generation g is aborted (every rank stops it)
+``ctl/hb/<device>``     a counter the device's heartbeat thread increments every
+                        ``interval_s``; the coordinator only reads it (``add(k, 0)``)
+``ctl/fenced/<dev>``    set when ``dev`` was declared dead; a fenced worker that
+                        wakes up (e.g. after SIGSTOP) sees it and exits
+``ctl/seen/<g>/<dev>``  wall-clock time at which ``dev``'s heartbeat thread first saw
+                        the abort of generation g (written once; the coordinator
+                        reads it to tell how far an abort reached, and how fast)
+======================  ==========================================================
 
 Failure classes (reference/fault-tolerance.md §2, lesson 2) and how each is detected:
 
@@ -76,11 +79,13 @@ class CoordinatorLost(EdgepipeError):
 
 @dataclass(frozen=True)
 class Failure:
-    """A device declared dead: why, and when the coordinator decided (monotonic s)."""
+    """A device declared dead: why, when the coordinator decided (monotonic s) and for
+    how long its heartbeat had not moved by then (s)."""
 
     device: str
     cause: FailureCause
     detected_at: float
+    silent_s: float = 0.0
 
 
 def host_store(port: int = 0, timeout_s: float = 30.0) -> TCPStore:
@@ -118,9 +123,13 @@ class Coordinator:
         exited: optional callback naming the devices whose process has exited (the
             local launcher passes one; across hosts there is none).
         clock: monotonic seconds (a parameter for tests of the timing rules).
+        start_timeout_s: silence allowed to a device that has not beaten yet in this
+            generation (process start-up: interpreter, torch import, plan load);
+            default ``hang_timeout_s``.
 
-    State: per device the last heartbeat count seen and when it last moved. Every
-    :meth:`poll` costs one store round trip per live device.
+    State: per device the heartbeat count at the generation's start, the last count
+    seen and when it last moved. Every :meth:`poll` costs one store round trip per
+    live device.
     """
 
     def __init__(
@@ -130,11 +139,14 @@ class Coordinator:
         hang_timeout_s: float,
         exited: Callable[[], Iterable[str]] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        start_timeout_s: float | None = None,
     ) -> None:
         if hang_timeout_s <= 0:
             raise ValueError(f"hang_timeout_s must be > 0, got {hang_timeout_s}")
         self.store = store
         self.hang_timeout_s = hang_timeout_s
+        self.start_timeout_s = hang_timeout_s if start_timeout_s is None else start_timeout_s
+        self._opened: dict[str, int] = {}
         self._exited = exited
         self._clock = clock
         self.generation = 0
@@ -152,6 +164,7 @@ class Coordinator:
         self.members = members
         now = self._clock()
         self._seen = {d: (self.beats(d), now) for d in members}
+        self._opened = {d: count for d, (count, _) in self._seen.items()}
         self.store.set("ctl/generation", str(self.generation))
         return self.generation
 
@@ -163,7 +176,9 @@ class Coordinator:
         """The members declared dead now: exited processes first, then silent ones."""
         now = self._clock()
         gone = set(self._exited()) if self._exited is not None else set()
-        failures = [Failure(d, "crash", now) for d in self.members if d in gone]
+        failures = [
+            Failure(d, "crash", now, now - self._seen[d][1]) for d in self.members if d in gone
+        ]
         for device in self.members:
             if device in gone:
                 continue
@@ -171,9 +186,23 @@ class Coordinator:
             current = self.beats(device)
             if current != count:
                 self._seen[device] = (current, now)
-            elif now - since >= self.hang_timeout_s:
-                failures.append(Failure(device, "hang", now))
+            elif now - since >= (
+                self.hang_timeout_s if current != self._opened[device] else self.start_timeout_s
+            ):
+                failures.append(Failure(device, "hang", now, now - since))
         return failures
+
+    def retire(self, device: str) -> None:
+        """Stop watching ``device`` (its process finished the run cleanly and no longer
+        beats); it stays a member for fencing purposes only."""
+        self.members = tuple(d for d in self.members if d != device)
+        self._seen.pop(device, None)
+
+    def abort_seen(self, devices: Iterable[str]) -> dict[str, float]:
+        """Wall-clock time at which each of ``devices`` saw the current generation's
+        abort (only those that have)."""
+        keys = {d: f"ctl/seen/{self.generation}/{d}" for d in devices}
+        return {d: float(self.store.get(k)) for d, k in keys.items() if self.store.check([k])}
 
     def abort(self, cause: str, fence: Iterable[str] = ()) -> None:
         """Abort the current generation (every rank sees it at its next beat) and fence
@@ -238,10 +267,13 @@ class WorkerControl:
                 # opposite order: a worker that sees an abort also sees its fence.
                 abort = store.get("ctl/abort").decode() if store.check(["ctl/abort"]) else None
                 fenced = store.check([fence_key])
+                if abort is not None:
+                    g, cause = abort.split(":", 1)
+                    if self._aborted != (int(g), cause):
+                        store.set(f"ctl/seen/{g}/{self.device}", repr(time.time()))
                 with self._state:
                     self._fenced = self._fenced or fenced
                     if abort is not None:
-                        g, cause = abort.split(":", 1)
                         self._aborted = (int(g), cause)
                 self._stop.wait(self.interval_s)
         except Exception as err:  # any store failure means the coordinator is gone

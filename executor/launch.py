@@ -12,6 +12,21 @@ names the dead device. Every child is reaped on return, on error and on Ctrl-C.
 The culprit of a failure is the first child seen dead; when several are seen dead at
 once, one killed by a signal or one that died without publishing an error (its peers
 publish "connection closed" errors) is named.
+
+**Control plane** (:mod:`executor.control`; docs/executor.md, "Failure detection"): the
+launcher owns the run's :class:`~executor.control.Coordinator` on its store (members: the
+plan's devices; ``exited``: the children with a non-zero exit status) and opens its
+generation before any child starts; every child beats every ``heartbeat_s`` and checks
+before every action. Each poll the launcher asks the coordinator for failures: a crash
+(exit status, within one poll) or a hang (no heartbeat for ``hang_timeout_s``; a child
+that has not beaten yet gets ``START_TIMEOUT_S`` for its start-up). On a failure it
+aborts the generation and fences the device, SIGKILLs that device's process (which also
+ends a SIGSTOPped one), gives the others ``ABORT_GRACE_S`` to stop at their next check,
+then stops the rest (a rank blocked in a gloo op cannot see the abort, P6), and raises
+:class:`RunFailed` naming the device, the cause and the time to detect. A child that
+has published ``done/<rank>`` (its work is over; the interpreter's shutdown can
+outlast a hang timeout) or exited 0 is no longer watched for hangs, only for its exit
+status. ``hang_timeout_s=None`` runs without a control plane (exit codes only).
 """
 
 from __future__ import annotations
@@ -21,7 +36,7 @@ import multiprocessing
 import shutil
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -30,7 +45,7 @@ import torch.distributed as dist
 
 from executor import data
 from executor.checkpoint import check_resume
-from executor.control import generation_store
+from executor.control import Coordinator, Failure, generation_store
 from executor.layout import RankLayout, check_runnable
 from executor.metrics import read_jsonl
 from executor.stage import check_build
@@ -40,14 +55,32 @@ from planner.plan import load_plan
 
 POLL_S = 0.02
 GRACE_S = 2.0
+#: default seconds of heartbeat silence after which a device is declared hung
+HANG_TIMEOUT_S = 10.0
+#: default heartbeat interval of every worker
+HEARTBEAT_S = 0.5
+#: seconds the other workers get to stop on their own after an abort
+ABORT_GRACE_S = 1.0
+#: seconds a child may take to send its first heartbeat (interpreter start, torch
+#: import, plan load: over 20 s for four children on a loaded two-core machine)
+START_TIMEOUT_S = 120.0
 
 
 class RunFailed(EdgepipeError):
-    """A worker died; ``device`` / ``rank`` name it, ``exitcode`` is its status
-    (negative: killed by that signal)."""
+    """A worker died or hung; ``device`` / ``rank`` name it, ``exitcode`` is its status
+    (negative: killed by that signal; for a hang, the SIGKILL the launcher sent),
+    ``cause`` is ``crash`` or ``hang``, ``detected_at`` the launcher's decision
+    (monotonic s), ``aborted_at`` the abort (wall-clock s; None without a control plane)
+    and ``abort_seen`` the wall-clock time at which each other device saw it."""
 
-    def __init__(self, message: str, device: str, rank: int, exitcode: int) -> None:
+    def __init__(
+        self, message: str, device: str, rank: int, exitcode: int, cause: str = "crash",
+        detected_at: float = 0.0, aborted_at: float | None = None,
+        abort_seen: dict[str, float] | None = None,
+    ) -> None:
         self.device, self.rank, self.exitcode = device, rank, exitcode
+        self.cause, self.detected_at = cause, detected_at
+        self.aborted_at, self.abort_seen = aborted_at, abort_seen or {}
         super().__init__(message)
 
 
@@ -93,13 +126,25 @@ def _signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
-def launch(opts: WorkerOptions, on_start: Any = None) -> RunResult:
+def launch(
+    opts: WorkerOptions,
+    on_start: Any = None,
+    hang_timeout_s: float | None = HANG_TIMEOUT_S,
+    heartbeat_s: float = HEARTBEAT_S,
+) -> RunResult:
     """Run the plan of ``opts`` here, one process per plan device (module docstring).
 
     ``on_start(ranks)`` is called with the ``ranks.json`` entries once every child has
-    started. Raises :class:`RunFailed` when a worker dies, any other
+    started. ``hang_timeout_s`` (None: no control plane) must exceed twice
+    ``heartbeat_s``. Raises :class:`RunFailed` when a worker dies or hangs, any other
     :class:`~planner.errors.EdgepipeError` when the plan is refused.
     """
+    if hang_timeout_s is not None and not hang_timeout_s > 2 * heartbeat_s > 0:
+        raise InputError(
+            "--hang-timeout", str(hang_timeout_s),
+            f"must exceed twice the heartbeat interval ({heartbeat_s:g} s), or a live "
+            "device could be declared hung",
+        )
     layout = preflight(opts)
     out = Path(opts.out) if opts.out else None
     if out is not None:
@@ -110,9 +155,18 @@ def launch(opts: WorkerOptions, on_start: Any = None) -> RunResult:
         "127.0.0.1", 0, is_master=True, wait_for_workers=False,
         timeout=timedelta(seconds=opts.timeout_s),
     )
-    errors = generation_store(store, opts.generation)
     ctx = multiprocessing.get_context("spawn")
-    procs = []
+    procs: list = []
+    coordinator = None
+    if hang_timeout_s is not None:
+        coordinator = Coordinator(
+            store, [i.device for i in layout.ranks], hang_timeout_s,
+            exited=lambda: [i.device for i, p in zip(layout.ranks, procs, strict=False)
+                            if p.exitcode not in (None, 0)],
+            start_timeout_s=max(START_TIMEOUT_S, opts.timeout_s),
+        )
+        opts = replace(opts, generation=coordinator.generation, heartbeat_s=heartbeat_s)
+    errors = generation_store(store, opts.generation)
     try:
         for info in layout.ranks:
             endpoint = Endpoint(info.rank, layout.world_size, "127.0.0.1", store.port,
@@ -131,7 +185,7 @@ def launch(opts: WorkerOptions, on_start: Any = None) -> RunResult:
             (out / "ranks.json").write_text(json.dumps(ranks, indent=1) + "\n")
         if on_start is not None:
             on_start(ranks)
-        _watch(procs, layout, errors)
+        _watch(procs, layout, errors, coordinator)
     finally:
         _stop(procs)
     return RunResult(out, read_jsonl(out / "metrics.jsonl") if out is not None else [])
@@ -142,27 +196,91 @@ def _error_of(store: dist.Store, rank: int) -> str | None:
     return store.get(key).decode() if store.check([key]) else None
 
 
-def _watch(procs: list, layout: RankLayout, store: dist.Store) -> None:
-    """Poll until every child exited 0, or raise :class:`RunFailed` for the first death."""
+def _watch(
+    procs: list, layout: RankLayout, store: dist.Store, coordinator: Coordinator | None
+) -> None:
+    """Poll until every child exited 0, or raise :class:`RunFailed` for the first death
+    (or, with a coordinator, the first hang)."""
+    retired: set[int] = set()
     while True:
         codes = [p.exitcode for p in procs]
-        dead = [r for r, c in enumerate(codes) if c not in (None, 0)]
-        if dead:
-            errors = {r: _error_of(store, r) for r in dead}
-            rank = min(dead, key=lambda r: (codes[r] > 0, errors[r] is not None, r))
-            info = layout.ranks[rank]
-            code = codes[rank]
-            how = f"was killed by {_signal_name(code)}" if code < 0 else f"exited with {code}"
-            why = f": {errors[rank]}" if errors[rank] else ""
-            others = sum(1 for c in codes if c is None)
-            raise RunFailed(
-                f"device {info.device!r} (rank {rank}, stage {info.stage}) {how}{why}; "
-                f"stopped the other {others} worker(s)",
-                info.device, rank, code,
-            )
         if all(c == 0 for c in codes):
             return
+        dead = [r for r, c in enumerate(codes) if c not in (None, 0)]
+        if coordinator is None or any(r in retired for r in dead):
+            # without a control plane, or a rank that died after its work was done
+            if dead:
+                raise _crashed(layout, store, dead, codes)
+        else:
+            for r, c in enumerate(codes):
+                if r not in retired and (c == 0 or store.check([f"done/{r}"])):
+                    coordinator.retire(layout.ranks[r].device)
+                    retired.add(r)
+            if failures := coordinator.poll():
+                raise _abort(procs, layout, store, coordinator, failures)
         time.sleep(POLL_S)
+
+
+def _culprit(
+    layout: RankLayout, store: dist.Store, dead: list[int], codes: list
+) -> tuple[int, str]:
+    """The culprit among the ``dead`` ranks (module docstring) and what happened to it."""
+    errors = {r: _error_of(store, r) for r in dead}
+    rank = min(dead, key=lambda r: (codes[r] > 0, errors[r] is not None, r))
+    info = layout.ranks[rank]
+    code = codes[rank]
+    how = f"was killed by {_signal_name(code)}" if code < 0 else f"exited with {code}"
+    why = f": {errors[rank]}" if errors[rank] else ""
+    return rank, f"device {info.device!r} (rank {rank}, stage {info.stage}) {how}{why}"
+
+
+def _crashed(layout: RankLayout, store: dist.Store, dead: list[int], codes: list) -> RunFailed:
+    """The failure of a run without a control plane."""
+    rank, what = _culprit(layout, store, dead, codes)
+    others = sum(1 for c in codes if c is None)
+    return RunFailed(f"{what}; stopped the other {others} worker(s)",
+                     layout.ranks[rank].device, rank, codes[rank], "crash", time.monotonic())
+
+
+def _abort(
+    procs: list, layout: RankLayout, store: dist.Store, coordinator: Coordinator,
+    failures: list[Failure],
+) -> RunFailed:
+    """Abort the generation for ``failures``: fence and kill the culprit, give the other
+    children ``ABORT_GRACE_S`` to stop at their next check; the failure to raise."""
+    rank_of = {i.device: i.rank for i in layout.ranks}
+    codes = [p.exitcode for p in procs]
+    crashed = [rank_of[f.device] for f in failures if f.cause == "crash"]
+    if crashed:
+        rank, what = _culprit(layout, store, crashed, codes)
+        failure = next(f for f in failures if f.device == layout.ranks[rank].device)
+    else:
+        failure = failures[0]
+        rank = rank_of[failure.device]
+    info = layout.ranks[rank]
+    coordinator.abort(f"{failure.device} {failure.cause}", fence=[failure.device])
+    aborted_at = time.time()
+    if procs[rank].exitcode is None:
+        procs[rank].kill()  # SIGKILL also ends a SIGSTOPped process
+        procs[rank].join()
+    others = [p for r, p in enumerate(procs) if r != rank and p.exitcode is None]
+    deadline = time.monotonic() + ABORT_GRACE_S
+    for p in others:
+        p.join(max(0.0, deadline - time.monotonic()))
+    seen = coordinator.abort_seen(i.device for i in layout.ranks if i.rank != rank)
+    stopped = sum(1 for p in others if p.exitcode is not None)
+    fate = (f"the abort reached {len(seen)} of {len(others)} other worker(s); "
+            f"{stopped} exited within {ABORT_GRACE_S:g} s, {len(others) - stopped} were killed")
+    if crashed:
+        message = f"{what}; crash detected within one {POLL_S * 1e3:.0f} ms poll; {fate}"
+    else:
+        message = (
+            f"device {info.device!r} (rank {rank}, stage {info.stage}) hung: no heartbeat "
+            f"for {failure.silent_s:.2f} s (hang timeout {coordinator.hang_timeout_s:g} s), "
+            f"declared dead, fenced and killed; {fate}"
+        )
+    return RunFailed(message, info.device, rank, procs[rank].exitcode, failure.cause,
+                     failure.detected_at, aborted_at, seen)
 
 
 def _stop(procs: list) -> None:

@@ -24,11 +24,19 @@ Hooks: every transfer goes through the :class:`~executor.comm.Transport` of the 
 after every F and B the runtime calls :meth:`ComputeHook.after_compute` with the real
 seconds it took (the emulation waits there until the plan's profiled time has passed),
 and after REDUCE_GRAD :meth:`ComputeHook.after_reduce`.
+
+**Control checks**: before every action and before the optimizer step the runtime calls
+``check()`` (the worker passes :meth:`executor.control.WorkerControl.check` of its
+generation), so an aborted generation stops at the next action boundary and never
+applies its optimizer step. A rank blocked inside a transfer or collective does not get
+there (a blocked gloo op cannot be interrupted, torch-and-solvers.md P6): the launcher
+kills it after a grace period.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -107,6 +115,7 @@ class StageRuntime:
         deterministic: bool,
         hook: ComputeHook | None = None,
         device: torch.device | None = None,
+        check: Callable[[], None] | None = None,
     ) -> None:
         self.module = module
         self.layout = layout
@@ -123,6 +132,7 @@ class StageRuntime:
         self.optimizer = optimizer
         self.deterministic = deterministic
         self.hook = hook or ComputeHook()
+        self.check = check or (lambda: None)
         self.device = device or torch.device("cpu")
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.global_batch = layout.global_batch
@@ -148,6 +158,7 @@ class StageRuntime:
         for p in self.params:
             p.grad = None
         for action in self.actions:
+            self.check()
             start = time.perf_counter()
             m = action.micro_batch
             kind = action.type
@@ -176,6 +187,7 @@ class StageRuntime:
         start = time.perf_counter()
         self.links.wait_sends()
         self._mark(record, "SEND_WAIT", None, start)
+        self.check()
         start = time.perf_counter()
         self.optimizer.step()
         self._mark(record, "OPTIM", None, start)

@@ -10,6 +10,11 @@ name that device (a guard against a mis-ordered multi-host start).
 ``--emulate [--time-scale K]`` runs with :mod:`executor.emulation`'s hooks;
 ``--checkpoint-every N [--checkpoint-dir DIR]`` saves and ``--resume DIR`` continues a
 run with :mod:`executor.checkpoint` (``--steps`` counts from step 0 either way).
+``--heartbeat S`` (the local launcher sets it; off under torchrun, which has no
+coordinator yet) starts a :class:`executor.control.WorkerControl` on its own store
+connection that beats every S seconds; the rank checks it before every action, at the
+start of every step and after every commit, and stops (exit status 2) when the launcher
+aborted its generation or fenced its device.
 
 Sequence: refuse a mismatched start (world size vs plan devices) before touching the
 network; connect to the run's store (hosted by the launcher, by torchrun's agent when
@@ -19,8 +24,9 @@ blocks; init the process group (gloo, or nccl when every local rank has its own 
 with a short timeout; create every stage's
 data-parallel group; discover boundary shapes; then per step: read the step's rows,
 :meth:`StageRuntime.run_step`, **commit** (publish the step's payload and
-``commit/<rank>``; rank 0 writes the metrics). A failing worker publishes
-``error/<rank>`` (one line) before it exits, so the launcher can name it.
+``commit/<rank>``; rank 0 writes the metrics); after the final barrier ``done/<rank>``.
+A failing worker publishes ``error/<rank>`` (one line) before it exits, so the launcher
+can name it.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ import torch.distributed as dist
 
 from executor import checkpoint, data
 from executor.comm import StageLinks, Transport
-from executor.control import generation_store
+from executor.control import WorkerControl, generation_store
 from executor.emulation import Emulation
 from executor.layout import RankLayout, check_runnable
 from executor.metrics import MetricsWriter, rank_payload
@@ -57,6 +63,9 @@ from planner.schedule import build as build_schedule
 EXIT_REFUSED = 2
 #: exit status of a worker that failed otherwise
 EXIT_FAILED = 1
+#: store timeout of the heartbeat connection: a lost coordinator is noticed after about
+#: three of them (the store client's reconnection attempts, executor.control)
+CONTROL_STORE_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -76,6 +85,7 @@ class WorkerOptions:
     checkpoint_every: int = 0
     checkpoint_dir: str | None = None
     resume: str | None = None
+    heartbeat_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -180,6 +190,11 @@ class Worker:
         self.timeout = timedelta(seconds=opts.timeout_s)
         self.store = self._connect(host=endpoint.host_store)
         self._emulated: Emulation | None = None
+        self.control: WorkerControl | None = None
+        if opts.heartbeat_s > 0:
+            self.control = WorkerControl(
+                self._control_store, self.me.device, opts.heartbeat_s
+            ).start()
 
     def _connect(self, host: bool = False) -> dist.Store:
         """A connection to the run's store under this generation's prefix (``host``:
@@ -192,6 +207,23 @@ class Worker:
             wait_for_workers=False,
         )
         return generation_store(root, self.opts.generation)
+
+    def _control_store(self) -> dist.Store:
+        """The heartbeat thread's own connection to the run's store (no prefix: the
+        control plane's keys span generations)."""
+        return dist.TCPStore(
+            self.endpoint.store_host,
+            self.endpoint.store_port,
+            is_master=False,
+            timeout=timedelta(seconds=CONTROL_STORE_TIMEOUT_S),
+            wait_for_workers=False,
+        )
+
+    def check(self) -> None:
+        """Raise if the coordinator aborted this generation, fenced this device or is
+        gone (:meth:`WorkerControl.check`); nothing without a control plane."""
+        if self.control is not None:
+            self.control.check(self.opts.generation)
 
     def fail(self, message: str) -> None:
         self.store.set(f"error/{self.rank}", message)
@@ -273,6 +305,7 @@ class Worker:
         runtime = StageRuntime(
             module, layout, self.rank, schedule[me.stage], links, group, loss_fn, optimizer,
             deterministic=opts.deterministic, hook=self.compute_hook(), device=self.device,
+            check=self.check,
         )
         first, last = me.stage == 0, me.stage == layout.num_stages - 1
         b = layout.micro_batch_size
@@ -292,6 +325,7 @@ class Worker:
             collector.start()
         dist.barrier()
         for step in range(start, opts.steps):
+            self.check()
             idx = data.step_indices(step, layout.global_batch, rows.size, config.seed)
             mine = [idx[m * b + me.offset : m * b + me.offset + me.samples]
                     for m in range(layout.num_micro_batches)]
@@ -301,6 +335,7 @@ class Worker:
             payload = json.dumps(rank_payload(record, self.device))
             self.store.set(f"metrics/{step}/{self.rank}", payload)
             self.store.set(f"commit/{self.rank}", str(step))
+            self.check()
             if opts.checkpoint_every and (step + 1) % opts.checkpoint_every == 0:
                 assert ckpt_group is not None
                 folder = opts.checkpoint_dir or str(Path(opts.out or ".") / "checkpoints")
@@ -311,6 +346,9 @@ class Worker:
         if opts.save_weights and opts.out:
             self._save(module, optimizer)
         dist.barrier()
+        # the launcher stops watching this rank's heartbeat: the process's shutdown
+        # (interpreter finalisation, > 1 s under load) is not a hang
+        self.store.set(f"done/{self.rank}", "1")
 
     def _save(self, module: torch.nn.Sequential, optimizer: torch.optim.Optimizer) -> None:
         folder = Path(self.opts.out) / "weights"
@@ -362,6 +400,8 @@ def run(opts: WorkerOptions, endpoint: Endpoint) -> None:
         with contextlib.suppress(Exception):
             worker.fail(message.splitlines()[0] if message else type(exc).__name__)
         raise
+    # the heartbeat thread is a daemon: it beats until the process is gone (stopping it
+    # earlier would make a slow interpreter shutdown look like a hang)
 
 
 def spawned(opts: WorkerOptions, endpoint: Endpoint) -> None:
@@ -414,10 +454,11 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerOptions:
     p.add_argument("--checkpoint-every", type=int, default=0)
     p.add_argument("--checkpoint-dir")
     p.add_argument("--resume")
+    p.add_argument("--heartbeat", type=float, default=0.0)
     a = p.parse_args(argv)
     return WorkerOptions(a.plan, a.steps, a.out, a.deterministic, a.dataset, a.timeout,
                          a.save_weights, a.generation, a.emulate, a.time_scale,
-                         a.checkpoint_every, a.checkpoint_dir, a.resume)
+                         a.checkpoint_every, a.checkpoint_dir, a.resume, a.heartbeat)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -742,7 +742,9 @@ def cmd_run(args: argparse.Namespace) -> None:
         f"{f' emulating its devices (time scale {args.time_scale:g})' if args.emulate else ''}"
     )
     try:
-        result = launch.launch(opts)  # type: ignore[attr-defined]
+        result = launch.launch(  # type: ignore[attr-defined]
+            opts, hang_timeout_s=args.hang_timeout, heartbeat_s=args.heartbeat
+        )
     except KeyboardInterrupt:
         raise EdgepipeError("interrupted: every worker was stopped") from None
     table = Table(title=f"{plan.id}: measured", title_justify="left")
@@ -1133,6 +1135,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="save a checkpoint every N steps to --checkpoint-dir (default OUT/checkpoints)",
     )
     p.add_argument("--checkpoint-dir", help="where --checkpoint-every saves")
+    p.add_argument(
+        "--hang-timeout",
+        type=positive_float,
+        default=10.0,
+        help="seconds without a heartbeat after which a device is declared hung and the "
+        "run stops (a crash is seen at once; docs/executor.md, Failure detection)",
+    )
+    p.add_argument(
+        "--heartbeat",
+        type=positive_float,
+        default=0.5,
+        help="seconds between a worker's heartbeats (under half of --hang-timeout)",
+    )
     p.add_argument(
         "--resume",
         help="continue from the latest committed checkpoint in DIR (a checkpoint, a "

@@ -1,0 +1,162 @@
+"""The launcher's control plane in `edgepipe run`: hangs are found by the heartbeat, an
+abort reaches every rank, a slow device is left alone (issue 8, item 2).
+
+Real processes over gloo, real signals. The gloo timeout is a minute in every test, so
+a run stopped in a few seconds was stopped by the control plane, not by gloo.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from executor.launch import ABORT_GRACE_S, GRACE_S, RunFailed, launch
+from executor.metrics import read_jsonl
+from executor.worker import WorkerOptions
+from planner.cluster import Cluster
+from planner.config import TrainingConfig
+from planner.partition import Partition, StageAssignment
+from planner.plan import SolverInfo, make_plan
+from planner.problem import make_problem
+from planner.profile import BuildSpec
+from tests.executor_helpers import MLP_IN, make_test_plan, profile_of, write_plan
+
+MLP = BuildSpec(callable="tests.executor_helpers:mlp", kwargs={"width": 8})
+DATASET = "tests.executor_helpers:mlp_dataset"
+GLOO_TIMEOUT_S = 60.0
+HANG_S, BEAT_S = 2.0, 0.1
+#: scheduling slack on a loaded two-core machine
+SLACK_S = 1.0
+
+
+@pytest.fixture(scope="module")
+def mlp_profile():
+    return profile_of(MLP, lambda b: torch.randn(b, MLP_IN))
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def stop_mid_run(tmp_path: Path, plan, device: str) -> tuple[RunFailed, dict]:
+    """Run ``plan`` for ever; SIGSTOP ``device`` once two steps are in the metrics."""
+    path = write_plan(plan, tmp_path)
+    seen: dict = {}
+
+    def on_start(ranks):
+        seen["ranks"] = ranks
+        pid = next(r["pid"] for r in ranks if r["device"] == device)
+
+        def stopper():
+            metrics = tmp_path / "metrics.jsonl"
+            while not metrics.exists() or len(read_jsonl(metrics)) < 2:
+                time.sleep(0.05)
+            seen["stopped_at"], seen["stopped_wall"] = time.monotonic(), time.time()
+            os.kill(pid, signal.SIGSTOP)
+
+        threading.Thread(target=stopper, daemon=True).start()
+
+    try:
+        with pytest.raises(RunFailed) as caught:
+            launch(WorkerOptions(str(path), 100_000, str(tmp_path), dataset=DATASET,
+                                 timeout_s=GLOO_TIMEOUT_S),
+                   on_start=on_start, hang_timeout_s=HANG_S, heartbeat_s=BEAT_S)
+    finally:
+        seen["returned_at"] = time.monotonic()
+        for r in seen.get("ranks", []):  # whatever happened, reap (SIGKILL ends a stopped one)
+            if alive(r["pid"]):
+                seen.setdefault("left_behind", []).append(r["device"])
+                os.kill(r["pid"], signal.SIGKILL)
+    return caught.value, seen
+
+
+def test_a_sigstopped_device_is_declared_hung_after_the_timeout_and_every_child_stopped(
+    tmp_path, mlp_profile
+):
+    plan = make_test_plan(mlp_profile, [(0, 1, [2]), (1, 2, [1, 1]), (2, 4, [2])], 2, 2)
+    failed, seen = stop_mid_run(tmp_path, plan, "d1")
+    assert (failed.device, failed.cause, failed.exitcode) == ("d1", "hang", -signal.SIGKILL)
+    assert str(failed).startswith("device 'd1' (rank 1, stage 1) hung: no heartbeat for ")
+    assert f"(hang timeout {HANG_S:g} s)" in str(failed)
+    # its last beat was at most one interval before the stop: never declared before that
+    took = failed.detected_at - seen["stopped_at"]
+    assert HANG_S - BEAT_S <= took < HANG_S + SLACK_S, took
+    assert seen["returned_at"] - failed.detected_at < ABORT_GRACE_S + GRACE_S + SLACK_S
+    assert "left_behind" not in seen
+
+
+def test_the_abort_reaches_the_first_stage_when_the_last_stage_hangs(tmp_path, mlp_profile):
+    plan = make_test_plan(mlp_profile, [(0, 1, [2]), (1, 2, [2]), (2, 4, [2])], 2, 2)
+    failed, seen = stop_mid_run(tmp_path, plan, "d2")
+    assert (failed.device, failed.cause) == ("d2", "hang")
+    assert failed.aborted_at is not None and set(failed.abort_seen) == {"d0", "d1"}
+    first = failed.abort_seen["d0"]
+    # within one heartbeat of the abort, and the hang timeout + one beat of the stop
+    assert first - failed.aborted_at < BEAT_S + SLACK_S / 2
+    assert first - seen["stopped_wall"] < HANG_S + BEAT_S + SLACK_S < GLOO_TIMEOUT_S / 10
+    assert "the abort reached 2 of 2 other worker(s)" in str(failed)
+    assert "left_behind" not in seen
+
+
+def slowed_plan(profile, slowdowns):
+    """Two stages of one device each, one micro-batch of 6, on devices of one CPU type
+    with these slowdowns."""
+    doc = {
+        "schema_version": 1, "kind": "edgepipe.cluster", "name": "slowed",
+        "device_types": {"host-cpu": {
+            "description": "this machine (tests)", "memory_bytes": 8 * 2**30,
+            "usable_fraction": 0.9, "peak_fp32_gflops": 100, "efficiency": 0.5,
+            "network": {"interface": "loopback", "bandwidth_mbps": 1000},
+            "sources": {"all": "test figures"},
+        }},
+        "devices": [{"id": f"d{i}", "type": "host-cpu", "slowdown": s}
+                    for i, s in enumerate(slowdowns)],
+        # links far faster than compute: the time scale stretches them too
+        "network": {"bandwidth_mbps": 1e7, "latency_ms": 0.0},
+    }
+    cluster = Cluster.from_dict(doc, "slowed cluster", catalog={})
+    config = TrainingConfig(global_batch=6, micro_batch_candidates=(6,), optimizer="sgd",
+                            learning_rate=0.1)
+    problem = make_problem(profile, cluster, config, catalog={})
+    stages = (StageAssignment(0, 2, ("d0",), (6,)), StageAssignment(2, 4, ("d1",), (6,)))
+    return make_plan(problem, Partition(6, 1, stages), SolverInfo("hand"))
+
+
+@pytest.mark.slow
+def test_a_device_three_times_slower_is_never_declared_dead_and_training_is_unchanged(
+    tmp_path, mlp_profile
+):
+    plan = slowed_plan(mlp_profile, [1.0, 3.0])
+    path = write_plan(plan, tmp_path)
+    hang_s, beat_s = 1.0, 0.1
+    # every forward of the slowed device lasts 1.2 hang timeouts (its backward longer):
+    # a detector that took silence of the training loop for death would fire
+    scale = 1.2 * hang_s * 1e3 / plan.cost.stages[1].device_forward_ms[0]
+    slowed = launch(WorkerOptions(str(path), 2, str(tmp_path / "slowed"), dataset=DATASET,
+                                  deterministic=True, timeout_s=GLOO_TIMEOUT_S, emulate=True,
+                                  time_scale=scale, save_weights=True),
+                    hang_timeout_s=hang_s, heartbeat_s=beat_s)
+    timeline = read_jsonl(tmp_path / "slowed" / "timeline.jsonl")
+    forwards = [e["end_ms"] - e["start_ms"] for e in timeline
+                if e["device"] == "d1" and e["kind"] == "F"]
+    assert len(forwards) == 2 and min(forwards) >= 1.2 * hang_s * 1e3
+    plain = launch(WorkerOptions(str(path), 2, str(tmp_path / "plain"), dataset=DATASET,
+                                 deterministic=True, timeout_s=GLOO_TIMEOUT_S,
+                                 save_weights=True),
+                   hang_timeout_s=None)
+    assert slowed.losses == plain.losses
+    for rank in (0, 1):
+        a = torch.load(tmp_path / "slowed" / "weights" / f"rank{rank}.pt")
+        b = torch.load(tmp_path / "plain" / "weights" / f"rank{rank}.pt")
+        for key in b["model"]:
+            assert torch.equal(a["model"][key], b["model"][key]), (rank, key)
