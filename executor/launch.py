@@ -20,9 +20,10 @@ generation before any child starts; every child beats every ``heartbeat_s`` and 
 before every action. Each poll the launcher asks the coordinator for failures: a crash
 (exit status, within one poll) or a hang (no heartbeat for ``hang_timeout_s``; a child
 that has not beaten yet gets ``START_TIMEOUT_S`` for its start-up). On a failure it
-aborts the generation and fences the device, SIGKILLs that device's process (which also
-ends a SIGSTOPped one), gives the others ``ABORT_GRACE_S`` to stop at their next check,
-then stops the rest (a rank blocked in a gloo op cannot see the abort, P6), and raises
+aborts the generation and fences the device, waits (at most ``ABORT_GRACE_S``) until
+every other child has seen the abort, SIGKILLs that device's process (which also ends a
+SIGSTOPped one), gives the others ``ABORT_GRACE_S`` to stop at their next check or on
+the dead peer's closed connection, then stops the rest (a rank blocked in a gloo op cannot see the abort, P6), and raises
 :class:`RunFailed` naming the device, the cause and the time to detect. A child that
 has published ``done/<rank>`` (its work is over; the interpreter's shutdown can
 outlast a hang timeout) or exited 0 is no longer watched for hangs, only for its exit
@@ -246,8 +247,9 @@ def _abort(
     procs: list, layout: RankLayout, store: dist.Store, coordinator: Coordinator,
     failures: list[Failure],
 ) -> RunFailed:
-    """Abort the generation for ``failures``: fence and kill the culprit, give the other
-    children ``ABORT_GRACE_S`` to stop at their next check; the failure to raise."""
+    """Abort the generation for ``failures`` and fence the culprit; wait (at most
+    ``ABORT_GRACE_S``) until every other child has seen the abort or exited; SIGKILL the
+    culprit; give the others ``ABORT_GRACE_S`` to exit. Returns the failure to raise."""
     rank_of = {i.device: i.rank for i in layout.ranks}
     codes = [p.exitcode for p in procs]
     crashed = [rank_of[f.device] for f in failures if f.cause == "crash"]
@@ -260,6 +262,16 @@ def _abort(
     info = layout.ranks[rank]
     coordinator.abort(f"{failure.device} {failure.cause}", fence=[failure.device])
     aborted_at = time.time()
+    # every other rank learns of the abort before the culprit's death can reach it as a
+    # gloo "connection closed": wait until each has seen it (or exited), then kill
+    names = [i.device for i in layout.ranks if i.rank != rank]
+    deadline = time.monotonic() + ABORT_GRACE_S
+    seen = coordinator.abort_seen(names)
+    while time.monotonic() < deadline and any(
+        d not in seen and procs[rank_of[d]].exitcode is None for d in names
+    ):
+        time.sleep(POLL_S)
+        seen = coordinator.abort_seen(names)
     if procs[rank].exitcode is None:
         procs[rank].kill()  # SIGKILL also ends a SIGSTOPped process
         procs[rank].join()
@@ -267,10 +279,10 @@ def _abort(
     deadline = time.monotonic() + ABORT_GRACE_S
     for p in others:
         p.join(max(0.0, deadline - time.monotonic()))
-    seen = coordinator.abort_seen(i.device for i in layout.ranks if i.rank != rank)
     stopped = sum(1 for p in others if p.exitcode is not None)
-    fate = (f"the abort reached {len(seen)} of {len(others)} other worker(s); "
-            f"{stopped} exited within {ABORT_GRACE_S:g} s, {len(others) - stopped} were killed")
+    fate = (f"the abort reached {len(seen)} of {len(names)} other worker(s); "
+            f"{stopped} of {len(others)} still running exited within {ABORT_GRACE_S:g} s, "
+            f"{len(others) - stopped} were killed")
     if crashed:
         message = f"{what}; crash detected within one {POLL_S * 1e3:.0f} ms poll; {fate}"
     else:
