@@ -14,8 +14,8 @@ once, one killed by a signal or one that died without publishing an error (its p
 publish "connection closed" errors) is named.
 
 **Control plane** (:mod:`executor.control`; docs/executor.md, "Failure detection"): the
-launcher owns the run's :class:`~executor.control.Coordinator` on its store (members: the
-plan's devices; ``exited``: the children with a non-zero exit status) and opens its
+launcher owns the run's :class:`~executor.control.Coordinator` on its store (members:
+the plan's devices; ``exited``: the children with a non-zero exit status) and opens its
 generation before any child starts; every child beats every ``heartbeat_s`` and checks
 before every action. Each poll the launcher asks the coordinator for failures: a crash
 (exit status, within one poll) or a hang (no heartbeat for ``hang_timeout_s``; a child
@@ -23,11 +23,12 @@ that has not beaten yet gets ``START_TIMEOUT_S`` for its start-up). On a failure
 aborts the generation and fences the device, waits (at most ``ABORT_GRACE_S``) until
 every other child has seen the abort, SIGKILLs that device's process (which also ends a
 SIGSTOPped one), gives the others ``ABORT_GRACE_S`` to stop at their next check or on
-the dead peer's closed connection, then stops the rest (a rank blocked in a gloo op cannot see the abort, P6), and raises
-:class:`RunFailed` naming the device, the cause and the time to detect. A child that
-has published ``done/<rank>`` (its work is over; the interpreter's shutdown can
-outlast a hang timeout) or exited 0 is no longer watched for hangs, only for its exit
-status. ``hang_timeout_s=None`` runs without a control plane (exit codes only).
+the dead peer's closed connection, then stops the rest (a rank blocked in a gloo op
+cannot see the abort, P6), and raises :class:`RunFailed` naming the device, the cause
+and the time to detect. A child that has published ``done/<rank>`` (its work is over;
+the interpreter's shutdown can outlast a hang timeout) or exited 0 is no longer watched
+for hangs, only for its exit status. ``hang_timeout_s=None`` runs without a control
+plane (exit codes only).
 """
 
 from __future__ import annotations
