@@ -143,9 +143,10 @@ def launch(
     """
     if hang_timeout_s is not None and not hang_timeout_s > 2 * heartbeat_s > 0:
         raise InputError(
-            "--hang-timeout", str(hang_timeout_s),
-            f"must exceed twice the heartbeat interval ({heartbeat_s:g} s), or a live "
-            "device could be declared hung",
+            "--hang-timeout", "",
+            f"{hang_timeout_s:g} s must exceed twice the heartbeat interval "
+            f"({heartbeat_s:g} s), or a live device could be declared hung; raise "
+            "--hang-timeout or lower --heartbeat",
         )
     layout = preflight(opts)
     out = Path(opts.out) if opts.out else None

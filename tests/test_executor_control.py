@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from executor.control import Coordinator, host_store
 from executor.launch import ABORT_GRACE_S, GRACE_S, RunFailed, launch
 from executor.metrics import read_jsonl
 from executor.worker import WorkerOptions
+from planner.cli import main
 from planner.cluster import Cluster
 from planner.config import TrainingConfig
 from planner.partition import Partition, StageAssignment
@@ -106,6 +108,41 @@ def test_the_abort_reaches_the_first_stage_when_the_last_stage_hangs(tmp_path, m
     assert first - seen["stopped_wall"] < HANG_S + BEAT_S + SLACK_S < GLOO_TIMEOUT_S / 10
     assert "the abort reached 2 of 2 other worker(s)" in str(failed)
     assert "left_behind" not in seen
+
+
+def test_a_hang_timeout_under_two_heartbeats_is_refused_before_any_process_starts(
+    tmp_path, mlp_profile, capsys
+):
+    path = write_plan(make_test_plan(mlp_profile, [(0, 4, [2])], 2, 1), tmp_path)
+    status = main(["run", str(path), "--steps", "1", "--out", str(tmp_path / "run"),
+                   "--hang-timeout", "1", "--heartbeat", "0.5"])
+    assert status == 2
+    err = capsys.readouterr().err
+    assert "--hang-timeout: 1 s must exceed twice the heartbeat interval (0.5 s)" in err
+    assert not (tmp_path / "run" / "ranks.json").exists()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_start_up_silence_gets_the_start_timeout_and_a_retired_device_is_not_watched():
+    store, clock = host_store(0), Clock()
+    coordinator = Coordinator(store, ["a", "b", "c"], hang_timeout_s=1.0, clock=clock,
+                              start_timeout_s=5.0)
+    store.add("ctl/hb/a", 1)  # a has started; b and c have not beaten yet
+    assert coordinator.poll() == []  # t = 100: a's first beat seen
+    clock.now += 0.5
+    assert coordinator.poll() == []
+    coordinator.retire("c")  # c finished its work
+    clock.now += 0.5  # t = 101: a silent for the hang timeout; b only for 1 s of 5
+    assert [(f.device, f.cause, f.silent_s) for f in coordinator.poll()] == [("a", "hang", 1.0)]
+    clock.now += 4.0  # t = 105: b silent since the generation opened; c retired
+    assert [(f.device, f.silent_s) for f in coordinator.poll()] == [("a", 5.0), ("b", 5.0)]
 
 
 def slowed_plan(profile, slowdowns):
