@@ -182,15 +182,29 @@ def content_id(problem: Problem, partition: Partition) -> str:
 
 def _digest(problem: Problem, partition: Partition) -> str:
     payload = json.dumps(
-        {
-            "model": problem.model.to_dict(),
-            "cluster": problem.cluster.to_dict(),
-            "config": problem.config.to_dict(),
-            "decision": _decision_dict(partition),
-        },
+        _numbers_as_floats(
+            {
+                "model": problem.model.to_dict(),
+                "cluster": problem.cluster.to_dict(),
+                "config": problem.config.to_dict(),
+                "decision": _decision_dict(partition),
+            }
+        ),
         sort_keys=True,
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _numbers_as_floats(value: Any) -> Any:
+    """``value`` with every int (not bool) as a float, so the hash is of the values: a
+    profile built in Python with ``1`` hashes as the same profile loaded back as ``1.0``."""
+    if isinstance(value, dict):
+        return {k: _numbers_as_floats(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_numbers_as_floats(v) for v in value]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
 
 
 def _decision_dict(partition: Partition) -> dict[str, Any]:

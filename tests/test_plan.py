@@ -13,6 +13,7 @@ from planner.cluster import Cluster, load_catalog
 from planner.dp import plan_dp
 from planner.errors import InfeasibleError, InputError, PlanMismatchError, SchemaVersionError
 from planner.plan import SolverInfo, load_plan, make_plan, plan_from_dict, plan_to_dict, save_plan
+from planner.problem import make_problem
 from planner.profile import ModelProfile
 from planner.schema import validate
 from tests.synthetic import random_problem
@@ -216,3 +217,24 @@ def test_validate_rehash_re_identifies_an_edited_plan_file(plan, tmp_path, capsy
     assert "re-identified" in capsys.readouterr().out
     assert main(["show", str(path)]) == 0
     assert load_plan(path).id != plan.id
+
+
+def test_a_plan_built_in_python_with_integer_sizes_loads_back_under_its_id(plan, tmp_path):
+    # JSON writes 3 for an int time and loading gives the float 3.0: the id hashes the
+    # values, not how Python happened to hold them
+    model = plan.problem.model
+
+    def whole(rows: tuple[tuple[float, ...], ...]) -> tuple[tuple[int, ...], ...]:
+        return tuple(tuple(max(1, round(t)) for t in row) for row in rows)
+
+    timings = {
+        name: replace(t, forward_ms=whole(t.forward_ms), backward_ms=whole(t.backward_ms))
+        for name, t in model.timings.items()
+    }
+    cluster = plan.problem.cluster
+    problem = make_problem(
+        replace(model, timings=timings), cluster, plan.problem.config, catalog=cluster.device_types
+    )
+    built = make_plan(problem, plan.partition, SolverInfo("dp"))
+    save_plan(built, tmp_path / "plan.json")
+    assert load_plan(tmp_path / "plan.json").id == built.id
