@@ -16,13 +16,17 @@ budget is an *overrun*: nothing to wait, and the action is counted.
 **Links** (:class:`EmulatedTransport`, the links' ``Transport``). A transfer of ``n``
 bytes from device ``i`` to ``j`` occupies its channel for ``k * n / bw(i, j)`` and
 arrives ``k * lat(i, j)`` after it leaves (``Cluster.bytes_per_ms``, ``latency_ms``; the
-same figures the cost model uses). Channels: one per ordered device pair; on a shared
-medium (``network.shared_medium``, Wi-Fi) **one channel for the whole cluster**. The
-sender reserves its channel when it posts the send: ``start = max(now, channel free)``,
-``channel free = start + duration``; a pair's channel lives in the sender process, the
-shared channel in the run's store (the launcher's, or torchrun's agent's), reserved by
-compare-and-set on the key ``emu/channel`` (first come, first served, in wall-clock
-order of posting). The real data and a one-element header carrying the arrival time
+same figures the cost model uses). Channels follow the cluster's topology
+(``network.kind``, as the cost model and the simulator do): ``point_to_point``, one
+channel per ordered device pair; ``switched``, the sender's uplink and the receiver's
+downlink (a transfer holds both: it starts when the uplink is free and then takes the
+downlink first come, first served); ``shared_medium`` (Wi-Fi), **one channel for the
+whole cluster**. The sender reserves when it posts the send: ``start = max(now,
+channel free)``, ``channel free = start + duration``; a pair's channel and an uplink
+live in the sender process, a downlink and the shared channel in the run's store (the
+launcher's, or torchrun's agent's), reserved by compare-and-set on ``emu/down/<rank>``
+or ``emu/channel`` (first come, first served, in wall-clock order of posting). The real
+data and a one-element header carrying the arrival time
 ``start + duration + latency`` go at once (header tag = data tag + ``HEADER_TAG``); the
 receiver's ``wait()`` returns when both are in and the arrival time has passed; the
 sender's ``wait()`` when its data is out and ``start + duration`` has passed.
@@ -61,6 +65,7 @@ import torch.distributed as dist
 from executor.comm import Transport, Work
 from executor.layout import RankLayout
 from executor.runtime import ComputeHook
+from planner.cluster import Topology
 from planner.cost import batch_curve
 from planner.plan import Plan
 from planner.profile import ModelProfile
@@ -70,6 +75,10 @@ from planner.schedule import Action, ActionType
 HEADER_TAG = 1 << 20
 #: store key of the shared channel's free-at time (seconds since the epoch) and claimant
 CHANNEL_KEY = "emu/channel"
+#: store key prefix of each rank's downlink on a switched network (``emu/down/<rank>``)
+DOWNLINK_KEY = "emu/down"
+#: the sender's own uplink in :class:`EmulatedTransport`'s channel table
+UPLINK = -1
 
 
 def _sleep_until(deadline: float) -> None:
@@ -78,16 +87,17 @@ def _sleep_until(deadline: float) -> None:
         time.sleep(delay)
 
 
-def reserve(store: dist.Store, key: str, duration_s: float) -> float:
-    """Reserve the channel at ``key`` for ``duration_s`` from ``max(now, free)``; returns
-    the start. Compare-and-set on the store, retried until it wins: O(contenders).
+def reserve(store: dist.Store, key: str, duration_s: float, not_before: float = 0.0) -> float:
+    """Reserve the channel at ``key`` for ``duration_s`` from ``max(now, not_before,
+    free)``; returns the start. Compare-and-set on the store, retried until it wins:
+    O(contenders).
 
     The value is ``"<free-at> <claimant>"``: the claimant (a fresh random token per
     attempt) makes two contenders' new values differ even when their times agree, so
     a loser can never mistake the winner's value for its own."""
     current = store.compare_set(key, "", "0 -").decode()
     while True:
-        start = max(time.time(), float(current.split()[0]))
+        start = max(time.time(), not_before, float(current.split()[0]))
         desired = f"{start + duration_s!r} {secrets.token_hex(8)}"
         got = store.compare_set(key, current, desired).decode()
         if got == desired:
@@ -101,7 +111,11 @@ class LinkFigures:
 
     bytes_per_ms: tuple[float, ...]
     latency_ms: tuple[float, ...]
-    shared_medium: bool
+    topology: Topology
+
+    @property
+    def shared_medium(self) -> bool:
+        return self.topology == "shared_medium"
 
 
 class EmulatedTransport(Transport):
@@ -113,11 +127,16 @@ class EmulatedTransport(Transport):
         self._free: dict[int, float] = {}
 
     def _reserve(self, dst: int, duration: float) -> float:
-        if self.links.shared_medium:
-            assert self.store is not None
+        if self.links.topology == "point_to_point":
+            start = max(time.time(), self._free.get(dst, 0.0))
+            self._free[dst] = start + duration
+            return start
+        assert self.store is not None
+        if self.links.topology == "shared_medium":
             return reserve(self.store, CHANNEL_KEY, duration)
-        start = max(time.time(), self._free.get(dst, 0.0))
-        self._free[dst] = start + duration
+        uplink_free = max(time.time(), self._free.get(UPLINK, 0.0))
+        start = reserve(self.store, f"{DOWNLINK_KEY}/{dst}", duration, not_before=uplink_free)
+        self._free[UPLINK] = start + duration
         return start
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
@@ -242,7 +261,7 @@ class Emulation:
         links = LinkFigures(
             tuple(cluster.bytes_per_ms(i, j) if j != i else float("inf") for j in peers),
             tuple(cluster.latency_ms(i, j) if j != i else 0.0 for j in peers),
-            cluster.network.shared_medium,
+            cluster.network.kind,
         )
         stage = plan.cost.stages[me.stage]
         budget = ComputeBudget(

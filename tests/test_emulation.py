@@ -112,39 +112,54 @@ def test_reservations_on_one_channel_never_overlap_and_follow_each_other() -> No
 LINK_BYTES = 40_000  # 10,000 float32
 
 
-def _link_rank(rank: int, port: int, shared: bool, out: Any) -> None:
+def _link_rank(rank: int, port: int, topology: str, sends: list, out: Any) -> None:
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=20))
     dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank,
                             world_size=3, timeout=timedelta(seconds=20))
     # 40 kB at 3.2 Mbit/s (400 bytes/ms) = 100 ms on the wire, 20 ms latency
-    links = LinkFigures((400.0,) * 3, (20.0,) * 3, shared)
+    links = LinkFigures((400.0,) * 3, (20.0,) * 3, topology)
     transport = EmulatedTransport(links, 1.0, dist.PrefixStore("emu", store))
+    payload = torch.arange(LINK_BYTES // 4, dtype=torch.float32)
     dist.barrier()
-    if rank == 0:
-        payload = torch.arange(LINK_BYTES // 4, dtype=torch.float32)
-        works = [transport.send(payload, 1, 0), transport.send(payload, 2, 0)]
-        for w in works:
-            w.wait()
-    else:
-        buf = torch.empty(LINK_BYTES // 4)
-        start = time.time()
-        transport.recv(buf, 0, 0).wait()
-        out.put((rank, time.time() - start, bool(torch.equal(buf, torch.arange(10_000.0)))))
+    start = time.time()
+    posted = [transport.send(payload, dst, src) for src, dst in sends if src == rank]
+    arrivals = []
+
+    def receive(src: int, buf: torch.Tensor, work: Any) -> None:
+        work.wait()  # each in its own thread: one late transfer must not delay the next
+        arrivals.append((src, time.time() - start, bool(torch.equal(buf, payload))))
+
+    waiting = []
+    for src, dst in sends:
+        if dst == rank:
+            buf = torch.empty(LINK_BYTES // 4)
+            work = transport.recv(buf, src, src)
+            waiting.append(threading.Thread(target=receive, args=(src, buf, work)))
+    for t in waiting:
+        t.start()
+    for t in waiting:
+        t.join(timeout=30)
+    for w in posted:
+        w.wait()
+    out.put((rank, arrivals))
     dist.barrier()
     dist.destroy_process_group()
 
 
-def arrival_seconds(shared: bool) -> dict[int, float]:
+def arrival_seconds(topology: str, sends: list[tuple[int, int]]) -> dict[tuple[int, int], float]:
+    """Seconds from the common start until each transfer ``(src, dst)`` of ``sends``
+    (all posted at once) has arrived, over three real gloo processes."""
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=20))
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=_link_rank, args=(r, store.port, shared, out)) for r in range(3)]
+    procs = [ctx.Process(target=_link_rank, args=(r, store.port, topology, sends, out))
+             for r in range(3)]
     for p in procs:
         p.start()
     try:
-        got = [out.get(timeout=60) for _ in range(2)]
+        got = [out.get(timeout=60) for _ in range(3)]
         for p in procs:
             p.join(timeout=30)
         assert [p.exitcode for p in procs] == [0, 0, 0]
@@ -153,18 +168,40 @@ def arrival_seconds(shared: bool) -> dict[int, float]:
             if p.exitcode is None:
                 p.kill()
                 p.join()
-    assert all(ok for _, _, ok in got)
-    return {rank: seconds for rank, seconds, _ in got}
+    arrived = {(src, rank): (s, ok) for rank, items in got for src, s, ok in items}
+    assert all(ok for _, ok in arrived.values())
+    return {pair: s for pair, (s, _) in arrived.items()}
+
+
+ONE = (0.115, 0.2)  # 100 ms on the wire + 20 ms latency, plus scheduling slack
+TWO = (0.215, 0.32)  # queued behind another 100 ms transfer
+
+
+def within(seconds: float, bounds: tuple[float, float]) -> bool:
+    return bounds[0] < seconds < bounds[1]
 
 
 @pytest.mark.slow
 def test_links_deliver_at_bandwidth_and_latency_and_a_shared_medium_serialises() -> None:
-    separate = arrival_seconds(shared=False)
+    fan_out = [(0, 1), (0, 2)]
+    separate = arrival_seconds("point_to_point", fan_out)
     # own channels: both arrive after 100 ms on the wire + 20 ms latency
-    assert all(0.115 < s < 0.2 for s in separate.values()), separate
-    shared = arrival_seconds(shared=True)
-    first, second = sorted(shared.values())
-    assert 0.115 < first < 0.2 and 0.215 < second < 0.32, shared
+    assert all(within(s, ONE) for s in separate.values()), separate
+    first, second = sorted(arrival_seconds("shared_medium", fan_out).values())
+    assert within(first, ONE) and within(second, TWO)
+
+
+@pytest.mark.slow
+def test_a_switch_shares_each_port_not_the_network() -> None:
+    # one sender's uplink carries both of its transfers one after the other
+    first, second = sorted(arrival_seconds("switched", [(0, 1), (0, 2)]).values())
+    assert within(first, ONE) and within(second, TWO)
+    # one receiver's downlink takes two senders' transfers one after the other
+    first, second = sorted(arrival_seconds("switched", [(0, 2), (1, 2)]).values())
+    assert within(first, ONE) and within(second, TWO)
+    # distinct ports in a chain 0 -> 1 -> 2 run at once
+    chain = arrival_seconds("switched", [(0, 1), (1, 2)])
+    assert all(within(s, ONE) for s in chain.values()), chain
 
 
 # -- whole emulated runs ----------------------------------------------------------------
