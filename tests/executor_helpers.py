@@ -7,6 +7,7 @@ mlp``), so the executor's worker processes import this module; their weights com
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from itertools import pairwise
 from pathlib import Path
@@ -146,3 +147,12 @@ def write_plan(plan: Plan, folder: Path, name: str = "plan.json") -> Path:
     path = folder / name
     save_plan(plan, path)
     return path
+
+
+def alive(pid: int) -> bool:
+    """Whether a process with ``pid`` still exists (a zombie counts until reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

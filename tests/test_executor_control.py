@@ -27,7 +27,7 @@ from planner.partition import Partition, StageAssignment
 from planner.plan import SolverInfo, make_plan
 from planner.problem import make_problem
 from planner.profile import BuildSpec
-from tests.executor_helpers import MLP_IN, make_test_plan, profile_of, write_plan
+from tests.executor_helpers import MLP_IN, alive, make_test_plan, profile_of, write_plan
 
 MLP = BuildSpec(callable="tests.executor_helpers:mlp", kwargs={"width": 8})
 DATASET = "tests.executor_helpers:mlp_dataset"
@@ -40,14 +40,6 @@ SLACK_S = 1.0
 @pytest.fixture(scope="module")
 def mlp_profile():
     return profile_of(MLP, lambda b: torch.randn(b, MLP_IN))
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def stop_mid_run(tmp_path: Path, plan, device: str) -> tuple[RunFailed, dict]:

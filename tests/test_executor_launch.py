@@ -21,7 +21,7 @@ from executor.metrics import read_jsonl
 from executor.worker import WorkerOptions
 from planner.cli import main
 from planner.profile import BuildSpec
-from tests.executor_helpers import MLP_IN, make_test_plan, profile_of, write_plan
+from tests.executor_helpers import MLP_IN, alive, make_test_plan, profile_of, write_plan
 
 MLP = BuildSpec(callable="tests.executor_helpers:mlp", kwargs={"width": 8})
 DATASET = "tests.executor_helpers:mlp_dataset"
@@ -31,14 +31,6 @@ TIMEOUT_S = 20
 @pytest.fixture(scope="module")
 def mlp_profile():
     return profile_of(MLP, lambda b: torch.randn(b, MLP_IN))
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_edgepipe_run_writes_one_metrics_line_per_step_and_a_timeline(
