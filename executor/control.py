@@ -243,6 +243,9 @@ class WorkerControl:
         return self
 
     def stop(self) -> None:
+        """End the heartbeat thread (within one interval). Call it before the process
+        exits: a daemon thread inside a store call while the interpreter finalises is
+        torn down through a C++ frame, which aborts the whole process (SIGABRT)."""
         self._stop.set()
         self._thread.join(timeout=10 * self.interval_s + 1.0)
 

@@ -349,6 +349,11 @@ class Worker:
         # the launcher stops watching this rank's heartbeat: the process's shutdown
         # (interpreter finalisation, > 1 s under load) is not a hang
         self.store.set(f"done/{self.rank}", "1")
+        if self.control is not None:
+            # stop beating before the interpreter finalises: a daemon thread still in a
+            # store call then would abort the process ("terminate called without an
+            # active exception", SIGABRT) after its work is done
+            self.control.stop()
 
     def _save(self, module: torch.nn.Sequential, optimizer: torch.optim.Optimizer) -> None:
         folder = Path(self.opts.out) / "weights"
