@@ -3,7 +3,7 @@
 The repository's files (as ``git ls-files`` lists them, committed or not yet committed)
 are copied into an empty folder and the tests that read data files run there, with an
 audit hook that refuses to open any file in the original checkout or beside it (where a
-``../shared`` folder would sit). A test that reads a file the repository does not hold
+the developers' shared folder would sit). A test that reads a file the repository does not hold
 fails there, even on a machine where that file exists.
 """
 
