@@ -156,3 +156,33 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def emulated_plan(profile, stages, micro_batch, micro_batches, slowdowns, *,
+                  bandwidth_mbps=1000.0, latency_ms=0.1, shared=False):
+    """A hand-made plan on devices d0.. of one CPU type with per-device slowdowns."""
+    doc = {
+        "schema_version": 1, "kind": "edgepipe.cluster", "name": "emulated",
+        "device_types": {"host-cpu": {
+            "description": "this machine (tests)", "memory_bytes": 8 * 2**30,
+            "usable_fraction": 0.9, "peak_fp32_gflops": 100, "efficiency": 0.5,
+            "network": {"interface": "loopback", "bandwidth_mbps": 1000},
+            "sources": {"all": "test figures"},
+        }},
+        "devices": [{"id": f"d{i}", "type": "host-cpu", "slowdown": s}
+                    for i, s in enumerate(slowdowns)],
+        "network": {"bandwidth_mbps": bandwidth_mbps, "latency_ms": latency_ms,
+                    "shared_medium": shared},
+    }
+    cluster = Cluster.from_dict(doc, "emulated cluster", catalog={})
+    config = TrainingConfig(global_batch=micro_batch * micro_batches,
+                            micro_batch_candidates=(micro_batch,), optimizer="sgd",
+                            learning_rate=0.1)
+    problem = make_problem(profile, cluster, config, catalog={})
+    assigned, dev = [], 0
+    for first, end, samples in stages:
+        ids = tuple(f"d{dev + k}" for k in range(len(samples)))
+        dev += len(samples)
+        assigned.append(StageAssignment(first, end, ids, tuple(samples)))
+    return make_plan(problem, Partition(micro_batch, micro_batches, tuple(assigned)),
+                     SolverInfo("hand"))

@@ -26,13 +26,8 @@ from executor.emulation import (
 )
 from executor.launch import launch
 from executor.worker import WorkerOptions
-from planner.cluster import Cluster
-from planner.config import TrainingConfig
-from planner.partition import Partition, StageAssignment
-from planner.plan import make_plan
-from planner.problem import make_problem
 from planner.profile import BuildSpec
-from tests.executor_helpers import MLP_IN, profile_of, write_plan
+from tests.executor_helpers import MLP_IN, emulated_plan, profile_of, write_plan
 
 MLP = BuildSpec(callable="tests.executor_helpers:mlp", kwargs={"width": 8})
 DATASET = "tests.executor_helpers:mlp_dataset"
@@ -41,42 +36,6 @@ DATASET = "tests.executor_helpers:mlp_dataset"
 @pytest.fixture(scope="module")
 def mlp_profile():
     return profile_of(MLP, lambda b: torch.randn(b, MLP_IN))
-
-
-def emulated_plan(profile, stages, micro_batch, micro_batches, slowdowns, *,
-                  bandwidth_mbps=1000.0, latency_ms=0.1, shared=False):
-    """A hand-made plan on devices d0.. of one CPU type with per-device slowdowns."""
-    doc = {
-        "schema_version": 1, "kind": "edgepipe.cluster", "name": "emulated",
-        "device_types": {"host-cpu": {
-            "description": "this machine (tests)", "memory_bytes": 8 * 2**30,
-            "usable_fraction": 0.9, "peak_fp32_gflops": 100, "efficiency": 0.5,
-            "network": {"interface": "loopback", "bandwidth_mbps": 1000},
-            "sources": {"all": "test figures"},
-        }},
-        "devices": [{"id": f"d{i}", "type": "host-cpu", "slowdown": s}
-                    for i, s in enumerate(slowdowns)],
-        "network": {"bandwidth_mbps": bandwidth_mbps, "latency_ms": latency_ms,
-                    "shared_medium": shared},
-    }
-    cluster = Cluster.from_dict(doc, "emulated cluster", catalog={})
-    config = TrainingConfig(global_batch=micro_batch * micro_batches,
-                            micro_batch_candidates=(micro_batch,), optimizer="sgd",
-                            learning_rate=0.1)
-    problem = make_problem(profile, cluster, config, catalog={})
-    assigned, dev = [], 0
-    for first, end, samples in stages:
-        ids = tuple(f"d{dev + k}" for k in range(len(samples)))
-        dev += len(samples)
-        assigned.append(StageAssignment(first, end, ids, tuple(samples)))
-    return make_plan(problem, Partition(micro_batch, micro_batches, tuple(assigned)),
-                     SolverInfoHand())
-
-
-def SolverInfoHand():
-    from planner.plan import SolverInfo
-
-    return SolverInfo("hand")
 
 
 # -- the shared channel ----------------------------------------------------------------

@@ -21,13 +21,15 @@ from executor.launch import ABORT_GRACE_S, GRACE_S, RunFailed, launch
 from executor.metrics import read_jsonl
 from executor.worker import WorkerOptions
 from planner.cli import main
-from planner.cluster import Cluster
-from planner.config import TrainingConfig
-from planner.partition import Partition, StageAssignment
-from planner.plan import SolverInfo, make_plan
-from planner.problem import make_problem
 from planner.profile import BuildSpec
-from tests.executor_helpers import MLP_IN, alive, make_test_plan, profile_of, write_plan
+from tests.executor_helpers import (
+    MLP_IN,
+    alive,
+    emulated_plan,
+    make_test_plan,
+    profile_of,
+    write_plan,
+)
 
 MLP = BuildSpec(callable="tests.executor_helpers:mlp", kwargs={"width": 8})
 DATASET = "tests.executor_helpers:mlp_dataset"
@@ -139,26 +141,10 @@ def test_start_up_silence_gets_the_start_timeout_and_a_retired_device_is_not_wat
 
 def slowed_plan(profile, slowdowns):
     """Two stages of one device each, one micro-batch of 6, on devices of one CPU type
-    with these slowdowns."""
-    doc = {
-        "schema_version": 1, "kind": "edgepipe.cluster", "name": "slowed",
-        "device_types": {"host-cpu": {
-            "description": "this machine (tests)", "memory_bytes": 8 * 2**30,
-            "usable_fraction": 0.9, "peak_fp32_gflops": 100, "efficiency": 0.5,
-            "network": {"interface": "loopback", "bandwidth_mbps": 1000},
-            "sources": {"all": "test figures"},
-        }},
-        "devices": [{"id": f"d{i}", "type": "host-cpu", "slowdown": s}
-                    for i, s in enumerate(slowdowns)],
-        # links far faster than compute: the time scale stretches them too
-        "network": {"bandwidth_mbps": 1e7, "latency_ms": 0.0},
-    }
-    cluster = Cluster.from_dict(doc, "slowed cluster", catalog={})
-    config = TrainingConfig(global_batch=6, micro_batch_candidates=(6,), optimizer="sgd",
-                            learning_rate=0.1)
-    problem = make_problem(profile, cluster, config, catalog={})
-    stages = (StageAssignment(0, 2, ("d0",), (6,)), StageAssignment(2, 4, ("d1",), (6,)))
-    return make_plan(problem, Partition(6, 1, stages), SolverInfo("hand"))
+    with these slowdowns; links far faster than compute (the time scale stretches them
+    too)."""
+    return emulated_plan(profile, [(0, 2, [6]), (2, 4, [6])], 6, 1, slowdowns,
+                         bandwidth_mbps=1e7, latency_ms=0.0)
 
 
 @pytest.mark.slow
