@@ -1,0 +1,159 @@
+"""Slowdown detection with hysteresis (issue 8, item 4: a device that stays slower than
+its profile by more than a threshold for several steps triggers re-partitioning; noise
+never causes churn).
+
+Pure logic, no torch and no clock: the coordinator feeds it, once per committed step,
+every device's measured compute of that step and gets back the devices it declares
+slowed (or sped up) with a factor for ``planner.replan(plan, slowed={device: factor})``
+(docs/fault-tolerance.md, "Re-planning"; the factor multiplies the device's
+``slowdown``, so after the re-plan the new plan's prediction matches the device again).
+
+Inputs:
+    * ``expected_ms[d]``: the compute device ``d`` should spend per step under the plan
+      it runs, :func:`expected_compute_ms`: the cost model's forward + backward time
+      per micro-batch at its sample count (``plan.cost.stages[p].device_forward_ms[j]
+      + device_backward_ms[j]``, planner/cost.py, the times the emulation waits out)
+      times the M micro-batches, times the emulation's time scale ``k`` (1 on real
+      devices);
+    * per step ``t``: ``measured_ms[d]``, the step's F + B time of ``d``
+      (``compute_ms`` of metrics.jsonl, docs/executor.md). Waits for neighbours,
+      transfers, all-reduce and the optimizer step are not in it, so a slow device
+      does not make the devices around it look slow.
+
+State per device: the current *streak* - the ratios ``r = measured / expected`` of
+the consecutive latest steps that were all slow (``r > threshold``) or all fast
+(``r < 1 / threshold``) - and whether the device was already declared.
+
+Recurrence, for each step ``t >= warmup_steps`` and device ``d`` not yet declared:
+    ``r = measured / expected``;
+    slow if ``r > threshold``, fast if ``r < 1 / threshold``, else neither;
+    neither -> the streak is cleared;
+    slow (fast) -> ``r`` extends the streak if it is a slow (fast) streak, else starts
+    a new one;
+    when the streak reaches ``consecutive`` ratios, ``d`` is declared with
+    ``factor = median(streak)`` and is not watched any more.
+
+A detector serves one plan: after the re-plan the coordinator builds a new one from
+the new plan (whose prediction includes the factor), so a declared device cannot be
+declared again on the same evidence, and the new plan's first ``warmup_steps`` steps
+(process-group rebuild, migrated state, cold caches) are not judged.
+
+Defaults (:class:`SlowdownPolicy`): ``threshold`` 1.5 - a device must be at least 50%
+slower (or, for "fast", 33% faster) than predicted; the emulation meets its budgets to
+well within that whenever real compute fits (docs/executor.md, "Heterogeneity
+emulation"), and real devices' throttling is a factor, not a few per cent.
+``consecutive`` 3 steps - one or two slow steps (a garbage collection, another
+process's burst) trigger nothing; a device 3x slower is declared at the third slow step
+after the warm-up. ``warmup_steps`` 1 - step 0 of a plan carries start-up costs.
+
+Complexity: O(devices) per step; state O(devices x consecutive).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from planner.plan import Plan
+
+Direction = Literal["slow", "fast"]
+
+
+@dataclass(frozen=True)
+class SlowdownPolicy:
+    """When a device counts as slowed (module docstring: defaults and why)."""
+
+    threshold: float = 1.5
+    consecutive: int = 3
+    warmup_steps: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.threshold > 1.0:
+            raise ValueError(f"threshold must exceed 1, got {self.threshold}")
+        if self.consecutive < 1:
+            raise ValueError(f"consecutive must be at least 1, got {self.consecutive}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+
+
+@dataclass(frozen=True)
+class Slowdown:
+    """A device declared slowed (``factor`` > 1) or sped up (``factor`` < 1) at ``step``
+    (the last step of the evidence), with the ratios that made the case."""
+
+    device: str
+    factor: float
+    step: int
+    ratios: tuple[float, ...]
+
+
+@dataclass
+class _Track:
+    direction: Direction | None = None
+    ratios: list[float] = field(default_factory=list)
+    declared: bool = False
+
+
+def expected_compute_ms(plan: Plan, time_scale: float = 1.0) -> dict[str, float]:
+    """Each used device's predicted F + B time per step under ``plan`` (ms, times the
+    emulation's ``time_scale``): M x (forward + backward per micro-batch at its
+    sample count). O(devices)."""
+    m = plan.partition.num_micro_batches
+    expected = {}
+    for stage, cost in zip(plan.partition.stages, plan.cost.stages, strict=True):
+        for j, device in enumerate(stage.devices):
+            per_micro_batch = cost.device_forward_ms[j] + cost.device_backward_ms[j]
+            expected[device] = time_scale * m * per_micro_batch
+    return expected
+
+
+class SlowdownDetector:
+    """Declares devices slowed after ``policy.consecutive`` slow steps (module
+    docstring). ``expected_ms``: per device, its predicted compute per step (ms, > 0)."""
+
+    def __init__(
+        self, expected_ms: Mapping[str, float], policy: SlowdownPolicy | None = None
+    ) -> None:
+        bad = {d: e for d, e in expected_ms.items() if not e > 0}
+        if bad:
+            raise ValueError(f"expected compute must be positive: {bad}")
+        self.expected = dict(expected_ms)
+        self.policy = policy or SlowdownPolicy()
+        self._tracks = {d: _Track() for d in self.expected}
+
+    def observe(self, step: int, measured_ms: Mapping[str, float]) -> list[Slowdown]:
+        """Feed step ``step``'s measured compute of every device; returns the devices
+        declared at this step (usually none), in the plan's device order."""
+        missing = set(self.expected) - set(measured_ms)
+        if missing:
+            raise ValueError(f"step {step} has no compute figure for {sorted(missing)}")
+        if step < self.policy.warmup_steps:
+            return []
+        theta = self.policy.threshold
+        declared = []
+        for device, expected in self.expected.items():
+            track = self._tracks[device]
+            if track.declared:
+                continue
+            ratio = measured_ms[device] / expected
+            direction: Direction | None = (
+                "slow" if ratio > theta else "fast" if ratio < 1.0 / theta else None
+            )
+            if direction is None:
+                track.direction, track.ratios = None, []
+                continue
+            if direction != track.direction:
+                track.direction, track.ratios = direction, []
+            track.ratios.append(ratio)
+            if len(track.ratios) == self.policy.consecutive:
+                track.declared = True
+                declared.append(Slowdown(device, statistics.median(track.ratios), step,
+                                         tuple(track.ratios)))
+        return declared
+
+    def streak(self, device: str) -> tuple[float, ...]:
+        """The current streak of ``device`` (its latest consecutive slow or fast
+        ratios)."""
+        return tuple(self._tracks[device].ratios)
