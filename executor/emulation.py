@@ -38,6 +38,15 @@ medium the ring's transfers occupy the one channel: the group's first member res
 it for that time and publishes the end on the store (``emu/ar/<stage>/<n>``); the others
 wait for the same end.
 
+**Slowdown mid-run** (``--emulate-slowdown DEV=S@T``, :class:`EmulatedSlowdown`): from
+the rank's step ``T`` on (steps counted from the first this process ran), device ``DEV``
+computes as a device of ``slowdown`` ``S`` would (the cluster's ``slowdown`` field,
+planner/cluster.py: 1 = its type's profiled speed), whatever the plan it runs assumes:
+every F and B budget is multiplied by ``S / s_plan``, ``s_plan`` being the device's
+``slowdown`` in the plan. So a device slowed to 3 runs 3x its budget under a plan that
+does not know (the slowdown detector's case, executor/slowdown.py) and exactly its
+budget under the plan that ``planner.replan(slowed={DEV: 3})`` made for it.
+
 Clock: ``time.time()``, common to all processes of one machine (the emulation is for
 local runs; across hosts it assumes synchronised clocks). Not emulated: the optimizer
 step (the cost model has no term for it), per-device receive serialisation, memory.
@@ -167,6 +176,37 @@ class _Timed:
 
 
 @dataclass(frozen=True)
+class EmulatedSlowdown:
+    """From step ``from_step`` on, ``device`` computes at the cluster ``slowdown``
+    ``slowdown`` (module docstring)."""
+
+    device: str
+    slowdown: float
+    from_step: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.slowdown > 0:
+            raise ValueError(f"slowdown must be positive, got {self.slowdown}")
+        if self.from_step < 0:
+            raise ValueError(f"from_step must be >= 0, got {self.from_step}")
+
+    @classmethod
+    def parse(cls, text: str) -> EmulatedSlowdown:
+        """``DEV=S`` or ``DEV=S@T`` (e.g. ``d1=3@2``); ValueError names the form."""
+        device, sep, rest = text.partition("=")
+        factor, _, step = rest.partition("@")
+        try:
+            if not (device and sep and factor):
+                raise ValueError
+            return cls(device, float(factor), int(step) if step else 0)
+        except ValueError as exc:
+            detail = f" ({exc})" if str(exc) else ""
+            raise ValueError(
+                f"{text!r} is not DEVICE=SLOWDOWN[@STEP], e.g. d1=3@2{detail}"
+            ) from None
+
+
+@dataclass(frozen=True)
 class ComputeBudget:
     """One rank's emulated figures (ms, before the time scale)."""
 
@@ -184,11 +224,19 @@ class EmulatedCompute(ComputeHook):
     writes the per-step report lines to ``report`` (a text file, or None)."""
 
     def __init__(self, budget: ComputeBudget, time_scale: float, shared_medium: bool,
-                 store: dist.Store | None, report: IO[str] | None) -> None:
+                 store: dist.Store | None, report: IO[str] | None,
+                 slowdown: tuple[int, float] | None = None) -> None:
         self.budget, self.k = budget, time_scale
         self.shared_medium, self.store, self.report = shared_medium, store, report
+        self.slowdown = slowdown  # (from step, factor on the budgets)
         self.step = 0
         self._reset()
+
+    def factor(self) -> float:
+        """The emulated slowdown's factor on this step's budgets (1 without one)."""
+        if self.slowdown is None or self.step < self.slowdown[0]:
+            return 1.0
+        return self.slowdown[1]
 
     def _reset(self) -> None:
         self.budget_ms = self.real_ms = self.worst_ms = 0.0
@@ -196,7 +244,7 @@ class EmulatedCompute(ComputeHook):
 
     def after_compute(self, action: Action, real_seconds: float) -> None:
         ms = self.budget.forward_ms if action.type is ActionType.F else self.budget.backward_ms
-        budget_s = self.k * ms / 1e3
+        budget_s = self.k * self.factor() * ms / 1e3
         self.budget_ms += budget_s * 1e3
         self.real_ms += real_seconds * 1e3
         if real_seconds > budget_s:
@@ -248,9 +296,10 @@ class Emulation:
 
     @classmethod
     def for_rank(cls, plan: Plan, rank: int, store: dist.Store, time_scale: float,
-                 out: str | None) -> Emulation:
-        """Budgets of ``rank`` from ``plan.cost`` and its links from the plan's cluster.
-        O(world size)."""
+                 out: str | None, slowdowns: tuple[EmulatedSlowdown, ...] = ()) -> Emulation:
+        """Budgets of ``rank`` from ``plan.cost`` and its links from the plan's cluster;
+        ``slowdowns``: the emulated slowdowns of the run (only this rank's device's
+        applies). O(world size)."""
         if not time_scale > 0:
             raise ValueError(f"time scale must be positive, got {time_scale}")
         layout = RankLayout.from_plan(plan)
@@ -274,9 +323,14 @@ class Emulation:
             folder = Path(out) / "emulation"
             folder.mkdir(parents=True, exist_ok=True)
             report = (folder / f"rank{rank}.jsonl").open("w")
+        mine = [s for s in slowdowns if s.device == me.device]
+        slowdown = None
+        if mine:
+            s_plan = cluster.devices[i].slowdown
+            slowdown = (mine[-1].from_step, mine[-1].slowdown / s_plan)
         return cls(
             EmulatedTransport(links, time_scale, store),
-            EmulatedCompute(budget, time_scale, links.shared_medium, store, report),
+            EmulatedCompute(budget, time_scale, links.shared_medium, store, report, slowdown),
         )
 
 

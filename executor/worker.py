@@ -50,7 +50,7 @@ import torch.distributed as dist
 from executor import checkpoint, data
 from executor.comm import StageLinks, Transport
 from executor.control import WorkerControl, generation_store
-from executor.emulation import Emulation
+from executor.emulation import EmulatedSlowdown, Emulation
 from executor.layout import RankLayout, check_runnable
 from executor.metrics import MetricsWriter, rank_payload
 from executor.runtime import ComputeHook, StageRuntime, make_optimizer
@@ -86,6 +86,8 @@ class WorkerOptions:
     checkpoint_dir: str | None = None
     resume: str | None = None
     heartbeat_s: float = 0.0
+    #: with ``emulate``: devices that slow down mid-run (executor/emulation.py)
+    emulate_slowdown: tuple[EmulatedSlowdown, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -375,7 +377,8 @@ class Worker:
     def _emulation(self) -> Emulation:
         if self._emulated is None:
             self._emulated = Emulation.for_rank(
-                self.plan, self.rank, self.store, self.opts.time_scale, self.opts.out
+                self.plan, self.rank, self.store, self.opts.time_scale, self.opts.out,
+                self.opts.emulate_slowdown,
             )
         return self._emulated
 
@@ -460,10 +463,13 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerOptions:
     p.add_argument("--checkpoint-dir")
     p.add_argument("--resume")
     p.add_argument("--heartbeat", type=float, default=0.0)
+    p.add_argument("--emulate-slowdown", type=EmulatedSlowdown.parse, action="append",
+                   default=[])
     a = p.parse_args(argv)
     return WorkerOptions(a.plan, a.steps, a.out, a.deterministic, a.dataset, a.timeout,
                          a.save_weights, a.generation, a.emulate, a.time_scale,
-                         a.checkpoint_every, a.checkpoint_dir, a.resume, a.heartbeat)
+                         a.checkpoint_every, a.checkpoint_dir, a.resume, a.heartbeat,
+                         tuple(a.emulate_slowdown))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

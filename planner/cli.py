@@ -733,6 +733,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         checkpoint_every=args.checkpoint_every,
         checkpoint_dir=args.checkpoint_dir,
         resume=args.resume,
+        emulate_slowdown=_emulated_slowdowns(args),
     )
     devices = len(plan.partition.used_devices())
     err.print(
@@ -777,6 +778,21 @@ def cmd_run(args: argparse.Namespace) -> None:
         warning = emulation_overruns(args.out)
         if warning:
             err.print(f"warning: {warning}", highlight=False)
+
+
+def _emulated_slowdowns(args: argparse.Namespace) -> tuple:
+    """``--emulate-slowdown`` values as the emulation's type (needs --emulate)."""
+    if not args.emulate_slowdown:
+        return ()
+    if not args.emulate:
+        raise InputError("--emulate-slowdown", "", "needs --emulate (it slows an emulated "
+                         "device)")
+    emulation = _executor("executor.emulation")
+    try:
+        return tuple(emulation.EmulatedSlowdown.parse(t)  # type: ignore[attr-defined]
+                     for t in args.emulate_slowdown)
+    except ValueError as exc:
+        raise InputError("--emulate-slowdown", "", str(exc)) from None
 
 
 def _ms(x: float | None) -> str:
@@ -1127,6 +1143,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_float,
         default=1.0,
         help="with --emulate: stretch every emulated time by this factor",
+    )
+    p.add_argument(
+        "--emulate-slowdown",
+        action="append",
+        default=[],
+        metavar="DEV=S[@STEP]",
+        help="with --emulate: from STEP on (default 0) device DEV computes at slowdown S "
+        "(e.g. d1=3@2: three times slower than its profile from step 2; repeatable)",
     )
     p.add_argument(
         "--checkpoint-every",

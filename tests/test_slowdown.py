@@ -3,12 +3,19 @@ worked out by hand (measured / expected)."""
 
 from __future__ import annotations
 
+import io
+import json
+
 import pytest
 import torch
 
+from executor.emulation import EmulatedSlowdown, Emulation
 from executor.slowdown import Slowdown, SlowdownDetector, SlowdownPolicy, expected_compute_ms
 from planner.profile import BuildSpec
+from planner.schedule import Action, ActionType
 from tests.executor_helpers import MLP_IN, emulated_plan, profile_of
+
+MLP = BuildSpec(callable="tests.executor_helpers:mlp", kwargs={"width": 8})
 
 EXPECTED = {"a": 10.0, "b": 20.0}
 
@@ -115,8 +122,7 @@ def test_a_policy_that_cannot_work_is_refused(kwargs: dict, message: str) -> Non
 
 
 def test_expected_compute_is_m_forward_plus_backward_times_slowdown_and_scale() -> None:
-    build = BuildSpec(callable="tests.executor_helpers:mlp", kwargs={"width": 8})
-    profile = profile_of(build, lambda b: torch.randn(b, MLP_IN))
+    profile = profile_of(MLP, lambda b: torch.randn(b, MLP_IN))
     plan = emulated_plan(profile, [(0, 2, [2, 2]), (2, 4, [4])], 4, 3, [1.0, 3.0, 1.0])
     s0, s1 = plan.cost.stages
     expected = expected_compute_ms(plan, time_scale=2.0)
@@ -127,3 +133,41 @@ def test_expected_compute_is_m_forward_plus_backward_times_slowdown_and_scale() 
     }
     # same blocks and samples, slowdown 3: three times the time
     assert expected["d1"] == pytest.approx(3 * expected["d0"], rel=1e-12)
+
+
+# -- the emulated slowdown that the detector is tested against ------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, parsed",
+    [("d1=3@2", EmulatedSlowdown("d1", 3.0, 2)), ("orin-0=0.5", EmulatedSlowdown("orin-0", 0.5))],
+)
+def test_an_emulated_slowdown_reads_device_factor_and_step(text: str, parsed) -> None:
+    assert EmulatedSlowdown.parse(text) == parsed
+
+
+@pytest.mark.parametrize("text", ["d1", "d1=", "=3", "d1=x", "d1=3@x", "d1=0", "d1=3@-1"])
+def test_a_malformed_emulated_slowdown_names_the_form(text: str) -> None:
+    with pytest.raises(ValueError, match=r"is not DEVICE=SLOWDOWN\[@STEP\], e.g. d1=3@2"):
+        EmulatedSlowdown.parse(text)
+
+
+def test_from_its_step_on_a_slowed_device_budgets_its_slowdown_over_the_plans() -> None:
+    profile = profile_of(MLP, lambda b: torch.randn(b, MLP_IN))
+    # the plan already assumes d1 at slowdown 1.5; the device really runs at 3 from step 2
+    plan = emulated_plan(profile, [(0, 2, [2]), (2, 4, [2])], 2, 2, [1.0, 1.5])
+    slow = (EmulatedSlowdown("d1", 3.0, 2), EmulatedSlowdown("d0", 5.0, 0))
+    hook = Emulation.for_rank(plan, 1, None, 10.0, None, slow).hook  # type: ignore[arg-type]
+    assert hook.slowdown == (2, 2.0)
+    report = io.StringIO()
+    hook.report = report
+    f, b = plan.cost.stages[1].device_forward_ms[0], plan.cost.stages[1].device_backward_ms[0]
+    for _ in range(4):
+        for kind in (ActionType.F, ActionType.B):
+            hook.after_compute(Action(1, kind, 0), real_seconds=60.0)  # overruns: no sleep
+        hook.after_reduce(Action(1, ActionType.REDUCE_GRAD), real_seconds=0.0)
+    budgets = [json.loads(line)["budget_ms"] for line in report.getvalue().splitlines()]
+    one = 10.0 * (f + b)  # time scale 10, factor 1 before step 2, 3 / 1.5 from there
+    assert budgets == pytest.approx([one, one, 2 * one, 2 * one], abs=1e-4)
+    # no slowdown for this device: factor 1 throughout
+    assert Emulation.for_rank(plan, 0, None, 1.0, None, slow[:1]).hook.factor() == 1.0  # type: ignore[arg-type]
