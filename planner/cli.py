@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from rich import box
 from rich.console import Console
@@ -51,6 +51,9 @@ from planner.schema import (
     write_text_atomic,
 )
 from planner.simulator import simulate
+
+if TYPE_CHECKING:
+    from planner.report import RunReport
 
 out = Console()
 err = Console(stderr=True)
@@ -803,6 +806,36 @@ def _ratio(measured: float | None, predicted: float) -> str:
     return "-" if measured is None or predicted <= 0 else f"{measured / predicted:.2f}"
 
 
+def recovery_table(report: RunReport) -> Table:
+    """One row per recovery event of a run (planner.report.RecoveryEvent)."""
+    table = Table(title=f"recoveries ({len(report.recoveries)}; figures of steps before "
+                  "the first one are above)", title_justify="left")
+    for col in ("gen", "cause", "device", "old plan", "new plan", "replay from", "blocks",
+                "MB moved", "detect s", "replan s", "rebuild s", "restore s",
+                "first commit s"):
+        table.add_column(col, justify="right")
+    for r in report.recoveries:
+        table.add_row(
+            str(r.generation), r.cause, r.device, r.old_plan, r.new_plan,
+            str(r.replay_from_step), str(r.num_blocks), f"{r.bytes_moved / 1e6:.2f}",
+            f"{r.t_detect_s:.3f}", f"{r.t_replan_s:.3f}", f"{r.t_rebuild_s:.3f}",
+            f"{r.t_restore_s:.3f}", f"{r.t_first_commit_s:.3f}",
+        )
+    return table
+
+
+def recovery_lines(report: RunReport) -> list[str]:
+    """The narrow layout of :func:`recovery_table`: one line per recovery."""
+    return [
+        f"recovery {r.generation}: {r.cause} of {r.device}; {r.old_plan} -> {r.new_plan}, "
+        f"replay from step {r.replay_from_step}; {r.num_blocks} blocks, "
+        f"{r.bytes_moved / 1e6:.2f} MB moved; detect {r.t_detect_s:.3f} s, re-plan "
+        f"{r.t_replan_s:.3f} s, rebuild {r.t_rebuild_s:.3f} s, restore {r.t_restore_s:.3f} s, "
+        f"first commit {r.t_first_commit_s:.3f} s"
+        for r in report.recoveries
+    ]
+
+
 def cmd_report(args: argparse.Namespace) -> None:
     from planner.report import build_report, draw_report
 
@@ -839,10 +872,13 @@ def cmd_report(args: argparse.Namespace) -> None:
         )
     if report.overrun_warning:
         err.print(f"warning: {report.overrun_warning}", highlight=False)
+    if report.recoveries:
+        print_table(recovery_table(report), lambda: recovery_lines(report))
     chart = Path(args.output) if args.output else Path(args.run_dir) / "report.png"
     draw_report(report, args.run_dir, chart)
+    whole = ", the whole run with its recoveries below" if report.recoveries else ""
     out.print(f"wrote {chart} (predicted iteration above measured step "
-              f"{report.measured_step})", highlight=False)
+              f"{report.measured_step}{whole})", highlight=False)
 
 
 # -- argument types: each parses one value or raises a one-line ArgumentTypeError -------

@@ -9,7 +9,8 @@ matplotlib state (no pyplot, no backend switch).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from matplotlib.axes import Axes
@@ -28,6 +29,14 @@ _ROW_HEIGHT_IN = 0.42
 _WIDTH_IN = 12.0
 _DPI = 120
 _MIN_LABEL_PX = 12.0  # narrowest box that gets its micro-batch number
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A labelled vertical line at ``at_ms`` on a panel (e.g. where a recovery began)."""
+
+    at_ms: float
+    label: str
 
 
 def rows(timeline: Timeline) -> list[tuple[str, tuple[Interval, ...]]]:
@@ -67,9 +76,16 @@ def draw_gantt(timeline: Timeline, path: str | Path, title: str = "") -> None:
     draw_gantts([(timeline, title)], path)
 
 
-def draw_gantts(panels: Sequence[tuple[Timeline, str]], path: str | Path) -> None:
+def draw_gantts(
+    panels: Sequence[tuple[Timeline, str]],
+    path: str | Path,
+    markers: Mapping[int, Sequence[Marker]] | None = None,
+    own_axis: Sequence[int] = (),
+) -> None:
     """Several Gantt charts (e.g. predicted and measured) stacked in one figure on a
-    common time axis, each as :func:`draw_gantt` draws it, with its own title."""
+    common time axis, each as :func:`draw_gantt` draws it, with its own title.
+    ``markers[i]``: vertical lines on panel ``i``; panels listed in ``own_axis`` get a
+    time axis of their own (a whole run under one iteration)."""
     labels = [label for timeline, _ in panels for label, _ in rows(timeline)]
     heights = [1.0 + _ROW_HEIGHT_IN * len(rows(timeline)) for timeline, _ in panels]
     height_in = 0.4 + sum(heights)
@@ -84,9 +100,15 @@ def draw_gantts(panels: Sequence[tuple[Timeline, str]], path: str | Path) -> Non
         hspace=0.9 / max(heights),
     )
     axes = fig.subplots(len(panels), 1, squeeze=False, height_ratios=heights)[:, 0]
-    span = max(timeline.makespan_ms for timeline, _ in panels) or 1.0
-    for ax, (timeline, title) in zip(axes, panels, strict=True):
+    shared = [t.makespan_ms for i, (t, _) in enumerate(panels) if i not in own_axis]
+    common = max(shared, default=0.0) or 1.0
+    for i, (ax, (timeline, title)) in enumerate(zip(axes, panels, strict=True)):
+        span = (timeline.makespan_ms or 1.0) if i in own_axis else common
         _draw_panel(ax, timeline, title, span)
+        for marker in (markers or {}).get(i, ()):
+            ax.axvline(marker.at_ms, color="#c44e52", linewidth=1.2, linestyle="--")
+            ax.text(marker.at_ms, -0.45, f" {marker.label}", color="#c44e52", fontsize=7,
+                    va="bottom", ha="left")
     fig.savefig(path)
 
 

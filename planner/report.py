@@ -27,6 +27,18 @@ with the median wall time) as a :class:`planner.simulator.Timeline`: each device
 its own step start (ranks are not clock-aligned; a later stage's first action is its
 wait for activations, so the offsets line up to within that rank's step start). It has
 no channel rows: the executor measures transfers at their ends only.
+
+**Recovery events** (issue 8 item 5; docs/fault-tolerance.md, "Recovery"): the lines of
+``metrics.jsonl`` with ``"type": "recovery"`` (the executor writes one per recovery:
+generation, ``detected_at``, cause, device, old and new plan ids, the step replayed
+from, blocks and bytes moved, and the seconds to detect, re-plan, rebuild, restore and
+reach the first committed step) become :class:`RecoveryEvent` rows, in file order. A
+run that recovered ran several plans: the predicted-vs-measured figures are those of
+``plan.json``'s steps, the steps before the first recovery's replay; a step that was
+replayed is counted once (its last line, the committed one). The chart then gets a
+third panel, the whole run: every step's measured actions laid end to end on the
+cumulative step wall time, with a marker where each recovery's replay begins
+(:func:`run_timeline`).
 """
 
 from __future__ import annotations
@@ -41,6 +53,13 @@ from typing import Any
 from planner.errors import InputError
 from planner.plan import Plan, load_plan
 from planner.simulator import Interval, Timeline, Transfer, simulate
+
+#: the keys of a recovery line of metrics.jsonl, all required (docs/fault-tolerance.md)
+RECOVERY_KEYS = (
+    "generation", "detected_at", "cause", "device", "old_plan", "new_plan",
+    "replay_from_step", "blocks_moved", "bytes_moved", "t_detect_s", "t_replan_s",
+    "t_rebuild_s", "t_restore_s", "t_first_commit_s",
+)
 
 
 @dataclass(frozen=True)
@@ -60,6 +79,46 @@ class DeviceFigures:
 
 
 @dataclass(frozen=True)
+class RecoveryEvent:
+    """One recovery of a run, as its ``metrics.jsonl`` line says (module docstring).
+    ``blocks_moved`` is a count, or the moved block ranges ``[first, end)``."""
+
+    generation: int
+    detected_at: float
+    cause: str
+    device: str
+    old_plan: str
+    new_plan: str
+    replay_from_step: int
+    blocks_moved: int | tuple[tuple[int, int], ...]
+    bytes_moved: float
+    t_detect_s: float
+    t_replan_s: float
+    t_rebuild_s: float
+    t_restore_s: float
+    t_first_commit_s: float
+
+    @property
+    def num_blocks(self) -> int:
+        """How many blocks moved."""
+        if isinstance(self.blocks_moved, int):
+            return self.blocks_moved
+        return sum(end - first for first, end in self.blocks_moved)
+
+    @classmethod
+    def from_line(cls, line: dict[str, Any], where: str) -> RecoveryEvent:
+        """Check and read one recovery line (``where`` names it in errors)."""
+        missing = [k for k in RECOVERY_KEYS if k not in line]
+        if missing:
+            raise InputError(where, "", f"recovery line lacks {', '.join(missing)}")
+        blocks = line["blocks_moved"]
+        if not isinstance(blocks, int):
+            blocks = tuple((int(a), int(b)) for a, b in blocks)
+        values = {k: line[k] for k in RECOVERY_KEYS}
+        return cls(**{**values, "blocks_moved": blocks})
+
+
+@dataclass(frozen=True)
 class RunReport:
     """Everything ``edgepipe report`` prints and draws."""
 
@@ -75,6 +134,9 @@ class RunReport:
     devices: tuple[DeviceFigures, ...]
     overrun_warning: str | None
     measured_step: int
+    recoveries: tuple[RecoveryEvent, ...] = ()
+    #: every committed step's metrics line, in step order (a replayed step once)
+    step_lines: tuple[dict[str, Any], ...] = ()
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
@@ -125,7 +187,10 @@ def build_report(run_dir: str | Path) -> RunReport:
     prediction (module docstring). O(timeline lines)."""
     folder = Path(run_dir)
     plan = load_plan(folder / "plan.json")
-    metrics = _jsonl(folder / "metrics.jsonl")
+    steps, recoveries = split_metrics(_jsonl(folder / "metrics.jsonl"),
+                                      str(folder / "metrics.jsonl"))
+    first_plan_end = recoveries[0].replay_from_step if recoveries else None
+    metrics = [m for m in steps if first_plan_end is None or m["step"] < first_plan_end]
     if not metrics:
         raise InputError(str(folder / "metrics.jsonl"), "", "no steps recorded")
     timeline = _jsonl(folder / "timeline.jsonl")
@@ -179,7 +244,25 @@ def build_report(run_dir: str | Path) -> RunReport:
         devices=tuple(rows),
         overrun_warning=emulation_overruns(folder) if emulation else None,
         measured_step=measured_step,
+        recoveries=tuple(recoveries),
+        step_lines=tuple(steps),
     )
+
+
+def split_metrics(
+    lines: list[dict[str, Any]], where: str
+) -> tuple[list[dict[str, Any]], list[RecoveryEvent]]:
+    """The step lines (a step written twice, by an aborted try and its replay, once:
+    the last) in step order, and the recovery events in file order. O(lines)."""
+    steps: dict[int, dict[str, Any]] = {}
+    recoveries = []
+    for n, line in enumerate(lines, 1):
+        kind = line.get("type", "step")
+        if kind == "recovery":
+            recoveries.append(RecoveryEvent.from_line(line, f"{where} line {n}"))
+        elif kind == "step":
+            steps[line["step"]] = line
+    return [steps[k] for k in sorted(steps)], recoveries
 
 
 def predicted_timeline(plan: Plan) -> Timeline:
@@ -213,9 +296,77 @@ def measured_timeline(run_dir: str | Path, plan: Plan, step: int) -> Timeline:
     )
 
 
+def _last_tries(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Of each (device, step)'s timeline lines, those of its last try: an aborted try
+    and its replay share the step, and a try's actions start in time order, so a line
+    starting before its predecessor begins a new try. O(lines)."""
+    tries: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    for e in events:
+        key = (e["device"], e["step"])
+        if tries[key] and e["start_ms"] < tries[key][-1]["start_ms"]:
+            tries[key] = []
+        tries[key].append(e)
+    return [e for lines in tries.values() for e in lines]
+
+
+def run_timeline(report: RunReport, run_dir: str | Path) -> tuple[Timeline, list]:
+    """The whole run as one :class:`Timeline`: step ``s``'s measured F, B and
+    REDUCE_GRAD of every device shifted by the summed wall times of the committed steps
+    before it (of a replayed step only the committed try: the devices of its metrics
+    line, each one's last try), and a :class:`planner.gantt.Marker` where each
+    recovery's replay begins (at the run's end when nothing was replayed). Rows: ``plan.json``'s stages, then the
+    devices that only later plans used, as one more group. O(timeline lines)."""
+    from planner.gantt import Marker
+
+    offsets: dict[int, float] = {}
+    t = 0.0
+    for line in report.step_lines:
+        offsets[line["step"]] = t
+        t += float(line["wall_ms"])
+    stages = [tuple(s.devices) for s in report.plan.partition.stages]
+    known = {d for s in stages for d in s}
+    kinds = {"F": "F", "B": "B", "REDUCE_GRAD": "AR"}
+    per_device: dict[str, list[Interval]] = defaultdict(list)
+    later: list[str] = []
+    # a device missing from a step's committed line ran only an aborted try of it
+    ran = {line["step"]: set(line["devices"]) for line in report.step_lines}
+    events = [e for e in _jsonl(Path(run_dir) / "timeline.jsonl")
+              if e["step"] in offsets and e["device"] in ran[e["step"]]]
+    for e in _last_tries(events):
+        if e["kind"] not in kinds:
+            continue
+        if e["device"] not in known and e["device"] not in later:
+            later.append(e["device"])
+        o = offsets[e["step"]]
+        mb = -1 if e["kind"] == "REDUCE_GRAD" else int(e["micro_batch"])
+        per_device[e["device"]].append(
+            Interval(kinds[e["kind"]], mb, o + float(e["start_ms"]), o + float(e["end_ms"]))
+        )
+    if later:
+        stages.append(tuple(later))
+    devices = {d: tuple(sorted(per_device[d], key=lambda iv: iv.start_ms))
+               for s in stages for d in s}
+    markers = [
+        Marker(offsets.get(r.replay_from_step, t),
+               f"gen {r.generation}: {r.cause} of {r.device}, replay from step "
+               f"{r.replay_from_step}")
+        for r in report.recoveries
+    ]
+    timeline = Timeline(
+        topology=report.plan.problem.cluster.network.kind,
+        stages=tuple(stages),
+        devices=devices,
+        transfers=(),
+        makespan_ms=t,
+        num_micro_batches=report.plan.partition.num_micro_batches,
+    )
+    return timeline, markers
+
+
 def draw_report(report: RunReport, run_dir: str | Path, path: str | Path) -> None:
     """The predicted iteration (scaled like the report) above the measured step, one
-    figure on a common time axis (:func:`planner.gantt.draw_gantts`)."""
+    figure on a common time axis (:func:`planner.gantt.draw_gantts`); a run that
+    recovered gets the whole run below, on its own axis, with a marker per recovery."""
     from planner.gantt import draw_gantts
 
     predicted = predicted_timeline(report.plan)
@@ -223,17 +374,20 @@ def draw_report(report: RunReport, run_dir: str | Path, path: str | Path) -> Non
         predicted = _scaled(predicted, report.time_scale)
     measured = measured_timeline(run_dir, report.plan, report.measured_step)
     scale = f" x time scale {report.time_scale:g}" if report.time_scale != 1.0 else ""
-    draw_gantts(
-        [
-            (
-                predicted,
-                f"{report.plan.id}: predicted iteration (independent simulator{scale}; cost "
-                f"model {report.iteration_predicted_ms:.1f} ms)",
-            ),
-            (measured, f"measured step {report.measured_step} (each rank from its step start)"),
-        ],
-        path,
-    )
+    panels = [
+        (
+            predicted,
+            f"{report.plan.id}: predicted iteration (independent simulator{scale}; cost "
+            f"model {report.iteration_predicted_ms:.1f} ms)",
+        ),
+        (measured, f"measured step {report.measured_step} (each rank from its step start)"),
+    ]
+    markers: dict[int, list] = {}
+    if report.recoveries:
+        run, markers[2] = run_timeline(report, run_dir)
+        panels.append((run, f"the whole run: {len(report.step_lines)} committed steps end "
+                             f"to end, {len(report.recoveries)} recovery(ies) marked"))
+    draw_gantts(panels, path, markers, own_axis=(2,))
 
 
 def _scaled(t: Timeline, k: float) -> Timeline:
