@@ -314,8 +314,9 @@ def run_timeline(report: RunReport, run_dir: str | Path) -> tuple[Timeline, list
     REDUCE_GRAD of every device shifted by the summed wall times of the committed steps
     before it (of a replayed step only the committed try: the devices of its metrics
     line, each one's last try), and a :class:`planner.gantt.Marker` where each
-    recovery's replay begins (at the run's end when nothing was replayed). Rows: ``plan.json``'s stages, then the
-    devices that only later plans used, as one more group. O(timeline lines)."""
+    recovery's replay begins (at the run's end when nothing was replayed). Rows:
+    ``plan.json``'s stages, then the devices that only later plans used, as one more
+    group. O(timeline lines)."""
     from planner.gantt import Marker
 
     offsets: dict[int, float] = {}
