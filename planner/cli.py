@@ -818,8 +818,8 @@ def recovery_table(report: RunReport) -> Table:
         table.add_row(
             str(r.generation), r.cause, r.device, r.old_plan, r.new_plan,
             str(r.replay_from_step), str(r.num_blocks), f"{r.bytes_moved / 1e6:.2f}",
-            f"{r.t_detect_s:.3f}", f"{r.t_replan_s:.3f}", f"{r.t_rebuild_s:.3f}",
-            f"{r.t_restore_s:.3f}", f"{r.t_first_commit_s:.3f}",
+            _s(r.t_detect_s), _s(r.t_replan_s), _s(r.t_rebuild_s), _s(r.t_restore_s),
+            _s(r.t_first_commit_s),
         )
     return table
 
@@ -829,11 +829,16 @@ def recovery_lines(report: RunReport) -> list[str]:
     return [
         f"recovery {r.generation}: {r.cause} of {r.device}; {r.old_plan} -> {r.new_plan}, "
         f"replay from step {r.replay_from_step}; {r.num_blocks} blocks, "
-        f"{r.bytes_moved / 1e6:.2f} MB moved; detect {r.t_detect_s:.3f} s, re-plan "
-        f"{r.t_replan_s:.3f} s, rebuild {r.t_rebuild_s:.3f} s, restore {r.t_restore_s:.3f} s, "
-        f"first commit {r.t_first_commit_s:.3f} s"
+        f"{r.bytes_moved / 1e6:.2f} MB moved; detect {_s(r.t_detect_s)} s, re-plan "
+        f"{_s(r.t_replan_s)} s, rebuild {_s(r.t_rebuild_s)} s, restore "
+        f"{_s(r.t_restore_s)} s, first commit {_s(r.t_first_commit_s)} s"
         for r in report.recoveries
     ]
+
+
+def _s(seconds: float | None) -> str:
+    """A phase's seconds, or - when the phase was never reached."""
+    return "-" if seconds is None else f"{seconds:.3f}"
 
 
 def cmd_report(args: argparse.Namespace) -> None:

@@ -81,7 +81,9 @@ class DeviceFigures:
 @dataclass(frozen=True)
 class RecoveryEvent:
     """One recovery of a run, as its ``metrics.jsonl`` line says (module docstring).
-    ``blocks_moved`` is a count, or the moved block ranges ``[first, end)``."""
+    ``blocks_moved`` is a count, or the moved block ranges ``[first, end)``; ``device``
+    may name several (comma-separated); a phase the new generation never reached (it
+    failed first) is None."""
 
     generation: int
     detected_at: float
@@ -94,9 +96,9 @@ class RecoveryEvent:
     bytes_moved: float
     t_detect_s: float
     t_replan_s: float
-    t_rebuild_s: float
-    t_restore_s: float
-    t_first_commit_s: float
+    t_rebuild_s: float | None
+    t_restore_s: float | None
+    t_first_commit_s: float | None
 
     @property
     def num_blocks(self) -> int:

@@ -137,3 +137,20 @@ def test_the_report_command_prints_the_recovery_table_and_draws_three_panels(
 
 def png_height(path: Path) -> int:
     return int.from_bytes(path.read_bytes()[20:24], "big")
+
+
+def test_a_recovery_that_never_committed_shows_its_missing_phases_as_dashes(
+    tmp_path: Path,
+) -> None:
+    write_run(tmp_path)
+    failed = {**RECOVERY, "device": "orin-0,orin-1", "blocks_moved": 0,
+              "t_rebuild_s": 0.25, "t_restore_s": None, "t_first_commit_s": None}
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps(failed) + "\n")
+    (event,) = build_report(tmp_path).recoveries
+    assert (event.num_blocks, event.t_restore_s, event.t_first_commit_s) == (0, None, None)
+    done = subprocess.run([sys.executable, "-m", "planner.cli", "report", str(tmp_path)],
+                          capture_output=True, text=True, cwd=REPO, timeout=120,
+                          env={"COLUMNS": "80", "PATH": ""})
+    assert done.returncode == 0, done.stderr
+    assert "rebuild 0.250 s, restore - s, first commit - s" in " ".join(done.stdout.split())
