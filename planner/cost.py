@@ -18,16 +18,14 @@ Network (cluster ``network.kind``): ``point_to_point`` (a full-duplex channel pe
 ordered device pair), ``switched`` (a full-duplex port per device: an uplink and a
 downlink channel) or ``shared_medium`` (one half-duplex channel for all transfers, Wi-Fi).
 
-Boundary p -> p+1, the exact figure (:meth:`CostModel.link_transfer`): a micro-batch's
-activations are re-sliced by sample interval (:func:`reslice_pieces`): the piece from
-device i of stage p to device j of stage p+1 carries their n_ij shared samples, n_ij x
-a_p bytes (a_p the boundary bytes per sample), taking n_ij a_p / bw_ij ms of channel time;
-gradients travel the same pieces back. Per direction a boundary holds each channel for
-its load (:func:`channel_loads`): point-to-point every piece its own pair's channel
-(channel time = max over pieces), switched a sender's uplink for the sum of its pieces
-and a receiver's downlink for the sum of its (= max over ports), shared medium the medium
-for the sum of all pieces; delivery follows the latency max_ij lat_ij after the most
-loaded channel is through.
+Boundary p -> p+1 (:meth:`CostModel.link_transfer`): a micro-batch's activations are
+re-sliced by sample interval (:func:`reslice_pieces`): the piece from device i of stage p
+to device j of stage p+1 carries their n_ij shared samples, n_ij x a_p bytes (a_p the
+boundary bytes per sample), taking n_ij a_p / bw_ij ms of channel time at its pair's rate
+and delivered lat_ij after its last byte; gradients travel the same pieces back. Alone
+on their channels, pieces started together take the most loaded channel
+(:func:`channel_loads`: max over pieces point-to-point, max over ports switched, the sum
+on a shared medium) plus the latency: ``StageCost.link_out_ms``.
 
 Link step of the chain (the closed form's and the exact solver's view, Eq. 8):
 ``E_f = E_b = lat + B * a_p / bw``, bw the minimum pairwise bandwidth between the two
@@ -35,22 +33,25 @@ groups and lat the largest pairwise latency (the whole micro-batch over the slow
 pair, one resource for both directions). It is conservative against the exact figure.
 
 All-reduce (§3.3): ring over the g devices of a group, ``2(g-1)/g * W_p / bw_min +
-2(g-1) * lat``; on a shared medium the g concurrent transfers of each ring step share one
-channel, so ``2(g-1) * W_p / bw + 2(g-1) * lat``. Zero for g = 1. It runs as the executor
-runs it: once, after the stage's last backward (``REDUCE_GRAD`` of
-:mod:`planner.schedule`), not in buckets overlapped with the backward.
+2(g-1) * lat`` (:meth:`CostModel.allreduce_ms`, the closed form's T_a); on a shared
+medium the g concurrent transfers of each ring step share one channel, so ``2(g-1) *
+W_p / bw + 2(g-1) * lat``. Zero for g = 1. It runs as the executor runs it: once, after
+the stage's last backward (``REDUCE_GRAD`` of :mod:`planner.schedule`), not in buckets
+overlapped with the backward. The iteration time prices it as its transfers
+(:meth:`CostModel.ring`): 2(g-1) steps, in each member r sends r+1 a chunk of W_p / g.
 
-Iteration time (what every plan reports, ``PlanCost.iteration_ms``): the stage-level
-list schedule of :func:`round_makespan`: the plan's schedule (:func:`planner.schedule.build`
-with the config's warm-ups) with each stage's compute as one resource and each transfer
-on the channels above, first come first served, the all-reduces on a switch or a medium
-filling the gaps the pipeline leaves on their channels. ``PlanCost.chain_ms`` is the
-older chain recurrence (:func:`schedule_makespan`, one resource per chain step), which is
-what the exact solver's program computes; ``PlanCost.closed_form_ms`` is Asteroid's closed
-form over the chain (the DP's objective). The DP re-ranks its best candidates, and every
-planner scores its answer, by ``iteration_ms``. docs/cost-model.md states where the
-figure is exact against the independent simulator (:mod:`planner.simulator`) and where
-it approximates.
+Iteration time (what every plan reports, ``PlanCost.iteration_ms``,
+:func:`round_makespan`): the plan's schedule (:func:`planner.schedule.build` with the
+config's warm-ups) run by every device on its own samples, every piece and ring chunk a
+transfer on the channels of the topology, transfers in progress at once sharing their
+channels max-min fairly (:func:`fair_shares`; one connection per ordered pair, messages
+on it in order). ``PlanCost.chain_ms`` is the older chain recurrence
+(:func:`schedule_makespan`, one resource per chain step), which is what the exact
+solver's program computes; ``PlanCost.closed_form_ms`` is Asteroid's closed form over
+the chain (the DP's objective). The DP re-ranks its best candidates, and every planner
+scores its answer, by ``iteration_ms``. docs/cost-model.md states where the figure is
+exact against the independent simulator (:mod:`planner.simulator`) and where it
+approximates.
 
 Closed form: writing c_i = E_f^i + E_b^i,
 C_c = sum_{i<c} c_i and PB_s = sum_{i<s} E_b^i, the closed form simplifies to
@@ -89,7 +90,7 @@ from planner.partition import Partition, StageAssignment
 from planner.problem import Problem
 from planner.profile import Timing, batch_curve
 from planner.replicas import Replica, placement, ring_load
-from planner.schedule import ActionType, Schedule, build, compute_actions, compute_order
+from planner.schedule import Schedule, build, compute_actions, compute_order
 from planner.steps import Step, StepChain
 
 
@@ -283,82 +284,162 @@ def reslice_pieces(
 
 
 @dataclass(frozen=True)
-class BoundaryCost:
-    """One stage boundary p -> p+1 as the exact figure sees it: per direction, how long
-    each channel it uses is held (``forward_load`` for activations, ``backward_load`` for
-    gradients, as (channel, ms) pairs), and the latency until delivery."""
+class Piece:
+    """One transfer: ``ms`` of channel time at the pair's rate from device ``src`` to
+    device ``dst``, delivered ``latency_ms`` after its last byte."""
 
-    forward_load: tuple[tuple[str, float], ...]
-    backward_load: tuple[tuple[str, float], ...]
+    src: str
+    dst: str
+    ms: float
     latency_ms: float
+
+
+@dataclass(frozen=True)
+class BoundaryCost:
+    """One stage boundary p -> p+1: the re-sliced pieces of a micro-batch's activations
+    (``forward``, stage p to p+1) and of its gradients (``backward``, the same pieces
+    reversed), on the network ``topology``."""
+
+    forward: tuple[Piece, ...]
+    backward: tuple[Piece, ...]
+    topology: Topology
+
+    @property
+    def latency_ms(self) -> float:
+        """The largest latency over the boundary's pairs."""
+        return max((x.latency_ms for x in self.forward), default=0.0)
+
+    @property
+    def forward_load(self) -> tuple[tuple[str, float], ...]:
+        """Channel time per channel of the activations (:func:`channel_loads`)."""
+        return channel_loads([(x.src, x.dst, x.ms) for x in self.forward], self.topology)
+
+    @property
+    def backward_load(self) -> tuple[tuple[str, float], ...]:
+        """Channel time per channel of the gradients (:func:`channel_loads`)."""
+        return channel_loads([(x.src, x.dst, x.ms) for x in self.backward], self.topology)
 
     @property
     def occupancy_ms(self) -> float:
-        """Channel time of one direction: the most loaded channel."""
+        """Channel time of one direction: the most loaded channel (the time the pieces
+        take when they start together and nothing else is on their channels)."""
         return max((ms for _, ms in self.forward_load), default=0.0)
+
+
+@dataclass(frozen=True)
+class RingCost:
+    """A stage's ring all-reduce as transfers: ``chunks[r]`` is what member r sends member
+    r+1 (mod g) in each of the 2(g-1) ring steps, W_p / g bytes (§3.3). Empty for g = 1."""
+
+    chunks: tuple[Piece, ...] = ()
 
 
 def channel_loads(
     pieces: list[tuple[str, str, float]], topology: Topology
 ) -> tuple[tuple[str, float], ...]:
     """Channel time per channel of transfers ``(sender, receiver, ms at the pair's rate)``
-    that start together:
-
-        point_to_point: every piece holds its pair's channel for its own ms;
-        switched:       a sender's uplink is held for the sum of its pieces, a receiver's
-                        downlink for the sum of its pieces;
-        shared_medium:  the one medium is held for the sum of all pieces.
-
-    The boundary's channel time is the largest load: max over pieces (point-to-point),
-    max over ports (switched), the sum (shared medium).
+    (:func:`channels`): the sum of the ms of the transfers on each channel. Started
+    together, the transfers take at least the largest load: max over pieces
+    (point-to-point), max over ports (switched), the sum (shared medium).
     """
     loads: dict[str, float] = {}
     for a, b, ms in pieces:
-        if topology == "shared_medium":
-            keys = ["medium"]
-        elif topology == "switched":
-            keys = [f"{a} up", f"{b} down"]
-        else:
-            keys = [f"{a}->{b}"]
-        for k in keys:
+        for k in channels(a, b, topology):
             loads[k] = loads.get(k, 0.0) + ms
     return tuple(loads.items())
 
 
+def channels(src: str, dst: str, topology: Topology) -> tuple[str, ...]:
+    """The channels a transfer ``src -> dst`` holds: its pair's own (point_to_point), the
+    sender's uplink and the receiver's downlink (switched), or the one medium
+    (shared_medium)."""
+    if topology == "shared_medium":
+        return ("medium",)
+    if topology == "switched":
+        return (f"{src} up", f"{dst} down")
+    return (f"{src}->{dst}",)
+
+
+def fair_shares(held: list[tuple[str, ...]]) -> list[float]:
+    """Max-min fair rates of transfers in progress at once, transfer i holding the
+    channels ``held[i]``: each channel gives out at most one ms of channel time per ms,
+    a transfer progresses at a fraction x_i <= 1 of its own pair rate, and no x_i can
+    grow without shrinking an x_k <= x_i (Bertsekas & Gallager, Data Networks, 2nd ed.,
+    §6.5.2, progressive filling: raise every unfrozen x together until a channel is full,
+    freeze the transfers on full channels, repeat).
+
+    A channel used by one transfer never limits it, so when no channel is held twice
+    (point-to-point pairs one transfer each) every x is 1, and on one medium with n
+    transfers every x is min(1, 1/n); otherwise O(T C) per level, at most T levels.
+    """
+    users: dict[str, list[int]] = {}
+    for i, chs in enumerate(held):
+        for ch in chs:
+            users.setdefault(ch, []).append(i)
+    contended = {ch: ids for ch, ids in users.items() if len(ids) > 1}
+    x = [1.0] * len(held)
+    if not contended:
+        return x
+    if len(users) == 1:
+        return [1.0 / len(held)] * len(held)
+    residual = dict.fromkeys(contended, 1.0)
+    active = {ch: len(ids) for ch, ids in contended.items()}
+    level, frozen = 0.0, [False] * len(held)
+    while active:
+        step = min(1.0 - level, min(residual[ch] / n for ch, n in active.items()))
+        level += step
+        for ch, n in active.items():
+            residual[ch] -= step * n
+        full = [ch for ch in active if residual[ch] <= _EPS] if level < 1.0 - _EPS else list(active)
+        for ch in full:
+            for i in contended[ch]:
+                if not frozen[i]:
+                    frozen[i], x[i] = True, level
+                    for other in held[i]:
+                        if other in active and other != ch:
+                            active[other] -= 1
+                            if active[other] == 0:
+                                del active[other]
+            active.pop(ch, None)
+    return x
+
+
+_EPS = 1e-9
+
+
 def round_makespan(
     schedule: Schedule,
-    compute: list[tuple[float, float]],
+    devices: list[list[tuple[str, float, float]]],
     links: list[BoundaryCost],
-    allreduce: list[tuple[float, float, tuple[str, ...]]],
+    rings: list[RingCost],
     topology: Topology,
 ) -> float:
-    """Iteration time of one round by list scheduling the stage-level schedule on the
-    network's resources.
+    """Iteration time of one round: every device runs its stage's schedule on its own
+    slice, and every transfer shares its channels fairly with those in progress beside it.
 
     Inputs: ``schedule`` (per stage its actions, :mod:`planner.schedule`); per stage
-    ``compute[p] = (E_f, E_b)`` (its slowest device, Eq. 8) and ``allreduce[p] = (T_a,
-    latency part of T_a, the group's device ids)``; per boundary p -> p+1 its
-    :class:`BoundaryCost` (channel loads per direction, :func:`channel_loads`).
+    ``devices[p]``, each device's id and its forward and backward ms for its samples
+    (Eq. 8 before the max), and ``rings[p]`` (the ring all-reduce's chunks, §3.3); per
+    boundary p -> p+1 its re-sliced pieces (:class:`BoundaryCost`).
 
-    Tasks: stage p runs its F/B in schedule order; ``F_p(m)`` also waits for the
-    activation transfer of m from p-1, ``B_p(m)`` for the gradient transfer from p+1.
-    ``SEND_F``/``SEND_B`` make a stage-level transfer (all pieces of the boundary) ready
-    when the compute before it ends. It starts when every channel it uses is free, holds
-    each for that channel's load and is delivered ``latency`` after the most loaded one
-    is through. Channels: one per ordered device pair (point_to_point: full duplex, a
-    boundary's directions never meet), an uplink and a downlink per device (switched: a
-    middle stage's activations and gradients share its uplinks), or one medium
-    (shared_medium). The all-reduce of stage p: point_to_point uses the group's own
-    pairs (a pure delay); switched holds every member's uplink and downlink for T_a;
-    shared_medium uses the medium only where the pipeline leaves it idle (its channel
-    time fills the gaps after it is ready, all-reduces in ready order; the latency part
-    is added at the end).
+    Devices: a device of stage p runs the stage's F/B in schedule order; its ``F m``
+    waits until every activation piece of m addressed to it is delivered, its ``B m``
+    every gradient piece. When its ``F m`` ends it posts its activation pieces
+    (``SEND_F``), when its ``B m`` ends its gradient pieces (``SEND_B``). After its last
+    backward it joins the ring (``REDUCE_GRAD``): once all g members have joined, every
+    member r posts its chunk to r+1 (step 0), a member posts step k+1 when it has
+    received step k, and it is done when it has received step 2(g-1)-1.
 
-    Every channel serves transfers first come, first served (ties in the order they
-    became ready); the round ends with the last compute or all-reduce. An event heap
-    keyed by ready time makes the order exact: a task never becomes ready before the
-    event that readies it. O(A log A) for A = O(P M) tasks (plus O(P x busy periods) for
-    the shared-medium all-reduces).
+    Transfers: a transfer holds :func:`channels` of the topology; transfers between one
+    ordered pair go one at a time in posting order (one connection per pair); those at
+    the head of their pairs progress at :func:`fair_shares` of their pair rates, so a
+    piece of ms channel time alone ends ms after it starts; each is delivered its
+    latency after its last byte. Between two events (a compute end, a delivery, a
+    transfer's end) the rates are constant, so the clock jumps from event to event.
+
+    The round ends with the last compute, delivery or ring step. E events (O(M x
+    (devices + pieces)) plus 2(g-1)g per ring), each O(T C) for T transfers in progress
+    over C channels.
 
     Raises:
         ValueError: the schedule deadlocks.
@@ -366,95 +447,107 @@ def round_makespan(
     num_stages = len(schedule)
     orders = [compute_actions(actions) for actions in schedule]
     last = num_stages - 1
-    arrived: dict[tuple[str, int, int], float] = {}  # ("F"|"B", stage, m) -> delivery
-    free: dict[str, float] = {}
-    busy: dict[str, list[tuple[float, float]]] = {}  # channel -> intervals held
-    heap: list[tuple[float, int, str, int, int]] = []  # (ready, seq, task, stage, m)
+    stage_of = {d: p for p, devs in enumerate(devices) for d, _, _ in devs}
+    time = {(d, "F"): f for devs in devices for d, f, _ in devs}
+    time.update({(d, "B"): b for devs in devices for d, _, b in devs})
+    sends: dict[tuple[str, str], list[Piece]] = {}  # (device, F|B) -> its pieces
+    need: dict[tuple[str, str], int] = {}  # (device, F|B) -> pieces it waits for
+    for link in links:
+        for kind, pieces in (("F", link.forward), ("B", link.backward)):
+            for x in pieces:
+                sends.setdefault((x.src, kind), []).append(x)
+                need[(x.dst, kind)] = need.get((x.dst, kind), 0) + 1
+    got: dict[tuple[str, str, int], int] = {}
+    pos = dict.fromkeys(stage_of, 0)
+    busy = dict.fromkeys(stage_of, False)
+    joined = [0] * num_stages
+    received = [[0] * len(r.chunks) for r in rings]
+    events: list[tuple[float, int, str, tuple]] = []
+    queues: dict[tuple[str, str], list[list]] = {}  # pair -> [[ms left, piece, tag, channels]]
     seq = 0
-    pos = [0] * num_stages
-    stage_free = [0.0] * num_stages
-    waiting = [False] * num_stages
-    ends = [0.0]
-    ar_ready: list[tuple[float, int]] = []
+    now = end = 0.0
+    changed = True  # the transfers at the heads of their pairs changed: new rates
 
-    def push(ready: float, task: str, p: int, m: int) -> None:
+    def at(when: float, what: str, data: tuple) -> None:
         nonlocal seq
-        heapq.heappush(heap, (ready, seq, task, p, m))
+        heapq.heappush(events, (when, seq, what, data))
         seq += 1
 
-    def try_compute(p: int) -> None:
-        if waiting[p] or pos[p] == len(orders[p]):
+    def post(piece: Piece, tag: tuple) -> None:
+        nonlocal changed
+        queue = queues.setdefault((piece.src, piece.dst), [])
+        queue.append([piece.ms, piece, tag, channels(piece.src, piece.dst, topology), 0.0, 0.0])
+        changed = changed or len(queue) == 1
+
+    def start(d: str) -> None:
+        p = stage_of[d]
+        if busy[d] or pos[d] == len(orders[p]):
             return
-        action = orders[p][pos[p]]
-        m = action.micro_batch
-        assert m is not None
-        if action.type == ActionType.F:
-            dep = arrived.get(("F", p, m)) if p > 0 else 0.0
-        else:
-            dep = arrived.get(("B", p, m)) if p < last else 0.0
-        if dep is None:
+        action = orders[p][pos[d]]
+        kind, m = action.type.value, action.micro_batch
+        if got.get((d, kind, m), 0) < need.get((d, kind), 0):
             return
-        waiting[p] = True
-        push(max(stage_free[p], dep), action.type.value, p, m)
+        busy[d] = True
+        at(now + time[(d, kind)], "done", (d, kind, m))
 
-    for p in range(num_stages):
-        try_compute(p)
-    while heap:
-        ready, _, task, p, m = heapq.heappop(heap)
-        if task in ("F", "B"):
-            end = ready + compute[p][0 if task == "F" else 1]
-            stage_free[p], waiting[p] = end, False
-            pos[p] += 1
-            ends.append(end)
-            if task == "F" and p < last:
-                push(end, "send_F", p, m)
-            if task == "B" and p > 0:
-                push(end, "send_B", p, m)
-            if pos[p] == len(orders[p]) and allreduce[p][0] > 0:
-                if topology == "point_to_point":
-                    ends.append(end + allreduce[p][0])
-                else:
-                    ar_ready.append((end, p))
-            try_compute(p)
+    def handle(what: str, data: tuple) -> None:
+        nonlocal end
+        end = max(end, now)
+        if what == "done":
+            d, kind, m = data
+            p = stage_of[d]
+            busy[d] = False
+            pos[d] += 1
+            if (kind == "F" and p < last) or (kind == "B" and p > 0):
+                for x in sends.get((d, kind), ()):
+                    post(x, ("arrive", x.dst, kind, m))
+            if pos[d] == len(orders[p]) and rings[p].chunks:
+                joined[p] += 1
+                if joined[p] == len(rings[p].chunks):
+                    for r, x in enumerate(rings[p].chunks):
+                        post(x, ("ring", p, (r + 1) % len(rings[p].chunks)))
+            start(d)
+        elif what == "ring":
+            p, r = data
+            received[p][r] += 1
+            chunks = rings[p].chunks
+            if received[p][r] < 2 * (len(chunks) - 1):
+                post(chunks[r], ("ring", p, (r + 1) % len(chunks)))
         else:
-            dst = p + 1 if task == "send_F" else p - 1
-            link = links[min(p, dst)]
-            loads = link.forward_load if task == "send_F" else link.backward_load
-            start = max([ready] + [free.get(r, 0.0) for r, _ in loads])
-            for r, ms in loads:
-                free[r] = start + ms
-                busy.setdefault(r, []).append((start, start + ms))
-            occupancy = max((ms for _, ms in loads), default=0.0)
-            arrived[(task[-1], dst, m)] = start + occupancy + link.latency_ms
-            try_compute(dst)
-    if any(pos[p] < len(orders[p]) for p in range(num_stages)):
-        raise ValueError("the schedule deadlocks: a stage waits for a transfer never sent")
-    cursor = 0.0  # shared medium: all-reduces also queue behind each other
-    for ready, p in sorted(ar_ready):
-        work, latency = allreduce[p][0] - allreduce[p][1], allreduce[p][1]
-        if topology == "shared_medium":
-            cursor = _fill_gaps(busy.get("medium", []), max(cursor, ready), work)
-            ends.append(cursor + latency)
-        else:  # switched: the ring needs its members' ports, disjoint between stages
-            ports = [f"{d} {way}" for d in allreduce[p][2] for way in ("up", "down")]
-            held = sorted(iv for r in ports for iv in busy.get(r, []))
-            ends.append(_fill_gaps(held, ready, work) + latency)
-    return max(ends)
+            d, kind, m = data
+            got[(d, kind, m)] = got.get((d, kind, m), 0) + 1
+            start(d)
 
-
-def _fill_gaps(busy: list[tuple[float, float]], start: float, work: float) -> float:
-    """When ``work`` ms of channel time, begun at ``start``, ends on channels that the
-    ``busy`` intervals (sorted by start, possibly overlapping) already hold."""
-    t = start
-    for b_start, b_end in busy:
-        if b_end <= t:
-            continue
-        if b_start > t:
-            if t + work <= b_start:
-                return t + work
-            work -= b_start - t
-        t = max(t, b_end)
-    return t + work
+    for d in stage_of:
+        start(d)
+    heads: list[list] = []  # [ms left at ``since``, piece, tag, channels, rate, end]
+    since, first_end = 0.0, np.inf
+    while events or queues:
+        if changed:  # settle progress at the old rates, then share anew
+            for h in heads:
+                h[0] -= (now - since) * h[4]
+            heads = [q[0] for q in queues.values()]
+            for h, x in zip(heads, fair_shares([h[3] for h in heads]), strict=True):
+                h[4:] = [x, now + h[0] / x]
+            since, changed = now, False
+            first_end = min((h[5] for h in heads), default=np.inf)
+        now = min(events[0][0] if events else np.inf, first_end)
+        if first_end <= now:
+            for h in heads:
+                if h[5] <= now + _EPS * max(1.0, now):
+                    piece, tag = h[1], h[2]
+                    queue = queues[(piece.src, piece.dst)]
+                    queue.pop(0)
+                    if not queue:
+                        del queues[(piece.src, piece.dst)]
+                    changed = True
+                    at(now + piece.latency_ms, tag[0], tag[1:])
+        while events and events[0][0] <= now + _EPS * max(1.0, now):
+            _, _, what, data = heapq.heappop(events)
+            handle(what, data)
+    if any(pos[d] < len(orders[stage_of[d]]) for d in stage_of):
+        raise ValueError("the schedule deadlocks: a device waits for a transfer never sent")
+    return end
 
 
 def describe_step(s: int) -> str:
@@ -554,31 +647,37 @@ class CostModel:
         grad = float(self.param_prefix[end] - self.param_prefix[first])
         return float(ring_allreduce_ms(grad, g, bw, lat, self.shared_medium))
 
-    def allreduce_latency_ms(self, group: list[int]) -> float:
-        """The latency part of :meth:`allreduce_ms`: 2(g-1) x the group's largest latency."""
-        g = len(group)
-        if g <= 1:
-            return 0.0
-        sub = np.ix_(group, group)
-        return float(2 * (g - 1) * self.lat[sub][~np.eye(g, dtype=bool)].max())
-
     def link_transfer(self, a: StageAssignment, b: StageAssignment) -> BoundaryCost:
         """The boundary between consecutive stages ``a`` and ``b``: the micro-batch
         re-sliced into pieces by sample interval (:func:`reslice_pieces`), each at its
-        pair's rate, loaded on the topology's channels (:func:`channel_loads`); latency =
-        the largest over the pieces' pairs."""
+        pair's rate and latency, activations from ``a`` to ``b`` and gradients back."""
         cl = self.problem.cluster
         per_sample = float(self.boundary[a.end - 1])
         ga = [cl.index(d) for d in a.devices]
         gb = [cl.index(d) for d in b.devices]
-        pieces = reslice_pieces(a.samples, b.samples)
-        ms = [(i, j, n * per_sample / float(self.bw[ga[i], gb[j]])) for i, j, n in pieces]
-        lat = max((float(self.lat[ga[i], gb[j]]) for i, j, _ in pieces), default=0.0)
-        kind = cl.network.kind
-        return BoundaryCost(
-            channel_loads([(a.devices[i], b.devices[j], t) for i, j, t in ms], kind),
-            channel_loads([(b.devices[j], a.devices[i], t) for i, j, t in ms], kind),
-            lat,
+        forward, backward = [], []
+        for i, j, n in reslice_pieces(a.samples, b.samples):
+            ms = n * per_sample / float(self.bw[ga[i], gb[j]])
+            forward.append(Piece(a.devices[i], b.devices[j], ms, float(self.lat[ga[i], gb[j]])))
+            ms = n * per_sample / float(self.bw[gb[j], ga[i]])
+            backward.append(Piece(b.devices[j], a.devices[i], ms, float(self.lat[gb[j], ga[i]])))
+        return BoundaryCost(tuple(forward), tuple(backward), cl.network.kind)
+
+    def ring(self, first: int, end: int, group: list[int]) -> RingCost:
+        """The ring all-reduce of blocks ``[first, end)`` over ``group`` (device indices in
+        plan order) as transfers: member r sends r+1 (mod g) a chunk of W / g bytes at
+        their pair's rate and latency (§3.3). Empty for one device."""
+        g = len(group)
+        if g <= 1:
+            return RingCost()
+        ids = [d.id for d in self.problem.cluster.devices]
+        chunk = float(self.param_prefix[end] - self.param_prefix[first]) / g
+        nxt = [group[(r + 1) % g] for r in range(g)]
+        return RingCost(
+            tuple(
+                Piece(ids[a], ids[b], chunk / float(self.bw[a, b]), float(self.lat[a, b]))
+                for a, b in zip(group, nxt, strict=True)
+            )
         )
 
     def link_ms(self, cut: int, micro_batch: int, group_a: list[int], group_b: list[int]) -> float:
@@ -606,7 +705,7 @@ class CostModel:
         steps: list[Step] = []
         stage_costs: list[StageCost] = []
         links: list[BoundaryCost] = []
-        ar_parts: list[tuple[float, float, tuple[str, ...]]] = []
+        rings: list[RingCost] = []
         for p, stage in enumerate(partition.stages):
             warmup = config.warmup_depth(p, num_stages, m)
             times = [
@@ -621,7 +720,7 @@ class CostModel:
             )
             if p + 1 < num_stages:
                 links.append(self.link_transfer(stage, partition.stages[p + 1]))
-            ar_parts.append((ar, self.allreduce_latency_ms(groups[p]), stage.devices))
+            rings.append(self.ring(stage.first, stage.end, groups[p]))
             steps.append(
                 Step("stage", p, max(dev_f), max(dev_b), ar, warmup, stage.devices, dev_f, dev_b)
             )
@@ -659,9 +758,12 @@ class CostModel:
         warmups = [s.warmup for s in stage_costs]
         total = round_makespan(
             build(config.schedule, warmups, m),  # type: ignore[arg-type]
-            [(s.forward_ms, s.backward_ms) for s in stage_costs],
+            [
+                list(zip(stage.devices, s.device_forward_ms, s.device_backward_ms, strict=True))
+                for stage, s in zip(partition.stages, stage_costs, strict=True)
+            ],
             links,
-            ar_parts,
+            rings,
             topology,
         )
         return PlanCost(

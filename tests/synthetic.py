@@ -35,11 +35,12 @@ def random_problem(
     links: tuple[Link, ...] = (),
     bandwidth_mbps: float = 100.0,
     topology: Topology | None = None,
+    latency_ms: float = 1.0,
 ) -> Problem:
     """``blocks`` random blocks on ``devices`` devices alternating between two types
     (fast with ``memory[0]`` bytes, slow with ``memory[1]``) on a uniform network
-    (``bandwidth_mbps``, 1 ms) unless ``links`` override pairs; ``topology`` (when
-    given) overrides ``shared``."""
+    (``bandwidth_mbps``, ``latency_ms``) unless ``links`` override pairs; ``topology``
+    (when given) overrides ``shared``."""
     rng = np.random.default_rng(seed)
     types = {
         "fast": device_type("fast", memory[0], 200.0, 1e5),
@@ -49,7 +50,8 @@ def random_problem(
     devs = tuple(Device(f"d{i}", names[i % 2]) for i in range(devices))
     if topology is not None:
         shared = topology == "shared_medium"
-    cluster = Cluster("test", devs, Network(bandwidth_mbps, 1.0, shared, links, topology), types)
+    network = Network(bandwidth_mbps, latency_ms, shared, links, topology)
+    cluster = Cluster("test", devs, network, types)
     blocks_ = tuple(
         Block(
             f"b{i}",
@@ -102,20 +104,38 @@ def random_plans(
 ) -> list[tuple[Problem, Partition]]:
     """``count`` random (problem, partition) pairs cycling through ``topologies``: 2-11
     blocks, 1-8 devices, global batch 32 with micro-batches 1-8, 10 / 100 / 1000 Mbit/s,
-    1F1B or GPipe, Asteroid or classic warm-ups; seeded, so every figure reproduces."""
+    0.1 / 1 / 5 ms latency, on every other problem a random third of the device pairs
+    slower or faster (x 0.25, 0.5 or 2 bandwidth, x 0.5 or 2 latency), 1F1B or GPipe,
+    Asteroid or classic warm-ups; seeded, so every figure reproduces."""
     rng = np.random.default_rng(seed)
     out = []
     for i in range(count):
+        devices = int(rng.integers(1, 9))
+        bandwidth = float(rng.choice([10.0, 100.0, 1e3]))
+        latency = float(rng.choice([0.1, 1.0, 5.0]))
+        links = tuple(
+            Link(
+                f"d{a}",
+                f"d{b}",
+                bandwidth * float(rng.choice([0.25, 0.5, 2.0])),
+                latency * float(rng.choice([0.5, 2.0])),
+            )
+            for a in range(devices)
+            for b in range(a + 1, devices)
+            if i % 2 == 1 and rng.random() < 1 / 3
+        )
         problem = random_problem(
             int(rng.integers(2, 12)),
-            int(rng.integers(1, 9)),
+            devices,
             seed=seed * 100_003 + i,
             global_batch=32,
             candidates=(1, 2, 4, 8),
-            bandwidth_mbps=float(rng.choice([10.0, 100.0, 1e3])),
+            bandwidth_mbps=bandwidth,
             schedule=str(rng.choice(["1f1b", "gpipe"])),
             warmup=str(rng.choice(["asteroid", "classic"])),
+            links=links,
             topology=topologies[i % len(topologies)],
+            latency_ms=latency,
         )
         out.append((problem, random_partition(problem, rng)))
     return out

@@ -10,9 +10,12 @@ from planner.config import TrainingConfig
 from planner.cost import (
     BoundaryCost,
     CostModel,
+    Piece,
+    RingCost,
     batch_curve,
     channel_loads,
     closed_form_latency,
+    fair_shares,
     reslice_pieces,
     ring_allreduce_ms,
     round_makespan,
@@ -138,48 +141,115 @@ def test_channel_loads_by_topology():
     assert channel_loads(pieces, "shared_medium") == (("medium", 3.0),)
 
 
+def test_fair_shares_by_hand():
+    # no channel held twice (point-to-point pairs): everyone at its pair rate
+    assert fair_shares([("a->b",), ("b->a",)]) == [1.0, 1.0]
+    # one medium, four transfers: a quarter each
+    assert fair_shares([("medium",)] * 4) == [0.25] * 4
+    # a switch: a sends to b and c, d sends to c. a's uplink and c's downlink each carry
+    # two transfers: all three are held to 1/2, so b's and d's own ports stay half idle
+    held = [("a up", "b down"), ("a up", "c down"), ("d up", "c down")]
+    assert fair_shares(held) == [0.5, 0.5, 0.5]
+    # a sends to b, c and d; e sends to d: a's uplink gives a third to each of its three;
+    # e's transfer takes the rest of d's downlink, 2/3
+    held = [("a up", "b down"), ("a up", "c down"), ("a up", "d down"), ("e up", "d down")]
+    assert fair_shares(held) == pytest.approx([1 / 3, 1 / 3, 1 / 3, 2 / 3])
+
+
 def test_a_middle_stage_shares_its_ports_on_a_switch():
-    """a -> b -> c, one device each, F = B = 1 ms, every boundary 4 ms of channel time
-    per direction, no latency, M = 3, warm-ups (3, 2, 1).
+    """a -> b -> c, one device each, F = B = 1 ms, every piece 4 ms of channel time, no
+    latency, M = 3, warm-ups (3, 2, 1).
 
     Point-to-point (every direction its own channel):
-      a: F0-F2 0-3, acts to b 1-5, 5-9, 9-13.  b: F0 5-6 (act 6-10), F1 9-10 (10-14).
+      a: F0-F2 0-3, acts to b 1-5, 5-9, 9-13 (one connection: in order).
+      b: F0 5-6 (act 6-10), F1 9-10 (10-14).
       c: F0 10-11, B0 11-12 (grad 12-16), F1 14-15, B1 15-16 (grad 16-20).
       b: B0 16-17 (grad 17-21), F2 17-18 (act 18-22), B1 20-21 (grad 21-25).
       c: F2 22-23, B2 23-24 (grad 24-28).  b: B2 28-29 (grad 29-33).
       a: B0 21-22, B1 25-26, B2 33-34 -> 34.
-    Switched (b's uplink carries its activations and gradients, its downlink a's
-    activations and c's gradients; first come, first served):
-      c's grad0 (ready 12) waits for b's downlink (a's act2 until 13): 13-17; grad1 17-21.
-      b: B0 17-18 (grad0 on b's uplink 18-22), F2 18-19 (act2 ready 19, uplink 22-26),
-      B1 21-22 (grad1 ready 22, behind act2: 26-30).  c: F2 26-27, B2 27-28 (grad 28-32).
-      b: B2 32-33 (grad 33-37).  a: B0 22-23, B1 30-31, B2 37-38 -> 38.
+    Switched (b's downlink carries a's activations and c's gradients, b's uplink its
+    activations to c and its gradients to a; transfers on one port share it fairly):
+      a's act2 (9-, b down) meets c's grad0 (12-, b down) at 12: both at 1/2, act2 ends
+      14, grad0 has 3 ms left, ends 17.  b's act1 to c runs 10-14.
+      c: F1 14-15, B1 15-16; grad1 (queued behind grad0 on c -> b) 17-21.
+      b: B0 17-18 (grad0 to a on b up from 18), F2 18-19 (act2 to c on b up from 19):
+      from 19 both at 1/2; grad0 (3 ms left) ends 25, act2 has 1 ms left at 25.
+      b: B1 21-22, its grad1 to a waits behind grad0 until 25, then shares b up with
+      act2: act2 ends 27, grad1 (3 ms left) 30.
+      c: F2 27-28, B2 28-29 (grad2 29-33).  b: B2 33-34 (grad2 34-38).
+      a: B0 25-26, B1 30-31, B2 38-39 -> 39.
     """
     schedule = build("1f1b", [3, 2, 1], 3)
-    compute = [(1.0, 1.0)] * 3
-    none = [(0.0, 0.0, ("a",)), (0.0, 0.0, ("b",)), (0.0, 0.0, ("c",))]
-    p2p_links = [
-        BoundaryCost((("a->b", 4.0),), (("b->a", 4.0),), 0.0),
-        BoundaryCost((("b->c", 4.0),), (("c->b", 4.0),), 0.0),
-    ]
-    assert round_makespan(schedule, compute, p2p_links, none, "point_to_point") == 34.0
-    switched_links = [
-        BoundaryCost((("a up", 4.0), ("b down", 4.0)), (("b up", 4.0), ("a down", 4.0)), 0.0),
-        BoundaryCost((("b up", 4.0), ("c down", 4.0)), (("c up", 4.0), ("b down", 4.0)), 0.0),
-    ]
-    assert round_makespan(schedule, compute, switched_links, none, "switched") == 38.0
+    devices = [[("a", 1.0, 1.0)], [("b", 1.0, 1.0)], [("c", 1.0, 1.0)]]
+
+    def links(topology):
+        return [
+            BoundaryCost((Piece("a", "b", 4.0, 0.0),), (Piece("b", "a", 4.0, 0.0),), topology),
+            BoundaryCost((Piece("b", "c", 4.0, 0.0),), (Piece("c", "b", 4.0, 0.0),), topology),
+        ]
+
+    rings = [RingCost()] * 3
+    p2p = round_makespan(schedule, devices, links("point_to_point"), rings, "point_to_point")
+    assert p2p == 34.0
+    assert round_makespan(schedule, devices, links("switched"), rings, "switched") == 39.0
 
 
-def test_shared_medium_all_reduce_fills_the_gaps_the_pipeline_leaves():
-    # One stage pair on a medium; stage 1 (2 devices) finishes its backward at 5 with a
-    # 4 ms all-reduce (3 ms channel time + 1 ms latency) while its gradient (2 ms of
-    # channel time) holds the medium 5-7: the ring's channel time runs 7-10, + 1 = 11.
-    links = [BoundaryCost((("medium", 2.0),), (("medium", 2.0),), 0.0)]
-    compute = [(1.0, 1.0), (1.0, 1.0)]
-    ar = [(0.0, 0.0, ("a",)), (4.0, 1.0, ("c", "d"))]
-    # a: F0 0-1, act 1-3; c: F0 3-4, B0 4-5; grad 5-7; a: B0 7-8; ring 7-10 (+1) = 11
-    assert round_makespan(build("1f1b", [1, 1], 1), compute, links, ar, "shared_medium") == 11.0
-    assert round_makespan(build("1f1b", [1, 1], 1), compute, links, ar, "point_to_point") == 9.0
+def test_an_all_reduce_shares_the_channels_with_gradients():
+    """Stage 0 = a, stage 1 = c + d (one sample each), F = B = 1 ms on every device,
+    M = 1, no latency. Activation pieces a -> c, a -> d and gradient pieces back take
+    1 ms each; the ring's chunks c -> d, d -> c 1.5 ms each, two ring steps.
+
+    Shared medium: acts share it 1-3. c, d: F 3-4, B 4-5. At 5 the two gradients and the
+    two step-0 chunks share it at 1/4: gradients end 9, chunks have 0.5 ms left, at 1/2
+    end 10; step 1 (two chunks at 1/2) 10-13. a: B 9-10. The round ends at 13.
+    Switched: acts share a's uplink 1-3; c, d: F 3-4, B 4-5. At 5 c's uplink carries c's
+    gradient and its chunk, d's uplink likewise, a's downlink both gradients: all four
+    at 1/2; gradients end 7, chunks (0.5 ms left, now alone) 7.5; step 1 7.5-9. -> 9.
+    Point-to-point: acts 1-2, F 2-3, B 3-4, gradients 4-5, ring 4-5.5-7. -> 7.
+    """
+    devices = [[("a", 1.0, 1.0)], [("c", 1.0, 1.0), ("d", 1.0, 1.0)]]
+    schedule = build("1f1b", [1, 1], 1)
+    rings = [RingCost(), RingCost((Piece("c", "d", 1.5, 0.0), Piece("d", "c", 1.5, 0.0)))]
+    for topology, expected in (("shared_medium", 13.0), ("switched", 9.0), ("point_to_point", 7.0)):
+        link = BoundaryCost(
+            (Piece("a", "c", 1.0, 0.0), Piece("a", "d", 1.0, 0.0)),
+            (Piece("c", "a", 1.0, 0.0), Piece("d", "a", 1.0, 0.0)),
+            topology,  # type: ignore[arg-type]
+        )
+        assert round_makespan(schedule, devices, [link], rings, topology) == expected  # type: ignore[arg-type]
+
+
+def test_a_fast_device_sends_its_piece_before_its_slow_peer():
+    """Stage 0 = a (F 1, B 2) + b (F 2, B 4), stage 1 = c (F 3, B 6), switched, M = 1; the
+    pieces a <-> c take 1 ms, b <-> c 2 ms.
+
+    a's piece crosses c's downlink alone 1-2, b's 2-4; c: F 4-7, B 7-13. The gradients
+    share c's uplink: c -> a ends 15, c -> b (1 ms left) 16. a: B 15-17, b: B 16-20.
+    Had the stage waited for its slowest device, both pieces would have left at 2,
+    shared c's downlink and arrived at 4 and 5, and the round would end at 21.
+    """
+    devices = [[("a", 1.0, 2.0), ("b", 2.0, 4.0)], [("c", 3.0, 6.0)]]
+    link = BoundaryCost(
+        (Piece("a", "c", 1.0, 0.0), Piece("b", "c", 2.0, 0.0)),
+        (Piece("c", "a", 1.0, 0.0), Piece("c", "b", 2.0, 0.0)),
+        "switched",
+    )
+    rings = [RingCost(), RingCost()]
+    assert round_makespan(build("1f1b", [1, 1], 1), devices, [link], rings, "switched") == 20.0
+
+
+def test_latency_delays_delivery_without_holding_the_channel():
+    # a -> b, GPipe, M = 2, F = B = 1, pieces 2 ms + 5 ms latency: act0 on the pair 1-3,
+    # delivered 8; act1 (posted 2) follows on the connection 3-5, delivered 10.
+    # b: F0 8-9, F1 10-11, B0 11-12, B1 12-13; grad0 12-14 (delivered 19), grad1 (posted
+    # 13) 14-16 (delivered 21). a: B0 19-20, B1 21-22.
+    devices = [[("a", 1.0, 1.0)], [("b", 1.0, 1.0)]]
+    link = BoundaryCost(
+        (Piece("a", "b", 2.0, 5.0),), (Piece("b", "a", 2.0, 5.0),), "point_to_point"
+    )
+    rings = [RingCost(), RingCost()]
+    schedule = build("gpipe", [2, 2], 2)
+    assert round_makespan(schedule, devices, [link], rings, "point_to_point") == 22.0
 
 
 def test_closed_form_by_hand_with_a_hidden_all_reduce():

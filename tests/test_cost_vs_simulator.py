@@ -1,37 +1,37 @@
-"""The cost model's iteration time against the independent simulator on random plans,
-and proof that the comparison has teeth: three broken cost models fail it."""
+"""The cost model's iteration time against the independent simulator on a grid of 2,100
+random plans, and proof that the comparison has teeth: four broken cost models fail it."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
 
 import planner.cost as cost_module
-from planner.cost import CostModel
+from planner.cost import CostModel, RingCost
 from planner.schedule import build
 from planner.simulator import simulate
 from tests.synthetic import random_plans
 
-PLANS = random_plans(240, seed=11)
+PLANS = random_plans(2100, seed=11)
 SIMULATED = [simulate(problem, part).makespan_ms for problem, part in PLANS]
+#: the mutation tests need only show a failure: the first 600 plans (200 per kind)
+SAMPLE = 600
 
 
-def violations() -> list[str]:
-    """What the cost model gets wrong against the simulator on ``PLANS``, per topology:
-    median |error| above 1%, 90th percentile above 5% or worst above 25% (the measured
-    worst cases, and why, are in docs/benchmarks.md)."""
+def violations(count: int = len(PLANS)) -> list[str]:
+    """What the cost model gets wrong against the simulator on the first ``count`` of
+    ``PLANS``, per network kind, against the issue's targets: median |error| above 1% or
+    worst above 5% (measured figures in docs/benchmarks.md)."""
     errors: dict[str, list[float]] = {}
-    for (problem, part), sim in zip(PLANS, SIMULATED, strict=True):
+    for (problem, part), sim in zip(PLANS[:count], SIMULATED[:count], strict=True):
         predicted = CostModel(problem).evaluate(part).iteration_ms
         errors.setdefault(problem.cluster.network.kind, []).append(abs(predicted / sim - 1))
     out = []
     for kind, errs in errors.items():
         e = np.array(errs)
-        for name, value, limit in (
-            ("median", np.median(e), 0.01),
-            ("90th percentile", np.percentile(e, 90), 0.05),
-            ("worst", e.max(), 0.25),
-        ):
+        for name, value, limit in (("median", np.median(e), 0.01), ("worst", e.max(), 0.05)):
             if value > limit:
                 out.append(f"{kind}: {name} error {value:.1%} > {limit:.0%}")
     return out
@@ -42,25 +42,37 @@ def test_cost_model_matches_the_independent_simulator():
 
 
 def test_links_ten_times_too_cheap_are_caught(monkeypatch):
-    real = cost_module.channel_loads
-    monkeypatch.setattr(
-        cost_module,
-        "channel_loads",
-        lambda pieces, topology: tuple((k, ms / 10) for k, ms in real(pieces, topology)),
-    )
-    assert violations() != []
+    real = CostModel.link_transfer
+
+    def cheap(self, a, b):
+        link = real(self, a, b)
+        return dataclasses.replace(
+            link,
+            forward=tuple(dataclasses.replace(x, ms=x.ms / 10) for x in link.forward),
+            backward=tuple(dataclasses.replace(x, ms=x.ms / 10) for x in link.backward),
+        )
+
+    monkeypatch.setattr(CostModel, "link_transfer", cheap)
+    assert violations(SAMPLE) != []
 
 
 def test_a_dropped_all_reduce_is_caught(monkeypatch):
-    monkeypatch.setattr(CostModel, "allreduce_ms", lambda self, first, end, group: 0.0)
-    assert violations() != []
+    monkeypatch.setattr(CostModel, "ring", lambda self, first, end, group: RingCost())
+    assert violations(SAMPLE) != []
 
 
 def test_gpipe_instead_of_1f1b_is_caught(monkeypatch):
     monkeypatch.setattr(cost_module, "build", lambda name, warmups, m: build("gpipe", warmups, m))
-    assert violations() != []
+    assert violations(SAMPLE) != []
+
+
+def test_ignoring_channel_contention_is_caught(monkeypatch):
+    # every transfer at its full pair rate, as if nothing shared a port or the medium
+    monkeypatch.setattr(cost_module, "fair_shares", lambda held: [1.0] * len(held))
+    assert violations(SAMPLE) != []
 
 
 @pytest.mark.parametrize("kind", ["point_to_point", "switched", "shared_medium"])
 def test_every_network_kind_is_in_the_grid(kind):
     assert sum(p.cluster.network.kind == kind for p, _ in PLANS) == len(PLANS) // 3
+

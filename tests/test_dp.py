@@ -219,7 +219,7 @@ def test_dp_value_equals_cost_model_on_a_non_uniform_network(seed):
 
 
 def test_ties_prefer_fewer_devices_over_fewer_stages(monkeypatch):
-    # a 3-stage plan on 5 devices and a 2-stage plan on 6 are within the tie tolerance:
+    # a 4-stage plan on 4 devices and a 3-stage plan on 5 are within the tie tolerance:
     # the one that leaves a device free wins
     seen = []
     original = dp_module.choose
@@ -229,8 +229,8 @@ def test_ties_prefer_fewer_devices_over_fewer_stages(monkeypatch):
         return original(found)
 
     monkeypatch.setattr(dp_module, "choose", recording)
-    rng = np.random.default_rng(144)
-    problem = random_problem(int(rng.integers(2, 6)), int(rng.integers(3, 7)), seed=144,
+    rng = np.random.default_rng(412)
+    problem = random_problem(int(rng.integers(2, 6)), int(rng.integers(3, 7)), seed=412,
                              global_batch=16, candidates=(1, 2, 4, 8, 16),
                              bandwidth_mbps=1e3, shared=False)  # fmt: skip
     result = plan_dp(problem)
