@@ -158,6 +158,7 @@ def solve(
                 "warm_start_ms": exact.warm_start_ms,
                 "programs": len(exact.subproblems),
                 "programs_closed": sum(s.closed for s in exact.subproblems),
+                "program_ms": exact.program_ms,
             },
             solve_time_s=exact.solve_time_s,
             status=exact.status,

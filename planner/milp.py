@@ -5,9 +5,15 @@ order (no fixed device order, no contiguous device runs), stages take contiguous
 ranges, every device of a stage takes an integer number of samples >= 1 of each
 micro-batch (devices may stay idle), the micro-batch size comes from the candidates, and
 every device must fit its stage's weights, gradients, optimizer state and K_p in-flight
-micro-batches of activations (Eq. 3, K_p from :meth:`TrainingConfig.warmup_depth`).
-Every figure is the one of :mod:`planner.cost`; the objective is the exact iteration
-time the cost model reports (``PlanCost.iteration_ms``), not a proxy.
+micro-batches of activations (Eq. 3, K_p from :meth:`TrainingConfig.warmup_depth`)
+plus, with ring replication on, the replica it holds (:mod:`planner.replicas`).
+Every figure is the one of :mod:`planner.cost`. The programs' rows price a plan at or
+below the cost model's iteration time (``PlanCost.iteration_ms``), equal on the class of
+plans :mod:`planner.milp_formulation` names, so a program's bound is a bound on the cost
+model's figure. Incumbents, the cutoff, the bound and the gap are all in that figure; a
+solution is re-scored by the cost model, and a program counts as solved only when its
+optimum's re-scored figure equals the program's value; a solution it priced too low is
+excluded (a no-good cut) and the program solved again.
 
 Symmetry: devices with the same type, usable memory and slowdown and no per-pair link
 override are interchangeable (same times, memory and network figures), so they form a
@@ -18,8 +24,9 @@ its own, which keeps every network figure a function of the classes involved.
 Decomposition: one program per (micro-batch size B, stage count P), P = 1 ..
 min(L, N, max_stages); with B and P fixed the micro-batch count M = G/B, the warm-ups
 K_p and the schedule's action order are constants. The DP's plan is the first incumbent
-and its (B, P) program comes first; every program carries the incumbent's exact
-iteration time as an objective cutoff, so one that cannot beat it is infeasible. Two
+and its (B, P) program comes first; every program carries the incumbent's iteration
+time as an objective cutoff (valid: a program never prices a plan above the cost model),
+so one that cannot beat it is infeasible. Two
 programs run at a time (one solver thread each); a first pass gives every program a
 short slice (the easy ones close, better incumbents appear early), a second pass gives
 the open ones the time left, lowest bound first.
@@ -46,7 +53,7 @@ from planner.diagnosis import diagnose_infeasible
 from planner.dp import plan_dp
 from planner.errors import InfeasibleError, InputError
 from planner.milp_backends import HighsWorkers, solve_cpsat, solve_pulp
-from planner.milp_formulation import Builder, Tables, extract, solution_hint
+from planner.milp_formulation import Builder, Tables, decision, extract, solution_hint
 from planner.partition import Partition
 from planner.problem import Problem
 
@@ -74,21 +81,34 @@ QUICK_SHARE = 0.25
 #: rounded times cannot cut off the incumbent's own program
 CUTOFF_SLACK = 1e-4
 
+#: a solution's cost-model figure within this (relative) of the program's value counts
+#: as equal (CP-SAT's time resolution, milp_backends)
+EXACT = 1e-4
+
 
 # --------------------------------------------------------------------------------------
 # the planner
 # --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SubProblem:
-    """What happened to the program of one (micro-batch size, stage count)."""
+    """What happened to the program of one (micro-batch size, stage count).
+
+    ``best_ms``: the least cost-model iteration time of the plans read from its
+    solutions; ``bound_ms``: the solver's lower bound on the program's optimum, which is
+    a lower bound on the cost-model iteration time of every plan of its space not yet
+    evaluated (the program's rows are a relaxation, :mod:`planner.milp_formulation`);
+    ``program_ms``: the program's own value of its last solution (equal to that plan's
+    cost-model figure where the rows are exact, below it where they relax);
+    ``excluded``: plans evaluated and then excluded by a no-good cut."""
 
     batch: int
     num_stages: int
     status: str  # optimal | feasible | infeasible | unknown | skipped (time was up)
-    best_ms: float | None  # exact iteration time of its solution, re-scored
-    bound_ms: float | None  # the solver's lower bound on the program's optimum
+    best_ms: float | None
+    bound_ms: float | None
     solve_time_s: float
-    chain_ms: float | None = None  # its solution in the program's units (PlanCost.chain_ms)
+    program_ms: float | None = None
+    excluded: int = 0
 
     @property
     def closed(self) -> bool:
@@ -102,8 +122,10 @@ class MILPResult:
 
     ``status``: ``optimal`` (every program closed), ``feasible`` (time limit hit, but every
     program has a lower bound, so ``bound_ms`` and ``gap`` are valid), ``timed_out``
-    (time limit hit before some program had a bound: no global bound). ``gap`` =
-    (iteration - bound) / iteration."""
+    (time limit hit before some program had a bound: no global bound). ``bound_ms`` and
+    ``gap`` = (iteration - bound) / iteration are in the cost model's figure (the
+    programs relax it). ``program_ms``: the value the program gave the returned plan,
+    beside its cost-model ``cost.iteration_ms`` (equal where the rows are exact)."""
 
     partition: Partition
     cost: PlanCost
@@ -115,6 +137,7 @@ class MILPResult:
     time_limit_s: float
     warm_start_ms: float | None
     subproblems: tuple[SubProblem, ...]
+    program_ms: float | None = None  # the program's value of the plan (None: the warm start)
 
 
 class _Search:
@@ -128,48 +151,68 @@ class _Search:
         tables: Tables,
         backend: str,
         deadline: float,
-        best: tuple[float, Partition, PlanCost] | None,
+        best: tuple[float, Partition, PlanCost, float | None] | None,
         horizon: float,
     ) -> None:
         self.tables, self.backend, self.deadline, self.horizon = tables, backend, deadline, horizon
         self.best = best
+        self.excluded: dict[tuple[int, int], list[dict[int, float]]] = {}
         self.lock = threading.Lock()
         self.highs: HighsWorkers | None = None  # set while run() uses the highs backend
 
     def attempt(self, job: tuple[int, int], cap: float, before: SubProblem | None) -> SubProblem:
         """Solve program ``job`` for at most ``cap`` seconds (and never past the
-        deadline); ``before`` is its result from an earlier pass."""
+        deadline); ``before`` is its result from an earlier pass.
+
+        Loop: solve the program under the incumbent's cutoff; re-score the solution by
+        the cost model (it may become the incumbent). If the solver proved it optimal
+        and the cost model's figure equals the program's value (within EXACT), the
+        program is solved: no plan of its space is faster. If the figure is higher (a
+        relaxed row was loose for that plan), exclude the plan (:func:`no_good`) and
+        solve again: the remaining plans' bound can only rise."""
         t0 = time.perf_counter()
-        limit = min(cap, self.deadline - t0)
-        if limit <= 0:
+        stop = min(t0 + cap, self.deadline)
+        if stop - t0 <= 0:
             return before or SubProblem(*job, "skipped", None, None, 0.0)
-        with self.lock:
-            best = self.best
-        # the cutoff is in the program's own units: the incumbent's chain recurrence
-        ref = best[2].chain_ms if best else self.horizon
-        form = Builder(self.tables, *job).build(ref * (1 + CUTOFF_SLACK), self.horizon)
-        hint = {}
-        if best and (best[1].micro_batch_size, best[1].num_stages) == job:
-            hint = solution_hint(form, self.tables, best[1])
-        if self.backend == "cpsat":
-            outcome = solve_cpsat(form.model, hint, limit, CPSAT_UNITS / ref)
-        elif self.highs is not None:
-            outcome = self.highs.solve(form.model, hint, limit)
-        else:
-            outcome = solve_pulp(form.model, hint, limit, self.backend)
         found = before.best_ms if before else None
-        chain = before.chain_ms if before else None
-        if outcome.values is not None:
+        program = before.program_ms if before else None
+        outcome_status, bound = (before.status, before.bound_ms) if before else ("unknown", None)
+        excluded = self.excluded.setdefault(job, [])
+        while (limit := stop - time.perf_counter()) > 0:
+            with self.lock:
+                best = self.best
+            ref = best[0] if best else self.horizon
+            form = Builder(self.tables, *job).build(
+                ref * (1 + CUTOFF_SLACK), self.horizon, tuple(excluded)
+            )
+            hint = {}
+            if best and (best[1].micro_batch_size, best[1].num_stages) == job:
+                hint = solution_hint(form, self.tables, best[1])
+            if self.backend == "cpsat":
+                outcome = solve_cpsat(form.model, hint, limit, CPSAT_UNITS / ref)
+            elif self.highs is not None:
+                outcome = self.highs.solve(form.model, hint, limit)
+            else:
+                outcome = solve_pulp(form.model, hint, limit, self.backend)
+            outcome_status, bound = outcome.status, outcome.bound_ms
+            if outcome.values is None:
+                break
             partition = extract(form, self.tables, outcome.values)
             cost = self.tables.cm.evaluate(partition)
-            found, chain = cost.iteration_ms, cost.chain_ms
-            with self.lock:
-                if cost.memory_ok and (
-                    self.best is None or found < self.best[0] * (1 - IMPROVEMENT)
-                ):
-                    self.best = (found, partition, cost)
+            program = outcome.values[form.model.objective]
+            if cost.memory_ok:
+                found = cost.iteration_ms if found is None else min(found, cost.iteration_ms)
+                with self.lock:
+                    if self.best is None or cost.iteration_ms < self.best[0] * (1 - IMPROVEMENT):
+                        self.best = (cost.iteration_ms, partition, cost, program)
+            if outcome.status != "optimal":
+                break
+            if cost.memory_ok and cost.iteration_ms <= program * (1 + EXACT):
+                break  # the program's optimum, and the cost model agrees: solved
+            outcome_status = "feasible"  # not proven until the loose plan is excluded
+            excluded.append(decision(form, outcome.values))
         spent = time.perf_counter() - t0 + (before.solve_time_s if before else 0.0)
-        return SubProblem(*job, outcome.status, found, outcome.bound_ms, spent, chain)
+        return SubProblem(*job, outcome_status, found, bound, spent, program, len(excluded))
 
     def run(
         self,
@@ -239,11 +282,11 @@ def plan_milp(
             warm_start, dp_values = dp.partition, dp.candidates
         except InfeasibleError:
             warm_start = None
-    best: tuple[float, Partition, PlanCost] | None = None
+    best: tuple[float, Partition, PlanCost, float | None] | None = None
     if warm_start is not None:
         cost = cm.evaluate(warm_start)
         if cost.memory_ok:
-            best = (cost.iteration_ms, warm_start, cost)
+            best = (cost.iteration_ms, warm_start, cost, None)
     warm_ms = best[0] if best else None
 
     tables = Tables(problem, cm, device_classes(problem))
@@ -266,7 +309,7 @@ def plan_milp(
             "(infeasibility is not proven); raise the time limit",
             "time_limit",
         )
-    value, partition, cost = best
+    value, partition, cost, program = best
     if closed:
         status, bound = "optimal", value
     else:
@@ -274,9 +317,11 @@ def plan_milp(
         if any(b is None for b in open_bounds):
             status, bound = "timed_out", None
         else:
-            # bounds are in the program's units (the chain recurrence), so is the gap
-            status, bound = "feasible", min([cost.chain_ms, *open_bounds])  # type: ignore[list-item]
-    gap = None if bound is None else max(0.0, (cost.chain_ms - bound) / cost.chain_ms)
+            # every program's bound is a lower bound on the cost-model figure of the
+            # plans it has not excluded (the rows relax the cost model), so the gap is
+            # one of the reported iteration time
+            status, bound = "feasible", min([value, *open_bounds])  # type: ignore[list-item]
+    gap = None if bound is None else max(0.0, (value - bound) / value)
     return MILPResult(
         partition,
         cost,
@@ -288,6 +333,7 @@ def plan_milp(
         time_limit,
         warm_ms,
         tuple(done),
+        program,
     )
 
 

@@ -40,7 +40,8 @@ from planner.milp_formulation import BIN, INT, TIME, Model, axpy
 class Outcome:
     """One program's result: ``status`` optimal | feasible (limit hit, solution) |
     infeasible (nothing at or under the cutoff) | unknown (limit hit, no solution);
-    ``bound_ms`` a lower bound on the program's optimum (None if the solver has none)."""
+    ``values`` per variable (times in ms); ``bound_ms`` a lower bound on the program's
+    optimum (None if the solver has none)."""
 
     status: str
     values: list[float] | None
@@ -93,11 +94,14 @@ def solve_cpsat(
     solver.parameters.log_search_progress = False
     status = solver.Solve(model)
     bound = solver.BestObjectiveBound() / scale
-    if status == cp_model.OPTIMAL:
-        values = [float(solver.Value(v)) for v in cp_vars]
-        return Outcome("optimal", values, solver.ObjectiveValue() / scale)
-    if status == cp_model.FEASIBLE:
-        return Outcome("feasible", [float(solver.Value(v)) for v in cp_vars], bound)
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        values = [
+            solver.Value(v) / scale if kind == TIME else float(solver.Value(v))
+            for v, kind in zip(cp_vars, md.kind, strict=True)
+        ]
+        if status == cp_model.OPTIMAL:
+            return Outcome("optimal", values, solver.ObjectiveValue() / scale)
+        return Outcome("feasible", values, bound)
     if status == cp_model.INFEASIBLE:
         return Outcome("infeasible", None, None)
     return Outcome("unknown", None, bound if math.isfinite(bound) else None)
@@ -177,7 +181,15 @@ def solve_pulp(md: Model, hint: dict[int, float], time_limit: float, backend: st
         dual = float(prob.solverModel.getInfo().mip_dual_bound)
         bound = dual if math.isfinite(dual) else None
     solved = prob.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
-    values = [float(v.varValue) for v in lp_vars] if solved else None
+    # a variable in no row (pulp leaves it out of the solver's model) takes its lower bound
+    values = (
+        [
+            float(lb if v.varValue is None else v.varValue)
+            for v, lb in zip(lp_vars, md.lb, strict=True)
+        ]
+        if solved
+        else None
+    )
     if values is not None and not stopped:
         return Outcome("optimal", values, values[md.objective])
     return Outcome("feasible" if values is not None else "unknown", values, bound)

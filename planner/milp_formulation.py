@@ -2,7 +2,18 @@
 and constraints of :mod:`planner.milp`'s formulation, built as a small backend-neutral
 linear model (:class:`Model`) that :mod:`planner.milp_backends` lowers to each solver.
 
-Formulation for fixed (B, P), L blocks, classes k, samples y in 1..B:
+What the program computes: for every plan of its space a value T(plan) <= the cost
+model's iteration time (``PlanCost.iteration_ms``, :func:`planner.cost.round_makespan`),
+equal on the exact class below. The rows are therefore a *relaxation* of the cost model:
+a solver's lower bound on the program is a lower bound on the cost model's figure, and
+:mod:`planner.milp` compares, cuts off and reports in the cost model's figure only. Every
+coefficient comes from :mod:`planner.cost` (its per-block figures and its closed-form
+pieces ``transfer_ms``, ``ring_allreduce_ms``, ``stage_memory_bytes``, ``replica_bytes``
+evaluated at unit arguments: they are linear), the stages' action order from
+:func:`planner.schedule.build`; nothing is re-derived here.
+
+Formulation for fixed (B, P), L blocks, classes k, samples y in 1..B, boundaries b
+(between stages b and b + 1):
 
 Variables
     c[l, p] in {0, 1}, p = 1..P-1: block l is in stage >= p (c[l, 0] = 1, c[l, P] = 0);
@@ -12,52 +23,86 @@ Variables
         u[p, k] in {0, 1} = OR_y q[p, k, y]; d2[p, k] in {0, 1}: at least two devices of
         class k in stage p (only where the network needs it).
     h[p, g] in {0, 1}, g = 1..min(N, B): stage p's group has g devices (one-hot).
-    Ef[p], Eb[p], Ta[p] >= 0: forward, backward and all-reduce time of stage p;
-        Lk[p] >= 0: link time p -> p+1 (one direction); LATin[p], LATx[p]: the largest
-        latency inside stage p's group and between stages p and p+1; ein[p, j],
-        ex[p, j] in {0, 1}: some pair inside the group / across the link has
-        1/bandwidth >= v_j (v_0 < v_1 < ... the distinct 1/bandwidth values).
-    e[s, i] >= 0: end of the i-th action of chain step s in the schedule; T: round time.
+    r[p, k, y] in {0, 1} (replication on, P >= 2): stage p holds its ring predecessor's
+        replica on a class-k device with y samples.
+    Ef[p], Eb[p], Ta[p] >= 0: forward, backward and all-reduce time of stage p; LATin[p]
+        and ein[p, j]: the group's largest latency and "some pair has ms per byte >= v_j"
+        (v_0 < v_1 < ... the distinct ms-per-byte values of device pairs).
+    O[b] (channel time of one transfer: its most loaded channel), S[b], R[b] (switched:
+        the most loaded port of stage b / b + 1), LAT[b] (delivery latency).
+    e[p, a]: end of compute action a of stage p; F[b, m], G[b, m]: when the pieces of
+        micro-batch m's activations / gradients over b are through; T: the round.
 
-Constraints
-    contiguity: c[l, p] <= c[l + 1, p], c[l, p + 1] <= c[l, p], sum_l x[l, p] >= 1;
-    samples:    sum_{k, y} y n[p, k, y] = B per stage; sum_{p, y} n[p, k, y] <= count_k;
-                sum_g h[p, g] = 1, sum_g g h[p, g] = sum_{k, y} n[p, k, y];
-    compute:    q[p, k, y] => Ef[p] >= sum_l t_f(l, k, y) x[l, p]  (same for Eb; Eq. 8);
-    memory:     q[p, k, y] => sum_l ((2 + k_opt) W_l + K_p y A_l) x[l, p] <= budget_k;
-    link:       Lk[p] >= LATx[p] + B v_0 a_p and ex[p, j] => Lk[p] >= LATx[p] + B v_j a_p,
-                a_p = sum_c a_{c-1} (c[c, p + 1] - c[c - 1, p + 1]) the boundary bytes per
-                sample of the cut, LATx[p] >= lat(k1, k2) (u[p, k1] + u[p + 1, k2] - 1),
-                ex[p, j] >= u[p, k1] + u[p + 1, k2] - 1 for class pairs with 1/bw >= v_j;
-    all-reduce: h[p, g] (and ein[p, j]) => Ta[p] >= r_g v_j sum_l W_l x[l, p]
-                + 2 (g - 1) LATin[p] with r_g = 2(g-1)/g (2(g-1) on a shared medium),
-                LATin and ein as LATx and ex over pairs inside the group (§3.3);
-    schedule:   for every action a of step s (1F1B with the cost model's warm-ups, or
-                GPipe), e[s, a] >= e[s, prev(a)] + dur(a) and e[s, a] >= e[dep(a)] + dur(a),
-                dur = Ef / Eb on stage steps and Lk on link steps; T >= e[s, last] + Ta[p];
-    redundant:  T >= M (Ef^c + Eb^c) + sum_{i<c} (Ef^i + Eb^i) for every step c (implied
-                by the paths above; stated so that propagation bounds T at once);
-    balance:    where a class's block times never fall with the batch size, its devices
-                in one stage take y or y + 1 samples (even splits are never worse);
-    cutoff:     T <= incumbent (1 + 1e-4).
+Constraints and how they stand to the cost model
+    EXACT  contiguity, samples, group size (one-hot h) and class counts;
+    EXACT  compute (Eq. 8): q[p, k, y] => Ef[p] >= sum_l t_f(l, k, y) x[l, p] (Eb alike);
+    EXACT  memory (Eq. 3): q[p, k, y] => sum_l ((2 + k_opt) W_l + K_p y A_l) x[l, p] <=
+           budget_k; with ring replication (:mod:`planner.replicas`) on and P >= 2, one
+           holder per stage whose predecessor has one device (sum r = h[pred, 1]), of a
+           class of the largest budget used in the stage (r + u[p, k'] <= 1 for larger
+           k'), and r[p, k, y] => the same row plus sum_l (1 + k_opt) W_l x[l, pred];
+           :func:`extract` lists the holder first, which is the device the placement
+           rule picks (largest budget, first listed);
+    EXACT  all-reduce value (§3.3): h[p, g] (and ein[p, j]) => Ta[p] >= r_g v_j
+           sum_l W_l x[l, p] + l_g LATin[p], (r_g, l_g) = :func:`ring_coefficients`,
+           LATin / ein the group's slowest pair (:meth:`CostModel.allreduce_ms`);
+    EXACT  compute order: per stage its F/B in the schedule's order, each after the one
+           before; F_p(m) after the activations' delivery F[p-1, m] + LAT[p-1], B_p(m)
+           after the gradients' G[p, m] + LAT[p]; T >= e[p, last] + Ta[p];
+    EXACT  full duplex: a boundary's activations and gradients are two streams, each a
+           sequence over m: F[b, m] >= e[b, F m] + O[b] and F[b, m] >= F[b, m-1] + O[b]
+           (G alike, posted by B_{b+1}(m)); the cost model's first-come-first-served
+           channels give exactly this where no other stream shares the channels;
+    transfer loads, where exact:
+        point-to-point: O = the largest re-sliced piece. EXACT when a side has one
+            device (its pieces are the other side's y samples: q ^ h[side, 1] ^ u =>
+            O >= y v(k1, k2) cut); otherwise RELAXED to O >= one sample's piece;
+        switched: S, R = the most loaded port of each side, O = max(S, R).
+            q[b, k, y] => S >= y v_min(k) cut (a port carries its device's y samples at
+            no less than its fastest pair's rate). EXACT on uniform bandwidth, and where
+            the other side is one device (then v(k1, k2) exactly); RELAXED otherwise
+            (a port's pieces at several rates);
+        shared medium: O = the sum of all pieces. EXACT on uniform bandwidth (B v cut)
+            and where each side is one device; RELAXED to B x the least rate otherwise;
+        latency: EXACT on uniform latency and where a side has one device (every pair
+            then carries a piece: LAT >= lat(k1, k2) for the used pairs); RELAXED to the
+            least pair latency otherwise;
+    RELAXED  channels two streams share (work conservation: from any transfer's posting
+           on, a channel still needs that transfer's and every later one's channel time):
+           shared medium: per stage, its posts (fixed by its compute order) chained on
+           the medium, T >= the chain's end; T >= the first forward's end + 2 M sum_b O[b]
+           + the rings' channel time (everything on one channel, the brief's "sum as a
+           bound"). Switched, uniform bandwidth: a middle stage's uplinks carry its
+           activations out and gradients back (chained likewise), its downlinks both
+           streams in (T >= first forward upstream + M (R[p-1] + S[p])). The cost model
+           interleaves these first come first served; the rows keep each stream's own
+           order and the channel's total, not the interleaving;
+    RELAXED  all-reduce on a switch or a medium: T >= ready + Ta, i.e. the ring as if
+           the pipeline's traffic had left its ports / the medium (the cost model fills
+           the gaps it leaves); EXACT on point-to-point;
+    redundant (implied): T >= M (Ef_c + Eb_c) + sum_{i<c} (Ef_i + Eb_i + 2 (O_i +
+           LAT_i)) per stage, and per boundary its M transfers plus the way around;
+    balance (drops only plans another plan matches): where a class's block times never
+           fall with the batch size, its devices in one stage take y or y + 1 samples,
+           unless a ring replica lands in the stage;
+    cutoff: T <= incumbent x (1 + 1e-4) (valid: T <= the cost model's figure).
 
-Objective: minimise T. With the durations fixed the least T satisfying the schedule
-constraints is the longest path through the schedule's actions, i.e. exactly
-:func:`planner.cost.schedule_makespan`; every other constraint is an exact linear (or
-indicator) form of a cost-model formula, or drops only plans that another plan matches
-or beats (balance), so the optimum of the program is the least chain recurrence
-(``PlanCost.chain_ms``) over the space. The cost model's reported figure
-(``PlanCost.iteration_ms``) prices boundaries as parallel re-sliced pieces on the
-network's channels (docs/cost-model.md), which the program does not: every solution is
-re-scored by :class:`CostModel`, incumbents are compared by that figure, and the cutoff,
-bounds and gap are in the program's units.
-Uniform networks need no LAT/ein/ex variables (a single bandwidth and latency value).
+The exact class (program value = cost model's figure, ``tests/test_milp.py``): plans
+whose every boundary has one device on a side, on point-to-point links; on a switch or
+medium additionally no middle stage with two streams on its ports and no ring waiting
+behind pipeline traffic (e.g. two stages). Otherwise the program may price a plan below
+the cost model; :mod:`planner.milp` then re-scores it, excludes it (:func:`no_good`) and
+solves again, so a program is declared solved only when its optimum is a plan the cost
+model prices at the program's value.
 
-Size per program: O(P L) block binaries, O(P K B) sample variables, O(P min(N, B))
-group-size binaries, O(S M) action variables (S = 2P - 1 steps, M micro-batches) and
-O(P K B L + S M + P min(N, B) L) non-zeros. The number of programs is
-O(#candidates x min(L, N)); each is NP-hard in general (it contains bin packing), so the
-time limit bounds the whole search; the plan records whether optimality was proven.
+Objective: minimise T. Uniform networks need no LATin/ein/d2 variables.
+
+Size per program: O(P L) block binaries, O(P K B) sample and holder variables,
+O(P min(N, B)) group-size binaries, O(P M) action and transfer variables (M
+micro-batches) and O(P K^2 B L + P M + P min(N, B) L |V|) non-zeros. The number of
+programs is O(#candidates x min(L, N)); each is NP-hard in general (it contains bin
+packing), so the time limit bounds the whole search; the plan records whether
+optimality was proven.
 """
 
 from __future__ import annotations
@@ -67,9 +112,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from planner.classes import DeviceClass, representative_pair
-from planner.cost import CostModel, chain_schedule
+from planner.cost import (
+    CostModel,
+    ring_allreduce_ms,
+    stage_memory_bytes,
+    transfer_ms,
+)
 from planner.partition import Partition, StageAssignment
 from planner.problem import Problem
+from planner.replicas import ring_load
+from planner.schedule import build, compute_actions
 
 #: variable kinds: binary, integer, time in ms
 BIN, INT, TIME = "bin", "int", "time"
@@ -148,21 +200,28 @@ class Formulation:
     u: dict[tuple[int, int], int]
     h: dict[tuple[int, int], int]
     d2: dict[tuple[int, int], int]
+    r: dict[tuple[int, int, int], int]  # (p, k, y) -> stage p's replica holder is (k, y)
 
 
 class Tables:
-    """Per-class block tables shared by every (B, P) program of one problem."""
+    """Per-class block and network tables shared by every (B, P) program of one problem.
+    Every coefficient comes from :mod:`planner.cost` (its per-block figures, its
+    closed-form pieces evaluated at unit arguments), none is re-derived here."""
 
     def __init__(self, problem: Problem, cm: CostModel, classes: list[DeviceClass]) -> None:
         self.problem, self.cm, self.classes = problem, cm, classes
-        self.n_blocks = problem.model.num_blocks
+        self.n_blocks = n_blocks = problem.model.num_blocks
         # per class: (L, max_batch + 1) forward / backward ms of each block at each batch
         self.tf = [np.diff(cm.fwd[c.type], axis=0) * c.slowdown for c in classes]
         self.tb = [np.diff(cm.bwd[c.type], axis=0) * c.slowdown for c in classes]
-        self.static = cm.state_factor * np.diff(cm.param_prefix)
-        self.saved = np.diff(cm.saved_prefix)
+        self.static = np.array([cm.static_bytes(b, b + 1) for b in range(n_blocks)])
+        self.saved = np.array([cm.saved_bytes(b, b + 1) for b in range(n_blocks)])
+        self.replica = np.array([cm.replica_bytes(b, b + 1) for b in range(n_blocks)])
         self.grad = np.diff(cm.param_prefix)
         self.boundary = cm.boundary
+        self.topology = problem.cluster.network.kind
+        self.shared = cm.shared_medium  # the ring all-reduce's formula (cost.py)
+        self.replicated = problem.config.replication_interval > 0
         n_cls = len(classes)
         inv = np.full((n_cls, n_cls), np.nan)
         lat = np.full((n_cls, n_cls), np.nan)
@@ -170,15 +229,22 @@ class Tables:
             for b, cb in enumerate(classes):
                 pair = representative_pair(ca, cb)
                 if pair is not None:
-                    inv[a, b] = 1.0 / cm.bw[pair]
-                    lat[a, b] = cm.lat[pair]
+                    # ms per byte and latency of the pair (cost.transfer_ms)
+                    inv[a, b] = float(transfer_ms(1.0, cm.bw[pair], 0.0))
+                    lat[a, b] = float(transfer_ms(0.0, cm.bw[pair], cm.lat[pair]))
         self.inv_bw, self.lat = inv, lat
-        #: distinct 1/bandwidth values of device pairs, ascending (v_0 < v_1 < ...)
+        #: distinct ms-per-byte values of device pairs, ascending (v_0 < v_1 < ...)
         self.inv_values = sorted(set(inv[~np.isnan(inv)].tolist()))
         known = lat[~np.isnan(lat)]
         self.lat_lo = float(known.min()) if known.size else 0.0
         self.lat_hi = float(known.max()) if known.size else 0.0
-        self.uniform = len(self.inv_values) <= 1 and self.lat_lo == self.lat_hi
+        self.v_lo = self.inv_values[0] if self.inv_values else 0.0
+        self.v_hi = self.inv_values[-1] if self.inv_values else 0.0
+        #: per class, the least ms per byte to any other device (a lower bound on its
+        #: per-byte time to whichever device it talks to)
+        self.v_min = [float(np.nanmin(row)) if not np.isnan(row).all() else 0.0 for row in inv]
+        self.uniform_bw = len(self.inv_values) <= 1
+        self.uniform = self.uniform_bw and self.lat_lo == self.lat_hi
         #: per class, whether every block's times are non-decreasing in the batch size.
         #: Then splitting a class's samples in a stage evenly (counts differing by at
         #: most 1) is never worse: moving one sample from a device with y samples to one
@@ -191,19 +257,28 @@ class Tables:
         self.n_devices = sum(c.count for c in classes)
 
 
-def schedule_actions(cm: CostModel, batch: int, num_stages: int) -> list[list[tuple[str, int]]]:
-    """The action lists of every chain step for (B, P), as the cost model builds them:
-    the warm-ups come from scoring a placeholder partition of P stages (they depend on P,
-    M and the config only), the order from :func:`planner.cost.chain_schedule`."""
-    problem = cm.problem
-    n_blocks = problem.model.num_blocks
-    devices = problem.cluster.devices
-    stages = tuple(
-        StageAssignment(p, p + 1 if p + 1 < num_stages else n_blocks, (devices[p].id,), (batch,))
-        for p in range(num_stages)
-    )
-    placeholder = Partition(batch, problem.config.global_batch // batch, stages)
-    return chain_schedule(cm.evaluate(placeholder).chain)
+def ring_coefficients(group: int, shared: bool) -> tuple[float, float]:
+    """The ring all-reduce of :func:`planner.cost.ring_allreduce_ms` over ``group``
+    devices as ``(per gradient byte per ms-per-byte, per ms of latency)``: the formula is
+    linear in W_p / bw and in the latency, so its value at unit arguments are the
+    coefficients."""
+    per_byte = float(ring_allreduce_ms(1.0, group, 1.0, 0.0, shared))
+    per_lat = float(ring_allreduce_ms(0.0, group, 1.0, 1.0, shared))
+    return per_byte, per_lat
+
+
+def stage_orders(problem: Problem, batch: int, num_stages: int) -> list[list[tuple[str, int]]]:
+    """Per stage its forwards and backwards in execution order, from the plan's schedule
+    (:func:`planner.schedule.build` with the config's warm-ups), as the cost model runs
+    them."""
+    config = problem.config
+    m_count = config.global_batch // batch
+    warmups = [config.warmup_depth(p, num_stages, m_count) for p in range(num_stages)]
+    schedule = build(config.schedule, warmups, m_count)  # type: ignore[arg-type]
+    return [
+        [(a.type.value, int(a.micro_batch)) for a in compute_actions(acts)]  # type: ignore[arg-type]
+        for acts in schedule
+    ]
 
 
 class Builder:
@@ -220,19 +295,28 @@ class Builder:
         self.u: dict[tuple[int, int], int] = {}
         self.d2: dict[tuple[int, int], int] = {}
         self.h: dict[tuple[int, int], int] = {}
+        self.r: dict[tuple[int, int, int], int] = {}
         self.group_max = min(tables.n_devices, batch)
 
-    def build(self, cutoff_ms: float, horizon_ms: float) -> Formulation:
+    def build(
+        self, cutoff_ms: float, horizon_ms: float, exclude: tuple[dict[int, float], ...] = ()
+    ) -> Formulation:
+        """The program with objective cutoff ``cutoff_ms``; ``exclude`` lists assignments
+        (values of the decision variables, :func:`decision`) the program must avoid."""
         self.blocks()
         self.devices()
+        self.replicas()
         ef, eb = self.compute()
-        ta = self.allreduce(horizon_ms)
-        links = self.links(horizon_ms)
-        self.schedule(ef, eb, ta, links, cutoff_ms, horizon_ms)
-        return Formulation(
+        ta, work = self.allreduce(horizon_ms)
+        links = [self.boundary_load(b, horizon_ms) for b in range(self.num_stages - 1)]
+        self.schedule(ef, eb, ta, work, links, cutoff_ms, horizon_ms)
+        form = Formulation(
             self.md, self.batch, self.num_stages, self.cum, self.n, self.q, self.u, self.h,
-            self.d2,
+            self.d2, self.r,
         )  # fmt: skip
+        for values in exclude:
+            no_good(form, values)
+        return form
 
     # -- blocks -------------------------------------------------------------------------
     def c_term(self, l_: int, p: int) -> tuple[Lin, float]:
@@ -256,6 +340,17 @@ class Builder:
                 const += sign * w * c0
         return terms, const
 
+    def cut_bytes(self, b: int) -> Lin:
+        """Boundary bytes per sample of the cut between stages b and b + 1:
+        sum_c a_{c-1} (c[c, b+1] - c[c-1, b+1]) (the difference is 1 exactly at the first
+        block of stage b + 1)."""
+        cut: Lin = {}
+        for c in range(1, self.t.n_blocks):
+            a = float(self.t.boundary[c - 1])
+            axpy(cut, a, self.c_term(c, b + 1)[0])
+            axpy(cut, -a, self.c_term(c - 1, b + 1)[0])
+        return cut
+
     def blocks(self) -> None:
         md, big_l, big_p = self.md, self.t.n_blocks, self.num_stages
         for p in range(1, big_p):
@@ -274,20 +369,36 @@ class Builder:
             md.add(terms, ">=", 1.0 - const, "count")
 
     # -- devices and samples -------------------------------------------------------------
+    def memory(self, p: int, y: int) -> np.ndarray:
+        """Per block, its bytes on a device of stage p taking y samples (Eq. 3,
+        :func:`planner.cost.stage_memory_bytes` per block: it is additive over blocks)."""
+        config = self.t.problem.config
+        warm = config.warmup_depth(p, self.num_stages, self.m_count)
+        return np.asarray(stage_memory_bytes(self.t.static, warm, y, self.t.saved))
+
     def devices(self) -> None:
         md, t, batch = self.md, self.t, self.batch
-        config = t.problem.config
         use_per_class: list[Lin] = [{} for _ in t.classes]
+        sizes = range(1, self.group_max + 1)
         for p in range(self.num_stages):
-            warm = config.warmup_depth(p, self.num_stages, self.m_count)
+            for g in sizes:
+                self.h[p, g] = md.var(BIN, 0, 1)
+            md.add({self.h[p, g]: 1.0 for g in sizes}, "==", 1.0, "count")
+        for p in range(self.num_stages):
+            # balance below holds where no ring replica lands in stage p: its predecessor
+            # has two or more devices (always, with replication off or one stage)
+            balanced: tuple[int, ...] = ()
+            if t.replicated and self.num_stages >= 2:
+                not_single = md.var(BIN, 0, 1)
+                pred = (p - 1) % self.num_stages
+                md.add({not_single: 1.0, self.h[pred, 1]: 1.0}, "==", 1.0, "count")
+                balanced = (not_single,)
             allowed = np.arange(p, t.n_blocks - self.num_stages + p + 1)  # blocks p can hold
             samples_row: Lin = {}
             for k, cls in enumerate(t.classes):
                 # y with which even the lightest block stage p may hold overflows are out
                 ys = [
-                    y
-                    for y in range(1, batch + 1)
-                    if (t.static[allowed] + warm * y * t.saved[allowed]).min() <= cls.budget
+                    y for y in range(1, batch + 1) if self.memory(p, y)[allowed].min() <= cls.budget
                 ]
                 self.u[p, k] = md.var(BIN, 0, 1 if ys else 0)
                 u_row: Lin = {self.u[p, k]: 1.0}
@@ -304,25 +415,24 @@ class Builder:
                     class_row[n] = 1.0
                     use_per_class[k][n] = 1.0
                     # memory of a device of class k with y samples (Eq. 3)
-                    terms, const = self.x_lin(t.static + warm * y * t.saved, p)
+                    terms, const = self.x_lin(self.memory(p, y), p)
                     if md.maximum(terms) + const > cls.budget:
                         md.add(terms, "<=", cls.budget - const, "bytes", (q,))
                 md.add(u_row, "<=", 0.0, "count")  # u <= sum_y q
                 if cls.count >= 2 and len(ys) > 2 and t.monotone[k]:
                     # balanced classes: the samples of one class in one stage differ by
-                    # at most 1 (all used y in [lo, lo + 1]); see Tables.monotone
+                    # at most 1 (all used y in [lo, lo + 1]); see Tables.monotone. Not
+                    # where a ring replica lands: its holder pays more memory, so moving
+                    # a sample onto it can overflow it
                     lo = md.var(INT, 1, batch)
                     for y in ys:
-                        md.add({lo: 1.0}, "<=", float(y), "count", (self.q[p, k, y],))
-                        md.add({lo: 1.0}, ">=", float(y - 1), "count", (self.q[p, k, y],))
+                        when = (self.q[p, k, y], *balanced)
+                        md.add({lo: 1.0}, "<=", float(y), "count", when)
+                        md.add({lo: 1.0}, ">=", float(y - 1), "count", when)
                 if cls.count >= 2 and class_row and not t.uniform:
                     d2 = self.d2[p, k] = md.var(BIN, 0, 1)
                     md.add(axpy(class_row, -(cls.count - 1.0), {d2: 1.0}), "<=", 1.0, "count")
             md.add(samples_row, "==", float(batch), "count")
-            sizes = range(1, self.group_max + 1)
-            for g in sizes:
-                self.h[p, g] = md.var(BIN, 0, 1)
-            md.add({self.h[p, g]: 1.0 for g in sizes}, "==", 1.0, "count")
             count_row = {v: 1.0 for (sp, _, _), v in self.n.items() if sp == p}
             md.add(
                 axpy(count_row, -1.0, {self.h[p, g]: float(g) for g in sizes}), "==", 0.0, "count"
@@ -331,7 +441,41 @@ class Builder:
             if use_per_class[k]:
                 md.add(use_per_class[k], "<=", float(cls.count), "count")
 
-    # -- step durations ------------------------------------------------------------------
+    def replicas(self) -> None:
+        """Ring replicas (:mod:`planner.replicas`): with replication on and P >= 2, a
+        stage q run by one device is replicated onto the device of stage q + 1 (mod P)
+        with the largest usable memory, which also holds q's weights and optimizer state
+        (:meth:`planner.cost.CostModel.replica_bytes`). r[p, k, y] = 1: stage p's holder
+        is a class-k device with y samples; exactly one holder when the predecessor has
+        one device (h[pred, 1]), none otherwise; no class of larger budget is used in
+        stage p; the holder's memory row adds the predecessor's replica. Among devices
+        of equal budget the rule takes the first listed, so :func:`extract` lists the
+        holder first."""
+        md, t, big_p = self.md, self.t, self.num_stages
+        if not t.replicated or big_p < 2:
+            return
+        for p in range(big_p):
+            pred = (p - 1) % big_p
+            holders: Lin = {}
+            repl_terms, repl_const = self.x_lin(t.replica, pred)
+            for (sp, k, y), q in self.q.items():
+                if sp != p:
+                    continue
+                r = self.r[p, k, y] = md.var(BIN, 0, 1)
+                holders[r] = 1.0
+                md.add({r: 1.0, q: -1.0}, "<=", 0.0, "count")
+                budget = t.classes[k].budget
+                for k2, other in enumerate(t.classes):
+                    if other.budget > budget:
+                        md.add({r: 1.0, self.u[p, k2]: 1.0}, "<=", 1.0, "count")
+                terms, const = self.x_lin(self.memory(p, y), p)
+                axpy(terms, 1.0, repl_terms)
+                const += repl_const
+                if md.maximum(terms) + const > budget:
+                    md.add(terms, "<=", budget - const, "bytes", (r,))
+            md.add(axpy(holders, -1.0, {self.h[pred, 1]: 1.0}), "==", 0.0, "count")
+
+    # -- durations -----------------------------------------------------------------------
     def compute(self) -> tuple[list[int], list[int]]:
         """E_f and E_b of every stage: its slowest device's time (Eq. 8)."""
         md, t, batch = self.md, self.t, self.batch
@@ -356,10 +500,11 @@ class Builder:
             return None  # pairs inside a group are unordered
         return {self.u[p_a, k_a]: 1.0, self.u[p_b, k_b]: 1.0}, -1.0
 
-    def network(self, p_a: int, p_b: int) -> tuple[Lin, float, dict[int, int]]:
-        """The largest latency between groups p_a and p_b (p_a = p_b: inside one group)
-        as (terms, constant), and the indicators ``flags[j]`` = some pair has 1/bandwidth
-        >= v_j, j >= 1. On a uniform network: a constant and no flags."""
+    def group_network(self, p: int) -> tuple[Lin, float, dict[int, int]]:
+        """The largest latency between two devices of stage p's group as (terms,
+        constant), and the indicators ``flags[j]`` = some pair of the group has ms per
+        byte >= v_j, j >= 1 (both exact: the ring is priced by its slowest pair). On a
+        uniform network: a constant and no flags."""
         md, t = self.md, self.t
         if t.uniform:
             return {}, t.lat_lo, {}
@@ -368,7 +513,7 @@ class Builder:
         n_cls = len(t.classes)
         for ka in range(n_cls):
             for kb in range(n_cls):
-                used = None if np.isnan(t.inv_bw[ka, kb]) else self.pair_used(p_a, ka, p_b, kb)
+                used = None if np.isnan(t.inv_bw[ka, kb]) else self.pair_used(p, ka, p, kb)
                 if used is None:
                     continue
                 terms, const = used
@@ -380,43 +525,95 @@ class Builder:
                         md.add(axpy({flag: 1.0}, -1.0, terms), ">=", const, "count")
         return {lat_var: 1.0}, 0.0, flags
 
-    def allreduce(self, horizon_ms: float) -> list[int]:
-        """T_a of every stage: ring all-reduce over its g devices (§3.3)."""
+    def allreduce(self, horizon_ms: float) -> tuple[list[int], list[int]]:
+        """T_a of every stage (ring all-reduce over its g devices, §3.3,
+        :func:`ring_coefficients`) and, on a shared medium, its channel time alone (T_a
+        without the latency part: what the ring holds the medium for)."""
         md, t = self.md, self.t
-        shared = t.problem.cluster.network.shared_medium
         ta = [md.var(TIME, 0.0, horizon_ms) for _ in range(self.num_stages)]
+        work = [md.var(TIME, 0.0, horizon_ms) for _ in range(self.num_stages)]
         if self.group_max < 2:
-            return ta
+            return ta, work
         for p in range(self.num_stages):
-            lat_terms, lat_const, flags = self.network(p, p)
+            lat_terms, lat_const, flags = self.group_network(p)
             w_terms, w_const = self.x_lin(t.grad, p)
             for g in range(2, self.group_max + 1):
-                ratio = 2.0 * (g - 1) if shared else 2.0 * (g - 1) / g
+                per_byte, per_lat = ring_coefficients(g, t.shared)
                 for j, v in enumerate(t.inv_values):
-                    row = axpy({ta[p]: 1.0}, -ratio * v, w_terms)
-                    axpy(row, -2.0 * (g - 1), lat_terms)
-                    rhs = ratio * v * w_const + 2.0 * (g - 1) * lat_const
                     enforce = (self.h[p, g],) if j == 0 else (self.h[p, g], flags[j])
+                    row = axpy({ta[p]: 1.0}, -per_byte * v, w_terms)
+                    axpy(row, -per_lat, lat_terms)
+                    rhs = per_byte * v * w_const + per_lat * lat_const
                     md.add(row, ">=", rhs, "ms", enforce)
-        return ta
+                    if t.topology == "shared_medium":
+                        row = axpy({work[p]: 1.0}, -per_byte * v, w_terms)
+                        md.add(row, ">=", per_byte * v * w_const, "ms", enforce)
+        return ta, work
 
-    def links(self, horizon_ms: float) -> list[int]:
-        """Link time p -> p+1: latency + B x boundary bytes of the cut / bandwidth."""
+    def boundary_load(self, b: int, horizon_ms: float) -> tuple[int, int, int, int]:
+        """Stage boundary b -> b+1 (one direction; the other carries the same pieces
+        reversed): ``(O, LAT, S, R)`` = its channel time (the most loaded channel,
+        :func:`planner.cost.channel_loads`), its delivery latency, and on a switched
+        network the most loaded port of stage b (S) and of stage b + 1 (R) (O = max).
+        Lower bounds of the cost model's figures, exact where the module docstring says.
+        Piece ms = samples x bytes x ms per byte (``Tables.inv_bw``)."""
         md, t = self.md, self.t
-        links = []
-        for p in range(self.num_stages - 1):
-            lat_terms, lat_const, flags = self.network(p, p + 1)
-            link = md.var(TIME, 0.0, horizon_ms)
-            links.append(link)
-            cut: Lin = {}  # boundary bytes per sample of the cut before stage p + 1
-            for c in range(1, t.n_blocks):
-                a = float(t.boundary[c - 1])
-                axpy(cut, a, self.c_term(c, p + 1)[0])
-                axpy(cut, -a, self.c_term(c - 1, p + 1)[0])
-            for j, v in enumerate(t.inv_values):
-                row = axpy(axpy({link: 1.0}, -self.batch * v, cut), -1.0, lat_terms)
-                md.add(row, ">=", lat_const, "ms", () if j == 0 else (flags[j],))
-        return links
+        cut = self.cut_bytes(b)
+        occ = md.var(TIME, 0.0, horizon_ms)
+        lat = md.var(TIME, t.lat_lo, max(t.lat_hi, t.lat_lo))
+        send = md.var(TIME, 0.0, horizon_ms)
+        recv = md.var(TIME, 0.0, horizon_ms)
+        single = (self.h[b, 1], self.h[b + 1, 1])
+        used = [
+            (k1, k2)
+            for k1 in range(len(t.classes))
+            for k2 in range(len(t.classes))
+            if not np.isnan(t.inv_bw[k1, k2])
+        ]
+
+        def at_least(var: int, coef: float, enforce: tuple[int, ...]) -> None:
+            """var >= coef x cut bytes, where every literal of ``enforce`` is 1."""
+            if coef > 0:
+                md.add(axpy({var: 1.0}, -coef, cut), ">=", 0.0, "ms", enforce)
+
+        for k1, k2 in used:  # the latency: every pair carries a piece when a side is single
+            if t.lat[k1, k2] > t.lat_lo:
+                pair = (self.u[b, k1], self.u[b + 1, k2])
+                for one in single:
+                    md.add({lat: 1.0}, ">=", float(t.lat[k1, k2]), "ms", (one, *pair))
+        if t.topology == "shared_medium":
+            # the medium carries every piece: B x bytes x (ms per byte of each piece)
+            at_least(occ, self.batch * t.v_lo, ())
+            for k, v_min in enumerate(t.v_min):  # one device on a side: its rate bounds all
+                for p, one in ((b, single[0]), (b + 1, single[1])):
+                    if v_min > t.v_lo:
+                        at_least(occ, self.batch * v_min, (one, self.u[p, k]))
+            for k1, k2 in used:  # one device on both sides: one piece
+                pair = (self.u[b, k1], self.u[b + 1, k2])
+                at_least(occ, self.batch * float(t.inv_bw[k1, k2]), (*single, *pair))
+            return occ, lat, occ, occ
+        for (p, k, y), q in self.q.items():
+            if p not in (b, b + 1):
+                continue
+            side = send if p == b else recv
+            if t.topology == "switched":  # a port carries its device's y samples
+                at_least(side, y * t.v_min[k], (q,))
+            for k1, k2 in used:
+                if (k1 if p == b else k2) != k:
+                    continue
+                v = float(t.inv_bw[k1, k2])
+                if t.topology == "switched" and v <= t.v_min[k]:
+                    continue
+                # the other side is one device of the other class: its pieces are this
+                # device's y samples to or from it
+                other = (self.h[b + 1, 1], self.u[b + 1, k2]) if p == b else (
+                    self.h[b, 1], self.u[b, k1])  # fmt: skip
+                at_least(side, y * v, (q, *other))
+        if t.topology == "point_to_point":
+            at_least(occ, t.v_lo, ())  # some piece carries a sample
+        for side in (send, recv):
+            md.add({occ: 1.0, side: -1.0}, ">=", 0.0, "ms")
+        return occ, lat, send, recv
 
     # -- the schedule's longest path -----------------------------------------------------
     def schedule(
@@ -424,51 +621,146 @@ class Builder:
         ef: list[int],
         eb: list[int],
         ta: list[int],
-        links: list[int],
+        work: list[int],
+        links: list[tuple[int, int, int, int]],
         cutoff_ms: float,
         horizon_ms: float,
     ) -> None:
-        """T and the longest-path rows through the schedule's actions."""
-        md = self.md
-        actions = schedule_actions(self.t.cm, self.batch, self.num_stages)
-        last = len(actions) - 1
-        ends = [{a: md.var(TIME, 0.0, horizon_ms) for a in acts} for acts in actions]
+        """T and the longest-path rows through the stages' actions and the boundaries'
+        transfer streams (module docstring)."""
+        md, t, m_count, big_p = self.md, self.t, self.m_count, self.num_stages
+        orders = stage_orders(t.problem, self.batch, big_p)
+        last = big_p - 1
+        end = [{a: md.var(TIME, 0.0, horizon_ms) for a in acts} for acts in orders]
         round_time = md.var(TIME, 0.0, min(cutoff_ms, horizon_ms))
-        # per step, the forward and backward duration variables
-        step_dur = [
-            (links[s // 2],) * 2 if s % 2 else (ef[s // 2], eb[s // 2]) for s in range(last + 1)
-        ]
-        for s, acts in enumerate(actions):
+        # per boundary and direction, when the m-th transfer's pieces are through
+        fwd = [[md.var(TIME, 0.0, horizon_ms) for _ in range(m_count)] for _ in links]
+        bwd = [[md.var(TIME, 0.0, horizon_ms) for _ in range(m_count)] for _ in links]
+        for b, (occ, _, _, _) in enumerate(links):
+            for stream, post in ((fwd[b], end[b]), (bwd[b], end[b + 1])):
+                kind = "F" if stream is fwd[b] else "B"
+                for m in range(m_count):
+                    md.add({stream[m]: 1.0, post[kind, m]: -1.0, occ: -1.0}, ">=", 0.0, "ms")
+                    if m:
+                        md.add({stream[m]: 1.0, stream[m - 1]: -1.0, occ: -1.0}, ">=", 0.0, "ms")
+        for p, acts in enumerate(orders):
             prev = None
-            for kind, mb in acts:
-                dur = step_dur[s][kind == "B"]
-                me = ends[s][kind, mb]
-                if kind == "F":
-                    dep = ends[s - 1]["F", mb] if s > 0 else None
-                else:
-                    dep = ends[s + 1]["B", mb] if s < last else ends[s]["F", mb]
-                for before in (prev, dep):
-                    if before is not None:
-                        md.add({me: 1.0, before: -1.0, dur: -1.0}, ">=", 0.0, "ms")
-                if prev is None and dep is None:
-                    md.add({me: 1.0, dur: -1.0}, ">=", 0.0, "ms")
+            for kind, m in acts:
+                dur = ef[p] if kind == "F" else eb[p]
+                me = end[p][kind, m]
+                md.add({me: 1.0, dur: -1.0}, ">=", 0.0, "ms")
+                if prev is not None:
+                    md.add({me: 1.0, prev: -1.0, dur: -1.0}, ">=", 0.0, "ms")
+                if kind == "F" and p > 0:
+                    lat = links[p - 1][1]
+                    md.add({me: 1.0, fwd[p - 1][m]: -1.0, lat: -1.0, dur: -1.0}, ">=", 0.0, "ms")
+                if kind == "B" and p < last:
+                    lat = links[p][1]
+                    md.add({me: 1.0, bwd[p][m]: -1.0, lat: -1.0, dur: -1.0}, ">=", 0.0, "ms")
                 prev = me
-            if s % 2 == 0:  # a stage's round ends with its all-reduce
-                md.add({round_time: 1.0, prev: -1.0, ta[s // 2]: -1.0}, ">=", 0.0, "ms")
-        # redundant rows that the paths above imply, stated directly so that a solver's
-        # bound on T follows the durations at once (Asteroid's D term): step c's first
-        # forward starts after the forwards of the steps before it, c then runs its M
-        # forwards and M backwards, and its last backward still travels back to step 0
-        for c in range(last + 1):
-            row: Lin = {
-                round_time: 1.0,
-                step_dur[c][0]: -float(self.m_count),
-                step_dur[c][1]: -float(self.m_count),
-            }
-            for i in range(c):
-                axpy(row, -1.0, {step_dur[i][0]: 1.0, step_dur[i][1]: 1.0})
-            md.add(row, ">=", 0.0, "ms")
+            md.add({round_time: 1.0, prev: -1.0, ta[p]: -1.0}, ">=", 0.0, "ms")
+        self.shared_channels(orders, end, links, work, round_time, horizon_ms)
+        self.redundant(ef, eb, links, round_time)
         md.objective = round_time
+
+    def shared_channels(
+        self,
+        orders: list[list[tuple[str, int]]],
+        end: list[dict[tuple[str, int], int]],
+        links: list[tuple[int, int, int, int]],
+        work: list[int],
+        round_time: int,
+        horizon_ms: float,
+    ) -> None:
+        """Channels that two streams share, by work conservation: a channel serves at
+        most one ms of channel time per ms, so from any transfer's posting on, it still
+        needs the channel time of that transfer and of every later one on it.
+
+        Shared medium: the transfers stage p posts (in its compute order) all hold the
+        medium: J_i >= post_i + load_i, J_i >= J_{i-1} + load_i, T >= J_last; and T >=
+        the first forward's end + everything on the medium (2 M loads per boundary and
+        the rings' channel time). Switched, uniform bandwidth: a middle stage's uplinks
+        carry its activations out and its gradients back (in its compute order, loads S
+        and R of its two boundaries, largest on the same device: the one with most
+        samples), the same chain over them; its downlinks carry both streams in: T >= the
+        first forward's end upstream + M (R + S) of its two boundaries."""
+        md, t, m_count = self.md, self.t, self.m_count
+        last = self.num_stages - 1
+        chains: list[list[tuple[int, int]]] = []  # per chain: (post end, load) in order
+        if t.topology == "shared_medium":
+            for p, acts in enumerate(orders):
+                chain = []
+                for kind, m in acts:
+                    if kind == "F" and p < last:
+                        chain.append((end[p][kind, m], links[p][0]))
+                    if kind == "B" and p > 0:
+                        chain.append((end[p][kind, m], links[p - 1][0]))
+                chains.append(chain)
+            if links:
+                row: Lin = {round_time: 1.0, end[0]["F", 0]: -1.0}
+                for occ, *_ in links:
+                    axpy(row, -2.0 * m_count, {occ: 1.0})
+                for w in work:
+                    axpy(row, -1.0, {w: 1.0})
+                md.add(row, ">=", 0.0, "ms")
+        elif t.topology == "switched" and t.uniform_bw:
+            for p in range(1, last):
+                chain = []
+                for kind, m in orders[p]:
+                    load = links[p][2] if kind == "F" else links[p - 1][3]
+                    chain.append((end[p][kind, m], load))
+                chains.append(chain)
+                down = {round_time: 1.0, end[p - 1]["F", 0]: -1.0}
+                axpy(down, -float(m_count), {links[p - 1][3]: 1.0, links[p][2]: 1.0})
+                md.add(down, ">=", 0.0, "ms")
+        for chain in chains:
+            prev = None
+            for post, load in chain:
+                j = md.var(TIME, 0.0, horizon_ms)
+                md.add({j: 1.0, post: -1.0, load: -1.0}, ">=", 0.0, "ms")
+                if prev is not None:
+                    md.add({j: 1.0, prev: -1.0, load: -1.0}, ">=", 0.0, "ms")
+                prev = j
+            if prev is not None:
+                md.add({round_time: 1.0, prev: -1.0}, ">=", 0.0, "ms")
+
+    def redundant(
+        self, ef: list[int], eb: list[int], links: list[tuple[int, int, int, int]], round_time: int
+    ) -> None:
+        """Rows the paths above imply, stated directly so that a solver's bound on T
+        follows the durations at once (Asteroid's D term): stage c's first forward waits
+        for the forwards and transfers before it, c runs its M forwards and M backwards,
+        and its last backward travels back to stage 0; boundary c's M transfers of one
+        direction follow each other, then the last micro-batch finishes its way."""
+        md, m_count = self.md, float(self.m_count)
+        big_p = self.num_stages
+
+        def hop(b: int) -> Lin:
+            return {links[b][0]: 1.0, links[b][1]: 1.0}
+
+        for c in range(big_p):
+            row: Lin = {round_time: 1.0, ef[c]: -m_count, eb[c]: -m_count}
+            for i in range(c):
+                axpy(row, -1.0, {ef[i]: 1.0, eb[i]: 1.0})
+                axpy(row, -2.0, hop(i))
+            md.add(row, ">=", 0.0, "ms")
+        for c in range(big_p - 1):
+            back: Lin = {eb[c]: 1.0}  # the last gradient's way from stage c to stage 0
+            for i in range(c):
+                axpy(back, 1.0, {eb[i]: 1.0})
+                axpy(back, 1.0, hop(i))
+            ahead: Lin = {}  # the first activation's way to stage c
+            for i in range(c + 1):
+                axpy(ahead, 1.0, {ef[i]: 1.0})
+            for i in range(c):
+                axpy(ahead, 1.0, hop(i))
+            occ, lat = links[c][0], links[c][1]
+            # M transfers of one direction, one more of the other and the way around
+            # (the same sum for the activations' and the gradients' stream)
+            row = axpy({round_time: 1.0}, -1.0, ahead)
+            axpy(row, -1.0, back)
+            axpy(row, -1.0, {ef[c + 1]: 1.0, eb[c + 1]: 1.0, lat: 2.0, occ: m_count + 1.0})
+            md.add(row, ">=", 0.0, "ms")
 
 
 def solution_hint(form: Formulation, tables: Tables, partition: Partition) -> dict[int, float]:
@@ -499,33 +791,82 @@ def solution_hint(form: Formulation, tables: Tables, partition: Partition) -> di
         values[var] = 1.0 if count >= 2 else 0.0
     for (p, g), var in form.h.items():
         values[var] = 1.0 if len(partition.stages[p].devices) == g else 0.0
+    if form.r:
+        values.update(dict.fromkeys(form.r.values(), 0.0))
+        ring = ring_load(tables.cm.replicas(partition))
+        for p, stage in enumerate(partition.stages):
+            for d, y in zip(stage.devices, stage.samples, strict=True):
+                if d in ring and (p, cls_of[problem.cluster.index(d)], y) in form.r:
+                    values[form.r[p, cls_of[problem.cluster.index(d)], y]] = 1.0
     return values
+
+
+def decision(form: Formulation, values: list[float] | dict[int, float]) -> dict[int, float]:
+    """The values of the variables a plan is read from (c, n and the replica holders r;
+    the others follow from them): what :func:`extract` uses and :func:`no_good` excludes."""
+    keys = [*form.cum.values(), *form.n.values(), *form.r.values()]
+    return {v: float(round(values[v])) for v in keys}
+
+
+def no_good(form: Formulation, values: dict[int, float]) -> None:
+    """Exclude one assignment of the decision variables (:func:`decision`): at least one
+    of them differs. A binary b differs through b (if 0) or 1 - b (if 1); an integer n
+    at 0 through its q (q = 1 iff n >= 1); an integer n at v >= 1 through new binaries
+    lo (n <= v - 1) and hi (n >= v + 1)."""
+    md = form.model
+    q_of = {form.n[key]: form.q[key] for key in form.n}
+    row: Lin = {}
+    rhs = 1.0
+    for var, value in values.items():
+        if md.kind[var] == BIN:
+            axpy(row, -1.0 if value else 1.0, {var: 1.0})
+            rhs -= value
+        elif value == 0.0:
+            axpy(row, 1.0, {q_of[var]: 1.0})
+        else:
+            lo, hi = md.var(BIN, 0, 1), md.var(BIN, 0, 1)
+            md.add({var: 1.0}, "<=", value - 1.0, "count", (lo,))
+            md.add({var: 1.0}, ">=", value + 1.0, "count", (hi,))
+            axpy(row, 1.0, {lo: 1.0, hi: 1.0})
+    md.add(row, ">=", rhs, "count")
+
+
+def pin(form: Formulation, values: dict[int, float]) -> None:
+    """Fix the variables of ``values`` to those values (bounds lb = ub): the program then
+    prices exactly that plan (``tests/test_milp.py`` compares it with the cost model)."""
+    for var, value in values.items():
+        form.model.lb[var] = form.model.ub[var] = value
 
 
 def extract(form: Formulation, tables: Tables, values: list[float]) -> Partition:
     """The partition encoded by a solution: block ranges from c, devices from n (the
-    members of a class taken in cluster order)."""
+    members of a class taken in cluster order, listed in cluster order except that the
+    holder of an incoming ring replica, from r, comes first)."""
     big_l, big_p = tables.n_blocks, form.num_stages
     stage_of = [sum(round(values[form.cum[l_, p]]) for p in range(1, big_p)) for l_ in range(big_l)]
     free = [list(c.members) for c in tables.classes]
     devices = tables.problem.cluster.devices
+    holder = {p: (k, y) for (p, k, y), var in form.r.items() if round(values[var])}
     stages = []
     for p in range(big_p):
         blocks = [l_ for l_ in range(big_l) if stage_of[l_] == p]
-        taken: list[tuple[int, int]] = []
+        taken: list[tuple[int, int, int]] = []  # (cluster index, samples, class)
         for (sp, k, y), var in sorted(
             form.n.items(), key=lambda kv: (kv[0][0], kv[0][1], -kv[0][2])
         ):
             if sp == p:
                 for _ in range(round(values[var])):
-                    taken.append((free[k].pop(0), y))
+                    taken.append((free[k].pop(0), y, k))
         taken.sort()
+        if p in holder:
+            first = next(i for i, (_, y, k) in enumerate(taken) if (k, y) == holder[p])
+            taken.insert(0, taken.pop(first))
         stages.append(
             StageAssignment(
                 blocks[0],
                 blocks[-1] + 1,
-                tuple(devices[i].id for i, _ in taken),
-                tuple(y for _, y in taken),
+                tuple(devices[i].id for i, _, _ in taken),
+                tuple(y for _, y, _ in taken),
             )
         )
     return Partition(form.batch, tables.problem.config.global_batch // form.batch, tuple(stages))
