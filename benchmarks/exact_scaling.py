@@ -1,0 +1,96 @@
+"""The exact solver at 16-64 devices of 2-4 types: status, bound, gap and time.
+
+Instances: a PipeDream profile on N Jetson-class devices (N = 16, 32, 64) of T types
+(T = 2 or 4, round robin over Jetson Nano, TX2, Xavier NX and Orin Nano from the shipped
+catalog) on switched gigabit Ethernet (940 Mbit/s, 0.2 ms), global batch 32 (every
+micro-batch size dividing it), SGD + momentum, Asteroid warm-up, ring replication on
+(the CLI's defaults). Device classes make the programs' size independent of N (one
+class per type here).
+
+Per instance: the DP's figure and wall time; the exact solver's figure (cost model), the
+program's own value of that plan, status, global bound and gap (both in the cost
+model's figure, valid because the programs relax it), wall time, programs closed / all
+and plans excluded by no-good cuts. Time limit per solve (default 60 s).
+
+    .venv/bin/python benchmarks/exact_scaling.py [--time-limit 60] [--models ...]
+        [--devices 16,32,64] [--types 2,4] [--markdown out.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from planner import api
+from planner.cluster import Cluster, Device, Network, load_catalog
+from planner.config import TrainingConfig
+from planner.dp import plan_dp
+from planner.milp import plan_milp
+from planner.problem import Problem, make_problem
+from planner.profile import ModelProfile
+
+TYPES = ("jetson-nano", "jetson-tx2", "jetson-xavier-nx", "jetson-orin-nano")
+
+#: gigabit Ethernet through one switch: 940 Mbit/s TCP goodput, 0.2 ms (as pi-lab-4)
+ETHERNET = Network(940.0, 0.2)
+
+
+def fleet(n_devices: int, n_types: int) -> Cluster:
+    """``n_devices`` devices, types round robin over the first ``n_types`` of TYPES."""
+    catalog = load_catalog()
+    kinds = TYPES[:n_types]
+    devices = tuple(Device(f"d{i}", kinds[i % n_types]) for i in range(n_devices))
+    types = {t: catalog[t] for t in kinds}
+    return Cluster(f"jetson-{n_devices}x{n_types}", devices, ETHERNET, types)
+
+
+def problem(model_name: str, n_devices: int, n_types: int) -> Problem:
+    model = ModelProfile.load(api.resolve(model_name, "models"))
+    cluster = fleet(n_devices, n_types)
+    return make_problem(model, cluster, TrainingConfig(32), catalog=load_catalog())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--time-limit", type=float, default=60.0)
+    parser.add_argument("--models", default="pipedream-alexnet,pipedream-vgg16")
+    parser.add_argument("--devices", default="16,32,64")
+    parser.add_argument("--types", default="2,4")
+    parser.add_argument("--markdown", help="also write the table to this file")
+    args = parser.parse_args()
+    head = (
+        "| model | N | types | DP ms | DP s | exact ms | program ms | status | gap "
+        "| bound ms | exact s | closed | excluded |"
+    )
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+    print("\n".join(lines), flush=True)
+    for model_name in args.models.split(","):
+        for n_devices in (int(n) for n in args.devices.split(",")):
+            for n_types in (int(t) for t in args.types.split(",")):
+                prob = problem(model_name, n_devices, n_types)
+                start = time.perf_counter()
+                dp = plan_dp(prob, time_limit=args.time_limit)
+                dp_s = time.perf_counter() - start
+                r = plan_milp(prob, time_limit=args.time_limit, warm_start=dp.partition)
+                closed = sum(s.closed for s in r.subproblems)
+                gap = "-" if r.gap is None else f"{r.gap:.1%}"
+                bound = "-" if r.bound_ms is None else f"{r.bound_ms:.1f}"
+                program = "-" if r.program_ms is None else f"{r.program_ms:.1f}"
+                row = (
+                    f"| {model_name} | {n_devices} | {n_types} | {dp.cost.iteration_ms:.1f} "
+                    f"| {dp_s:.1f} | {r.cost.iteration_ms:.1f} | {program} | {r.status} "
+                    f"| {gap} | {bound} | {r.solve_time_s:.0f} | {closed}/{len(r.subproblems)} "
+                    f"| {sum(s.excluded for s in r.subproblems)} |"
+                )
+                lines.append(row)
+                print(row, flush=True)
+    if args.markdown:
+        Path(args.markdown).write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
