@@ -786,3 +786,80 @@ def _prefix(timing: Timing, field: str, max_batch: int) -> np.ndarray:
     table = np.vstack([np.zeros((1, max_batch + 1)), np.cumsum(curves, axis=0)])
     table.flags.writeable = False
     return table
+
+
+# -- the planners' closed form (added for the DP's objective; self-contained) --------------
+def boundary_occupancy_ms(per_sample_bytes, sent_max, received_max, batch, bw_min, topology):
+    """Closed-form channel time of one direction of a stage boundary (the exact figure's
+    :meth:`CostModel.link_transfer` when every pair has the slowest pair's rate
+    ``bw_min``): a sender's pieces sum to its samples and a receiver's to its, so
+
+        switched:       max(sent_max, received_max) x a / bw   (the most loaded port)
+        point_to_point: min(sent_max, received_max) x a / bw   (bounds the largest piece)
+        shared_medium:  batch x a / bw                         (all pieces, one medium)
+
+    ``sent_max`` / ``received_max``: the largest per-device samples of the two groups;
+    ``a``: the boundary's bytes per sample. Elementwise on numpy arrays. Exact for
+    switched and shared medium with uniform bandwidth, an upper bound otherwise."""
+    if topology == "shared_medium":
+        samples = np.asarray(batch, dtype=float)
+    elif topology == "switched":
+        samples = np.maximum(sent_max, received_max)
+    else:
+        samples = np.minimum(sent_max, received_max)
+    return np.asarray(per_sample_bytes) * samples / bw_min
+
+
+def link_period_ms(occupancy, topology):
+    """Channel time per micro-batch a boundary adds to its busiest channel in steady state:
+    full duplex (point-to-point, switched) carries activations and gradients on separate
+    channels (``occupancy``); a shared medium carries both (``2 x occupancy``)."""
+    return np.asarray(occupancy) * (2.0 if topology == "shared_medium" else 1.0)
+
+
+def pipeline_closed_form_ms(cm: CostModel, partition: Partition) -> float:
+    """The planners' closed-form round time of ``partition`` (the DP's objective): steps
+    i = stage 0, link 0->1, stage 1, ... with traversal tau_i (stage: E_f + E_b; link:
+    2 (occupancy + latency), :func:`boundary_occupancy_ms` over the groups' slowest pair
+    and largest latency), steady-state period pi_i (stage: E_f + E_b; link:
+    :func:`link_period_ms`), warm-up K_i and E_f^i:
+
+        T = max_i [C_i + (M - 1) pi_i + tau_i + w_i] + max_s (T_a^s - PB_s)
+
+    with C_i = sum_{j<i} tau_j, PB_s the summed backward traversal (E_b; a link's
+    occupancy + latency) before stage s, and the warm-up bubble of a stage
+    w_i = max(0, R_i - (min(K_i, M) - 1) E_f^i), R_i = sum_{j>i} tau_j: its first
+    backward waits for the first micro-batch's round trip downstream while it runs only
+    K_i forwards (0 for links and the last stage). With half-duplex links (pi = tau) and
+    w = 0 it is Asteroid's closed form (:func:`closed_form_latency`). O(P + g)."""
+    cost = cm.evaluate(partition)
+    cluster = cm.problem.cluster
+    topology = cluster.network.kind
+    m = partition.num_micro_batches
+    steps: list[tuple[float, float, float, float, float, int]] = []  # tau, pi, f, b, T_a, K
+    for p, (stage, sc) in enumerate(zip(partition.stages, cost.stages, strict=True)):
+        steps.append((sc.forward_ms + sc.backward_ms, sc.forward_ms + sc.backward_ms,
+                      sc.forward_ms, sc.backward_ms, sc.allreduce_ms, sc.warmup))  # fmt: skip
+        if p + 1 < partition.num_stages:
+            nxt = partition.stages[p + 1]
+            ga = [cluster.index(d) for d in stage.devices]
+            gb = [cluster.index(d) for d in nxt.devices]
+            sub = np.ix_(ga, gb)
+            occ = float(boundary_occupancy_ms(cm.boundary[stage.end - 1], max(stage.samples),
+                                              max(nxt.samples), partition.micro_batch_size,
+                                              cm.bw[sub].min(), topology))  # fmt: skip
+            one_way = occ + float(cm.lat[sub].max())
+            steps.append((2 * one_way, float(link_period_ms(occ, topology)), one_way,
+                          one_way, 0.0, 0))  # fmt: skip
+    total_tau = sum(s[0] for s in steps)
+    best_d, best_x, before, before_b = -np.inf, -np.inf, 0.0, 0.0
+    for i, (tau, pi, f, b, ar, k) in enumerate(steps):
+        bubble = 0.0
+        if i % 2 == 0:
+            rest = total_tau - before - tau
+            bubble = max(0.0, rest - (min(k, m) - 1) * f)
+            best_x = max(best_x, ar - before_b)
+        best_d = max(best_d, before + (m - 1) * pi + tau + bubble)
+        before += tau
+        before_b += b
+    return best_d + best_x

@@ -114,9 +114,10 @@ from planner.classes import DeviceClass, class_network, device_classes
 from planner.cost import (
     CostModel,
     PlanCost,
+    boundary_occupancy_ms,
+    link_period_ms,
     ring_allreduce_ms,
     samples_that_fit,
-    transfer_ms,
     warmup_that_fits,
 )
 from planner.partition import Partition, StageAssignment
@@ -223,6 +224,7 @@ class _Tables:
         self.fb = self.fwd + self.bwd
         self.budget = np.array([c.budget for c in classes])
         self.bw, self.lat = class_network(cm, classes)
+        self.topology = problem.cluster.network.kind
         #: per class, whether every block's forward and backward times never fall as the
         #: batch grows (then even splits are Algorithm 1's and dominate, docstring)
         self.monotone = [
@@ -340,7 +342,8 @@ class _Tables:
     def head(self, cid: int, warmup: int, batch: int) -> tuple[np.ndarray, ...]:
         """Dense (L+1, L+1) arrays indexed [l, l'] for the head holding blocks
         [L-l, L-l') on composition ``cid`` with ``warmup`` micro-batches in flight:
-        c = E_f + E_b, E_b, T_a (inf where infeasible or l' >= l)."""
+        c = E_f + E_b, E_b, T_a and the largest per-device samples Y (inf where
+        infeasible or l' >= l)."""
         key = (cid, warmup, batch)
         if key in self._tables:
             return self._tables[key]
@@ -357,7 +360,7 @@ class _Tables:
         size = self.n_blk + 1
         big_l = self.n_blk
         out = []
-        for values in (ef + eb, eb, ta):
+        for values in (ef + eb, eb, ta, y.max(axis=1).astype(float)):
             dense = np.full((size, size), INF)
             dense[big_l - self.rows_first, big_l - self.rows_end] = np.where(ok, values, INF)
             out.append(dense)
@@ -447,27 +450,39 @@ class _Tables:
         return _Graph(states, edges, out, "ordered")
 
 
-def _pareto(d: np.ndarray, x: np.ndarray, keep: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per row, indices of the ``keep`` (D, X)-Pareto-optimal candidates with the lowest
-    D + X, and whether each slot holds one (rows with fewer Pareto points are padded).
+def _pareto(
+    d: np.ndarray, x: np.ndarray, carry: np.ndarray, keep: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, indices of ``keep`` candidates Pareto-optimal in (D, X, S), and whether
+    each slot holds one (rows with fewer Pareto points are padded). Picks in turn: least
+    D + X; least S; least X; then least D + X again. S and X get a slot of their own
+    because a later head adds the suffix's traversal S to its warm-up bubble and hides X
+    behind its own backward time (recurrence in the module docstring): a suffix that
+    ranks low by D + X can win after composition.
 
-    Selection by repeated argmin: take the alive candidate of least D + X, then drop every
-    candidate it dominates (itself included). The pick is never dominated by an alive
-    candidate (that one would have a lower or equal sum), so the picks are exactly the
-    Pareto points in order of D + X. O(keep x rows x candidates).
+    Selection by repeated argmin: take the alive candidate of least key (ties: least D),
+    then drop every candidate it dominates (itself included). No alive candidate
+    dominates a pick (it would have a lower or equal key), so every pick is a Pareto
+    point. O(keep x rows x candidates).
     """
     total = d + x
-    alive = np.isfinite(total)
+    alive = np.isfinite(total) & np.isfinite(carry)
     rows = np.arange(len(d))
     chosen = np.zeros((len(d), keep), dtype=np.int64)
     valid = np.zeros((len(d), keep), dtype=bool)
     for j in range(keep):
-        pick = np.argmin(np.where(alive, total, INF), axis=1)
+        key = {1: carry, 2: x}.get(j, total) if keep > 3 else total
+        least = np.where(alive, key, INF).min(axis=1, keepdims=True)
+        pick = np.argmin(np.where(alive & (key == least), d, INF), axis=1)
         found = alive[rows, pick]
         chosen[:, j], valid[:, j] = pick, found
         if not found.any():
             break
-        dominated = (d >= d[rows, pick][:, None]) & (x >= x[rows, pick][:, None])
+        dominated = (
+            (d >= d[rows, pick][:, None])
+            & (x >= x[rows, pick][:, None])
+            & (carry >= carry[rows, pick][:, None])
+        )
         alive &= ~(dominated & found[:, None])
         alive[rows, pick] = False
     return chosen, valid
@@ -475,15 +490,20 @@ def _pareto(d: np.ndarray, x: np.ndarray, keep: int) -> tuple[np.ndarray, np.nda
 
 @dataclass
 class _Level:
-    """Fronts of one level over every state: values D, X, the head composition H of
-    each entry and its parent (edge, l', slot, and whether the parent lies in this level:
-    a skip, or a move inside a collapsed level). ``warm`` is the heads' warm-up; a
-    ``collapsed`` level holds every stage count from its first on."""
+    """Fronts of one level over every state: values D, X, the carried S (summed
+    traversal), Y (largest per-device samples of the entry's head group) and N (its
+    stage count, which a collapsed level does not fix), the head
+    composition H of each entry and its parent (edge, l', slot, and whether the parent
+    lies in this level: a skip, or a move inside a collapsed level). ``warm`` is the
+    heads' warm-up; a ``collapsed`` level holds every stage count from its first on."""
 
     warm: int
     collapsed: bool
     d: np.ndarray
     x: np.ndarray
+    s: np.ndarray
+    y: np.ndarray
+    n: np.ndarray
     h: np.ndarray
     edge: np.ndarray
     l_sub: np.ndarray
@@ -498,6 +518,9 @@ class _Level:
             collapsed,
             np.full(shape, INF),
             np.full(shape, INF),
+            np.full(shape, INF),
+            np.full(shape, INF),
+            np.zeros(shape, dtype=np.int32),
             np.full(shape, -1, dtype=np.int32),
             np.full(shape, -1, dtype=np.int32),
             np.zeros(shape, dtype=np.int32),
@@ -507,7 +530,7 @@ class _Level:
 
     def trim(self) -> None:
         """Keep only the traceback (the values of a finished level are no longer read)."""
-        self.d = self.x = self.h = np.empty(0)
+        self.d = self.x = self.s = self.y = self.n = self.h = np.empty(0)
 
 
 @dataclass(frozen=True)
@@ -545,7 +568,10 @@ class _BatchSearch:
         self.sizes = np.array([sum(s) for s in graph.states])
         big_l = tables.n_blk
         cut = big_l - np.arange(big_l + 1)  # first block of a suffix of l' blocks
-        self.act = batch * tables.cm.boundary[np.clip(cut - 1, 0, big_l - 1)]
+        self.per_sample = tables.cm.boundary[np.clip(cut - 1, 0, big_l - 1)]
+        #: in-flight micro-batches of the head of an n-stage suffix (n = 0..P + 1)
+        self.k_of = np.array([self.warmup(min(n, self.max_p)) for n in range(self.max_p + 2)])
+        self._layout = (0, 1)
 
     def warmup(self, p: int) -> int:
         """K of the head of a p-stage suffix: stage P-p of P, the same for every P."""
@@ -642,25 +668,30 @@ class _BatchSearch:
                 sources.append((self._live(moves, prev), prev, False))
             if collapsed and not only_root:
                 sources.append((self._live(moves, level), level, True))
-            parts: list[tuple[np.ndarray, np.ndarray]] = []
+            parts: list[tuple[np.ndarray, ...]] = []
             meta: list[_Source] = []
             for mv, front, same in sources:
                 if mv:
-                    d, x, lo, f = self._moves(mv, p, warm, front)
-                    parts.append((d, x))
+                    parts.append(self._moves(mv, p, warm, front))
+                    lo, f = self._layout
                     meta.append(_Source("base" if front is None else "move", mv, same,
-                                        d.shape[1], lo, f))  # fmt: skip
+                                        parts[-1][0].shape[1], lo, f))  # fmt: skip
             for e in skips:
                 sub = graph.edges[e][2]
-                parts.append((level.d[sub, p:], level.x[sub, p:]))
+                parts.append(tuple(v[sub, p:] for v in (level.d, level.x, level.s, level.y,
+                                                        level.n)))  # fmt: skip
                 meta.append(_Source("skip", [e], True, FRONT, 0, FRONT))
             if not parts:
                 continue
-            d = np.concatenate([q[0] for q in parts], axis=1)
-            x = np.concatenate([q[1] for q in parts], axis=1)
-            chosen, ok = _pareto(d, np.where(np.isfinite(d), x, INF), FRONT)
+            d, x, carry_s, carry_y, carry_n = (
+                np.concatenate([q[i] for q in parts], axis=1) for i in range(5)
+            )
+            chosen, ok = _pareto(d, np.where(np.isfinite(d), x, INF), carry_s, FRONT)
             level.d[s, p:] = np.where(ok, d[rows, chosen], INF)
             level.x[s, p:] = np.where(ok, x[rows, chosen], INF)
+            level.s[s, p:] = np.where(ok, carry_s[rows, chosen], INF)
+            level.y[s, p:] = np.where(ok, carry_y[rows, chosen], INF)
+            level.n[s, p:] = np.where(ok, carry_n[rows, chosen], 0)
             edge, head, l_sub, k_sub, same = self._decode(meta, chosen, l_here, level)
             level.h[s, p:] = np.where(ok, head, -1)
             level.edge[s, p:] = np.where(ok, edge, -1)
@@ -669,8 +700,9 @@ class _BatchSearch:
             level.same[s, p:] = same
             if s == self.root:
                 total = d[-1] + x[-1]
-                best = np.argsort(total, kind="stable")[:RERANK]
-                best = best[np.isfinite(total[best])][None, :]
+                # one candidate per value: skips reach the same plan along several paths
+                _, first = np.unique(total, return_index=True)
+                best = first[np.isfinite(total[first])][:RERANK][None, :]
                 top = self._decode(meta, best, np.array([[big_l]]), level)
                 self._pending = [
                     (float(total[j]), len(self.levels), *(int(v[0, i]) for v in top))
@@ -724,48 +756,64 @@ class _BatchSearch:
 
     def _moves(
         self, moves: list[int], p: int, warm: int, front: _Level | None
-    ) -> tuple[np.ndarray, np.ndarray, int, int]:
-        """(D, X) candidates of rows l = p..L from ``moves``, with the first l' and the
-        slots per l' of their layout: heads alone (``front`` None) flattened per row as
-        (move,), else composed onto ``front`` as (move, l' = lo..hi, slot < f), where
-        [lo, hi] and f bound the finite entries of the fronts moved onto (module
-        docstring)."""
+    ) -> tuple[np.ndarray, ...]:
+        """(D, X) candidates of rows l = p..L from ``moves`` and their carried (S, Y, N);
+        the first l' and the slots per l' of their layout go to ``self._layout``: heads
+        alone (``front`` None)
+        flattened per row as (move,), else composed onto ``front`` as (move, l' = lo..hi,
+        slot < f), where [lo, hi] and f bound the finite entries of the fronts moved onto
+        (module docstring)."""
         t, graph, m = self.t, self.g, self.m
         cids = [graph.edges[e][1] for e in moves]
         heads = [t.head(c, warm, self.batch) for c in cids]
         if front is None:
-            d = m * np.stack([h[0][p:, 0] for h in heads], axis=1)  # (l, T)
+            c0 = np.stack([h[0][p:, 0] for h in heads], axis=1)  # (l, T)
             x = np.stack([h[2][p:, 0] for h in heads], axis=1)
-            return d, x, 0, 1
+            y0 = np.stack([h[3][p:, 0] for h in heads], axis=1)
+            self._layout = (0, 1)
+            return m * c0, x, c0, y0, np.ones(c0.shape, dtype=np.int32)
         subs = [graph.edges[e][2] for e in moves]
         finite = np.isfinite(front.d[subs])  # (T, l', F)
         lps = np.flatnonzero(finite.any(axis=(0, 2)))
         lo, hi = max(int(lps[0]), p - 1), int(lps[-1])
         f = int(np.flatnonzero(finite.any(axis=(0, 1)))[-1]) + 1
-        c0 = np.stack([h[0][p:, lo : hi + 1] for h in heads])[..., None]  # (T, l, l', 1)
-        eb0 = np.stack([h[1][p:, lo : hi + 1] for h in heads])[..., None]
-        ta0 = np.stack([h[2][p:, lo : hi + 1] for h in heads])[..., None]
+        c0, eb0, ta0, y0 = (
+            np.stack([h[i][p:, lo : hi + 1] for h in heads])[..., None] for i in range(4)
+        )  # (T, l, l', 1)
         window = (subs, slice(lo, hi + 1), slice(0, f))
         sub_d, sub_x, sub_h = front.d[window], front.x[window], front.h[window]
-        # link from the head group to each entry's head group (slowest pair, Eq. 8)
+        sub_s, sub_y = front.s[window][:, None], front.y[window][:, None]  # (T, 1, l', f)
+        sub_n = front.n[window][:, None]
+        # link from the head group to each entry's head group (slowest pair, largest
+        # latency), priced by the cost model's closed-form boundary
         masks = self.mask[sub_h]  # (T, l', f, K); h = -1 reads the empty last row
         own = self.mask[cids]  # (T, K)
         bw_row = np.where(own[:, :, None], t.bw[None], INF).min(axis=1)  # (T, K)
         lat_row = np.where(own[:, :, None], t.lat[None], 0.0).max(axis=1)
-        bw = np.where(masks, bw_row[:, None, None, :], INF).min(axis=-1)
-        lat = np.where(masks, lat_row[:, None, None, :], 0.0).max(axis=-1)
-        link = transfer_ms(self.act[None, lo : hi + 1, None], bw, lat)[:, None]  # (T,1,l',f)
-        sub_d, sub_x = sub_d[:, None], sub_x[:, None]
-        d_new = np.maximum(np.maximum(m * c0, c0 + 2 * m * link), c0 + 2 * link + sub_d)
+        bw = np.where(masks, bw_row[:, None, None, :], INF).min(axis=-1)[:, None]
+        lat = np.where(masks, lat_row[:, None, None, :], 0.0).max(axis=-1)[:, None]
+        per_sample = self.per_sample[None, None, lo : hi + 1, None]
         with np.errstate(invalid="ignore"):
-            x_new = np.maximum(ta0, sub_x - eb0 - link)
-        d_new = np.where(np.isfinite(sub_d), d_new, INF)
+            occ = boundary_occupancy_ms(per_sample, y0, sub_y, self.batch, bw, t.topology)
+            one_way = occ + lat  # (T, l, l', f)
+            tau1 = 2 * one_way
+            rest = tau1 + sub_s
+            ef0 = c0 - eb0
+            bubble = np.maximum(0.0, rest - (self.k_of[sub_n + 1] - 1) * ef0)
+            d_new = np.maximum(
+                np.maximum(m * c0 + bubble, c0 + tau1 + (m - 1) * link_period_ms(occ, t.topology)),
+                c0 + tau1 + sub_d[:, None],
+            )
+            x_new = np.maximum(ta0, sub_x[:, None] - eb0 - one_way)
+            s_new = c0 + rest
+        finite_sub = np.isfinite(sub_d)[:, None] & np.isfinite(c0)
+        d_new = np.where(finite_sub, d_new, INF)
+        y_new = np.broadcast_to(y0, d_new.shape)
+        n_new = np.broadcast_to(sub_n + 1, d_new.shape)
         n_l = t.n_blk + 1 - p
-        return (
-            np.moveaxis(d_new, 1, 0).reshape(n_l, -1),
-            np.moveaxis(x_new, 1, 0).reshape(n_l, -1),
-            lo,
-            f,
+        self._layout = (lo, f)
+        return tuple(
+            np.moveaxis(v, 1, 0).reshape(n_l, -1) for v in (d_new, x_new, s_new, y_new, n_new)
         )
 
     def reconstruct(self, answer: tuple) -> Partition:
