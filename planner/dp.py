@@ -118,6 +118,7 @@ from planner.cost import (
     link_period_ms,
     ring_allreduce_ms,
     samples_that_fit,
+    stage_memory_bytes,
     warmup_that_fits,
 )
 from planner.partition import Partition, StageAssignment
@@ -237,6 +238,19 @@ class _Tables:
         self.static = cm.state_factor * (cm.param_prefix[end] - cm.param_prefix[first])
         self.saved = cm.saved_prefix[end] - cm.saved_prefix[first]
         self.grad = cm.param_prefix[end] - cm.param_prefix[first]
+        size, big_l = self.n_blk + 1, self.n_blk
+        #: dense [l, l'] tables of the range [L-l, L-l'): static bytes, saved bytes per
+        #: sample, and the bytes of its ring replica (planner.replicas; 0 when ring
+        #: replication is off)
+        self.dense_static, self.dense_saved, self.dense_replica = (
+            np.zeros((size, size)) for _ in range(3)
+        )
+        at = (big_l - first, big_l - end)
+        self.dense_static[at], self.dense_saved[at] = self.static, self.saved
+        if problem.config.replication_interval > 0:
+            self.dense_replica[at] = [
+                cm.replica_bytes(int(a), int(b)) for a, b in zip(first, end, strict=True)
+            ]
         self.comps: list[tuple[int, ...]] = []
         self.comp_id: dict[tuple[int, ...], int] = {}
         self._base: dict[tuple[int, int], tuple[np.ndarray, ...]] = {}
@@ -342,8 +356,9 @@ class _Tables:
     def head(self, cid: int, warmup: int, batch: int) -> tuple[np.ndarray, ...]:
         """Dense (L+1, L+1) arrays indexed [l, l'] for the head holding blocks
         [L-l, L-l') on composition ``cid`` with ``warmup`` micro-batches in flight:
-        c = E_f + E_b, E_b, T_a and the largest per-device samples Y (inf where
-        infeasible or l' >= l)."""
+        c = E_f + E_b, E_b, T_a, the largest per-device samples Y, the ring-replica
+        holder's usable memory and samples, and the number of devices with samples (inf
+        where infeasible or l' >= l)."""
         key = (cid, warmup, batch)
         if key in self._tables:
             return self._tables[key]
@@ -360,7 +375,13 @@ class _Tables:
         size = self.n_blk + 1
         big_l = self.n_blk
         out = []
-        for values in (ef + eb, eb, ta, y.max(axis=1).astype(float)):
+        # the ring-replica holder (planner.replicas: the used device of largest usable
+        # memory; among those the one with most samples, the least free memory)
+        budget = np.where(y > 0, self.budget[self.slots(self.comps[cid])][None, :], -INF)
+        hold_budget = budget.max(axis=1)
+        hold_y = np.where(budget == hold_budget[:, None], y, -1).max(axis=1)
+        used = (y > 0).sum(axis=1)
+        for values in (ef + eb, eb, ta, y.max(axis=1), hold_budget, hold_y, used):
             dense = np.full((size, size), INF)
             dense[big_l - self.rows_first, big_l - self.rows_end] = np.where(ok, values, INF)
             out.append(dense)
@@ -491,8 +512,10 @@ def _pareto(
 @dataclass
 class _Level:
     """Fronts of one level over every state: values D, X, the carried S (summed
-    traversal), Y (largest per-device samples of the entry's head group) and N (its
-    stage count, which a collapsed level does not fix), the head
+    traversal), Y (largest per-device samples of the entry's head group), N (its
+    stage count, which a collapsed level does not fix), FREE (the memory left on its
+    head's ring-replica holder) and TAIL (the ring replica its last stage sends to the
+    plan's first stage), the head
     composition H of each entry and its parent (edge, l', slot, and whether the parent
     lies in this level: a skip, or a move inside a collapsed level). ``warm`` is the
     heads' warm-up; a ``collapsed`` level holds every stage count from its first on."""
@@ -504,6 +527,8 @@ class _Level:
     s: np.ndarray
     y: np.ndarray
     n: np.ndarray
+    free: np.ndarray
+    tail: np.ndarray
     h: np.ndarray
     edge: np.ndarray
     l_sub: np.ndarray
@@ -521,6 +546,8 @@ class _Level:
             np.full(shape, INF),
             np.full(shape, INF),
             np.zeros(shape, dtype=np.int32),
+            np.full(shape, -INF),
+            np.full(shape, INF),
             np.full(shape, -1, dtype=np.int32),
             np.full(shape, -1, dtype=np.int32),
             np.zeros(shape, dtype=np.int32),
@@ -530,7 +557,7 @@ class _Level:
 
     def trim(self) -> None:
         """Keep only the traceback (the values of a finished level are no longer read)."""
-        self.d = self.x = self.s = self.y = self.n = self.h = np.empty(0)
+        self.d = self.x = self.s = self.y = self.n = self.free = self.tail = self.h = np.empty(0)
 
 
 @dataclass(frozen=True)
@@ -678,13 +705,13 @@ class _BatchSearch:
                                         parts[-1][0].shape[1], lo, f))  # fmt: skip
             for e in skips:
                 sub = graph.edges[e][2]
-                parts.append(tuple(v[sub, p:] for v in (level.d, level.x, level.s, level.y,
-                                                        level.n)))  # fmt: skip
+                carried = (level.d, level.x, level.s, level.y, level.n, level.free, level.tail)
+                parts.append(tuple(v[sub, p:] for v in carried))
                 meta.append(_Source("skip", [e], True, FRONT, 0, FRONT))
             if not parts:
                 continue
-            d, x, carry_s, carry_y, carry_n = (
-                np.concatenate([q[i] for q in parts], axis=1) for i in range(5)
+            d, x, carry_s, carry_y, carry_n, carry_free, carry_tail = (
+                np.concatenate([q[i] for q in parts], axis=1) for i in range(7)
             )
             chosen, ok = _pareto(d, np.where(np.isfinite(d), x, INF), carry_s, FRONT)
             level.d[s, p:] = np.where(ok, d[rows, chosen], INF)
@@ -692,6 +719,8 @@ class _BatchSearch:
             level.s[s, p:] = np.where(ok, carry_s[rows, chosen], INF)
             level.y[s, p:] = np.where(ok, carry_y[rows, chosen], INF)
             level.n[s, p:] = np.where(ok, carry_n[rows, chosen], 0)
+            level.free[s, p:] = np.where(ok, carry_free[rows, chosen], -INF)
+            level.tail[s, p:] = np.where(ok, carry_tail[rows, chosen], INF)
             edge, head, l_sub, k_sub, same = self._decode(meta, chosen, l_here, level)
             level.h[s, p:] = np.where(ok, head, -1)
             level.edge[s, p:] = np.where(ok, edge, -1)
@@ -757,7 +786,8 @@ class _BatchSearch:
     def _moves(
         self, moves: list[int], p: int, warm: int, front: _Level | None
     ) -> tuple[np.ndarray, ...]:
-        """(D, X) candidates of rows l = p..L from ``moves`` and their carried (S, Y, N);
+        """(D, X) candidates of rows l = p..L from ``moves`` and their carried (S, Y, N,
+        FREE, TAIL), ring replicas checked (module docstring);
         the first l' and the slots per l' of their layout go to ``self._layout``: heads
         alone (``front`` None)
         flattened per row as (move,), else composed onto ``front`` as (move, l' = lo..hi,
@@ -769,21 +799,29 @@ class _BatchSearch:
         if front is None:
             c0 = np.stack([h[0][p:, 0] for h in heads], axis=1)  # (l, T)
             x = np.stack([h[2][p:, 0] for h in heads], axis=1)
-            y0 = np.stack([h[3][p:, 0] for h in heads], axis=1)
+            y0, hold_b, hold_y, used = (
+                np.stack([h[i][p:, 0] for h in heads], axis=1) for i in range(3, 7)
+            )
+            with np.errstate(invalid="ignore"):
+                free = hold_b - stage_memory_bytes(
+                    t.dense_static[p:, :1], self.k_of[1], hold_y, t.dense_saved[p:, :1]
+                )
+            tail = np.where(used == 1, t.dense_replica[p:, :1], 0.0)
             self._layout = (0, 1)
-            return m * c0, x, c0, y0, np.ones(c0.shape, dtype=np.int32)
+            return m * c0, x, c0, y0, np.ones(c0.shape, dtype=np.int32), free, tail
         subs = [graph.edges[e][2] for e in moves]
         finite = np.isfinite(front.d[subs])  # (T, l', F)
         lps = np.flatnonzero(finite.any(axis=(0, 2)))
         lo, hi = max(int(lps[0]), p - 1), int(lps[-1])
         f = int(np.flatnonzero(finite.any(axis=(0, 1)))[-1]) + 1
-        c0, eb0, ta0, y0 = (
-            np.stack([h[i][p:, lo : hi + 1] for h in heads])[..., None] for i in range(4)
+        c0, eb0, ta0, y0, hold_b, hold_y, used = (
+            np.stack([h[i][p:, lo : hi + 1] for h in heads])[..., None] for i in range(7)
         )  # (T, l, l', 1)
         window = (subs, slice(lo, hi + 1), slice(0, f))
         sub_d, sub_x, sub_h = front.d[window], front.x[window], front.h[window]
         sub_s, sub_y = front.s[window][:, None], front.y[window][:, None]  # (T, 1, l', f)
         sub_n = front.n[window][:, None]
+        sub_free, sub_tail = front.free[window][:, None], front.tail[window][:, None]
         # link from the head group to each entry's head group (slowest pair, largest
         # latency), priced by the cost model's closed-form boundary
         masks = self.mask[sub_h]  # (T, l', f, K); h = -1 reads the empty last row
@@ -806,14 +844,30 @@ class _BatchSearch:
             )
             x_new = np.maximum(ta0, sub_x[:, None] - eb0 - one_way)
             s_new = c0 + rest
-        finite_sub = np.isfinite(sub_d)[:, None] & np.isfinite(c0)
+        # ring replicas (planner.replicas): a one-device head's replica goes to the
+        # entry's head holder; a complete plan's (row l = L) first stage holds the
+        # replica of its last
+        rng = (slice(p, None), slice(lo, hi + 1))
+        replica = t.dense_replica[rng][None, :, :, None]
+        k_new = self.k_of[sub_n + 1]
+        with np.errstate(invalid="ignore"):
+            free = hold_b - stage_memory_bytes(
+                t.dense_static[rng][None, :, :, None], k_new, hold_y,
+                t.dense_saved[rng][None, :, :, None],
+            )  # fmt: skip
+        fits = ~((used == 1) & (sub_free < replica))
+        fits[:, -1] &= free[:, -1] >= sub_tail[:, 0]
+        finite_sub = np.isfinite(sub_d)[:, None] & np.isfinite(c0) & fits
         d_new = np.where(finite_sub, d_new, INF)
         y_new = np.broadcast_to(y0, d_new.shape)
         n_new = np.broadcast_to(sub_n + 1, d_new.shape)
+        tail_new = np.broadcast_to(sub_tail, d_new.shape)
+        free = np.broadcast_to(free, d_new.shape)
         n_l = t.n_blk + 1 - p
         self._layout = (lo, f)
         return tuple(
-            np.moveaxis(v, 1, 0).reshape(n_l, -1) for v in (d_new, x_new, s_new, y_new, n_new)
+            np.moveaxis(v, 1, 0).reshape(n_l, -1)
+            for v in (d_new, x_new, s_new, y_new, n_new, free, tail_new)
         )
 
     def reconstruct(self, answer: tuple) -> Partition:

@@ -302,3 +302,35 @@ def test_block_too_big_for_any_device_names_memory_and_shortfall():
     assert info.value.constraint == "memory"
     assert "alone needs" in str(info.value) and "short by" in str(info.value)
     assert info.value.shortfall > 0
+
+
+def replica_tight(seed: int):
+    """Tiny problems whose memory leaves little room for ring replicas (replication on,
+    the default interval 1)."""
+    rng = np.random.default_rng(seed)
+    mem = float(rng.choice([3e7, 5e7, 8e7]))
+    return random_problem(int(rng.integers(3, 7)), int(rng.integers(2, 5)), seed=seed,
+                          global_batch=8, candidates=(2, 4), memory=(mem, mem * 0.6))  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", [9, 57])
+def test_ring_replica_memory_is_part_of_the_search(seed):
+    # a DP blind to replicas returned plans 30% (seed 9) and 24% (seed 57) slower: its
+    # best plans overflowed once the next stage held the replica, and were dropped
+    problem = replica_tight(seed)
+    oracle, _ = brute_force_best(problem)
+    result = plan_dp(problem)
+    assert result.cost.memory_ok
+    assert max(b for s in result.cost.stages for b in s.replica_bytes) > 0
+    assert result.cost.iteration_ms == pytest.approx(oracle, rel=TIE_TOLERANCE)
+
+
+def test_replica_memory_no_longer_makes_a_feasible_problem_infeasible():
+    # every plan a replica-blind DP found overflowed with its replicas (it raised
+    # InfeasibleError); plans that fit exist (the oracle's best: 410.3 ms)
+    problem = replica_tight(42)
+    oracle, _ = brute_force_best(problem)
+    assert np.isfinite(oracle)
+    result = plan_dp(problem)
+    assert result.cost.memory_ok
+    assert result.cost.iteration_ms >= oracle * (1 - 1e-9)
