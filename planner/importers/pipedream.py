@@ -31,21 +31,43 @@ dominator cuts of earlier versions) collapses a network whose skip connections s
 blocks or one, and then it cannot be pipelined at all.
 
 Blocks are the single nodes of the order, except that a coarse block is kept where it
-loses nothing: a node that costs nothing (zero forward and backward time, no parameters:
-Size, View, ...) splits no work, so of the two boundaries around it only the one carrying
-fewer bytes is kept (ties: the one before it) and the node joins the neighbouring block.
-On a chain every block is one layer as before; a residual unit or an Inception module now
-offers a boundary between any two of its layers. Cost: the planners' work grows with the
-number of blocks (the DP is O(L^2) per composition), e.g. resnet18 61 blocks instead of
-23 (docs/benchmarks.md).
+loses nothing. A node is *free* when it does no work and holds nothing: zero forward and
+backward time, no parameters, and some later node reads its output (Size, View, Add,
+Concat, Dropout as PipeDream records them; a node whose output nothing reads, e.g. an
+unused tuple output, is never free, so it never fuses what follows it). **Rule:** of the
+boundaries next to a maximal run of consecutive free positions s..e of the order (the
+one after s-1, those inside the run and the one after e, as far as they exist) only the
+one with the fewest crossing bytes is kept (ties: the earliest); every other boundary is
+kept. A run of k free nodes so removes k boundaries.
+
+*Why it loses no plan.* All boundaries of one run separate the same working nodes, so
+moving a stage cut from one to another moves only free nodes between two stages: every
+stage keeps its forward and backward times (at every batch size and device type), its
+parameters (hence its static memory, all-reduce and replicas) and, because a free node's
+saved bytes are charged to its keeper (below), a working node after the run, its saved
+activation bytes; only the bytes crossing that cut change, and the kept boundary carries
+the fewest. So every plan whose stages each hold a working node has a twin on the kept
+boundaries that is no worse, as long as the objective does not decrease when a link
+carries more bytes (true of the cost model: a transfer is bytes / bandwidth + latency on
+its channel). Not covered: a node-by-node plan with a stage of free nodes only (two
+cuts in one run), which does no work and at best relays a tensor between two devices;
+the fused graph cannot express it. ``tests/test_pipedream_import.py`` checks the
+claim by brute force over every plan of random branchy graphs (and with the DP), fused
+against node by node, with memory tight enough that saved bytes decide feasibility.
+Cost: one block per working node plus at most one per run (resnet18 60 blocks from 70
+layers); the DP's work grows with the square of the block count (docs/benchmarks.md).
 
 Block figures (per sample = per minibatch figure / ``batch_size``):
 
 - ``param_bytes``: sum of the members' ``parameter_size``.
 - ``output_bytes_per_sample``: the bytes crossing the block's closing boundary (for the
   final block: the sum over its sink nodes, the model's outputs).
-- ``saved_bytes_per_sample``: sum of the members' ``activation_size``. Approximation:
-  every member's output is assumed kept for backward; in-place layers (``ReLU(inplace)``)
+- ``saved_bytes_per_sample``: sum of the ``activation_size`` charged to the members. A
+  working node is charged its own output. A free node has no backward of its own; its
+  output is held by the layer that reads it, so it is charged to its *keeper*: its
+  earliest reader in the order, or that reader's keeper when the reader is free too (a
+  working node after the free node's run). Approximation: every output is assumed kept
+  for backward once; in-place layers (``ReLU(inplace)``)
   and layers whose backward needs no stored output make this an over-estimate, and
   cuDNN workspaces are not counted.
 - forward / backward ms: sum over the members (they run one after another on one device),
@@ -64,8 +86,8 @@ does not divide it contradicts the profile and is refused.
 :func:`swallowing_block` names a block holding most of the graph's time (a sign that the
 profile cannot be pipelined well); the CLI prints it as a warning.
 
-Complexity: parsing O(L) for L lines; Kahn's topological sort and the boundary sweep
-O(V + E); the whole import is linear in the file size.
+Complexity: parsing O(L) for L lines; Kahn's topological sort, the boundary sweep, the
+runs of free nodes and the keepers O(V + E); the whole import is linear in the file size.
 """
 
 from __future__ import annotations
@@ -433,30 +455,82 @@ def _chain(
     for i in range(n - 1):
         running += delta[i]
         crossing.append(running)
-    keep = [True] * (n - 1)  # keep[i]: a boundary after position i
-    for i, v in enumerate(order):
-        node = nodes[v]
-        if node.forward_ms or node.backward_ms or node.param_bytes or n == 1:
-            continue
-        # a node that costs nothing splits no work: of the boundaries before and after
-        # it keep only the one carrying fewer bytes (ties: the one before it)
-        before, after = i - 1, i
-        if before < 0:
-            keep[after] = False
-        elif after > n - 2 or crossing[after] < crossing[before]:
-            keep[before] = False
-        else:
-            keep[after] = False
+    keep = _kept_boundaries(order, nodes, succ, crossing)
+    saved = _saved_bytes(order, nodes, succ, pos)
     blocks: list[tuple[Block, float, float]] = []
     members: list[_Node] = []
     for i, v in enumerate(order):
         members.append(nodes[v])
         if i < n - 1 and keep[i]:
-            blocks.append(_block(members, crossing[i], batch))
+            blocks.append(_block(members, crossing[i], saved, batch))
             members = []
     out = math.fsum(m.activation_bytes for m in members if not succ[m.node_id])
-    blocks.append(_block(members, out, batch))
+    blocks.append(_block(members, out, saved, batch))
     return blocks, input_bytes
+
+
+def _is_free(node: _Node, succ: dict[str, list[str]]) -> bool:
+    """A node that does no work and holds nothing: no forward or backward time, no
+    parameters, and some later node consumes its output (a sink is never free: its
+    saved bytes stay where it is, so it pins the boundaries around it)."""
+    idle = not (node.forward_ms or node.backward_ms or node.param_bytes)
+    return idle and bool(succ[node.node_id])
+
+
+def _kept_boundaries(
+    order: list[str],
+    nodes: dict[str, _Node],
+    succ: dict[str, list[str]],
+    crossing: list[float],
+) -> list[bool]:
+    """``keep[i]``: whether the boundary after position ``i`` is offered to the planners.
+
+    Rule: the boundaries next to a maximal run of consecutive free positions s..e (the
+    one before it, those inside it and the one after it; at the ends of the order only
+    those that exist) all separate the same working nodes, so of them only the one
+    carrying the fewest bytes is kept (ties: the earliest). Every other boundary is kept.
+    Why this loses no plan: module docstring. O(V)."""
+    n = len(order)
+    keep = [True] * (n - 1)
+    i = 0
+    while i < n:
+        if not _is_free(nodes[order[i]], succ):
+            i += 1
+            continue
+        start = i
+        while i < n and _is_free(nodes[order[i]], succ):
+            i += 1
+        candidates = range(max(start - 1, 0), min(i - 1, n - 2) + 1)
+        best = min(candidates, key=lambda k: (crossing[k], k))
+        for k in candidates:
+            keep[k] = k == best
+    return keep
+
+
+def _saved_bytes(
+    order: list[str],
+    nodes: dict[str, _Node],
+    succ: dict[str, list[str]],
+    pos: dict[str, int],
+) -> dict[str, float]:
+    """Saved-activation bytes (whole minibatch) each node's block is charged for.
+
+    A working node keeps its own output. A free node keeps nothing for its own backward
+    (it has none); its output is held by the layer that reads it, so its bytes are
+    charged to its keeper: its earliest consumer in the order, or, when that is free
+    too, that node's keeper. A keeper is always a working node after the free node's
+    run, so the charge does not depend on which boundary of the run a plan cuts at.
+    Reverse topological order computes every keeper once. O(V + E)."""
+    keeper: dict[str, str] = {}
+    for v in reversed(order):
+        if _is_free(nodes[v], succ):
+            keeper[v] = keeper[min(succ[v], key=pos.__getitem__)]
+        else:
+            keeper[v] = v
+    saved = dict.fromkeys(order, 0.0)
+    for v in order:
+        saved[keeper[v]] += nodes[v].activation_bytes
+    return saved
 
 
 #: a block holding more than this share of the forward + backward time is reported
@@ -482,13 +556,15 @@ def swallowing_block(profile: ModelProfile) -> str | None:
     )
 
 
-def _block(members: list[_Node], output_bytes: float, batch: int) -> tuple[Block, float, float]:
+def _block(
+    members: list[_Node], output_bytes: float, saved: dict[str, float], batch: int
+) -> tuple[Block, float, float]:
     last = members[-1]
     block = Block(
         name=f"{last.layer_type}-{last.node_id}",
         param_bytes=math.fsum(m.param_bytes for m in members),
         output_bytes_per_sample=output_bytes / batch,
-        saved_bytes_per_sample=math.fsum(m.activation_bytes for m in members) / batch,
+        saved_bytes_per_sample=math.fsum(saved[m.node_id] for m in members) / batch,
         members=tuple(m.node_id for m in members),
     )
     return (
