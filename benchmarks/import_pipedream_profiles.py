@@ -19,6 +19,14 @@ squeezenet1_0  154,140,672 = 256 x 602,112   (conv10 + avgpool)       256
 
 The script refuses to write a profile whose input bytes per sample differ from 602,112,
 so a wrong batch cannot slip through.
+
+It then imports a synthetic NASNet-style graph of 400 layers (25 cells of five
+two-branch units, each unit two convolutions summed by a free ``Add``, the cell's
+``Concat`` free, every cell reading the two cells before it: skip connections
+everywhere), prints its layer, free-layer and block counts and the import time, and
+plans it with the DP on 16 identical Jetson Orin Nanos (gigabit switch), printing the
+planning time (wall and this process's CPU time: on a shared machine the second is the
+steadier figure). Nothing is written for it.
 """
 
 from __future__ import annotations
@@ -31,7 +39,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from planner.importers.pipedream import import_pipedream  # noqa: E402
+import random  # noqa: E402
+import time  # noqa: E402
+
+from planner.cluster import Cluster, Device, Network, load_catalog  # noqa: E402
+from planner.config import TrainingConfig  # noqa: E402
+from planner.dp import plan_dp  # noqa: E402
+from planner.importers.pipedream import import_pipedream, parse_pipedream  # noqa: E402
+from planner.problem import make_problem  # noqa: E402
 from planner.profile import ModelProfile  # noqa: E402
 
 #: model -> profiled minibatch (see the module docstring for the evidence)
@@ -42,6 +57,76 @@ IMAGE_BYTES = 3 * 224 * 224 * 4
 
 #: device type the PipeDream times were measured on (see profiles/devices/catalog.json)
 DEVICE_TYPE = "v100"
+
+
+def nasnet_like(cells: int = 25, seed: int = 0, batch: int = 32) -> str:
+    """A graph.txt of ``cells`` NASNet-style cells (16 layers each) at ``batch``: unit k of
+    a cell adds two convolutions of two hidden states drawn from the cell's two inputs
+    (the outputs of the two cells before) and its earlier units; the cell's output
+    concatenates the units nothing inside the cell read. Seeded, so it reproduces."""
+    rng = random.Random(seed)
+    lines: list[str] = []
+    edges: list[tuple[str, str]] = []
+
+    def layer(name: str, desc: str, f: float, b: float, act: float, par: float) -> str:
+        lines.append(
+            f"{name} -- {desc} -- forward_compute_time={f:.3f}, backward_compute_time={b:.3f}, "
+            f"activation_size={act * batch:.1f}, parameter_size={par:.1f}"
+        )
+        return name
+
+    width = 32 * 16 * 16 * 4  # one 32-channel 16x16 fp32 feature map per sample
+    layer("input", "Input", 0, 0, 3 * 64 * 64 * 4, 0)
+    stem = layer("stem", "Conv2d(3, 32)", 0.8, 1.6, width, 3456)
+    edges.append(("input", stem))
+    prev = [stem, stem]
+    for c in range(cells):
+        hidden, used = list(prev), set()
+        for k in range(5):
+            ops = []
+            for side in (0, 1):
+                src = rng.choice(hidden)
+                used.add(src)
+                f = rng.uniform(0.2, 1.0)
+                ops.append(layer(f"c{c}u{k}s{side}", "SepConv2d(32, 32)", f, 2 * f, width,
+                                 rng.choice([1312, 2336, 4384])))  # fmt: skip
+                edges.append((src, ops[-1]))
+            hidden.append(layer(f"c{c}u{k}add", "Add()", 0, 0, width, 0))
+            edges += [(op, hidden[-1]) for op in ops]
+        out = layer(f"c{c}cat", "Concat(1)", 0, 0, width * 5, 0)
+        edges += [(h, out) for h in hidden[2:] if h not in used]
+        prev = [prev[1], out]
+    head = layer("head", "Linear(160, 10)", 0.1, 0.2, 40, 6440)
+    edges.append((prev[1], head))
+    return "\n".join(lines + [f"\t{a} -- {b}" for a, b in edges])
+
+
+def dense_row() -> str:
+    """Import :func:`nasnet_like` and plan it with the DP on 16 Orin Nanos: one line."""
+    text = nasnet_like()
+    start = time.perf_counter()
+    profile = parse_pipedream(text, "nasnet-like", batch_size=32, device_type=DEVICE_TYPE)
+    import_ms = (time.perf_counter() - start) * 1e3
+    layers = sum(len(b.members) for b in profile.blocks)
+    free = sum(1 for line in text.splitlines() if "Add()" in line or "Concat(1)" in line)
+    catalog = load_catalog()
+    kinds = {"jetson-orin-nano": catalog["jetson-orin-nano"], DEVICE_TYPE: catalog[DEVICE_TYPE]}
+    cluster = Cluster(
+        "orin-16",
+        tuple(Device(f"orin-{i}", "jetson-orin-nano") for i in range(16)),
+        Network(940.0, 0.2, False),
+        {"jetson-orin-nano": kinds["jetson-orin-nano"]},
+    )
+    problem = make_problem(profile, cluster, TrainingConfig(64), catalog=kinds)
+    start, cpu = time.perf_counter(), time.process_time()
+    plan = plan_dp(problem, time_limit=120.0)
+    plan_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu
+    return (
+        f"nasnet-like: {layers} layers ({free} free), {profile.num_blocks} blocks, import "
+        f"{import_ms:.0f} ms; DP on 16 Orin Nanos {plan_s:.1f} s ({cpu_s:.1f} s CPU, "
+        f"{plan.status}): "
+        f"{plan.partition.num_stages} stages, {plan.cost.iteration_ms:.1f} ms"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{sum(b.param_bytes for b in profile.blocks) / 1e6:>10.1f} "
             f"{sum(r[0] for r in t.forward_ms):>8.1f} {sum(r[0] for r in t.backward_ms):>8.1f}"
         )
+    print(dense_row())
     return 0
 
 
