@@ -1,5 +1,5 @@
 """The cost model's iteration time against the independent simulator on a grid of 2,100
-random plans, and proof that the comparison has teeth: four broken cost models fail it."""
+random plans, and proof that the comparison has teeth: five broken cost models fail it."""
 
 from __future__ import annotations
 
@@ -69,6 +69,22 @@ def test_gpipe_instead_of_1f1b_is_caught(monkeypatch):
 def test_ignoring_channel_contention_is_caught(monkeypatch):
     # every transfer at its full pair rate, as if nothing shared a port or the medium
     monkeypatch.setattr(cost_module, "fair_shares", lambda held: [1.0] * len(held))
+    assert violations(SAMPLE) != []
+
+
+def test_a_stage_priced_as_its_slowest_device_is_caught(monkeypatch):
+    # the previous rule: every device of a stage waits for the slowest, so a fast
+    # device's pieces leave late and it waits for pieces addressed to its peers
+    real = cost_module.round_makespan
+
+    def stage_level(schedule, devices, links, rings, topology):
+        slowest = [
+            [(d, max(f for _, f, _ in stage), max(b for _, _, b in stage)) for d, _, _ in stage]
+            for stage in devices
+        ]
+        return real(schedule, slowest, links, rings, topology)
+
+    monkeypatch.setattr(cost_module, "round_makespan", stage_level)
     assert violations(SAMPLE) != []
 
 
