@@ -46,20 +46,46 @@ MS_DECIMALS = 6
 def fit_fixed_samples(
     batch_sizes: Sequence[int], times: Sequence[float]
 ) -> tuple[float, float, float]:
-    """Least-squares fit of ``t(b) = a + s b`` to one block's ``times`` at ``batch_sizes``:
-    returns ``(a, s, a / s)``. A negative intercept or a non-positive slope (noise, a
-    flat block) falls back to the proportional fit through 0 (``a = 0``). O(sizes)."""
+    """Fit ``t(b) = a + s b`` to one block's ``times`` at ``batch_sizes``: returns
+    ``(a, s, w)`` with ``w = a / s`` the fixed cost in samples.
+
+    Weighted least squares with weight ``b`` on the point at batch ``b``, under ``a >= 0``
+    and ``s >= 0``: minimise ``sum_b b (a + s b - t_b)^2``. The weight lets the larger
+    sizes, which show the fixed-cost + throughput line, set it: at batch 1 and 2 a CPU
+    library picks other kernels (measured: ResNet-18's forward is slower at batch 1 than at
+    2, its last units' backward at batch 1 half that at 2), while from 4 to 32 the same
+    blocks lie on a line within a few percent (docs/profiles.md). Where the unconstrained
+    optimum breaks a constraint, the better (lower weighted squared error) of the two
+    boundary fits is taken: through the origin (``a = 0``) or flat (``s = 0``: a block that
+    gets no slower with batch over the measured sizes stays flat rather than growing
+    proportionally). A flat block has no throughput term to express a fixed cost in, so
+    its ``w`` is 0 (its analytic curve is then proportional to FLOPs). O(sizes)."""
     sizes = [float(b) for b in batch_sizes]
-    n = len(sizes)
-    if n >= 2:
-        mean_b, mean_t = sum(sizes) / n, sum(times) / n
-        var = sum((b - mean_b) ** 2 for b in sizes)
-        slope = sum((b - mean_b) * (t - mean_t) for b, t in zip(sizes, times, strict=True)) / var
+    weights = sizes
+    total = sum(weights)
+
+    def sse(a: float, s: float) -> float:
+        return sum(w * (a + s * b - t) ** 2 for w, b, t in zip(weights, sizes, times, strict=True))
+
+    mean_b = sum(w * b for w, b in zip(weights, sizes, strict=True)) / total
+    mean_t = sum(w * t for w, t in zip(weights, times, strict=True)) / total
+    var = sum(w * (b - mean_b) ** 2 for w, b in zip(weights, sizes, strict=True))
+    if var > 0:
+        cov = sum(
+            w * (b - mean_b) * (t - mean_t) for w, b, t in zip(weights, sizes, times, strict=True)
+        )
+        slope = cov / var
         intercept = mean_t - slope * mean_b
         if intercept >= 0 and slope > 0:
             return intercept, slope, intercept / slope
-    slope = sum(b * t for b, t in zip(sizes, times, strict=True)) / sum(b * b for b in sizes)
-    return 0.0, slope, 0.0
+    through_origin = sum(w * b * t for w, b, t in zip(weights, sizes, times, strict=True)) / sum(
+        w * b * b for w, b in zip(weights, sizes, strict=True)
+    )
+    candidates = [(0.0, max(through_origin, 0.0))]
+    if var > 0:
+        candidates.append((max(mean_t, 0.0), 0.0))
+    a, s = min(candidates, key=lambda c: sse(*c))
+    return a, s, a / s if a and s else 0.0
 
 
 def fixed_samples(reference: Timing) -> tuple[tuple[float, float], ...]:
