@@ -13,8 +13,8 @@ are the block's fixed cost (kernel launches, framework overhead, memory-bound la
 such as normalisation, activations and pooling, which have no counted FLOPs) expressed
 in samples of its own throughput work. They are fitted per block from a measured
 profile of the same blocks (:func:`fit_fixed_samples`: least squares of ``t(b) = a +
-s b`` over the measured batch sizes, ``w = a / s``), so the shape of the batch curve is
-the measured one and its scale follows the device's FLOP rate: the assumption is that a
+s b`` weighted by batch size, ``a, s >= 0``, ``w = a / s``), so the shape of the batch
+curve is the measured one and its scale follows the device's FLOP rate: the assumption is that a
 device's fixed costs scale with its speed as its throughput does. Without a measured
 reference ``w = 0`` (time proportional to batch). The shipped analytic profiles are fitted
 from the ``host-cpu`` profiles measured with ``edgepipe profile``; docs/profiles.md gives
@@ -52,14 +52,15 @@ def fit_fixed_samples(
     Weighted least squares with weight ``b`` on the point at batch ``b``, under ``a >= 0``
     and ``s >= 0``: minimise ``sum_b b (a + s b - t_b)^2``. The weight lets the larger
     sizes, which show the fixed-cost + throughput line, set it: at batch 1 and 2 a CPU
-    library picks other kernels (measured: ResNet-18's forward is slower at batch 1 than at
-    2, its last units' backward at batch 1 half that at 2), while from 4 to 32 the same
-    blocks lie on a line within a few percent (docs/profiles.md). Where the unconstrained
-    optimum breaks a constraint, the better (lower weighted squared error) of the two
-    boundary fits is taken: through the origin (``a = 0``) or flat (``s = 0``: a block that
-    gets no slower with batch over the measured sizes stays flat rather than growing
-    proportionally). A flat block has no throughput term to express a fixed cost in, so
-    its ``w`` is 0 (its analytic curve is then proportional to FLOPs). O(sizes)."""
+    library picks other kernels (measured: ResNet-18's forward is slower at batch 1 than
+    at 2, its last unit's backward at batch 1 a quarter to a third below batch 2), while
+    from 4 to 32 the model lies on a line (docs/profiles.md, "Analytic batch curves").
+    Where the unconstrained optimum breaks a constraint, the better (lower weighted
+    squared error) of the two boundary fits is taken: through the origin (``a = 0``) or
+    flat (``s = 0``: a block that gets no slower with batch over the measured sizes stays
+    flat rather than growing proportionally). A flat block has no throughput term to
+    express a fixed cost in, so its ``w`` is 0 (its analytic curve is then proportional
+    to FLOPs). O(sizes)."""
     sizes = [float(b) for b in batch_sizes]
     weights = sizes
     total = sum(weights)
