@@ -133,6 +133,12 @@ FRONT = 4
 RERANK = 8
 RERANK_LEVEL = 3
 
+#: after each micro-batch size's best answer, at most this many more answers (of all
+#: sizes, in order of DP value) are re-scored by the exact makespan, and none whose DP
+#: value is above the fastest figure found by more than RESCORE_MARGIN
+RESCORE = 12
+RESCORE_MARGIN = 0.15
+
 #: plans within this relative margin of the fastest count as tied; among them the one
 #: using fewest devices, then fewest stages, then smallest micro-batch wins
 TIE_TOLERANCE = 0.005
@@ -992,6 +998,19 @@ def best_plan(
 
     found: list[tuple[PlanCost, Partition, float]] = []
     per_batch: dict[int, float] = {}
+    seen: set[Partition] = set()
+    waiting: list[tuple[float, int, Partition]] = []
+
+    def score(value: float, batch: int, partition: Partition) -> bool:
+        """Score one plan by the cost model; whether it fits memory (the search checks
+        stage memory and ring replicas with a conservative holder; this is the figure)."""
+        cost = cm.evaluate(partition)
+        if not cost.memory_ok:
+            return False
+        per_batch[batch] = min(per_batch.get(batch, INF), cost.iteration_ms)
+        found.append((cost, partition, value))
+        return True
+
     status, kind = "complete", ""
     bounds = {b: tables.lower_bound(b, per_batch_levels) for b in sizes}
     for i, batch in enumerate(sorted(sizes, key=lambda b: (bounds[b], b))):
@@ -1010,16 +1029,27 @@ def best_plan(
         done = (i + 1) * per_batch_levels
         if progress is not None:
             progress(done, total)
+        # the best answer of each micro-batch size is scored at once (its figure prunes
+        # the sizes still to come); the others wait for the final re-scoring
+        evaluated_here = False
         for answer in answers:
-            value = answer[0]
             partition = search.reconstruct(answer)
-            cost = cm.evaluate(partition)
-            if not cost.memory_ok:
-                # the search checks each stage's own memory; ring replicas
-                # (planner.replicas) are charged here, on the whole plan
+            if partition in seen:
                 continue
-            per_batch[batch] = min(per_batch.get(batch, INF), cost.iteration_ms)
-            found.append((cost, partition, value))
+            seen.add(partition)
+            if evaluated_here:
+                waiting.append((answer[0], batch, partition))
+                continue
+            evaluated_here = score(answer[0], batch, partition)
+    # re-score the waiting answers in order of their DP value while they can still win:
+    # at most RESCORE of them, none whose value exceeds the fastest figure found by
+    # RESCORE_MARGIN (the closed form rarely errs by more: docs/planners.md)
+    waiting.sort(key=lambda w: w[0])
+    for k, (value, batch, partition) in enumerate(waiting):
+        fastest = min((c.iteration_ms for c, _, _ in found), default=INF)
+        if found and (k >= RESCORE or value > fastest * (1 + RESCORE_MARGIN)):
+            break
+        score(value, batch, partition)
     if not found:
         return None
     cost, partition, value = choose(found)

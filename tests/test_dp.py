@@ -237,7 +237,7 @@ def test_dp_value_equals_cost_model_on_a_non_uniform_network(seed, topology):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(dp_module, "choose", recording)
         plan_dp(problem)
-    assert len(seen) >= 3
+    assert len(seen) >= 2
     for _, partition, value in seen:
         if all(len(s.devices) == 1 for s in partition.stages) or topology != "point_to_point":
             assert value == pytest.approx(pipeline_closed_form_ms(cm, partition), rel=1e-9)
