@@ -3,9 +3,11 @@ and constraints of :mod:`planner.milp`'s formulation, built as a small backend-n
 linear model (:class:`Model`) that :mod:`planner.milp_backends` lowers to each solver.
 
 What the program computes: for every plan of its space a value T(plan) <= the cost
-model's iteration time (``PlanCost.iteration_ms``, :func:`planner.cost.round_makespan`),
-equal on the exact class below. The rows are therefore a *relaxation* of the cost model:
-a solver's lower bound on the program is a lower bound on the cost model's figure, and
+model's iteration time (``PlanCost.iteration_ms``, :func:`planner.cost.round_makespan`:
+every device runs the schedule on its own samples, every re-sliced piece and ring chunk
+is a transfer sharing its channels max-min fairly, one ordered connection per pair),
+equal on the exact class below. The rows are a *relaxation* of the cost model: a
+solver's lower bound on the program is a lower bound on the cost model's figure, and
 :mod:`planner.milp` compares, cuts off and reports in the cost model's figure only. Every
 coefficient comes from :mod:`planner.cost` (its per-block figures and its closed-form
 pieces ``transfer_ms``, ``ring_allreduce_ms``, ``stage_memory_bytes``, ``replica_bytes``
@@ -13,7 +15,8 @@ evaluated at unit arguments: they are linear), the stages' action order from
 :func:`planner.schedule.build`; nothing is re-derived here.
 
 Formulation for fixed (B, P), L blocks, classes k, samples y in 1..B, boundaries b
-(between stages b and b + 1):
+(between stages b and b + 1), v(k1, k2) / lat(k1, k2) the ms per byte / latency of a
+pair, v_lo / lat_lo the least over all pairs:
 
 Variables
     c[l, p] in {0, 1}, p = 1..P-1: block l is in stage >= p (c[l, 0] = 1, c[l, P] = 0);
@@ -25,17 +28,20 @@ Variables
     h[p, g] in {0, 1}, g = 1..min(N, B): stage p's group has g devices (one-hot).
     r[p, k, y] in {0, 1} (replication on, P >= 2): stage p holds its ring predecessor's
         replica on a class-k device with y samples.
-    Ef[p], Eb[p], Ta[p] >= 0: forward, backward and all-reduce time of stage p; LATin[p]
-        and ein[p, j]: the group's largest latency and "some pair has ms per byte >= v_j"
-        (v_0 < v_1 < ... the distinct ms-per-byte values of device pairs).
-    O[b] (channel time of one transfer: its most loaded channel), S[b], R[b] (switched:
-        the most loaded port of stage b / b + 1), LAT[b] (delivery latency).
-    e[p, a]: end of compute action a of stage p; F[b, m], G[b, m]: when the pieces of
-        micro-batch m's activations / gradients over b are through; T: the round.
+    Ef[p], Eb[p]: stage p's slowest device's times; ef[p], eb[p]: lower bounds on its
+        fastest device's; Ta[p]: a lower bound on its ring after its slowest device ends.
+    O[b]: channel time of one micro-batch's pieces (their most loaded channel); D[b]:
+        from their posting until all are delivered; S[b], R[b] (switched): the most
+        loaded port of stage b / b + 1.
+    lo[p, a], hi[p, a]: lower bounds on when stage p's fastest / slowest device ends
+        compute action a; F[b, m], G[b, m]: when all pieces of micro-batch m's activations
+        / gradients over b are through; T: the round.
 
 Constraints and how they stand to the cost model
     EXACT  contiguity, samples, group size (one-hot h) and class counts;
     EXACT  compute (Eq. 8): q[p, k, y] => Ef[p] >= sum_l t_f(l, k, y) x[l, p] (Eb alike);
+           ef[p] >= the same where h[p, 1] (one device), else >= sum_l min_{k, y}
+           t_f(l, k, y) x[l, p] (RELAXED: the fastest class at its best sample count);
     EXACT  memory (Eq. 3): q[p, k, y] => sum_l ((2 + k_opt) W_l + K_p y A_l) x[l, p] <=
            budget_k; with ring replication (:mod:`planner.replicas`) on and P >= 2, one
            holder per stage whose predecessor has one device (sum r = h[pred, 1]), of a
@@ -43,57 +49,57 @@ Constraints and how they stand to the cost model
            k'), and r[p, k, y] => the same row plus sum_l (1 + k_opt) W_l x[l, pred];
            :func:`extract` lists the holder first, which is the device the placement
            rule picks (largest budget, first listed);
-    EXACT  all-reduce value (§3.3): h[p, g] (and ein[p, j]) => Ta[p] >= r_g v_j
-           sum_l W_l x[l, p] + l_g LATin[p], (r_g, l_g) = :func:`ring_coefficients`,
-           LATin / ein the group's slowest pair (:meth:`CostModel.allreduce_ms`);
-    EXACT  compute order: per stage its F/B in the schedule's order, each after the one
-           before; F_p(m) after the activations' delivery F[p-1, m] + LAT[p-1], B_p(m)
-           after the gradients' G[p, m] + LAT[p]; T >= e[p, last] + Ta[p];
+    compute order (two tracks, each a device's own chain): per stage its F/B in the
+           schedule's order, lo with durations ef/eb, hi with Ef/Eb, hi >= lo; every
+           device's F_p(m) waits for a piece (>= lo[p-1, F m] + one sample over the
+           fastest pair + lat_lo); a stage of one device (h[p, 1]) for all its pieces:
+           >= lo[p-1, F m] + D[p-1] and >= F[p-1, m] + lat_lo (B_p(m) alike with G[p]);
+           T >= hi[p, last] + Ta[p]. EXACT for single-device stages, RELAXED otherwise
+           (which device waits for which pieces is not modelled);
     EXACT  full duplex: a boundary's activations and gradients are two streams, each a
-           sequence over m: F[b, m] >= e[b, F m] + O[b] and F[b, m] >= F[b, m-1] + O[b]
-           (G alike, posted by B_{b+1}(m)); the cost model's first-come-first-served
-           channels give exactly this where no other stream shares the channels;
-    transfer loads, where exact:
-        point-to-point: O = the largest re-sliced piece. EXACT when a side has one
-            device (its pieces are the other side's y samples: q ^ h[side, 1] ^ u =>
-            O >= y v(k1, k2) cut); otherwise RELAXED to O >= one sample's piece;
-        switched: S, R = the most loaded port of each side, O = max(S, R).
-            q[b, k, y] => S >= y v_min(k) cut (a port carries its device's y samples at
-            no less than its fastest pair's rate). EXACT on uniform bandwidth, and where
-            the other side is one device (then v(k1, k2) exactly); RELAXED otherwise
-            (a port's pieces at several rates);
-        shared medium: O = the sum of all pieces. EXACT on uniform bandwidth (B v cut)
+           sequence over m: F[b, m] >= lo[b, F m] + O[b], F[b, m] >= F[b, m-1] + O[b] (one
+           connection per pair: a pair's piece m follows its piece m-1; G alike, posted by
+           stage b + 1's backwards);
+    transfer loads (lower bounds on a transfer alone; D >= O + lat_lo):
+        point-to-point: O = the largest piece. EXACT when a side has one device (its
+            pieces are the other side's y samples: q ^ h[side, 1] ^ u => O >= y v(k1, k2)
+            cut, D >= that + lat(k1, k2)); otherwise RELAXED to one sample's piece;
+        switched: q[b, k, y] => S >= y v_min(k) cut (a port carries its device's y
+            samples at no less than its fastest pair's rate), R alike, O = max(S, R).
+            EXACT on uniform bandwidth and where the other side is one device (then
+            v(k1, k2)); RELAXED otherwise;
+        shared medium: O = the sum of all pieces: EXACT on uniform bandwidth (B v cut)
             and where each side is one device; RELAXED to B x the least rate otherwise;
-        latency: EXACT on uniform latency and where a side has one device (every pair
-            then carries a piece: LAT >= lat(k1, k2) for the used pairs); RELAXED to the
-            least pair latency otherwise;
     RELAXED  channels two streams share (work conservation: from any transfer's posting
            on, a channel still needs that transfer's and every later one's channel time):
-           shared medium: per stage, its posts (fixed by its compute order) chained on
-           the medium, T >= the chain's end; T >= the first forward's end + 2 M sum_b O[b]
-           + the rings' channel time (everything on one channel, the brief's "sum as a
-           bound"). Switched, uniform bandwidth: a middle stage's uplinks carry its
-           activations out and gradients back (chained likewise), its downlinks both
+           shared medium: per stage, its posts (fixed by its compute order, none before
+           lo) chained on the medium, T >= the chain's end; T >= the first forward's end
+           + 2 M sum_b O[b] + the rings' channel time (everything on one channel: the
+           sum as a bound). Switched, uniform bandwidth: a middle stage's uplinks carry
+           its activations out and gradients back (chained likewise), its downlinks both
            streams in (T >= first forward upstream + M (R[p-1] + S[p])). The cost model
-           interleaves these first come first served; the rows keep each stream's own
-           order and the channel's total, not the interleaving;
-    RELAXED  all-reduce on a switch or a medium: T >= ready + Ta, i.e. the ring as if
-           the pipeline's traffic had left its ports / the medium (the cost model fills
-           the gaps it leaves); EXACT on point-to-point;
-    redundant (implied): T >= M (Ef_c + Eb_c) + sum_{i<c} (Ef_i + Eb_i + 2 (O_i +
-           LAT_i)) per stage, and per boundary its M transfers plus the way around;
+           shares these channels fairly; the rows keep each stream's order and the
+           channel's total, not the sharing;
+    all-reduce (§3.3, the cost model's :meth:`CostModel.ring`: 2(g-1) steps of W_p / g
+           chunks, a member posting step k+1 when it has step k): from the slowest
+           member's last backward, 2(g-1) chunks and latencies in a row, h[p, g] => Ta >=
+           r_g v_lo W + l_g lat_lo ((r_g, l_g) = :func:`ring_coefficients`, point-to-point
+           formula); for g = 2 the pair's own v and lat (EXACT); RELAXED for g >= 3 on a
+           non-uniform group and wherever the ring meets pipeline traffic;
+    redundant (implied): T >= M (Ef_c + Eb_c) + the fastest way to stage c and back per
+           stage, and per boundary its M transfers plus the way around;
     balance (drops only plans another plan matches): where a class's block times never
            fall with the batch size, its devices in one stage take y or y + 1 samples,
            unless a ring replica lands in the stage;
     cutoff: T <= incumbent x (1 + 1e-4) (valid: T <= the cost model's figure).
 
-The exact class (program value = cost model's figure, ``tests/test_milp.py``): plans
-whose every boundary has one device on a side, on point-to-point links; on a switch or
-medium additionally no middle stage with two streams on its ports and no ring waiting
-behind pipeline traffic (e.g. two stages). Otherwise the program may price a plan below
-the cost model; :mod:`planner.milp` then re-scores it, excludes it (:func:`no_good`) and
-solves again, so a program is declared solved only when its optimum is a plan the cost
-model prices at the program's value.
+The exact class (program value = cost model's figure, checked by ``tests/test_milp.py``
+on non-uniform networks): single-device stages, three or more on point-to-point links
+or a switch (a middle stage's port carrying both streams included where the fair
+sharing leaves the chained bound tight), two on a shared medium; one data-parallel pair.
+Elsewhere the program may price a plan below the cost model; :mod:`planner.milp` then
+re-scores it, excludes it (:func:`no_good`) and solves again, so a program counts as
+solved only when its optimum is a plan the cost model prices at the program's value.
 
 Objective: minimise T. Uniform networks need no LATin/ein/d2 variables.
 
@@ -306,10 +312,10 @@ class Builder:
         self.blocks()
         self.devices()
         self.replicas()
-        ef, eb = self.compute()
+        durations = self.compute()
         ta, work = self.allreduce(horizon_ms)
         links = [self.boundary_load(b, horizon_ms) for b in range(self.num_stages - 1)]
-        self.schedule(ef, eb, ta, work, links, cutoff_ms, horizon_ms)
+        self.schedule(durations, ta, work, links, cutoff_ms, horizon_ms)
         form = Formulation(
             self.md, self.batch, self.num_stages, self.cum, self.n, self.q, self.u, self.h,
             self.d2, self.r,
@@ -476,20 +482,31 @@ class Builder:
             md.add(axpy(holders, -1.0, {self.h[pred, 1]: 1.0}), "==", 0.0, "count")
 
     # -- durations -----------------------------------------------------------------------
-    def compute(self) -> tuple[list[int], list[int]]:
-        """E_f and E_b of every stage: its slowest device's time (Eq. 8)."""
+    def compute(self) -> tuple[list[int], list[int], list[int], list[int]]:
+        """Per stage E_f, E_b (its slowest device, Eq. 8: what that device's own chain of
+        actions takes) and lower bounds e_f, e_b on its fastest device's times: the
+        fastest class at its best sample count block by block, and E_f exactly when the
+        stage has one device."""
         md, t, batch = self.md, self.t, self.batch
         d_max = max(
             float(max(tf[:, 1 : batch + 1].sum(0).max(), tb[:, 1 : batch + 1].sum(0).max()))
             for tf, tb in zip(t.tf, t.tb, strict=True)
         )
-        ef = [md.var(TIME, 0.0, d_max) for _ in range(self.num_stages)]
-        eb = [md.var(TIME, 0.0, d_max) for _ in range(self.num_stages)]
-        for (p, k, y), q in self.q.items():
-            for dur, table in ((ef[p], t.tf[k]), (eb[p], t.tb[k])):
-                terms, const = self.x_lin(table[:, y], p)
-                md.add(axpy({dur: 1.0}, -1.0, terms), ">=", const, "ms", (q,))
-        return ef, eb
+        out = []
+        for tables in (t.tf, t.tb):
+            slow = [md.var(TIME, 0.0, d_max) for _ in range(self.num_stages)]
+            fast = [md.var(TIME, 0.0, d_max) for _ in range(self.num_stages)]
+            least = np.min([table[:, 1 : batch + 1].min(axis=1) for table in tables], axis=0)
+            for p in range(self.num_stages):
+                terms, const = self.x_lin(least, p)
+                md.add(axpy({fast[p]: 1.0}, -1.0, terms), ">=", const, "ms")
+            for (p, k, y), q in self.q.items():
+                terms, const = self.x_lin(tables[k][:, y], p)
+                md.add(axpy({slow[p]: 1.0}, -1.0, terms), ">=", const, "ms", (q,))
+                md.add(axpy({fast[p]: 1.0}, -1.0, terms), ">=", const, "ms", (q, self.h[p, 1]))
+            out += [slow, fast]
+        ef, ef_lo, eb, eb_lo = out
+        return ef, eb, ef_lo, eb_lo
 
     def pair_used(self, p_a: int, k_a: int, p_b: int, k_b: int) -> tuple[Lin, float] | None:
         """(terms, constant) >= 1 exactly when devices of classes k_a in stage p_a and k_b
@@ -500,67 +517,58 @@ class Builder:
             return None  # pairs inside a group are unordered
         return {self.u[p_a, k_a]: 1.0, self.u[p_b, k_b]: 1.0}, -1.0
 
-    def group_network(self, p: int) -> tuple[Lin, float, dict[int, int]]:
-        """The largest latency between two devices of stage p's group as (terms,
-        constant), and the indicators ``flags[j]`` = some pair of the group has ms per
-        byte >= v_j, j >= 1 (both exact: the ring is priced by its slowest pair). On a
-        uniform network: a constant and no flags."""
-        md, t = self.md, self.t
-        if t.uniform:
-            return {}, t.lat_lo, {}
-        lat_var = md.var(TIME, t.lat_lo, t.lat_hi)
-        flags = {j: md.var(BIN, 0, 1) for j in range(1, len(t.inv_values))}
-        n_cls = len(t.classes)
-        for ka in range(n_cls):
-            for kb in range(n_cls):
-                used = None if np.isnan(t.inv_bw[ka, kb]) else self.pair_used(p, ka, p, kb)
-                if used is None:
-                    continue
-                terms, const = used
-                if t.lat[ka, kb] > t.lat_lo:
-                    row = axpy({lat_var: 1.0}, -t.lat[ka, kb], terms)
-                    md.add(row, ">=", t.lat[ka, kb] * const, "ms")
-                for j, flag in flags.items():
-                    if t.inv_bw[ka, kb] >= t.inv_values[j]:
-                        md.add(axpy({flag: 1.0}, -1.0, terms), ">=", const, "count")
-        return {lat_var: 1.0}, 0.0, flags
-
     def allreduce(self, horizon_ms: float) -> tuple[list[int], list[int]]:
-        """T_a of every stage (ring all-reduce over its g devices, §3.3,
-        :func:`ring_coefficients`) and, on a shared medium, its channel time alone (T_a
-        without the latency part: what the ring holds the medium for)."""
+        """Per stage a lower bound on its ring all-reduce after its slowest device's last
+        backward, and on a shared medium the ring's channel time. The ring (the cost
+        model's :meth:`CostModel.ring`) is 2(g-1) steps, a member posting step k+1 when
+        it has step k, each chunk W_p / g at its pair's rate: from the slowest member's
+        post on, 2(g-1) chunks and latencies in a row, each at least the fastest pair's
+        (:func:`ring_coefficients` of the point-to-point formula at v_lo, lat_lo; for g = 2
+        the one pair's figures, exact). On the medium all 2(g-1) g chunks pass: the
+        shared formula's channel time at v_lo."""
         md, t = self.md, self.t
         ta = [md.var(TIME, 0.0, horizon_ms) for _ in range(self.num_stages)]
         work = [md.var(TIME, 0.0, horizon_ms) for _ in range(self.num_stages)]
         if self.group_max < 2:
             return ta, work
+        n_cls = len(t.classes)
         for p in range(self.num_stages):
-            lat_terms, lat_const, flags = self.group_network(p)
             w_terms, w_const = self.x_lin(t.grad, p)
             for g in range(2, self.group_max + 1):
-                per_byte, per_lat = ring_coefficients(g, t.shared)
-                for j, v in enumerate(t.inv_values):
-                    enforce = (self.h[p, g],) if j == 0 else (self.h[p, g], flags[j])
+                per_byte, per_lat = ring_coefficients(g, False)
+                pairs = [((self.h[p, g],), t.v_lo, t.lat_lo)]
+                if g == 2:
+                    for ka in range(n_cls):
+                        for kb in range(n_cls):
+                            used = self.pair_used(p, ka, p, kb)
+                            if used is None or np.isnan(t.inv_bw[ka, kb]):
+                                continue
+                            # both ends present: the literals of pair_used's terms
+                            lits = (self.h[p, g], *used[0])
+                            pairs.append((lits, float(t.inv_bw[ka, kb]), float(t.lat[ka, kb])))
+                for enforce, v, lat in pairs:
                     row = axpy({ta[p]: 1.0}, -per_byte * v, w_terms)
-                    axpy(row, -per_lat, lat_terms)
-                    rhs = per_byte * v * w_const + per_lat * lat_const
-                    md.add(row, ">=", rhs, "ms", enforce)
+                    md.add(row, ">=", per_byte * v * w_const + per_lat * lat, "ms", enforce)
                     if t.topology == "shared_medium":
-                        row = axpy({work[p]: 1.0}, -per_byte * v, w_terms)
-                        md.add(row, ">=", per_byte * v * w_const, "ms", enforce)
+                        shared_byte = ring_coefficients(g, True)[0]
+                        row = axpy({work[p]: 1.0}, -shared_byte * v, w_terms)
+                        md.add(row, ">=", shared_byte * v * w_const, "ms", enforce)
         return ta, work
 
-    def boundary_load(self, b: int, horizon_ms: float) -> tuple[int, int, int, int]:
+    def boundary_load(self, b: int, horizon_ms: float) -> tuple[int, int, int, int, Lin]:
         """Stage boundary b -> b+1 (one direction; the other carries the same pieces
-        reversed): ``(O, LAT, S, R)`` = its channel time (the most loaded channel,
-        :func:`planner.cost.channel_loads`), its delivery latency, and on a switched
-        network the most loaded port of stage b (S) and of stage b + 1 (R) (O = max).
-        Lower bounds of the cost model's figures, exact where the module docstring says.
-        Piece ms = samples x bytes x ms per byte (``Tables.inv_bw``)."""
+        reversed): ``(O, D, S, R, one)``: O the channel time of one micro-batch's pieces
+        (their most loaded channel, :func:`planner.cost.channel_loads`), D the time from
+        their posting until every piece is delivered (>= O + the least latency, >= a
+        piece's ms + its latency), S and R on a switched network the most loaded port of
+        stage b and of stage b + 1 (O = max), ``one`` the terms of one sample's piece
+        over the fastest pair plus the least latency (what any receiver waits at least).
+        Lower bounds of the cost model's figures, exact where the module docstring says;
+        piece ms = samples x bytes x ms per byte (``Tables.inv_bw``)."""
         md, t = self.md, self.t
         cut = self.cut_bytes(b)
         occ = md.var(TIME, 0.0, horizon_ms)
-        lat = md.var(TIME, t.lat_lo, max(t.lat_hi, t.lat_lo))
+        delay = md.var(TIME, 0.0, horizon_ms)
         send = md.var(TIME, 0.0, horizon_ms)
         recv = md.var(TIME, 0.0, horizon_ms)
         single = (self.h[b, 1], self.h[b + 1, 1])
@@ -571,16 +579,12 @@ class Builder:
             if not np.isnan(t.inv_bw[k1, k2])
         ]
 
-        def at_least(var: int, coef: float, enforce: tuple[int, ...]) -> None:
-            """var >= coef x cut bytes, where every literal of ``enforce`` is 1."""
-            if coef > 0:
-                md.add(axpy({var: 1.0}, -coef, cut), ">=", 0.0, "ms", enforce)
+        def at_least(var: int, coef: float, enforce: tuple[int, ...], plus: float = 0.0) -> None:
+            """var >= coef x cut bytes + plus, where every literal of ``enforce`` is 1."""
+            if coef > 0 or plus > 0:
+                md.add(axpy({var: 1.0}, -coef, cut), ">=", plus, "ms", enforce)
 
-        for k1, k2 in used:  # the latency: every pair carries a piece when a side is single
-            if t.lat[k1, k2] > t.lat_lo:
-                pair = (self.u[b, k1], self.u[b + 1, k2])
-                for one in single:
-                    md.add({lat: 1.0}, ">=", float(t.lat[k1, k2]), "ms", (one, *pair))
+        md.add({delay: 1.0, occ: -1.0}, ">=", t.lat_lo, "ms")
         if t.topology == "shared_medium":
             # the medium carries every piece: B x bytes x (ms per byte of each piece)
             at_least(occ, self.batch * t.v_lo, ())
@@ -591,7 +595,9 @@ class Builder:
             for k1, k2 in used:  # one device on both sides: one piece
                 pair = (self.u[b, k1], self.u[b + 1, k2])
                 at_least(occ, self.batch * float(t.inv_bw[k1, k2]), (*single, *pair))
-            return occ, lat, occ, occ
+                at_least(delay, self.batch * float(t.inv_bw[k1, k2]), (*single, *pair),
+                         float(t.lat[k1, k2]))  # fmt: skip
+            return occ, delay, occ, occ, axpy({}, t.v_lo, cut)
         for (p, k, y), q in self.q.items():
             if p not in (b, b + 1):
                 continue
@@ -602,72 +608,86 @@ class Builder:
                 if (k1 if p == b else k2) != k:
                     continue
                 v = float(t.inv_bw[k1, k2])
-                if t.topology == "switched" and v <= t.v_min[k]:
-                    continue
-                # the other side is one device of the other class: its pieces are this
-                # device's y samples to or from it
+                # the other side is one device of the other class: this device's pieces
+                # are its y samples to or from it, one piece
                 other = (self.h[b + 1, 1], self.u[b + 1, k2]) if p == b else (
                     self.h[b, 1], self.u[b, k1])  # fmt: skip
+                at_least(delay, y * v, (q, *other), float(t.lat[k1, k2]))
+                if t.topology == "switched" and v <= t.v_min[k]:
+                    continue
                 at_least(side, y * v, (q, *other))
         if t.topology == "point_to_point":
             at_least(occ, t.v_lo, ())  # some piece carries a sample
         for side in (send, recv):
             md.add({occ: 1.0, side: -1.0}, ">=", 0.0, "ms")
-        return occ, lat, send, recv
+        return occ, delay, send, recv, axpy({}, t.v_lo, cut)
 
     # -- the schedule's longest path -----------------------------------------------------
     def schedule(
         self,
-        ef: list[int],
-        eb: list[int],
+        durations: tuple[list[int], list[int], list[int], list[int]],
         ta: list[int],
         work: list[int],
-        links: list[tuple[int, int, int, int]],
+        links: list[tuple[int, int, int, int, Lin]],
         cutoff_ms: float,
         horizon_ms: float,
     ) -> None:
-        """T and the longest-path rows through the stages' actions and the boundaries'
-        transfer streams (module docstring)."""
+        """T and the longest-path rows through the stages' actions (two tracks: ``lo``,
+        a lower bound on when a stage's fastest device ends an action, and ``hi``, on when
+        its slowest does) and the boundaries' transfer streams (module docstring)."""
         md, t, m_count, big_p = self.md, self.t, self.m_count, self.num_stages
+        ef, eb, ef_lo, eb_lo = durations
         orders = stage_orders(t.problem, self.batch, big_p)
         last = big_p - 1
-        end = [{a: md.var(TIME, 0.0, horizon_ms) for a in acts} for acts in orders]
+        lo = [{a: md.var(TIME, 0.0, horizon_ms) for a in acts} for acts in orders]
+        hi = [{a: md.var(TIME, 0.0, horizon_ms) for a in acts} for acts in orders]
         round_time = md.var(TIME, 0.0, min(cutoff_ms, horizon_ms))
-        # per boundary and direction, when the m-th transfer's pieces are through
+        # per boundary and direction, when all pieces of the m-th transfer are through
         fwd = [[md.var(TIME, 0.0, horizon_ms) for _ in range(m_count)] for _ in links]
         bwd = [[md.var(TIME, 0.0, horizon_ms) for _ in range(m_count)] for _ in links]
-        for b, (occ, _, _, _) in enumerate(links):
-            for stream, post in ((fwd[b], end[b]), (bwd[b], end[b + 1])):
-                kind = "F" if stream is fwd[b] else "B"
+        for b, (occ, *_) in enumerate(links):
+            for stream, post, kind in ((fwd[b], lo[b], "F"), (bwd[b], lo[b + 1], "B")):
                 for m in range(m_count):
                     md.add({stream[m]: 1.0, post[kind, m]: -1.0, occ: -1.0}, ">=", 0.0, "ms")
                     if m:
                         md.add({stream[m]: 1.0, stream[m - 1]: -1.0, occ: -1.0}, ">=", 0.0, "ms")
         for p, acts in enumerate(orders):
-            prev = None
-            for kind, m in acts:
-                dur = ef[p] if kind == "F" else eb[p]
-                me = end[p][kind, m]
-                md.add({me: 1.0, dur: -1.0}, ">=", 0.0, "ms")
-                if prev is not None:
-                    md.add({me: 1.0, prev: -1.0, dur: -1.0}, ">=", 0.0, "ms")
-                if kind == "F" and p > 0:
-                    lat = links[p - 1][1]
-                    md.add({me: 1.0, fwd[p - 1][m]: -1.0, lat: -1.0, dur: -1.0}, ">=", 0.0, "ms")
-                if kind == "B" and p < last:
-                    lat = links[p][1]
-                    md.add({me: 1.0, bwd[p][m]: -1.0, lat: -1.0, dur: -1.0}, ">=", 0.0, "ms")
-                prev = me
-            md.add({round_time: 1.0, prev: -1.0, ta[p]: -1.0}, ">=", 0.0, "ms")
-        self.shared_channels(orders, end, links, work, round_time, horizon_ms)
-        self.redundant(ef, eb, links, round_time)
+            for track, f_dur, b_dur in ((lo[p], ef_lo[p], eb_lo[p]), (hi[p], ef[p], eb[p])):
+                prev = None
+                for kind, m in acts:
+                    dur = f_dur if kind == "F" else b_dur
+                    me = track[kind, m]
+                    md.add({me: 1.0, dur: -1.0}, ">=", 0.0, "ms")
+                    if prev is not None:
+                        md.add({me: 1.0, prev: -1.0, dur: -1.0}, ">=", 0.0, "ms")
+                    prev = me
+                    if kind == "F" and p > 0:
+                        sender, b, stream = lo[p - 1], p - 1, fwd[p - 1]
+                    elif kind == "B" and p < last:
+                        sender, b, stream = lo[p + 1], p, bwd[p]
+                    else:
+                        continue
+                    _, delay, _, _, one = links[b]
+                    # any device waits for some piece; a single device for all of them
+                    row = axpy({me: 1.0, sender[kind, m]: -1.0, dur: -1.0}, -1.0, one)
+                    md.add(row, ">=", t.lat_lo, "ms")
+                    alone = (self.h[p, 1],)
+                    md.add({me: 1.0, sender[kind, m]: -1.0, delay: -1.0, dur: -1.0}, ">=", 0.0,
+                           "ms", alone)  # fmt: skip
+                    md.add({me: 1.0, stream[m]: -1.0, dur: -1.0}, ">=", t.lat_lo, "ms", alone)
+                if track is hi[p]:
+                    md.add({round_time: 1.0, prev: -1.0, ta[p]: -1.0}, ">=", 0.0, "ms")
+            for a in acts:
+                md.add({hi[p][a]: 1.0, lo[p][a]: -1.0}, ">=", 0.0, "ms")
+        self.shared_channels(orders, lo, links, work, round_time, horizon_ms)
+        self.redundant(durations, links, round_time)
         md.objective = round_time
 
     def shared_channels(
         self,
         orders: list[list[tuple[str, int]]],
-        end: list[dict[tuple[str, int], int]],
-        links: list[tuple[int, int, int, int]],
+        lo: list[dict[tuple[str, int], int]],
+        links: list[tuple[int, int, int, int, Lin]],
         work: list[int],
         round_time: int,
         horizon_ms: float,
@@ -676,14 +696,15 @@ class Builder:
         most one ms of channel time per ms, so from any transfer's posting on, it still
         needs the channel time of that transfer and of every later one on it.
 
-        Shared medium: the transfers stage p posts (in its compute order) all hold the
-        medium: J_i >= post_i + load_i, J_i >= J_{i-1} + load_i, T >= J_last; and T >=
-        the first forward's end + everything on the medium (2 M loads per boundary and
-        the rings' channel time). Switched, uniform bandwidth: a middle stage's uplinks
-        carry its activations out and its gradients back (in its compute order, loads S
-        and R of its two boundaries, largest on the same device: the one with most
-        samples), the same chain over them; its downlinks carry both streams in: T >= the
-        first forward's end upstream + M (R + S) of its two boundaries."""
+        Shared medium: the transfers stage p posts (in its compute order, none before
+        the ``lo`` track's time) all hold the medium: J_i >= post_i + load_i, J_i >=
+        J_{i-1} + load_i, T >= J_last; and T >= the first forward's end + everything on
+        the medium (2 M loads per boundary and the rings' channel time). Switched,
+        uniform bandwidth: a middle stage's uplinks carry its activations out and its
+        gradients back (loads S and R of its two boundaries, largest on the same device:
+        the one with most samples), the same chain over them; its downlinks carry both
+        streams in: T >= the first forward's end upstream + M (R + S) of its two
+        boundaries."""
         md, t, m_count = self.md, self.t, self.m_count
         last = self.num_stages - 1
         chains: list[list[tuple[int, int]]] = []  # per chain: (post end, load) in order
@@ -692,12 +713,12 @@ class Builder:
                 chain = []
                 for kind, m in acts:
                     if kind == "F" and p < last:
-                        chain.append((end[p][kind, m], links[p][0]))
+                        chain.append((lo[p][kind, m], links[p][0]))
                     if kind == "B" and p > 0:
-                        chain.append((end[p][kind, m], links[p - 1][0]))
+                        chain.append((lo[p][kind, m], links[p - 1][0]))
                 chains.append(chain)
             if links:
-                row: Lin = {round_time: 1.0, end[0]["F", 0]: -1.0}
+                row: Lin = {round_time: 1.0, lo[0]["F", 0]: -1.0}
                 for occ, *_ in links:
                     axpy(row, -2.0 * m_count, {occ: 1.0})
                 for w in work:
@@ -708,9 +729,9 @@ class Builder:
                 chain = []
                 for kind, m in orders[p]:
                     load = links[p][2] if kind == "F" else links[p - 1][3]
-                    chain.append((end[p][kind, m], load))
+                    chain.append((lo[p][kind, m], load))
                 chains.append(chain)
-                down = {round_time: 1.0, end[p - 1]["F", 0]: -1.0}
+                down = {round_time: 1.0, lo[p - 1]["F", 0]: -1.0}
                 axpy(down, -float(m_count), {links[p - 1][3]: 1.0, links[p][2]: 1.0})
                 md.add(down, ">=", 0.0, "ms")
         for chain in chains:
@@ -725,42 +746,40 @@ class Builder:
                 md.add({round_time: 1.0, prev: -1.0}, ">=", 0.0, "ms")
 
     def redundant(
-        self, ef: list[int], eb: list[int], links: list[tuple[int, int, int, int]], round_time: int
+        self,
+        durations: tuple[list[int], list[int], list[int], list[int]],
+        links: list[tuple[int, int, int, int, Lin]],
+        round_time: int,
     ) -> None:
         """Rows the paths above imply, stated directly so that a solver's bound on T
-        follows the durations at once (Asteroid's D term): stage c's first forward waits
-        for the forwards and transfers before it, c runs its M forwards and M backwards,
-        and its last backward travels back to stage 0; boundary c's M transfers of one
-        direction follow each other, then the last micro-batch finishes its way."""
-        md, m_count = self.md, float(self.m_count)
+        follows the durations at once (Asteroid's D term): stage c's slowest device runs
+        M forwards and M backwards after the first micro-batch reached it, and its last
+        gradient travels back to stage 0; boundary c's M transfers of one direction
+        follow each other, then the last micro-batch finishes its way."""
+        md, m_count, t = self.md, float(self.m_count), self.t
+        ef, eb, ef_lo, eb_lo = durations
         big_p = self.num_stages
 
-        def hop(b: int) -> Lin:
-            return {links[b][0]: 1.0, links[b][1]: 1.0}
+        def way(stages: range) -> tuple[Lin, float]:
+            """Forward and backward of the fastest devices of ``stages`` and one sample's
+            way over each of their outgoing boundaries, both directions."""
+            terms: Lin = {}
+            for i in stages:
+                axpy(terms, 1.0, {ef_lo[i]: 1.0, eb_lo[i]: 1.0})
+                axpy(terms, 2.0, links[i][4])
+            return terms, 2.0 * t.lat_lo * len(stages)
 
         for c in range(big_p):
-            row: Lin = {round_time: 1.0, ef[c]: -m_count, eb[c]: -m_count}
-            for i in range(c):
-                axpy(row, -1.0, {ef[i]: 1.0, eb[i]: 1.0})
-                axpy(row, -2.0, hop(i))
-            md.add(row, ">=", 0.0, "ms")
+            terms, const = way(range(c))
+            row = axpy({round_time: 1.0, ef[c]: -m_count, eb[c]: -m_count}, -1.0, terms)
+            md.add(row, ">=", const, "ms")
         for c in range(big_p - 1):
-            back: Lin = {eb[c]: 1.0}  # the last gradient's way from stage c to stage 0
-            for i in range(c):
-                axpy(back, 1.0, {eb[i]: 1.0})
-                axpy(back, 1.0, hop(i))
-            ahead: Lin = {}  # the first activation's way to stage c
-            for i in range(c + 1):
-                axpy(ahead, 1.0, {ef[i]: 1.0})
-            for i in range(c):
-                axpy(ahead, 1.0, hop(i))
-            occ, lat = links[c][0], links[c][1]
-            # M transfers of one direction, one more of the other and the way around
-            # (the same sum for the activations' and the gradients' stream)
-            row = axpy({round_time: 1.0}, -1.0, ahead)
-            axpy(row, -1.0, back)
-            axpy(row, -1.0, {ef[c + 1]: 1.0, eb[c + 1]: 1.0, lat: 2.0, occ: m_count + 1.0})
-            md.add(row, ">=", 0.0, "ms")
+            terms, const = way(range(c))  # to stage c and back from it, around c
+            axpy(terms, 1.0, {ef_lo[c]: 1.0, eb_lo[c]: 1.0, ef_lo[c + 1]: 1.0, eb_lo[c + 1]: 1.0})
+            axpy(terms, 1.0, links[c][4])  # the other direction's one sample
+            axpy(terms, m_count, {links[c][0]: 1.0})  # M transfers of one direction
+            row = axpy({round_time: 1.0}, -1.0, terms)
+            md.add(row, ">=", const + 2.0 * t.lat_lo, "ms")
 
 
 def solution_hint(form: Formulation, tables: Tables, partition: Partition) -> dict[int, float]:
