@@ -39,7 +39,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import random  # noqa: E402
 import time  # noqa: E402
 
 from planner.cluster import Cluster, Device, Network, load_catalog  # noqa: E402
@@ -48,6 +47,7 @@ from planner.dp import plan_dp  # noqa: E402
 from planner.importers.pipedream import import_pipedream, parse_pipedream  # noqa: E402
 from planner.problem import make_problem  # noqa: E402
 from planner.profile import ModelProfile  # noqa: E402
+from tests.synthetic import nasnet_like  # noqa: E402
 
 #: model -> profiled minibatch (see the module docstring for the evidence)
 BATCH = {"alexnet": 256, "vgg16": 128, "resnet18": 256, "squeezenet1_0": 256}
@@ -57,48 +57,6 @@ IMAGE_BYTES = 3 * 224 * 224 * 4
 
 #: device type the PipeDream times were measured on (see profiles/devices/catalog.json)
 DEVICE_TYPE = "v100"
-
-
-def nasnet_like(cells: int = 25, seed: int = 0, batch: int = 32) -> str:
-    """A graph.txt of ``cells`` NASNet-style cells (16 layers each) at ``batch``: unit k of
-    a cell adds two convolutions of two hidden states drawn from the cell's two inputs
-    (the outputs of the two cells before) and its earlier units; the cell's output
-    concatenates the units nothing inside the cell read. Seeded, so it reproduces."""
-    rng = random.Random(seed)
-    lines: list[str] = []
-    edges: list[tuple[str, str]] = []
-
-    def layer(name: str, desc: str, f: float, b: float, act: float, par: float) -> str:
-        lines.append(
-            f"{name} -- {desc} -- forward_compute_time={f:.3f}, backward_compute_time={b:.3f}, "
-            f"activation_size={act * batch:.1f}, parameter_size={par:.1f}"
-        )
-        return name
-
-    width = 32 * 16 * 16 * 4  # one 32-channel 16x16 fp32 feature map per sample
-    layer("input", "Input", 0, 0, 3 * 64 * 64 * 4, 0)
-    stem = layer("stem", "Conv2d(3, 32)", 0.8, 1.6, width, 3456)
-    edges.append(("input", stem))
-    prev = [stem, stem]
-    for c in range(cells):
-        hidden, used = list(prev), set()
-        for k in range(5):
-            ops = []
-            for side in (0, 1):
-                src = rng.choice(hidden)
-                used.add(src)
-                f = rng.uniform(0.2, 1.0)
-                ops.append(layer(f"c{c}u{k}s{side}", "SepConv2d(32, 32)", f, 2 * f, width,
-                                 rng.choice([1312, 2336, 4384])))  # fmt: skip
-                edges.append((src, ops[-1]))
-            hidden.append(layer(f"c{c}u{k}add", "Add()", 0, 0, width, 0))
-            edges += [(op, hidden[-1]) for op in ops]
-        out = layer(f"c{c}cat", "Concat(1)", 0, 0, width * 5, 0)
-        edges += [(h, out) for h in hidden[2:] if h not in used]
-        prev = [prev[1], out]
-    head = layer("head", "Linear(160, 10)", 0.1, 0.2, 40, 6440)
-    edges.append((prev[1], head))
-    return "\n".join(lines + [f"\t{a} -- {b}" for a, b in edges])
 
 
 def dense_row() -> str:

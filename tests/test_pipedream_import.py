@@ -695,3 +695,17 @@ def test_the_cli_warns_of_a_swallowing_block_and_refuses_a_contradicting_batch(
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "batch size 5 does not divide" in lines[0]
     assert not (tmp_path / "x").exists()
+
+
+def test_a_dense_400_layer_graph_keeps_one_block_per_working_layer() -> None:
+    from tests.synthetic import nasnet_like
+
+    text = nasnet_like()  # 25 cells x 16 layers + stem + head; Adds and Concats free
+    p = parse_pipedream(text, "nasnet-like", batch_size=32)
+    lines = text.splitlines()
+    free = {ln.split(" -- ")[0] for ln in lines if "Add()" in ln or "Concat" in ln}
+    assert sum(len(b.members) for b in p.blocks) == 402 and len(free) == 25 * 6
+    # between two consecutive working layers of the order exactly one boundary survives
+    # (the one between them, or one of their free run's): with working layers first and
+    # last (stem, head), every block holds exactly one working layer
+    assert [sum(m not in free for m in b.members) for b in p.blocks] == [1] * 252
