@@ -28,15 +28,53 @@ class Work(Protocol):
 
 
 class Transport:
-    """Sends and receives whole tensors between ranks (``torch.distributed`` isend/irecv
-    on the default group). Subclass and override :meth:`send` / :meth:`recv` to shape
-    traffic; both must return an object with ``wait()``."""
+    """Sends and receives whole tensors between ranks: ``torch.distributed`` isend/irecv
+    on the default group, or on ``pg`` (a raw process group of one generation, whose
+    ranks are the generation's; :mod:`executor.worker`). Subclass and override
+    :meth:`send` / :meth:`recv` to shape traffic (through :meth:`isend` /
+    :meth:`irecv`); both must return an object with ``wait()``."""
 
-    def send(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
+    def __init__(self, pg: dist.ProcessGroup | None = None) -> None:
+        self.pg = pg
+
+    def isend(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
+        if self.pg is not None:
+            return self.pg.send([tensor], dst, tag)
         return dist.isend(tensor, dst, tag=tag)
 
-    def recv(self, tensor: torch.Tensor, src: int, tag: int) -> Work:
+    def irecv(self, tensor: torch.Tensor, src: int, tag: int) -> Work:
+        if self.pg is not None:
+            return self.pg.recv([tensor], src, tag)
         return dist.irecv(tensor, src, tag=tag)
+
+    def send(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
+        return self.isend(tensor, dst, tag)
+
+    def recv(self, tensor: torch.Tensor, src: int, tag: int) -> Work:
+        return self.irecv(tensor, src, tag)
+
+
+class StageGroup:
+    """The collectives of one stage's data-parallel group, addressed by run rank:
+    ``group`` is a ``torch.distributed`` group (``raw=False``: ranks are the default
+    group's) or a raw process group of the members alone (``raw=True``: its rank ``j``
+    is ``members[j]``)."""
+
+    def __init__(self, group: dist.ProcessGroup, members: tuple[int, ...], raw: bool) -> None:
+        self.group, self.members, self.raw = group, members, raw
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> None:
+        if self.raw:
+            self.group.broadcast(tensor, self.members.index(src)).wait()
+        else:
+            dist.broadcast(tensor, src=src, group=self.group)
+
+    def all_reduce(self, tensor: torch.Tensor) -> None:
+        """Sum ``tensor`` over the members, in place."""
+        if self.raw:
+            self.group.allreduce(tensor).wait()
+        else:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
 
 
 def forward_tag(m: int) -> int:

@@ -131,7 +131,9 @@ class EmulatedTransport(Transport):
     """A :class:`~executor.comm.Transport` that delivers at the cluster's link figures
     (module docstring). ``store`` is needed on a shared medium only."""
 
-    def __init__(self, links: LinkFigures, time_scale: float, store: dist.Store | None):
+    def __init__(self, links: LinkFigures, time_scale: float, store: dist.Store | None,
+                 pg: dist.ProcessGroup | None = None):
+        super().__init__(pg)
         self.links, self.k, self.store = links, time_scale, store
         self._free: dict[int, float] = {}
 
@@ -154,12 +156,12 @@ class EmulatedTransport(Transport):
         start = self._reserve(dst, duration)
         arrival = start + duration + self.k * self.links.latency_ms[dst] / 1e3
         header = torch.tensor([arrival], dtype=torch.float64)
-        works = [dist.isend(header, dst, tag=tag + HEADER_TAG), dist.isend(tensor, dst, tag=tag)]
+        works = [self.isend(header, dst, tag + HEADER_TAG), self.isend(tensor, dst, tag)]
         return _Timed(works, lambda: start + duration, keep=(header, tensor))
 
     def recv(self, tensor: torch.Tensor, src: int, tag: int) -> Work:
         header = torch.empty(1, dtype=torch.float64)
-        works = [dist.irecv(header, src, tag=tag + HEADER_TAG), dist.irecv(tensor, src, tag=tag)]
+        works = [self.irecv(header, src, tag + HEADER_TAG), self.irecv(tensor, src, tag)]
         return _Timed(works, lambda: float(header[0]), keep=(header,))
 
 
@@ -296,10 +298,12 @@ class Emulation:
 
     @classmethod
     def for_rank(cls, plan: Plan, rank: int, store: dist.Store, time_scale: float,
-                 out: str | None, slowdowns: tuple[EmulatedSlowdown, ...] = ()) -> Emulation:
+                 out: str | None, slowdowns: tuple[EmulatedSlowdown, ...] = (),
+                 pg: dist.ProcessGroup | None = None) -> Emulation:
         """Budgets of ``rank`` from ``plan.cost`` and its links from the plan's cluster;
         ``slowdowns``: the emulated slowdowns of the run (only this rank's device's
-        applies). O(world size)."""
+        applies); transfers on ``pg`` when given (a generation's raw group).
+        O(world size)."""
         if not time_scale > 0:
             raise ValueError(f"time scale must be positive, got {time_scale}")
         layout = RankLayout.from_plan(plan)
@@ -329,7 +333,7 @@ class Emulation:
             s_plan = cluster.devices[i].slowdown
             slowdown = (mine[-1].from_step, mine[-1].slowdown / s_plan)
         return cls(
-            EmulatedTransport(links, time_scale, store),
+            EmulatedTransport(links, time_scale, store, pg),
             EmulatedCompute(budget, time_scale, links.shared_medium, store, report, slowdown),
         )
 

@@ -40,10 +40,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from executor.comm import StageLinks
+from executor.comm import StageGroup, StageLinks
 from executor.layout import RankLayout
 from executor.stage import Loss
 from planner.schedule import Action, ActionType
@@ -108,7 +107,7 @@ class StageRuntime:
         rank: int,
         actions: tuple[Action, ...],
         links: StageLinks,
-        group: dist.ProcessGroup | None,
+        group: StageGroup | None,
         loss_fn: Loss,
         optimizer: torch.optim.Optimizer,
         *,
@@ -148,6 +147,26 @@ class StageRuntime:
 
         ``inputs[m]`` (first stage) / ``targets[m]`` (last stage) are this rank's rows
         of micro-batch ``m``."""
+        record = self.compute(step, inputs, targets)
+        self.check()
+        self.apply(record)
+        return record
+
+    def apply(self, record: StepRecord) -> None:
+        """The optimizer step of the step :meth:`compute` just ran (the recovering
+        worker calls it only once the coordinator committed the step)."""
+        start = time.perf_counter()
+        self.optimizer.step()
+        self._mark(record, "OPTIM", None, start)
+        record.wall_ms = (time.perf_counter() - self._t0) * 1e3
+
+    def compute(
+        self,
+        step: int,
+        inputs: list[torch.Tensor] | None,
+        targets: list[torch.Tensor] | None,
+    ) -> StepRecord:
+        """Every action of step ``step`` (gradients in ``.grad``), no optimizer step."""
         record = StepRecord(step)
         t0 = time.perf_counter()
         self._t0 = t0
@@ -187,11 +206,6 @@ class StageRuntime:
         start = time.perf_counter()
         self.links.wait_sends()
         self._mark(record, "SEND_WAIT", None, start)
-        self.check()
-        start = time.perf_counter()
-        self.optimizer.step()
-        self._mark(record, "OPTIM", None, start)
-        record.wall_ms = (time.perf_counter() - t0) * 1e3
         return record
 
     def _mark(self, record: StepRecord, kind: str, m: int | None, start: float) -> None:
@@ -276,7 +290,7 @@ class StageRuntime:
             self._reduce_deterministic(per_sample)
         elif self.group is not None and self.params:
             flat = torch.cat([self._grad(p).reshape(-1) for p in self.params])
-            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
+            self.group.all_reduce(flat)
             self._set_grads(flat)
 
     def _grad(self, p: nn.Parameter) -> torch.Tensor:
@@ -301,7 +315,7 @@ class StageRuntime:
                 else:
                     size = next(iter(per_sample.values())).numel()
                     buf = torch.empty(len(positions), size, device=self.device)
-                dist.broadcast(buf, src=member, group=self.group)
+                self.group.broadcast(buf, member)
                 if member != self.rank:
                     every.update(zip(positions, buf.unbind(0), strict=True))
         if sorted(every) != list(range(self.global_batch)):

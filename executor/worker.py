@@ -48,7 +48,7 @@ import torch
 import torch.distributed as dist
 
 from executor import checkpoint, data
-from executor.comm import StageLinks, Transport
+from executor.comm import StageGroup, StageLinks, Transport
 from executor.control import WorkerControl, generation_store
 from executor.emulation import EmulatedSlowdown, Emulation
 from executor.layout import RankLayout, check_runnable
@@ -256,14 +256,14 @@ class Worker:
         finally:
             dist.destroy_process_group()
 
-    def _groups(self) -> dist.ProcessGroup | None:
+    def _groups(self) -> StageGroup | None:
         mine = None
         for members in self.layout.stage_ranks:
             group = dist.new_group(list(members), timeout=self.timeout)
             if self.rank in members:
-                mine = group
+                mine = StageGroup(group, members, raw=False)
         if mine is not None and len(self.layout.stage_ranks[self.me.stage]) > 1:
-            dist.all_reduce(torch.zeros(1, device=self.device), group=mine)  # connect now (P9)
+            mine.all_reduce(torch.zeros(1, device=self.device))  # connect now (P9)
         return mine
 
     def _shapes(
