@@ -37,6 +37,7 @@ import json
 import multiprocessing
 import shutil
 import signal
+import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -49,11 +50,12 @@ from executor import data
 from executor.checkpoint import check_resume
 from executor.control import Coordinator, Failure, generation_store
 from executor.layout import RankLayout, check_runnable
-from executor.metrics import read_jsonl
+from executor.metrics import MetricsWriter, read_jsonl
+from executor.recovery import Supervisor
 from executor.stage import check_build
 from executor.worker import Endpoint, WorkerOptions, spawned
 from planner.errors import EdgepipeError, InputError
-from planner.plan import load_plan
+from planner.plan import Plan, load_plan
 
 POLL_S = 0.02
 GRACE_S = 2.0
@@ -88,10 +90,17 @@ class RunFailed(EdgepipeError):
 
 @dataclass
 class RunResult:
-    """A finished run: its directory and its metrics lines."""
+    """A finished run: its directory, its step lines and its events (recovery lines of
+    ``metrics.jsonl``, :mod:`executor.recovery`)."""
 
     out_dir: Path
     metrics: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def read(cls, out: Path | None) -> RunResult:
+        lines = read_jsonl(out / "metrics.jsonl") if out is not None else []
+        return cls(out, [m for m in lines if "type" not in m], [m for m in lines if "type" in m])
 
     @property
     def losses(self) -> list[float]:
@@ -128,17 +137,41 @@ def _signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
+def recovers(opts: WorkerOptions, plan: Plan, hang_timeout_s: float | None,
+             recover: bool | None) -> bool:
+    """Whether a run recovers in-process from a lost device (``recover=None``: when the
+    control plane is on and the plan replicates, ``replication_interval > 0``).
+    Raises :class:`InputError` for ``recover=True`` with what recovery cannot do yet."""
+    if recover is False:
+        return False
+    why = None
+    if hang_timeout_s is None:
+        why = "the control plane is off (--hang-timeout)"
+    elif opts.checkpoint_every or opts.resume:
+        why = "checkpointing (--checkpoint-every / --resume) does not combine with it yet"
+    elif plan.problem.config.replication_interval == 0 and recover is None:
+        why = "the plan does not replicate (replication_interval 0)"
+    if why is not None and recover:
+        raise InputError("--recover", "", f"in-process recovery is off: {why}; run with "
+                         "--no-recover (stop on the first failure)")
+    return why is None
+
+
 def launch(
     opts: WorkerOptions,
     on_start: Any = None,
     hang_timeout_s: float | None = HANG_TIMEOUT_S,
     heartbeat_s: float = HEARTBEAT_S,
+    recover: bool | None = None,
 ) -> RunResult:
     """Run the plan of ``opts`` here, one process per plan device (module docstring).
 
     ``on_start(ranks)`` is called with the ``ranks.json`` entries once every child has
     started. ``hang_timeout_s`` (None: no control plane) must exceed twice
-    ``heartbeat_s``. Raises :class:`RunFailed` when a worker dies or hangs, any other
+    ``heartbeat_s``. ``recover`` (:func:`recovers`): recover from a lost or hung device
+    in-process (:mod:`executor.recovery`) instead of stopping. Raises
+    :class:`RunFailed` when a worker dies or hangs (without recovery),
+    :class:`~executor.recovery.RecoveryFailed` when recovery is impossible, any other
     :class:`~planner.errors.EdgepipeError` when the plan is refused.
     """
     if hang_timeout_s is not None and not hang_timeout_s > 2 * heartbeat_s > 0:
@@ -149,6 +182,8 @@ def launch(
             "--hang-timeout or lower --heartbeat",
         )
     layout = preflight(opts)
+    plan = load_plan(opts.plan)
+    recovering = recovers(opts, plan, hang_timeout_s, recover)
     out = Path(opts.out) if opts.out else None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -168,8 +203,27 @@ def launch(
                             if p.exitcode not in (None, 0)],
             start_timeout_s=max(START_TIMEOUT_S, opts.timeout_s),
         )
-        opts = replace(opts, generation=coordinator.generation, heartbeat_s=heartbeat_s)
+        opts = replace(opts, generation=coordinator.generation, heartbeat_s=heartbeat_s,
+                       recover=recovering)
     errors = generation_store(store, opts.generation)
+    supervisor = None
+    if recovering:
+        assert coordinator is not None
+        rank_of = {i.device: i.rank for i in layout.ranks}
+
+        def kill(device: str) -> None:
+            proc = procs[rank_of[device]]
+            if proc.exitcode is None:
+                proc.kill()  # SIGKILL also ends a SIGSTOPped process
+                proc.join()
+
+        scratch = tempfile.TemporaryDirectory(prefix="edgepipe-plans-")
+        supervisor = Supervisor(
+            store, coordinator, plan, opts.plan, opts.steps,
+            writer=MetricsWriter(out, layout, opts.deterministic) if out is not None else None,
+            plans_dir=out / "plans" if out is not None else Path(scratch.name),
+            kill=kill, alive=lambda d: procs[rank_of[d]].exitcode is None,
+        )
     try:
         for info in layout.ranks:
             endpoint = Endpoint(info.rank, layout.world_size, "127.0.0.1", store.port,
@@ -188,10 +242,39 @@ def launch(
             (out / "ranks.json").write_text(json.dumps(ranks, indent=1) + "\n")
         if on_start is not None:
             on_start(ranks)
-        _watch(procs, layout, errors, coordinator)
+        if supervisor is not None:
+            assert coordinator is not None
+            _supervise(procs, layout, supervisor, coordinator, opts.timeout_s)
+        else:
+            _watch(procs, layout, errors, coordinator)
     finally:
         _stop(procs)
-    return RunResult(out, read_jsonl(out / "metrics.jsonl") if out is not None else [])
+        if supervisor is not None:
+            if supervisor.writer is not None:
+                supervisor.writer.close()
+            scratch.cleanup()
+    return RunResult.read(out)
+
+
+def _supervise(procs: list, layout: RankLayout, supervisor: Supervisor,
+               coordinator: Coordinator, timeout_s: float) -> None:
+    """Poll a recovering run until its last step is durable, recovering from every
+    failure (:meth:`Supervisor.recover`); then wait (at most ``timeout_s``) for the last
+    generation's members to exit 0."""
+    while not supervisor.poll():
+        if failures := coordinator.poll():
+            supervisor.recover(failures)
+        time.sleep(POLL_S)
+    rank_of = {i.device: i.rank for i in layout.ranks}
+    deadline = time.monotonic() + timeout_s
+    for device in supervisor.gen.members:
+        procs[rank_of[device]].join(max(0.0, deadline - time.monotonic()))
+    failed = [d for d in supervisor.gen.members if procs[rank_of[d]].exitcode != 0]
+    if failed:
+        raise EdgepipeError(
+            f"every step is durable but device(s) {', '.join(failed)} did not exit cleanly "
+            f"within {timeout_s:g} s"
+        )
 
 
 def _error_of(store: dist.Store, rank: int) -> str | None:

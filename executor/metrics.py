@@ -88,9 +88,11 @@ class MetricsWriter:
         self.metrics = (out_dir / "metrics.jsonl").open(mode)
         self.timeline = (out_dir / "timeline.jsonl").open(mode)
 
-    def write_step(self, step: int, payloads: list[dict[str, Any]]) -> dict[str, Any]:
-        """Merge one step's payloads (index = rank) and write its lines; returns the
-        metrics line."""
+    def write_step(
+        self, step: int, payloads: list[dict[str, Any]], extra: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Merge one step's payloads (index = rank) and write its lines (``extra``: more
+        keys of the metrics line); returns the metrics line."""
         wall = max(p["wall_ms"] for p in payloads)
         devices = {}
         for info, p in zip(self.layout.ranks, payloads, strict=True):
@@ -99,6 +101,7 @@ class MetricsWriter:
                 "stage": info.stage,
                 **{k: p[k] for k in ("compute_ms", "send_ms", "recv_wait_ms", "allreduce_ms",
                                      "optim_ms", "wall_ms", "peak_mem_bytes")},
+                **({"replication_ms": p["replication_ms"]} if "replication_ms" in p else {}),
             }
             for kind, m, start, end in p["intervals"]:
                 self.timeline.write(
@@ -122,11 +125,17 @@ class MetricsWriter:
             "wall_ms": wall,
             "samples_per_s": self.layout.global_batch / wall * 1e3 if wall > 0 else None,
             "devices": devices,
+            **(extra or {}),
         }
         self.metrics.write(json.dumps(line) + "\n")
         self.metrics.flush()
         self.timeline.flush()
         return line
+
+    def write_event(self, event: dict[str, Any]) -> None:
+        """A line that is not a step (e.g. a recovery event, ``"type": "recovery"``)."""
+        self.metrics.write(json.dumps(event) + "\n")
+        self.metrics.flush()
 
     def close(self) -> None:
         self.metrics.close()

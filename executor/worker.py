@@ -37,6 +37,7 @@ import json
 import os
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,19 +45,39 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from executor import checkpoint, data
 from executor.comm import StageGroup, StageLinks, Transport
-from executor.control import WorkerControl, generation_store
+from executor.control import (
+    CoordinatorLost,
+    GenerationAborted,
+    WorkerControl,
+    generation_store,
+)
 from executor.emulation import EmulatedSlowdown, Emulation
-from executor.layout import RankLayout, check_runnable
+from executor.faults import Injector
+from executor.faults import parse as parse_faults
+from executor.layout import RankInfo, RankLayout, check_runnable
 from executor.metrics import MetricsWriter, rank_payload
+from executor.replication import (
+    MIGRATION_TAG,
+    REPLICA_TAG,
+    BlockState,
+    Copies,
+    Outgoing,
+    capture,
+    install,
+    receive,
+)
 from executor.runtime import ComputeHook, StageRuntime, make_optimizer
 from executor.stage import build_stage, stage_loss
-from planner.errors import EdgepipeError, InputError, PlanMismatchError
-from planner.plan import Plan, load_plan
+from planner.errors import EdgepipeError, InputError, PlanMismatchError, UnrecoverableError
+from planner.plan import Plan, load_plan, replica_placement
+from planner.replicas import RING
+from planner.schedule import Action, ActionType
 from planner.schedule import build as build_schedule
 
 #: exit status of a worker that refused or failed with an edgepipe error
@@ -66,6 +87,9 @@ EXIT_FAILED = 1
 #: store timeout of the heartbeat connection: a lost coordinator is noticed after about
 #: three of them (the store client's reconnection attempts, executor.control)
 CONTROL_STORE_TIMEOUT_S = 10.0
+#: seconds a recovering worker whose training thread failed waits for the coordinator's
+#: abort (a peer's death reaches the data plane first) before it fails itself
+ERROR_ABORT_WAIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -88,6 +112,8 @@ class WorkerOptions:
     heartbeat_s: float = 0.0
     #: with ``emulate``: devices that slow down mid-run (executor/emulation.py)
     emulate_slowdown: tuple[EmulatedSlowdown, ...] = ()
+    recover: bool = False
+    faults: str = ""
 
 
 @dataclass(frozen=True)
@@ -131,6 +157,68 @@ def _device(endpoint: Endpoint) -> tuple[torch.device, str]:
 
 def _dtype(name: str) -> torch.dtype:
     return getattr(torch, name.removeprefix("torch."))
+
+
+def stage_shapes(
+    store: dist.Store, layout: RankLayout, me: RankInfo, module: torch.nn.Sequential,
+    rows: data.Rows, device: torch.device,
+) -> tuple[dict[int, tuple[int, ...]], dict[int, torch.dtype]]:
+    """Per-sample output shape and dtype of every stage up to and including ``me``'s,
+    published on ``store`` by each stage's first device."""
+    p = me.stage
+    shapes: dict[int, tuple[int, ...]] = {}
+    dtypes: dict[int, torch.dtype] = {}
+    if p == 0:
+        x = rows.sample_input().to(device)
+    else:
+        prev = json.loads(store.get(f"shape/{p - 1}"))
+        shapes[p - 1], dtypes[p - 1] = tuple(prev["shape"]), _dtype(prev["dtype"])
+        x = torch.zeros((1, *shapes[p - 1]), dtype=dtypes[p - 1], device=device)
+    if me.index == 0 and p + 1 < layout.num_stages:
+        module.eval()
+        with torch.no_grad():
+            out = module(x)
+        module.train()
+        store.set(f"shape/{p}", json.dumps({"shape": list(out.shape[1:]), "dtype": str(out.dtype)}))
+    if p + 1 < layout.num_stages:
+        mine = json.loads(store.get(f"shape/{p}"))
+        shapes[p], dtypes[p] = tuple(mine["shape"]), _dtype(mine["dtype"])
+    return shapes, dtypes
+
+
+def save_weights(
+    opts: WorkerOptions, plan: Plan, me: RankInfo, rank: int, module: torch.nn.Sequential,
+    optimizer: torch.optim.Optimizer,
+) -> None:
+    """``<out>/weights/rank<r>.pt``: the rank's final weights and optimizer state."""
+    assert opts.out is not None
+    folder = Path(opts.out) / "weights"
+    folder.mkdir(parents=True, exist_ok=True)
+    stage = plan.partition.stages[me.stage]
+    torch.save(
+        {
+            "step": opts.steps,
+            "device": me.device,
+            "stage": me.stage,
+            "blocks": [stage.first, stage.end],
+            "model": {k: v.cpu() for k, v in module.state_dict().items()},
+            "optimizer": optimizer.state_dict(),
+        },
+        folder / f"rank{rank}.pt",
+    )
+
+
+def load_rows(plan: Plan, opts: WorkerOptions) -> data.Rows:
+    """The run's dataset (``--dataset`` or the model's built-in task)."""
+    build = plan.problem.model.build
+    assert build is not None
+    name = opts.dataset or data.default_dataset(build)
+    if name is None:
+        raise InputError(
+            "--dataset", "", f"model {build.describe()} has no built-in task; "
+            "give --dataset MODULE:CALLABLE returning a torch Dataset"
+        )
+    return data.Rows(data.load_dataset(name, build, plan.problem.config.seed))
 
 
 class MetricsCollector(threading.Thread):
@@ -236,14 +324,7 @@ class Worker:
         assert model.build is not None
         stage_part = plan.partition.stages[me.stage]
         module = build_stage(model, stage_part.first, stage_part.end).to(self.device)
-        dataset_name = opts.dataset or data.default_dataset(model.build)
-        if dataset_name is None:
-            raise InputError(
-                "--dataset", "", f"model {model.build.describe()} has no built-in task; "
-                "give --dataset MODULE:CALLABLE returning a torch Dataset"
-            )
-        config = plan.problem.config
-        rows = data.Rows(data.load_dataset(dataset_name, model.build, config.seed))
+        rows = load_rows(plan, opts)
         dist.init_process_group(
             self.backend,
             store=dist.PrefixStore("pg", self.store),
@@ -269,29 +350,7 @@ class Worker:
     def _shapes(
         self, module: torch.nn.Sequential, rows: data.Rows
     ) -> tuple[dict[int, tuple[int, ...]], dict[int, torch.dtype]]:
-        """Per-sample output shape and dtype of every stage up to and including ours,
-        published on the store by each stage's first device."""
-        p = self.me.stage
-        shapes: dict[int, tuple[int, ...]] = {}
-        dtypes: dict[int, torch.dtype] = {}
-        if p == 0:
-            x = rows.sample_input().to(self.device)
-        else:
-            prev = json.loads(self.store.get(f"shape/{p - 1}"))
-            shapes[p - 1], dtypes[p - 1] = tuple(prev["shape"]), _dtype(prev["dtype"])
-            x = torch.zeros((1, *shapes[p - 1]), dtype=dtypes[p - 1], device=self.device)
-        if self.me.index == 0 and p + 1 < self.layout.num_stages:
-            module.eval()
-            with torch.no_grad():
-                out = module(x)
-            module.train()
-            self.store.set(
-                f"shape/{p}", json.dumps({"shape": list(out.shape[1:]), "dtype": str(out.dtype)})
-            )
-        if p + 1 < self.layout.num_stages:
-            mine = json.loads(self.store.get(f"shape/{p}"))
-            shapes[p], dtypes[p] = tuple(mine["shape"]), _dtype(mine["dtype"])
-        return shapes, dtypes
+        return stage_shapes(self.store, self.layout, self.me, module, rows, self.device)
 
     def _train(self, module: torch.nn.Sequential, rows: data.Rows, loss_fn: Any) -> None:
         plan, layout, me, opts = self.plan, self.layout, self.me, self.opts
@@ -358,20 +417,7 @@ class Worker:
             self.control.stop()
 
     def _save(self, module: torch.nn.Sequential, optimizer: torch.optim.Optimizer) -> None:
-        folder = Path(self.opts.out) / "weights"
-        folder.mkdir(parents=True, exist_ok=True)
-        stage = self.plan.partition.stages[self.me.stage]
-        torch.save(
-            {
-                "step": self.opts.steps,
-                "device": self.me.device,
-                "stage": self.me.stage,
-                "blocks": [stage.first, stage.end],
-                "model": {k: v.cpu() for k, v in module.state_dict().items()},
-                "optimizer": optimizer.state_dict(),
-            },
-            folder / f"rank{self.rank}.pt",
-        )
+        save_weights(self.opts, self.plan, self.me, self.rank, module, optimizer)
 
     # -- hooks for the emulation ---------------------------------------------------------
     def _emulation(self) -> Emulation:
@@ -393,13 +439,330 @@ class Worker:
         return self._emulation().hook if self.opts.emulate else ComputeHook()
 
 
+
+class RecoveringWorker:
+    """One device of a recovering run (``WorkerOptions.recover``; docs/fault-tolerance.md,
+    "Recovery"): the same process serves generation after generation.
+
+    Per generation ``g`` (published by the coordinator as ``gen<g>/start``: the plan, its
+    members in rank order, the step ``d`` to replay from, the migration), a training
+    thread builds raw gloo groups on ``PrefixStore(gen<g>)`` (P4; warmed at once, P9),
+    restores the state of step ``d`` (own copies, then the migration's transfers), posts
+    a replication of it and runs steps ``d .. steps-1``: compute, **vote**
+    ``vote/<t>/<rank>``, wait for the coordinator's ``commit/<t>``, apply the optimizer
+    step, replicate every ``replication_interval`` steps (and after the last one),
+    acknowledge ``repl/<n>/<rank>`` (n = steps applied). The main thread watches the
+    control plane: on an abort of ``g`` it marks ``g`` dead (under the copies' lock; the
+    thread, maybe blocked in a gloo op, can change nothing afterwards, P6) and waits for
+    generation ``g + 1``. A device left out of a generation, or told ``exit`` after the
+    last step is durable, finishes (exit 0); a fenced one raises :class:`Fenced`.
+    """
+
+    def __init__(self, opts: WorkerOptions, endpoint: Endpoint, plan: Plan) -> None:
+        self.opts, self.endpoint = opts, endpoint
+        self.device_id = RankLayout.from_plan(plan).ranks[endpoint.rank].device
+        self.device, _ = _device(endpoint)
+        self.rows = load_rows(plan, opts)
+        self.store = self._connect()
+        self.control = WorkerControl(self._control_store, self.device_id,
+                                     opts.heartbeat_s).start()
+        self.dead: set[int] = set()
+        self.copies = Copies(lambda g: g not in self.dead)
+        self.faults = Injector(self.device_id, parse_faults(opts.faults), self.store)
+        self.finished = False
+
+    def _connect(self) -> dist.TCPStore:
+        return dist.TCPStore(self.endpoint.store_host, self.endpoint.store_port,
+                             is_master=False, wait_for_workers=False,
+                             timeout=timedelta(seconds=self.opts.timeout_s))
+
+    def _control_store(self) -> dist.Store:
+        return self._connect()
+
+    def fail(self, message: str) -> None:
+        self.store.set(f"ctl/error/{self.device_id}", message)
+
+    def run(self) -> None:
+        g = 0
+        try:
+            while not self.finished:
+                start = self._await_generation(g)
+                if start is None:
+                    return
+                g, record = start
+                self._generation(g, record)
+        finally:
+            self.control.stop()
+
+    def _await_generation(self, after: int) -> tuple[int, dict] | None:
+        """The next generation's start record, or None when this device is not in it."""
+        deadline = time.monotonic() + self.opts.timeout_s + 60.0
+        while time.monotonic() < deadline:
+            self.control.check(after + 1)
+            g = int(self.store.get("ctl/generation")) if self.store.check(
+                ["ctl/generation"]) else 0
+            if g > after and self.store.check([f"gen{g}/start"]):
+                record = json.loads(self.store.get(f"gen{g}/start"))
+                if self.device_id not in record["members"]:
+                    return None
+                return g, record
+            time.sleep(0.01)
+        raise CoordinatorLost(f"no generation after {after} within {self.opts.timeout_s + 60:g} s")
+
+    def _generation(self, g: int, record: dict) -> None:
+        """Run generation ``g`` until it finishes the run or is aborted."""
+        outcome: dict[str, BaseException] = {}
+
+        def train() -> None:
+            try:
+                _GenerationRun(self, g, record).run()
+            except BaseException as exc:  # the main thread decides what it means
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=train, name=f"train-gen{g}", daemon=True)
+        thread.start()
+        error_deadline = None
+        while True:
+            try:
+                self.control.check(g)
+            except GenerationAborted:
+                with self.copies.lock:
+                    self.dead.add(g)
+                return
+            if not thread.is_alive():
+                if "error" not in outcome:
+                    return
+                # a peer's death reaches the data plane first ("connection closed");
+                # the coordinator's abort follows within a poll: wait for it
+                if error_deadline is None:
+                    error_deadline = time.monotonic() + ERROR_ABORT_WAIT_S
+                elif time.monotonic() > error_deadline:
+                    raise outcome["error"]
+            time.sleep(self.opts.heartbeat_s / 4)
+
+
+class _GenerationRun:
+    """One generation of a :class:`RecoveringWorker` (its training thread)."""
+
+    def __init__(self, worker: RecoveringWorker, g: int, record: dict) -> None:
+        self.w, self.g, self.record = worker, g, record
+        self.opts = worker.opts
+        self.plan = load_plan(record["plan"])
+        self.layout = RankLayout.from_plan(self.plan)
+        self.members: list[str] = record["members"]
+        self.rank = self.members.index(worker.device_id)
+        self.spare = self.rank >= self.layout.world_size
+        self.me = None if self.spare else self.layout.ranks[self.rank]
+        self.root = worker._connect()  # this thread's own store connection
+        self.store = generation_store(self.root, g)
+        self.timeout = timedelta(seconds=self.opts.timeout_s)
+        self.interval = self.plan.problem.config.replication_interval
+        self.replicas = [r for r in replica_placement(self.plan)
+                         if r.kind == RING and r.holders[0] in self.members]
+
+    def check(self) -> None:
+        self.w.control.check(self.g)
+        if self.g in self.w.dead:
+            raise GenerationAborted(self.g, "abandoned")
+
+    def _wait_key(self, key: str) -> None:
+        while not self.store.check([key]):
+            self.check()
+            time.sleep(0.001)
+
+    def _stamp(self, key: str) -> None:
+        self.store.set(f"{key}/{self.rank}", repr(time.time()))
+
+    def run(self) -> None:
+        self.pg = dist.ProcessGroupGloo(dist.PrefixStore("pg", self.store), self.rank,
+                                        len(self.members), self.timeout)
+        self.pg.allreduce(torch.zeros(1)).wait()  # connect now (P9)
+        if self.spare:
+            self._spare()
+        else:
+            self._train()
+
+    def _spare(self) -> None:
+        """A survivor the plan does not use: serve the migration from its copies, then
+        wait for the end of the run (or the generation)."""
+        self._stamp("rebuilt")
+        d = int(self.record["resume"])
+        if not self.record["fresh"]:
+            self._restore(d, 0, 0)
+        self._stamp("restored")
+        self._wait_key("exit")
+        self.w.finished = True
+
+    def _train(self) -> None:
+        plan, me, opts = self.plan, self.me, self.opts
+        assert me is not None
+        model = plan.problem.model
+        config = plan.problem.config
+        members = self.layout.stage_ranks[me.stage]
+        group = None
+        if len(members) > 1:
+            raw = dist.ProcessGroupGloo(dist.PrefixStore(f"stage{me.stage}", self.store),
+                                        members.index(self.rank), len(members), self.timeout)
+            group = StageGroup(raw, members, raw=True)
+            group.all_reduce(torch.zeros(1))
+        self._stamp("rebuilt")
+        d = int(self.record["resume"])
+        if self.g > 1:
+            self.w.faults.at(d, "restore")
+        stage = plan.partition.stages[me.stage]
+        self.first = stage.first
+        module = build_stage(model, stage.first, stage.end).to(self.w.device)
+        params = [p for p in module.parameters() if p.requires_grad]
+        optimizer = make_optimizer(params, config.optimizer, config.optimizer_settings())
+        if not self.record["fresh"]:
+            install(module, stage.first, optimizer, self._restore(d, stage.first, stage.end))
+        self._stamp("restored")
+        shapes, dtypes = stage_shapes(self.store, self.layout, me, module, self.w.rows,
+                                      self.w.device)
+        emulation = (Emulation.for_rank(plan, self.rank, self.store, opts.time_scale, opts.out,
+                                        opts.emulate_slowdown, self.pg)
+                     if opts.emulate else None)
+        transport = emulation.transport if emulation else Transport(self.pg)
+        links = StageLinks(self.layout, self.rank, transport, shapes, dtypes, self.w.device)
+        schedule = build_schedule(
+            config.schedule, [s.warmup for s in plan.cost.stages], self.layout.num_micro_batches
+        )
+        hook = _FaultHook(emulation.hook if emulation else ComputeHook(), self.w.faults)
+        runtime = StageRuntime(
+            module, self.layout, self.rank, schedule[me.stage], links, group,
+            stage_loss(model), optimizer, deterministic=opts.deterministic, hook=hook,
+            device=self.w.device, check=self.check,
+        )
+        self.module, self.optimizer = module, optimizer
+        self._replicate(d)
+        self.store.set(f"repl/{d}/{self.rank}", "1")
+        first, last = me.stage == 0, me.stage == self.layout.num_stages - 1
+        b = self.layout.micro_batch_size
+        durable = d
+        for step in range(d, opts.steps):
+            self.check()
+            idx = data.step_indices(step, self.layout.global_batch, self.w.rows.size,
+                                    config.seed)
+            mine = [idx[m * b + me.offset : m * b + me.offset + me.samples]
+                    for m in range(self.layout.num_micro_batches)]
+            inputs = [self.w.rows.inputs(i).to(self.w.device) for i in mine] if first else None
+            targets = [self.w.rows.targets(i).to(self.w.device) for i in mine] if last else None
+            hook.step = step
+            record = runtime.compute(step, inputs, targets)
+            self.store.set(f"vote/{step}/{self.rank}", "1")
+            self._wait_key(f"commit/{step}")
+            # the commit of this step says every replica of the last point is acked
+            self.w.copies.promote(self.g, durable)
+            self.w.faults.at(step, "optimizer")
+            self.check()
+            runtime.apply(record)
+            n = step + 1
+            replication_ms = 0.0
+            replicated = (self.interval > 0 and n % self.interval == 0) or n == opts.steps
+            if replicated:
+                start = time.perf_counter()
+                self._replicate(n)
+                replication_ms = (time.perf_counter() - start) * 1e3
+            payload = rank_payload(record, self.w.device)
+            payload["replication_ms"] = replication_ms
+            if first:
+                payload["samples"] = [[self.layout.positions(self.rank)[k], int(i)]
+                                      for k, i in enumerate(np.concatenate(mine))]
+            self.store.set(f"metrics/{step}/{self.rank}", json.dumps(payload))
+            if replicated:
+                durable = n
+                self.store.set(f"repl/{n}/{self.rank}", "1")
+        self._wait_key("exit")
+        if opts.save_weights and opts.out:
+            self._save()
+        self.w.finished = True
+
+    def _restore(self, d: int, first: int, end: int) -> dict[int, BlockState]:
+        """The states of blocks [first, end) at step ``d``: own copies, then the
+        migration's transfers (each device posts its sends, then receives in list
+        order)."""
+        held = self.w.copies.at(d)
+        rank_of = {dev: r for r, dev in enumerate(self.members)}
+        me = self.w.device_id
+        out = Outgoing()
+        for t in self.record["migration"]:
+            if t["source"] == me and t["to"] != me:
+                blocks = range(t["first"], t["end"])
+                missing = [i for i in blocks if i not in held]
+                if missing:
+                    raise UnrecoverableError(
+                        f"device {me} holds no copy of blocks {missing} at step {d}",
+                        ((missing[0], missing[-1] + 1),), ())
+                out.send(self.pg, rank_of[t["to"]], {i: held[i] for i in blocks},
+                         MIGRATION_TAG)
+        received: dict[int, BlockState] = {}
+        for t in self.record["migration"]:
+            if t["to"] == me and t["source"] != me:
+                received.update(receive(self.pg, rank_of[t["source"]], MIGRATION_TAG))
+        out.wait()
+        self.w.copies.promote(self.g, d)
+        self.w.copies.add(self.g, received)
+        states = {**held, **received}
+        missing = [i for i in range(first, end) if i not in states or states[i].step != d]
+        if missing:
+            raise UnrecoverableError(
+                f"device {me} got no copy of blocks {missing} at step {d}",
+                ((missing[0], missing[-1] + 1),), ())
+        return states
+
+    def _replicate(self, n: int) -> None:
+        """Keep this rank's state after ``n`` steps and exchange the ring replicas of
+        the plan (:func:`planner.plan.replica_placement`): own blocks to the holder,
+        the held stages' blocks from their owners."""
+        own = capture(self.module, self.first, self.optimizer, n)
+        self.w.copies.add(self.g, own)
+        rank_of = {dev: r for r, dev in enumerate(self.members)}
+        me = self.w.device_id
+        out = Outgoing()
+        for r in self.replicas:
+            if self.plan.partition.stages[r.stage].devices == (me,):
+                out.send(self.pg, rank_of[r.holders[0]], own, REPLICA_TAG)
+        self.w.faults.at(n - 1, "replication")
+        for r in self.replicas:
+            if r.holders[0] == me:
+                owner = self.plan.partition.stages[r.stage].devices[0]
+                got = receive(self.pg, rank_of[owner], REPLICA_TAG)
+                if {s.step for s in got.values()} != {n}:
+                    raise RuntimeError(f"replica of stage {r.stage} is not of step {n}")
+                self.w.copies.add(self.g, got)
+        out.wait()
+
+    def _save(self) -> None:
+        assert self.me is not None
+        save_weights(self.opts, self.plan, self.me, self.rank, self.module, self.optimizer)
+
+
+class _FaultHook(ComputeHook):
+    """The compute hook with the fault points ``forward`` / ``backward``
+    (:mod:`executor.faults`) of the step in :attr:`step`."""
+
+    def __init__(self, inner: ComputeHook, faults: Injector) -> None:
+        self.inner, self.faults, self.step = inner, faults, -1
+
+    def after_compute(self, action: Action, real_seconds: float) -> None:
+        self.inner.after_compute(action, real_seconds)
+        if action.type is ActionType.F:
+            self.faults.at(self.step, "forward")
+        elif action.type is ActionType.B:
+            self.faults.at(self.step, "backward")
+
+    def after_reduce(self, action: Action, real_seconds: float) -> None:
+        self.inner.after_reduce(action, real_seconds)
+
+
 def run(opts: WorkerOptions, endpoint: Endpoint) -> None:
     """Run one rank to the end; raises on failure after publishing ``error/<rank>``."""
     torch.set_num_threads(1)
     plan = load_plan(opts.plan)
     check_runnable(plan)
     check_world(RankLayout.from_plan(plan), endpoint.world_size, endpoint.rank)
-    worker = Worker(opts, endpoint, plan)
+    worker = RecoveringWorker(opts, endpoint, plan) if opts.recover else Worker(
+        opts, endpoint, plan)
     try:
         worker.run()
     except BaseException as exc:

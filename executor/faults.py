@@ -1,0 +1,78 @@
+"""Fault injection at named points of a recovering run (tests, benchmarks; torchft's
+``EventInjector.fail_at(rank, step)`` and PyTorch's elastic tests do the same).
+
+A spec is ``DEVICE:STEP:PHASE[:SIGNAL]``, several separated by commas
+(``WorkerOptions.faults``, ``python -m executor.worker --inject``):
+
+* ``DEVICE`` the plan device that faults; ``STEP`` the 0-based training step (``*``:
+  the first time the phase is reached);
+* ``PHASE`` one of ``forward`` (after the device's first forward of the step),
+  ``backward`` (after its first backward), ``optimizer`` (the coordinator committed the
+  step; before this device applies its optimizer step: every other device may already
+  have applied it), ``replication`` (its replica sends of the state after the step are
+  posted, not yet acknowledged; STEP counts the steps whose state is replicated minus
+  one), ``restore`` (a recovery generation's process groups are built, its state not yet
+  restored; STEP is the step it replays from, ``*`` any);
+* ``SIGNAL`` ``KILL`` (default: a crash) or ``STOP`` (a hang: no FIN, no heartbeat).
+
+The device signals itself (``os.kill(os.getpid(), ...)``) after writing the wall-clock
+time on the store (``ctl/fault/<device>``), so the coordinator can measure the time to
+detect exactly. Each spec fires at most once per process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+from torch.distributed import Store
+
+from planner.errors import InputError
+
+PHASES = ("forward", "backward", "optimizer", "replication", "restore")
+SIGNALS = {"KILL": signal.SIGKILL, "STOP": signal.SIGSTOP}
+
+
+@dataclass(frozen=True)
+class Fault:
+    device: str
+    step: int | None
+    phase: str
+    signal: str = "KILL"
+
+
+def parse(spec: str) -> tuple[Fault, ...]:
+    """The faults of ``spec`` (module docstring); raises :class:`InputError` naming a bad
+    one."""
+    out = []
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        parts = item.split(":")
+        if len(parts) not in (3, 4) or parts[2] not in PHASES or (
+            len(parts) == 4 and parts[3] not in SIGNALS
+        ) or not (parts[1] == "*" or parts[1].isdigit()):
+            raise InputError(
+                "--inject", item, f"expected DEVICE:STEP:PHASE[:SIGNAL] with STEP a number "
+                f"or *, PHASE one of {', '.join(PHASES)}, SIGNAL one of {', '.join(SIGNALS)}"
+            )
+        step = None if parts[1] == "*" else int(parts[1])
+        out.append(Fault(parts[0], step, parts[2], parts[3] if len(parts) == 4 else "KILL"))
+    return tuple(out)
+
+
+class Injector:
+    """The faults of one device; :meth:`at` fires the one matching (step, phase)."""
+
+    def __init__(self, device: str, faults: tuple[Fault, ...], store: Store | None) -> None:
+        self.faults = [f for f in faults if f.device == device]
+        self.device, self.store = device, store
+
+    def at(self, step: int, phase: str) -> None:
+        for f in self.faults:
+            if f.phase == phase and f.step in (None, step):
+                self.faults.remove(f)
+                if self.store is not None:
+                    self.store.set(f"ctl/fault/{self.device}", repr(time.time()))
+                os.kill(os.getpid(), SIGNALS[f.signal])
+                return

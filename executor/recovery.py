@@ -1,0 +1,333 @@
+"""In-process recovery, the coordinator's side: commit votes, durability, re-plan, rebuild.
+
+The coordinator (the local launcher, or a cross-host coordinator process) runs one
+:class:`Supervisor` beside its :class:`~executor.control.Coordinator`; the workers run
+:class:`executor.worker.RecoveringWorker`. Protocol (docs/fault-tolerance.md,
+"Recovery"; reference/fault-tolerance.md §2 lessons 3-5):
+
+* **Generations.** Generation ``g`` is published as ``gen<g>/start``: the plan file, its
+  members (devices in rank order), the step ``d`` to replay from, whether that state is
+  the untrained start (``fresh``: every device rebuilds any block from the model seed)
+  and the migration (which device sends which blocks to whom). All other keys of the
+  generation are under ``gen<g>/``, so a dead generation's late writes never count.
+* **Commit vote** (torchft's ``should_commit``): a rank writes ``vote/<t>/<rank>`` when
+  step ``t``'s compute is done; :meth:`Supervisor.poll` writes ``commit/<t>`` once every
+  member voted; no rank applies step ``t``'s optimizer step before that, so a step
+  applies everywhere or nowhere (a rank killed after the commit is replayed from the
+  last durable step, as every other rank is).
+* **Durability.** After applying step ``t`` a rank replicates at replication points
+  (every ``replication_interval`` steps, after the last step, and the start state of
+  each generation) and writes ``repl/<n>/<rank>`` (``n`` = steps applied) once its sends
+  are posted and its replicas received; ``n`` is **durable** when every member did.
+  Every rank keeps its own state at the last durable step until the next is durable
+  (:class:`executor.replication.Copies`). Metrics lines of steps are written when they
+  become durable, so ``metrics.jsonl`` never holds a step that is later replayed.
+* **Recovery** (:meth:`Supervisor.recover`, called with the coordinator's failures):
+  abort generation ``g`` and fence the dead (every rank sees it within a heartbeat);
+  kill their processes (``kill`` callback); collect other deaths within
+  ``SETTLE_S``; take the last durable state (step ``d`` and the plan under which its
+  copies were placed: a generation that failed before its own start state was durable
+  hands on its parent's); look up the pre-computed plan for a single loss of that plan
+  (:func:`planner.replanning.precompute`), else :func:`planner.replan` with every device
+  lost since; open ``g + 1`` with the new plan's devices and publish it. An
+  :class:`~planner.errors.UnrecoverableError` (no copy of some block survives) or an
+  infeasible re-plan raises :class:`RecoveryFailed`: one line, within
+  ``hang_timeout + SETTLE_S`` plus the re-plan time of the failure; no worker writes
+  anything afterwards, so the last checkpoint stays as it was.
+* A failure while a generation recovers (before its start state is durable) is
+  recovered again from the same durable state and plan, with both devices lost; one
+  after it uses the new generation's plan. Never a mix: every rank restores exactly the
+  states of step ``d`` (a state of any other step is refused by the worker).
+
+Recovery event (one ``metrics.jsonl`` line per recovery, written when the new
+generation commits its first step or fails): ``type`` ``"recovery"``, ``generation``
+(the new one), ``detected_at`` (wall clock), ``cause`` (crash | hang | slow | join),
+``device`` (comma-separated when several), ``old_plan`` / ``new_plan`` (ids),
+``replay_from_step`` (``d``), ``blocks_moved`` / ``bytes_moved`` (the migration, replica
+promotions on the device itself not counted), ``t_detect_s`` (fault to detection: exact
+when the fault was injected, else the device's heartbeat silence), ``t_replan_s``,
+``t_rebuild_s`` (generation opened to every member's groups built), ``t_restore_s``
+(groups built to every member's state restored), ``t_first_commit_s`` (detection to
+the first commit of the new generation; null when it failed first).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch.distributed import Store
+
+from executor.control import Coordinator, Failure, generation_store
+from executor.layout import RankLayout
+from executor.metrics import MetricsWriter
+from planner.errors import EdgepipeError, InfeasibleError, UnrecoverableError
+from planner.plan import Plan, save_plan
+from planner.replanning import precompute, replan
+
+#: seconds after a failure in which further deaths count as the same failure
+SETTLE_S = 0.2
+#: seconds the survivors get to see an abort before the dead device is killed
+ABORT_SEEN_S = 1.0
+
+
+class RecoveryFailed(EdgepipeError):
+    """A failure the run cannot recover from; ``device`` / ``cause`` name it."""
+
+    def __init__(self, message: str, device: str, cause: str) -> None:
+        self.device, self.cause = device, cause
+        super().__init__(message)
+
+
+@dataclass
+class Generation:
+    """What the coordinator tracks of one generation."""
+
+    number: int
+    plan: Plan
+    members: tuple[str, ...]
+    voters: int
+    resume: int
+    store: Store
+    opened_wall: float
+    next_commit: int = 0
+    durable: int | None = None
+    points: list[int] = field(default_factory=list)
+
+    @property
+    def world(self) -> int:
+        return len(self.members)
+
+    def all_wrote(self, key: str, everyone: bool = False) -> bool:
+        """Whether every voter (``everyone``: every member) wrote ``key/<rank>``."""
+        n = self.world if everyone else self.voters
+        return self.store.check([f"{key}/{r}" for r in range(n)])
+
+    def times(self, key: str) -> list[float]:
+        return [float(self.store.get(f"{key}/{r}")) for r in range(self.world)]
+
+
+def replication_points(resume: int, steps: int, interval: int) -> list[int]:
+    """States (steps applied) a generation replicates: its start ``resume``, every
+    multiple of ``interval`` after it, and ``steps``."""
+    points = [resume]
+    if interval > 0:
+        points += range((resume // interval + 1) * interval, steps, interval)
+    if steps > resume:
+        points.append(steps)
+    return points
+
+
+class Supervisor:
+    """The coordinator's side of a recovering run (module docstring).
+
+    Args:
+        store: the run's store (unprefixed).
+        coordinator: the control plane (its generation 1 already open with ``plan``'s
+            devices).
+        plan: the plan of generation 1.
+        steps: steps to train; ``resume``: steps already applied at the start.
+        writer: the metrics writer (or None: no metrics files).
+        plans_dir: where re-planned plans are written for the workers to load.
+        plan_path: the file of ``plan``.
+        kill: ``kill(device)`` ends a dead device's process (the local launcher SIGKILLs
+            it; across hosts, where the coordinator cannot, fencing alone stops it).
+        alive: ``alive(device)`` whether a device's process may still be running
+            (a waiting period for the abort to be seen ends early for the dead).
+        precompute_plans: pre-compute the re-plan of every single-device loss of each
+            generation's plan in the background, so a recovery is a lookup.
+
+    Each :meth:`poll` costs O(1) store round trips (one ``check`` per kind of key).
+    """
+
+    def __init__(
+        self, store: Store, coordinator: Coordinator, plan: Plan, plan_path: str, steps: int,
+        *, resume: int = 0, writer: MetricsWriter | None = None,
+        plans_dir: Path, kill: Callable[[str], None],
+        alive: Callable[[str], bool] = lambda d: True, precompute_plans: bool = True,
+    ) -> None:
+        self.store, self.coordinator = store, coordinator
+        self.steps, self.writer, self.plans_dir = steps, writer, plans_dir
+        self.kill, self.alive = kill, alive
+        self.lost: list[str] = []
+        self.events: list[dict[str, Any]] = []
+        self._pending_event: dict[str, Any] | None = None
+        self._precomputed: dict[str, dict] = {}
+        self._precompute = precompute_plans
+        self._written = resume
+        # the last durable state: (plan whose placement holds its copies, step, fresh)
+        self.base: tuple[Plan, int, bool] = (plan, resume, True)
+        self.finished = False
+        self.devices = coordinator.members
+        self.gen = self._open(coordinator.generation, plan, plan_path, resume, fresh=True,
+                              migration=[])
+
+    # -- generations -------------------------------------------------------------------
+    def _open(self, g: int, plan: Plan, path: str, resume: int, *, fresh: bool,
+              migration: list[dict]) -> Generation:
+        layout = RankLayout.from_plan(plan)
+        members = self.members_of(plan)
+        gstore = generation_store(self.store, g)
+        gen = Generation(g, plan, members, layout.world_size, resume, gstore, time.time(),
+                         next_commit=resume)
+        interval = plan.problem.config.replication_interval
+        gen.points = replication_points(resume, self.steps, interval)
+        gstore.set("start", json.dumps({
+            "plan": path, "members": list(members), "resume": resume, "fresh": fresh,
+            "migration": migration,
+        }))
+        if self._precompute and plan.id not in self._precomputed:
+            slot: dict = {}
+            self._precomputed[plan.id] = slot
+            threading.Thread(target=lambda: slot.update(precompute(plan)), daemon=True,
+                             name=f"precompute-{plan.id}").start()
+        return gen
+
+    def members_of(self, plan: Plan) -> tuple[str, ...]:
+        """A generation's members in rank order: the plan's devices (:mod:`executor.layout`
+        order), then every other survivor as a **spare** (it serves the copies it holds
+        to the migration, then waits; a later re-plan may use it)."""
+        ranked = tuple(r.device for r in RankLayout.from_plan(plan).ranks)
+        return ranked + tuple(d for d in self.devices if d not in ranked and d not in self.lost)
+
+    # -- steady state ------------------------------------------------------------------
+    def poll(self) -> bool:
+        """Advance commits, durability and metrics; True once the run is finished (every
+        member's final state is durable; the members were told to exit)."""
+        gen = self.gen
+        if self.finished:
+            return True
+        while gen.next_commit < self.steps and gen.all_wrote(f"vote/{gen.next_commit}"):
+            gen.store.set(f"commit/{gen.next_commit}", repr(time.time()))
+            gen.next_commit += 1
+            if self._pending_event is not None and self._pending_event["generation"] == gen.number:
+                self._finish_event(time.time())
+        while gen.points and gen.all_wrote(f"repl/{gen.points[0]}"):
+            n = gen.points.pop(0)
+            gen.durable = n
+            self.base = (gen.plan, n, False)
+            self._write_metrics(gen, n)
+        if self._pending_event is not None:
+            self._event_phases(gen)
+        if gen.durable == self.steps:
+            gen.store.set("exit", "1")
+            self.finished = True
+        return self.finished
+
+    def _write_metrics(self, gen: Generation, n: int) -> None:
+        """The lines of the steps before ``n`` not written yet (now durable)."""
+        if self.writer is None:
+            self._written = n
+            return
+        self.writer.layout = RankLayout.from_plan(gen.plan)
+        for step in range(self._written, n):
+            keys = [f"metrics/{step}/{r}" for r in range(gen.world)]
+            payloads = [json.loads(gen.store.get(k)) for k in keys]
+            samples = dict(s for p in payloads for s in p.get("samples", []))
+            self.writer.write_step(step, payloads, {
+                "generation": gen.number, "plan_id": gen.plan.id,
+                "samples": [samples[i] for i in sorted(samples)],
+            })
+            for k in keys:
+                gen.store.delete_key(k)
+        self._written = n
+
+    # -- recovery ----------------------------------------------------------------------
+    def recover(self, failures: Iterable[Failure]) -> dict[str, Any]:
+        """Run one recovery for ``failures`` (the coordinator's, all of the current
+        generation): abort, fence, kill, re-plan from the last durable state and open
+        the next generation (every survivor is a member: :meth:`members_of`). Returns
+        the (pending) recovery event; raises
+        :class:`RecoveryFailed` when the run cannot go on."""
+        failures = list(failures)
+        detected_wall = time.time()
+        old = self.gen
+        if self._pending_event is not None:  # the previous recovery never committed
+            self._finish_event(None)
+        dead = {f.device: f for f in failures}
+        cause = failures[0].cause
+        self.coordinator.abort(f"{','.join(dead)} {cause}", fence=list(dead))
+        deadline = time.monotonic() + ABORT_SEEN_S
+        others = [d for d in old.members if d not in dead]
+        while time.monotonic() < deadline and any(
+            self.alive(d) and d not in self.coordinator.abort_seen([d]) for d in others
+        ):
+            time.sleep(0.01)
+        for device in dead:
+            self.kill(device)
+        time.sleep(SETTLE_S)
+        for f in self.coordinator.poll():  # deaths that belong to the same failure
+            if f.device not in dead and f.cause == "crash":
+                dead[f.device] = f
+                self.coordinator.abort(f"{f.device} crash", fence=[f.device])
+                self.kill(f.device)
+        self.lost += [d for d in dead if d not in self.lost]
+        names = ",".join(dead)
+        t_detect = max(self._detect_s(f, detected_wall) for f in dead.values())
+        base, d, fresh = self.base
+        lost = [x for x in self.lost if x in {dev.id for dev in base.problem.cluster.devices}]
+        start = time.perf_counter()
+        try:
+            ready = self._precomputed.get(base.id, {}).get(lost[0]) if len(lost) == 1 else None
+            if isinstance(ready, EdgepipeError):
+                raise ready
+            new = ready if isinstance(ready, Plan) else replan(base, lost=lost)
+        except (UnrecoverableError, InfeasibleError) as exc:
+            raise RecoveryFailed(
+                f"device {names} {'hung' if cause == 'hang' else 'crashed'} at generation "
+                f"{old.number}; cannot recover: {str(exc).splitlines()[0]}", names, cause,
+            ) from None
+        t_replan = time.perf_counter() - start
+        path = self.plans_dir / f"{new.id}.json"
+        self.plans_dir.mkdir(parents=True, exist_ok=True)
+        save_plan(new, path)
+        migration = [] if fresh else [
+            {"to": t.to, "source": t.source, "first": t.first, "end": t.end,
+             "bytes": t.bytes} for t in new.migration
+        ]
+        g = self.coordinator.open_generation(self.members_of(new))
+        self.gen = self._open(g, new, str(path), d, fresh=fresh, migration=migration)
+        moved = [t for t in migration if t["source"] != t["to"]]
+        event = {
+            "type": "recovery", "generation": g, "detected_at": detected_wall,
+            "cause": cause, "device": names, "old_plan": old.plan.id, "new_plan": new.id,
+            "replay_from_step": d,
+            "blocks_moved": sum(t["end"] - t["first"] for t in moved),
+            "bytes_moved": sum(t["bytes"] for t in moved),
+            "t_detect_s": t_detect, "t_replan_s": t_replan, "t_rebuild_s": None,
+            "t_restore_s": None, "t_first_commit_s": None,
+        }
+        self._pending_event = event
+        self._detected_wall = detected_wall
+        return event
+
+    def _detect_s(self, failure: Failure, detected_wall: float) -> float:
+        key = f"ctl/fault/{failure.device}"
+        if self.store.check([key]):
+            return max(0.0, detected_wall - float(self.store.get(key)))
+        return failure.silent_s
+
+    def _event_phases(self, gen: Generation) -> None:
+        event = self._pending_event
+        assert event is not None
+        if event["t_rebuild_s"] is None and gen.all_wrote("rebuilt", everyone=True):
+            event["t_rebuild_s"] = max(gen.times("rebuilt")) - gen.opened_wall
+        if event["t_restore_s"] is None and gen.all_wrote("restored", everyone=True):
+            event["t_restore_s"] = max(gen.times("restored")) - max(gen.times("rebuilt"))
+
+    def _finish_event(self, committed_wall: float | None) -> None:
+        event = self._pending_event
+        assert event is not None
+        if event["generation"] == self.gen.number:
+            self._event_phases(self.gen)
+        if committed_wall is not None:
+            event["t_first_commit_s"] = committed_wall - self._detected_wall
+        self._pending_event = None
+        self.events.append(event)
+        if self.writer is not None:
+            self.writer.write_event(event)
