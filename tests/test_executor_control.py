@@ -45,7 +45,8 @@ def mlp_profile():
 
 
 def stop_mid_run(tmp_path: Path, plan, device: str) -> tuple[RunFailed, dict]:
-    """Run ``plan`` for ever; SIGSTOP ``device`` once two steps are in the metrics."""
+    """Run ``plan`` for ever without recovery (the stop-on-failure behaviour);
+    SIGSTOP ``device`` once two steps are in the metrics."""
     path = write_plan(plan, tmp_path)
     seen: dict = {}
 
@@ -66,7 +67,8 @@ def stop_mid_run(tmp_path: Path, plan, device: str) -> tuple[RunFailed, dict]:
         with pytest.raises(RunFailed) as caught:
             launch(WorkerOptions(str(path), 100_000, str(tmp_path), dataset=DATASET,
                                  timeout_s=GLOO_TIMEOUT_S),
-                   on_start=on_start, hang_timeout_s=HANG_S, heartbeat_s=BEAT_S)
+                   on_start=on_start, hang_timeout_s=HANG_S, heartbeat_s=BEAT_S,
+                   recover=False)
     finally:
         seen["returned_at"] = time.monotonic()
         for r in seen.get("ranks", []):  # whatever happened, reap (SIGKILL ends a stopped one)

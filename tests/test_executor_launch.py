@@ -64,7 +64,7 @@ def test_edgepipe_run_writes_one_metrics_line_per_step_and_a_timeline(
     assert not any(alive(r["pid"]) for r in ranks)
 
 
-def test_a_child_killed_mid_run_stops_the_others_and_names_the_dead_device(
+def test_without_recovery_a_child_killed_mid_run_stops_the_others_and_names_the_dead_device(
     tmp_path, mlp_profile
 ):
     plan = make_test_plan(mlp_profile, [(0, 1, [2]), (1, 2, [1, 1]), (2, 4, [2])], 2, 2)
@@ -85,7 +85,7 @@ def test_a_child_killed_mid_run_stops_the_others_and_names_the_dead_device(
 
     with pytest.raises(RunFailed) as caught:
         launch(WorkerOptions(str(path), 100_000, str(tmp_path), dataset=DATASET,
-                             timeout_s=TIMEOUT_S), on_start=kill_when_running)
+                             timeout_s=TIMEOUT_S), on_start=kill_when_running, recover=False)
     took = time.monotonic() - started["killed_at"]
     assert caught.value.device == "d1" and caught.value.exitcode == -signal.SIGKILL
     assert "device 'd1' (rank 1, stage 1) was killed by SIGKILL" in str(caught.value)

@@ -141,3 +141,78 @@ def test_sigkill_during_forward_recovers_bit_identically(tmp_path):
     assert (event["cause"], event["device"], event["replay_from_step"]) == ("crash", "d1", 2)
     assert event["old_plan"] == plan.id and event["new_plan"] != plan.id
     assert [m["generation"] for m in result.metrics] == [1, 1, 2, 2]
+
+
+def test_sigkill_of_a_data_parallel_member_during_backward_recovers_bit_identically(
+    tmp_path,
+):
+    plan, result = run(tmp_path, THREE_STAGES, "d3:1:backward")
+    assert_matches_reference(tmp_path, plan, result)
+    (event,) = result.events
+    assert (event["device"], event["replay_from_step"]) == ("d3", 1)
+    # its data-parallel peer holds the stage: nothing of stage 2 has to move
+    assert event["blocks_moved"] == 0 and event["bytes_moved"] == 0
+
+
+def test_sigkill_after_the_commit_before_its_own_optimizer_step_rolls_every_rank_back(
+    tmp_path,
+):
+    # every other rank has applied step 1 when d1 dies: the last durable state is
+    # after step 0 (d1's replica of step 1 never went out), so they all roll back
+    plan, result = run(tmp_path, THREE_STAGES, "d1:1:optimizer")
+    assert_matches_reference(tmp_path, plan, result)
+    (event,) = result.events
+    assert (event["device"], event["replay_from_step"]) == ("d1", 1)
+
+
+@pytest.mark.slow
+def test_sigkill_during_replication_replays_from_the_last_durable_step(tmp_path):
+    # d0's replica of the state after step 2 is posted, never acknowledged
+    plan, result = run(tmp_path, THREE_STAGES, "d0:2:replication")
+    assert_matches_reference(tmp_path, plan, result)
+    (event,) = result.events
+    assert (event["device"], event["replay_from_step"]) == ("d0", 2)
+
+
+def test_a_sigstopped_device_is_declared_hung_fenced_and_the_run_recovers(tmp_path):
+    plan, result = run(tmp_path, THREE_STAGES, "d2:2:backward:STOP")
+    assert_matches_reference(tmp_path, plan, result)
+    (event,) = result.events
+    assert (event["cause"], event["device"], event["replay_from_step"]) == ("hang", "d2", 2)
+    # declared after the hang timeout (measured from the stop), not before
+    assert HANG_S - BEAT_S <= event["t_detect_s"] < HANG_S + 1.5
+
+
+@pytest.mark.slow
+def test_two_devices_of_different_stages_lost_at_once_recover(tmp_path):
+    plan, result = run(tmp_path, THREE_STAGES, "d0:1:optimizer,d3:1:optimizer")
+    assert_matches_reference(tmp_path, plan, result)
+    lost = {d for e in result.events for d in e["device"].split(",")}
+    assert lost == {"d0", "d3"}
+    assert all(e["replay_from_step"] == 1 for e in result.events)
+
+
+def test_a_second_failure_during_recovery_recovers_again_from_the_same_durable_step(
+    tmp_path,
+):
+    plan, result = run(tmp_path, THREE_STAGES, "d1:2:forward,d3:*:restore")
+    assert_matches_reference(tmp_path, plan, result)
+    first, second = result.events
+    assert (first["device"], second["device"]) == ("d1", "d3")
+    assert first["t_first_commit_s"] is None  # generation 2 never committed a step
+    assert second["replay_from_step"] == first["replay_from_step"] == 2
+    # generation 3's plan is re-planned from the plan that placed the copies of step 2
+    assert second["old_plan"] == first["new_plan"]
+    assert [m["generation"] for m in result.metrics] == [1, 1, 3, 3]
+
+
+def test_losing_a_stage_and_its_replica_holder_fails_loudly_within_bounded_time(tmp_path):
+    # d1 runs stage 1 alone; its ring replica lives on d2 (stage 2's first device)
+    start = time.monotonic()
+    with pytest.raises(RecoveryFailed) as caught:
+        run(tmp_path, THREE_STAGES, "d1:1:optimizer,d2:1:optimizer")
+    took = time.monotonic() - start
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "cannot recover" in message and "blocks [2, 4)" in message
+    assert took < 60, took
