@@ -56,7 +56,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,6 +66,7 @@ from torch.distributed import Store
 from executor.control import Coordinator, Failure, generation_store
 from executor.layout import RankLayout
 from executor.metrics import MetricsWriter
+from planner.cluster import Cluster
 from planner.errors import EdgepipeError, InfeasibleError, UnrecoverableError
 from planner.plan import Plan, save_plan
 from planner.replanning import precompute, replan
@@ -226,7 +227,7 @@ class Supervisor:
             return
         self.writer.layout = RankLayout.from_plan(gen.plan)
         for step in range(self._written, n):
-            keys = [f"metrics/{step}/{r}" for r in range(gen.world)]
+            keys = [f"metrics/{step}/{r}" for r in range(gen.voters)]
             payloads = [json.loads(gen.store.get(k)) for k in keys]
             samples = dict(s for p in payloads for s in p.get("samples", []))
             self.writer.write_step(step, payloads, {
@@ -269,18 +270,51 @@ class Supervisor:
         self.lost += [d for d in dead if d not in self.lost]
         names = ",".join(dead)
         t_detect = max(self._detect_s(f, detected_wall) for f in dead.values())
+        what = f"device {names} {'hung' if cause == 'hang' else 'crashed'}"
+        return self._next(cause, names, what, detected_wall, t_detect)
+
+    def repartition(
+        self, cause: str, device: str, *, slowed: Mapping[str, float] | None = None,
+        joined: Cluster | None = None,
+    ) -> dict[str, Any]:
+        """Move to a re-plan for ``slowed`` devices (id -> factor on their slowdown in
+        the current plan) or ``joined`` ones (their worker processes started, running
+        :class:`executor.worker.RecoveringWorker` with the joined device's id) at the
+        next step boundary: abort the current generation (nobody is fenced), re-plan
+        from the last durable state and open the next generation with every survivor
+        and joined device. ``cause`` (``slow`` | ``join``) and ``device`` go into the
+        event. Returns the pending event; raises :class:`RecoveryFailed` when no plan
+        fits."""
+        detected_wall = time.time()
+        if self._pending_event is not None:
+            self._finish_event(None)
+        self.coordinator.abort(f"{device} {cause}")
+        if joined is not None:
+            self.devices = self.devices + tuple(d.id for d in joined.devices)
+        return self._next(cause, device, f"{cause} of device {device}", detected_wall, 0.0,
+                          slowed=slowed, joined=joined)
+
+    def _next(
+        self, cause: str, names: str, what: str, detected_wall: float, t_detect: float,
+        slowed: Mapping[str, float] | None = None, joined: Cluster | None = None,
+    ) -> dict[str, Any]:
+        """Re-plan from the last durable state and open the next generation."""
+        old = self.gen
         base, d, fresh = self.base
         lost = [x for x in self.lost if x in {dev.id for dev in base.problem.cluster.devices}]
         start = time.perf_counter()
         try:
-            ready = self._precomputed.get(base.id, {}).get(lost[0]) if len(lost) == 1 else None
+            ready = None
+            if len(lost) == 1 and not slowed and joined is None:
+                ready = self._precomputed.get(base.id, {}).get(lost[0])
             if isinstance(ready, EdgepipeError):
                 raise ready
-            new = ready if isinstance(ready, Plan) else replan(base, lost=lost)
+            new = ready if isinstance(ready, Plan) else replan(
+                base, lost=lost, slowed=slowed, joined=joined)
         except (UnrecoverableError, InfeasibleError) as exc:
             raise RecoveryFailed(
-                f"device {names} {'hung' if cause == 'hang' else 'crashed'} at generation "
-                f"{old.number}; cannot recover: {str(exc).splitlines()[0]}", names, cause,
+                f"{what} at generation {old.number}; cannot recover: "
+                f"{str(exc).splitlines()[0]}", names, cause,
             ) from None
         t_replan = time.perf_counter() - start
         path = self.plans_dir / f"{new.id}.json"

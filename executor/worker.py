@@ -114,6 +114,8 @@ class WorkerOptions:
     emulate_slowdown: tuple[EmulatedSlowdown, ...] = ()
     recover: bool = False
     faults: str = ""
+    #: the device this process runs, when it is not the plan's rank-th (a joining one)
+    device: str | None = None
 
 
 @dataclass(frozen=True)
@@ -460,7 +462,11 @@ class RecoveringWorker:
 
     def __init__(self, opts: WorkerOptions, endpoint: Endpoint, plan: Plan) -> None:
         self.opts, self.endpoint = opts, endpoint
-        self.device_id = RankLayout.from_plan(plan).ranks[endpoint.rank].device
+        planned = [r.device for r in RankLayout.from_plan(plan).ranks]
+        # a joining device (``opts.device`` not in the first plan) waits until a
+        # generation includes it
+        self.device_id = opts.device or planned[endpoint.rank]
+        self.joining = self.device_id not in planned
         self.device, _ = _device(endpoint)
         self.rows = load_rows(plan, opts)
         self.store = self._connect()
@@ -503,9 +509,12 @@ class RecoveringWorker:
                 ["ctl/generation"]) else 0
             if g > after and self.store.check([f"gen{g}/start"]):
                 record = json.loads(self.store.get(f"gen{g}/start"))
-                if self.device_id not in record["members"]:
+                if self.device_id in record["members"]:
+                    self.joining = False
+                    return g, record
+                if not self.joining:
                     return None
-                return g, record
+                after = g
             time.sleep(0.01)
         raise CoordinatorLost(f"no generation after {after} within {self.opts.timeout_s + 60:g} s")
 
@@ -778,14 +787,24 @@ def run(opts: WorkerOptions, endpoint: Endpoint) -> None:
 def spawned(opts: WorkerOptions, endpoint: Endpoint) -> None:
     """Entry point of a process started by the local launcher: exit status 0 on success,
     2 for an edgepipe error, 1 otherwise (with the traceback on stderr)."""
+    status = 0
     try:
         run(opts, endpoint)
     except EdgepipeError as exc:
         print(f"edgepipe worker {endpoint.rank}: {exc}", file=sys.stderr)
-        sys.exit(EXIT_REFUSED)
+        status = EXIT_REFUSED
     except BaseException:
         traceback.print_exc()
-        sys.exit(EXIT_FAILED)
+        status = EXIT_FAILED
+    if opts.recover:
+        # a training thread abandoned by a recovery may still be blocked in a gloo op
+        # (P6): finalising the interpreter under it aborts the process (SIGABRT,
+        # "terminate called without an active exception"), so leave without it; every
+        # file this rank wrote is closed
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    sys.exit(status)
 
 
 def endpoint_from_env() -> Endpoint:

@@ -737,6 +737,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         checkpoint_dir=args.checkpoint_dir,
         resume=args.resume,
         emulate_slowdown=_emulated_slowdowns(args),
+        faults=args.inject,
     )
     devices = len(plan.partition.used_devices())
     err.print(
@@ -747,7 +748,8 @@ def cmd_run(args: argparse.Namespace) -> None:
     )
     try:
         result = launch.launch(  # type: ignore[attr-defined]
-            opts, hang_timeout_s=args.hang_timeout, heartbeat_s=args.heartbeat
+            opts, hang_timeout_s=args.hang_timeout, heartbeat_s=args.heartbeat,
+            recover=False if args.no_recover else None,
         )
     except KeyboardInterrupt:
         raise EdgepipeError("interrupted: every worker was stopped") from None
@@ -769,6 +771,12 @@ def cmd_run(args: argparse.Namespace) -> None:
             "-" if sps is None else f"{sps:.1f}",
         )
     out.print(table)
+    for e in result.events:
+        out.print(
+            f"recovered from {e['cause']} of {e['device']}: generation {e['generation']} "
+            f"runs {e['new_plan']} from step {e['replay_from_step']}, first commit "
+            f"{_s(e['t_first_commit_s'])} after detection"
+        )
     walls = sorted(m["wall_ms"] for m in result.metrics)
     predicted = plan.cost.iteration_ms * (args.time_scale if args.emulate else 1.0)
     out.print(
@@ -796,6 +804,10 @@ def _emulated_slowdowns(args: argparse.Namespace) -> tuple:
                      for t in args.emulate_slowdown)
     except ValueError as exc:
         raise InputError("--emulate-slowdown", "", str(exc)) from None
+
+
+def _s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f} s"
 
 
 def _ms(x: float | None) -> str:
@@ -1204,8 +1216,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--hang-timeout",
         type=positive_float,
         default=10.0,
-        help="seconds without a heartbeat after which a device is declared hung and the "
-        "run stops (a crash is seen at once; docs/executor.md, Failure detection)",
+        help="seconds without a heartbeat after which a device is declared hung (a crash "
+        "is seen at once; docs/executor.md, Failure detection)",
+    )
+    p.add_argument(
+        "--no-recover",
+        action="store_true",
+        help="stop the run on the first lost or hung device instead of recovering "
+        "in-process (recovery is on when the plan replicates; docs/fault-tolerance.md)",
+    )
+    p.add_argument(
+        "--inject",
+        default="",
+        metavar="DEV:STEP:PHASE[:SIGNAL]",
+        help="fault injection for tests and benchmarks (executor/faults.py): e.g. "
+        "d1:2:forward kills d1 after its first forward of step 2",
     )
     p.add_argument(
         "--heartbeat",
