@@ -23,6 +23,7 @@ from executor import data, zoo
 from executor.launch import launch
 from executor.recovery import RecoveryFailed
 from executor.worker import WorkerOptions
+from planner.plan import load_plan
 from planner.profile import BuildSpec
 from tests import reference_trainer as ref
 from tests.executor_helpers import alive, make_test_plan, profile_of, write_plan
@@ -150,8 +151,12 @@ def test_sigkill_of_a_data_parallel_member_during_backward_recovers_bit_identica
     assert_matches_reference(tmp_path, plan, result)
     (event,) = result.events
     assert (event["device"], event["replay_from_step"]) == ("d3", 1)
-    # its data-parallel peer holds the stage: nothing of stage 2 has to move
-    assert event["blocks_moved"] == 0 and event["bytes_moved"] == 0
+    # the event counts the new plan's migration between devices
+    new = load_plan(tmp_path / "plans" / f"{event['new_plan']}.json")
+    moves = [t for t in new.migration if t.source != t.to]
+    assert event["blocks_moved"] == sum(t.end - t.first for t in moves)
+    assert event["bytes_moved"] == sum(t.bytes for t in moves)
+    assert new.changes is not None and new.changes.lost == ("d3",)
 
 
 def test_sigkill_after_the_commit_before_its_own_optimizer_step_rolls_every_rank_back(
