@@ -43,7 +43,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -103,7 +103,9 @@ class SubProblem:
 
     batch: int
     num_stages: int
-    status: str  # optimal | feasible | infeasible | unknown | skipped (time was up)
+    # optimal | feasible | infeasible (cannot beat the incumbent) | unknown | skipped
+    # (time was up) | pruned (its quick_bound alone cannot beat the incumbent)
+    status: str
     best_ms: float | None
     bound_ms: float | None
     solve_time_s: float
@@ -113,7 +115,7 @@ class SubProblem:
     @property
     def closed(self) -> bool:
         """Solved to optimality, or proven unable to beat the incumbent."""
-        return self.status in ("optimal", "infeasible")
+        return self.status in ("optimal", "infeasible", "pruned")
 
 
 @dataclass(frozen=True)
@@ -296,8 +298,21 @@ def plan_milp(
     jobs = [(b, p) for b in sizes for p in range(1, max_p + 1)]
     first = (warm_start.micro_batch_size, warm_start.num_stages) if warm_start else None
     jobs.sort(key=lambda j: (j != first, dp_values.get(j[0], math.inf), j[0], j[1]))
+    quick = {j: quick_bound(tables, *j) for j in jobs}
+    pruned = [
+        SubProblem(*j, "pruned", None, quick[j], 0.0)
+        for j in jobs
+        if best is not None and quick[j] >= best[0] * (1 + CUTOFF_SLACK)
+    ]
+    jobs = [j for j in jobs if not any((s.batch, s.num_stages) == j for s in pruned)]
     search = _Search(tables, backend, deadline, best, _horizon(tables, sizes))
-    done = search.run(jobs, min(max(QUICK_SHARE * time_limit / len(jobs), 0.05), 2.0), progress)
+    slice_s = min(max(QUICK_SHARE * time_limit / max(len(jobs), 1), 0.05), 2.0)
+    done = [
+        replace(s, bound_ms=max(s.bound_ms or 0.0, quick[s.batch, s.num_stages]))
+        if not s.closed
+        else s
+        for s in search.run(jobs, slice_s, progress)
+    ] + pruned
     best = search.best
     elapsed = time.perf_counter() - start
     closed = all(s.closed for s in done)
@@ -335,6 +350,39 @@ def plan_milp(
         tuple(done),
         program,
     )
+
+
+def quick_bound(tables: Tables, batch: int, num_stages: int) -> float:
+    """A lower bound on the cost model's iteration time of every plan with micro-batch
+    ``batch`` and ``num_stages`` stages, without a solver (what a program that got no
+    bound of its own reports, and what prunes programs that cannot beat the incumbent):
+
+        work: every device runs its M forwards and M backwards one after the other, so
+              T >= M (t_f + t_b)(d) >= M y_d s_p for each device d of stage p, with s_p
+              the stage's least per-sample time (sum over its blocks of the least
+              (t_f + t_b)(l, k, y) / y over classes k and y <= B); the slowest device of
+              a stage is at least the average, T >= G s_p / g_p for every p, and the
+              largest of these ratios is at least G sum_p s_p / sum_p g_p >= G S / N
+              (S = the least per-sample time of the whole model, N devices);
+        fill: micro-batch 0 goes forward through every stage and back, each block at
+              its least time at some y <= B, and crosses each of the P - 1 boundaries
+              twice, at least one sample of the smallest boundary at the fastest pair
+              plus the least latency.
+
+    O(K L B)."""
+    problem = tables.problem
+    g_batch = problem.config.global_batch
+    ys = np.arange(1, batch + 1)
+    per_block = [
+        (tf[:, 1 : batch + 1] + tb[:, 1 : batch + 1])
+        for tf, tb in zip(tables.tf, tables.tb, strict=True)
+    ]
+    per_sample = np.min([(t / ys).min(axis=1) for t in per_block], axis=0)
+    work = g_batch * float(per_sample.sum()) / tables.n_devices
+    least = np.min([t.min(axis=1) for t in per_block], axis=0)
+    hop = tables.lat_lo + tables.v_lo * float(tables.boundary[:-1].min(initial=0.0))
+    fill = float(least.sum()) + 2.0 * (num_stages - 1) * hop
+    return max(work, fill)
 
 
 def _horizon(tables: Tables, sizes: list[int]) -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from planner.config import TrainingConfig
 from planner.cost import CostModel
 from planner.dp import plan_dp
 from planner.errors import InfeasibleError, InputError
-from planner.milp import BACKENDS, plan_milp
+from planner.milp import BACKENDS, plan_milp, quick_bound
 from planner.milp_backends import solve_cpsat
 from planner.milp_formulation import Builder, Tables, pin, solution_hint
 from planner.partition import Partition, StageAssignment
@@ -372,3 +373,21 @@ def test_plan_json_on_stdout_is_clean_in_a_fresh_process():
     validate(doc, "edgepipe.plan", "stdout")
     assert doc["solver"]["settings"]["backend"] == "highs"
     assert doc["solver"]["status"] == "optimal"
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_quick_bound_is_below_every_plan_of_its_program(seed):
+    # the bound a program reports without a solver (and that prunes programs) is below
+    # the cost model's figure of every plan with its micro-batch size and stage count
+    problem = tiny(seed)
+    cm = CostModel(problem)
+    tables = Tables(problem, cm, device_classes(problem))
+    least: dict[tuple[int, int], float] = {}
+    for batch in problem.config.micro_batch_sizes():
+        for plan in all_partitions(problem, batch):
+            key = (batch, plan.num_stages)
+            least[key] = min(least.get(key, math.inf), cm.evaluate(plan).iteration_ms)
+    for (batch, stages), value in least.items():
+        assert quick_bound(tables, batch, stages) <= value * (1 + 1e-9)
+    # and not vacuous: within a factor 5 of the best plan somewhere
+    assert max(quick_bound(tables, *key) / value for key, value in least.items()) > 0.2
