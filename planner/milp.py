@@ -122,9 +122,10 @@ class SubProblem:
 class MILPResult:
     """The exact planner's plan, its cost-model figures and its proof status.
 
-    ``status``: ``optimal`` (every program closed), ``feasible`` (time limit hit, but every
-    program has a lower bound, so ``bound_ms`` and ``gap`` are valid), ``timed_out``
-    (time limit hit before some program had a bound: no global bound). ``bound_ms`` and
+    ``status``: ``optimal`` (every program closed), ``feasible`` (time limit hit; every
+    open program has a lower bound, at least its :func:`quick_bound`, so ``bound_ms`` and
+    ``gap`` are valid), ``timed_out`` (some program without a bound: no global bound; not
+    reached while every program has a quick bound). ``bound_ms`` and
     ``gap`` = (iteration - bound) / iteration are in the cost model's figure (the
     programs relax it). ``program_ms``: the value the program gave the returned plan,
     beside its cost-model ``cost.iteration_ms`` (equal where the rows are exact)."""
