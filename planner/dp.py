@@ -39,18 +39,45 @@ s' < s of that class has the same largest share ceil(B/s') = ceil(B/s) (the same
 times and memory, a cheaper all-reduce, fewer devices used). So a class contributes
 O(sqrt B) homogeneous group sizes.
 
-Value: for the suffix plan putting the last l blocks into p stages on devices drawn from
-r, not one number but a Pareto front of pairs (D, X). By the closed form of
-:mod:`planner.cost`, a step chain's round latency is ``D + X`` with
-``D = max_c (M c_c + C_c)`` and ``X = max_s (T_a^s - PB_s)``. Prepending a head compute
-step (c0 = E_f + E_b, E_b0, T_a0) and the link after it (c1 = 2 E_link) to a suffix
-(D, X) gives exactly
+Value (objective: :func:`planner.cost.pipeline_closed_form_ms`, whose pieces - stage
+figures, all-reduce, the closed-form boundary :func:`~planner.cost.boundary_occupancy_ms`
+and :func:`~planner.cost.link_period_ms`, memory - all come from :mod:`planner.cost`):
+for the suffix plan putting the last l blocks into stages on devices drawn from r, not
+one number but a front of entries (D, X; S, Y, N, FREE, TAIL). The round time is
+``D + X``, D = max over steps i of ``C_i + (M - 1) pi_i + tau_i + w_i`` (traversal
+tau: a stage's E_f + E_b, a link's 2 (occupancy + latency); steady-state period pi: a
+stage's E_f + E_b, a link's occupancy on full-duplex networks, twice it on a shared
+medium; w_i the warm-up bubble of a stage), X = max_s (T_a^s - PB_s). S is the suffix's
+summed traversal, Y the largest per-device samples of its head group (a switch's busiest
+port carries max(Y_a, Y_b) samples of a boundary, a point-to-point piece at most
+min(Y_a, Y_b), a shared medium all B), N its stage count. Prepending a head (c0 = E_f +
+E_b, E_f0, E_b0, T_a0, samples Y0, warm-up K = K(N + 1)) and the link to the entry's head
+(occupancy o from Y0 and Y, latency lam, tau1 = 2 (o + lam), period pi1) gives exactly
 
-    D' = max(M c0, c0 + M c1, c0 + c1 + D)        X' = max(T_a0, X - E_b0 - E_link)
+    D' = max(M c0 + max(0, tau1 + S - (min(K, M) - 1) E_f0),   (head; its bubble)
+             c0 + tau1 + (M - 1) pi1,                          (the link)
+             c0 + tau1 + D)                                    (the suffix, shifted)
+    X' = max(T_a0, X - E_b0 - (o + lam))        S' = c0 + tau1 + S     Y' = Y0, N' = N + 1
 
-both non-decreasing in D and X, so keeping the (D, X)-Pareto-optimal suffixes makes the
-recurrence exact with respect to the closed form. Fronts are capped at ``FRONT``
-entries (lowest D + X kept).
+non-decreasing in D, X and S. The bubble: the head's first backward waits for the first
+micro-batch's round trip downstream (tau1 + S) while the head runs only K forwards; with
+few micro-batches this is what the older closed form (Asteroid's, half-duplex links,
+no bubble: ``PlanCost.closed_form_ms``) missed, misranking plans by up to 25%
+(docs/planners.md). Fronts hold ``FRONT`` entries Pareto-optimal in (D, X, S): the least
+D + X, the least S, the least X, then the next least D + X. Y, N, FREE, TAIL are carried,
+not compared, so the recurrence is a heuristic where a dropped entry would have priced
+its link (Y) or fit a replica (FREE, TAIL) better; the re-scoring by the exact makespan
+decides.
+
+Ring replicas (:mod:`planner.replicas`, ``replication_interval`` > 0): a stage run by one
+device sends its replica, (1 + k_opt) W bytes (:meth:`CostModel.replica_bytes`), to the
+next stage's holder (its used device of largest usable memory; the DP takes, among
+those, the one with most samples: the least memory left), and the last stage's to the
+first stage's. So each entry carries FREE (usable memory minus Eq. 3 memory at its true
+K of its head's holder) and TAIL (the replica its last stage sends to stage 0, 0 when
+that stage has several devices); a one-device head is composed onto an entry only if
+FREE >= its replica, and a complete plan (l = L) only if the head's own FREE >= TAIL.
+One-stage plans keep their replica on an idle device (no memory of the plan's own).
 
 State: Q(p, l, r), p = stages of the suffix; its head's warm-up K = warmup_depth(P-p of
 P) depends on p only (Asteroid: 2p-1), so memory is checked locally. Levels collapse:
@@ -63,27 +90,34 @@ p0 = 1 and the P levels become one. Levels stay exact when ``max_stages`` caps P
 when P x moves x (L + 1)^2 <= ``EXACT_LEVELS_WORK`` (each exact level contributes its own
 answers to the re-scoring, which matters where the closed form misranks plans).
 Base: Q(1, l, r) = Pareto-min over moves g of r of the head [L-l, L) on g alone
-    (D = M c0, X = T_a0), and over skips r' of r of Q(1, l, r').
+    (D = M c0, X = T_a0, S = c0, N = 1), and over skips r' of r of Q(1, l, r').
 Transition (p >= 2): Q(p, l, r) = Pareto-min over
     moves r -> r' = r - g, p-1 <= l' < l, entries (D, X) of Q(p-1, l', r'):
         compose(head [L-l, L-l') on g with K(p), link at block L-l' to the entry's head
         group), and skips r -> r': Q(p, l, r').
 The link of a head to its suffix is priced from the classes of both groups (slowest
 pair, largest latency: Eq. 8), so each entry remembers its head composition.
-Answer: the ``RERANK`` lowest D + X over p of Q(p, L, all devices) per B, re-scored by
-the exact schedule makespan of the cost model (:meth:`CostModel.evaluate`), dropping
-those whose ring replicas (charged by the cost model on the whole plan,
-:mod:`planner.replicas`) overflow a holder; among plans
+Answer: per B the ``RERANK`` distinct lowest D + X over p of Q(p, L, all devices)
+(``RERANK_LEVEL`` per exact level), reconstructed and deduplicated; each B's best is
+re-scored at once by the exact schedule makespan of the cost model
+(:meth:`CostModel.evaluate`; it prunes the micro-batch sizes still to come), the others
+after all B in order of D + X, at most ``RESCORE`` of them and none above the fastest
+figure by ``RESCORE_MARGIN``; plans the cost model finds overflowing are dropped; among
+plans
 within ``TIE_TOLERANCE`` of the fastest the one using fewest devices wins, then fewest
 stages, then the smallest B (a plan that leaves devices free is worth more than one
 fewer stage: seen, 16-way data parallel chosen over a 4-device plan 0.04% slower).
 
-Exactness: the DP value equals the cost model's closed form of the reconstructed plan
-when every device of every group gets samples; Algorithm 1 may give a device 0 samples,
-then the DP value is an upper bound (the cost model prices the devices that got
-samples). On the complete graph the DP is optimal over every device assignment with
-Algorithm 1 splits, up to the front cap and the closed form's ranking (the ``RERANK``
-best are re-scored exactly).
+Exactness: the DP value equals the cost model's closed form
+(:func:`planner.cost.pipeline_closed_form_ms`) of the reconstructed plan when every
+device of every group gets samples, on every topology except point-to-point groups of
+several devices (there the DP's piece bound min(Y_a, Y_b) is an upper bound of the
+cost model's, which reads the pieces); Algorithm 1 may give a device 0 samples, then the
+DP value is an upper bound too (the cost model prices the devices that got samples;
+tests/test_dp.py checks both on non-uniform networks of each topology). On the complete
+graph the DP is optimal over every device assignment with Algorithm 1 splits, up to the
+front cap, the carried values and the closed form's ranking (the best are re-scored
+exactly).
 
 Bound: levels p run in order, each over the states in ascending size; the time limit is
 checked before each state. When it expires the DP returns the best plan of the levels
@@ -93,7 +127,9 @@ always completes, so a plan is returned whenever one fits memory.
 Complexity per B, with S states, E moves, C distinct compositions and P = min(L, N,
 max_stages) levels (p0 of them after collapsing): C head tables, each Algorithm 1 over
 the O(L^2) block ranges (a closed form for one-class groups); P x E compositions of
-O(L^2 F) numpy work each, one Pareto reduction per (level, state). The complete graph
+O(L^2 F) numpy work each (7 carried values per entry), one Pareto reduction per
+(level, state); then at most (number of B) + ``RESCORE`` exact evaluations (each
+O(A log A) events for A transfers and computations of the plan, planner.cost). The complete graph
 has S = prod_k (c_k + 1) states and E = prod_k (c_k + 1)(c_k + 2) / 2 moves at most;
 the ordered graph S <= 3 (N + 1) and E <= 3 (N + 1) min(B, N). Memory: the traceback,
 O(P S L F) small integers.
