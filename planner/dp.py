@@ -747,23 +747,23 @@ class _BatchSearch:
                                         parts[-1][0].shape[1], lo, f))  # fmt: skip
             for e in skips:
                 sub = graph.edges[e][2]
-                carried = (level.d, level.x, level.s, level.y, level.n, level.free, level.tail)
-                parts.append(tuple(v[sub, p:] for v in carried))
+                parts.append(tuple(v[sub, p:] for v in (level.d, level.x, level.s)))
                 meta.append(_Source("skip", [e], True, FRONT, 0, FRONT))
             if not parts:
                 continue
-            d, x, carry_s, carry_y, carry_n, carry_free, carry_tail = (
-                np.concatenate([q[i] for q in parts], axis=1) for i in range(7)
-            )
+            d, x, carry_s = (np.concatenate([q[i] for q in parts], axis=1) for i in range(3))
             chosen, ok = _pareto(d, np.where(np.isfinite(d), x, INF), carry_s, FRONT)
             level.d[s, p:] = np.where(ok, d[rows, chosen], INF)
             level.x[s, p:] = np.where(ok, x[rows, chosen], INF)
             level.s[s, p:] = np.where(ok, carry_s[rows, chosen], INF)
-            level.y[s, p:] = np.where(ok, carry_y[rows, chosen], INF)
-            level.n[s, p:] = np.where(ok, carry_n[rows, chosen], 0)
-            level.free[s, p:] = np.where(ok, carry_free[rows, chosen], -INF)
-            level.tail[s, p:] = np.where(ok, carry_tail[rows, chosen], INF)
             edge, head, l_sub, k_sub, same = self._decode(meta, chosen, l_here, level)
+            carry_y, carry_n, carry_free, carry_tail = self._carry(
+                meta, chosen, edge, l_sub, k_sub, l_here, level, prev
+            )
+            level.y[s, p:] = np.where(ok, carry_y, INF)
+            level.n[s, p:] = np.where(ok, carry_n, 0)
+            level.free[s, p:] = np.where(ok, carry_free, -INF)
+            level.tail[s, p:] = np.where(ok, carry_tail, INF)
             level.h[s, p:] = np.where(ok, head, -1)
             level.edge[s, p:] = np.where(ok, edge, -1)
             level.l_sub[s, p:] = l_sub
@@ -821,6 +821,64 @@ class _BatchSearch:
             offset += width
         return edge, head, l_sub, k_sub, same
 
+    def _carry(
+        self,
+        meta: list[_Source],
+        chosen: np.ndarray,
+        edge: np.ndarray,
+        l_sub: np.ndarray,
+        k_sub: np.ndarray,
+        l_here: np.ndarray,
+        level: _Level,
+        prev: _Level | None,
+    ) -> tuple[np.ndarray, ...]:
+        """The carried values (Y, N, FREE, TAIL) of the chosen candidates (module
+        docstring), computed for them alone from their decoded parents: a head's Y and
+        holder from its tables at [l, l'], N and TAIL from the entry it was composed onto
+        (N = 1 and TAIL = its own replica for a base head), a skip's copied."""
+        t, graph = self.t, self.g
+        shape = chosen.shape
+        l_full = np.broadcast_to(l_here, shape)
+        y = np.full(shape, INF)
+        n = np.zeros(shape, dtype=np.int64)
+        free = np.full(shape, -INF)
+        tail = np.full(shape, INF)
+        cid = np.array([e[1] for e in graph.edges])[edge]
+        sub = np.array([e[2] for e in graph.edges])[edge]
+        offset = 0
+        for src in meta:
+            here = (chosen >= offset) & (chosen < offset + src.width)
+            offset += src.width
+            if not here.any():
+                continue
+            if src.kind == "skip":
+                at = (sub[here], l_full[here], k_sub[here])
+                y[here], n[here] = level.y[at], level.n[at]
+                free[here], tail[here] = level.free[at], level.tail[at]
+                continue
+            l_h, lp_h = l_full[here], l_sub[here]
+            if src.kind == "base":
+                n_h = np.ones(len(l_h), dtype=np.int64)
+            else:
+                front = level if src.same else prev
+                assert front is not None
+                at = (sub[here], lp_h, k_sub[here])
+                n_h = front.n[at] + 1
+                tail[here] = front.tail[at]
+            heads = [t.head(int(c), level.warm, self.batch) for c in cid[here]]
+            y0, hold_b, hold_y, used = (
+                np.array([h[i][a, b] for h, a, b in zip(heads, l_h, lp_h, strict=True)])
+                for i in range(3, 7)
+            )
+            y[here], n[here] = y0, n_h
+            with np.errstate(invalid="ignore"):
+                free[here] = hold_b - stage_memory_bytes(
+                    t.dense_static[l_h, lp_h], self.k_of[n_h], hold_y, t.dense_saved[l_h, lp_h]
+                )
+            if src.kind == "base":
+                tail[here] = np.where(used == 1, t.dense_replica[l_h, lp_h], 0.0)
+        return y, n, free, tail
+
     def _live(self, moves: list[int], front: _Level) -> list[int]:
         """Moves whose next state has some finite entry in ``front`` (others add nothing)."""
         return [e for e in moves if np.isfinite(front.d[self.g.edges[e][2]]).any()]
@@ -828,8 +886,8 @@ class _BatchSearch:
     def _moves(
         self, moves: list[int], p: int, warm: int, front: _Level | None
     ) -> tuple[np.ndarray, ...]:
-        """(D, X) candidates of rows l = p..L from ``moves`` and their carried (S, Y, N,
-        FREE, TAIL), ring replicas checked (module docstring);
+        """(D, X) candidates of rows l = p..L from ``moves`` and their carried S, ring
+        replicas checked (module docstring);
         the first l' and the slots per l' of their layout go to ``self._layout``: heads
         alone (``front`` None)
         flattened per row as (move,), else composed onto ``front`` as (move, l' = lo..hi,
@@ -841,16 +899,8 @@ class _BatchSearch:
         if front is None:
             c0 = np.stack([h[0][p:, 0] for h in heads], axis=1)  # (l, T)
             x = np.stack([h[2][p:, 0] for h in heads], axis=1)
-            y0, hold_b, hold_y, used = (
-                np.stack([h[i][p:, 0] for h in heads], axis=1) for i in range(3, 7)
-            )
-            with np.errstate(invalid="ignore"):
-                free = hold_b - stage_memory_bytes(
-                    t.dense_static[p:, :1], self.k_of[1], hold_y, t.dense_saved[p:, :1]
-                )
-            tail = np.where(used == 1, t.dense_replica[p:, :1], 0.0)
             self._layout = (0, 1)
-            return m * c0, x, c0, y0, np.ones(c0.shape, dtype=np.int32), free, tail
+            return m * c0, x, c0
         subs = [graph.edges[e][2] for e in moves]
         finite = np.isfinite(front.d[subs])  # (T, l', F)
         lps = np.flatnonzero(finite.any(axis=(0, 2)))
@@ -891,26 +941,18 @@ class _BatchSearch:
         # replica of its last
         rng = (slice(p, None), slice(lo, hi + 1))
         replica = t.dense_replica[rng][None, :, :, None]
-        k_new = self.k_of[sub_n + 1]
-        with np.errstate(invalid="ignore"):
-            free = hold_b - stage_memory_bytes(
-                t.dense_static[rng][None, :, :, None], k_new, hold_y,
-                t.dense_saved[rng][None, :, :, None],
-            )  # fmt: skip
         fits = ~((used == 1) & (sub_free < replica))
-        fits[:, -1] &= free[:, -1] >= sub_tail[:, 0]
+        with np.errstate(invalid="ignore"):  # the complete plans' row, l = L
+            free = hold_b[:, -1] - stage_memory_bytes(
+                t.dense_static[-1, lo : hi + 1][None, :, None], self.k_of[sub_n[:, 0] + 1],
+                hold_y[:, -1], t.dense_saved[-1, lo : hi + 1][None, :, None],
+            )  # fmt: skip
+        fits[:, -1] &= free >= sub_tail[:, 0]
         finite_sub = np.isfinite(sub_d)[:, None] & np.isfinite(c0) & fits
         d_new = np.where(finite_sub, d_new, INF)
-        y_new = np.broadcast_to(y0, d_new.shape)
-        n_new = np.broadcast_to(sub_n + 1, d_new.shape)
-        tail_new = np.broadcast_to(sub_tail, d_new.shape)
-        free = np.broadcast_to(free, d_new.shape)
         n_l = t.n_blk + 1 - p
         self._layout = (lo, f)
-        return tuple(
-            np.moveaxis(v, 1, 0).reshape(n_l, -1)
-            for v in (d_new, x_new, s_new, y_new, n_new, free, tail_new)
-        )
+        return tuple(np.moveaxis(v, 1, 0).reshape(n_l, -1) for v in (d_new, x_new, s_new))
 
     def reconstruct(self, answer: tuple) -> Partition:
         """The plan of a root answer, devices taken from each class in cluster order."""
