@@ -1108,14 +1108,16 @@ def best_plan(
         if progress is not None:
             progress(done, total)
         # the best answer of each micro-batch size is scored at once (its figure prunes
-        # the sizes still to come); the others wait for the final re-scoring
+        # the sizes still to come) unless its DP value is already RESCORE_MARGIN above
+        # the fastest figure; the others wait for the final re-scoring
         evaluated_here = False
         for answer in answers:
             partition = search.reconstruct(answer)
             if partition in seen:
                 continue
             seen.add(partition)
-            if evaluated_here:
+            fastest = min((c.iteration_ms for c, _, _ in found), default=INF)
+            if evaluated_here or answer[0] > fastest * (1 + RESCORE_MARGIN):
                 waiting.append((answer[0], batch, partition))
                 continue
             evaluated_here = score(answer[0], batch, partition)
