@@ -17,6 +17,7 @@ import pytest
 from planner import cli
 from planner.api import resolve
 from planner.cli import main
+from planner.cost import CostModel, pipeline_closed_form_ms
 from planner.plan import load_plan
 from planner.simulator import simulate
 
@@ -61,6 +62,9 @@ def test_simulate_prints_the_cost_models_error_against_the_simulator(plan_file, 
     assert f"{simulated:.1f} ms" in sim_line
     assert f"{plan.cost.iteration_ms:.1f} ms" in cost_line
     assert f"{plan.cost.iteration_ms / simulated - 1:+.1%} against the simulator" in cost_line
+    objective = pipeline_closed_form_ms(CostModel(plan.problem), plan.partition)
+    dp_line = next(x for x in out if x.startswith("DP's search objective (closed form):"))
+    assert f"{objective:.1f} ms, {objective / simulated - 1:+.1%}" in dp_line
 
 
 def test_validate_accepts_every_kind(plan_file, capsys):
