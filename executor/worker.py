@@ -116,6 +116,8 @@ class WorkerOptions:
     faults: str = ""
     #: the device this process runs, when it is not the plan's rank-th (a joining one)
     device: str | None = None
+    #: ``HOST:PORT`` of a cross-host coordinator (executor/coordinator.py) to join
+    coordinator: str | None = None
 
 
 @dataclass(frozen=True)
@@ -773,7 +775,17 @@ def run(opts: WorkerOptions, endpoint: Endpoint) -> None:
     worker = RecoveringWorker(opts, endpoint, plan) if opts.recover else Worker(
         opts, endpoint, plan)
     try:
-        worker.run()
+        try:
+            worker.run()
+        except dist.DistNetworkError as exc:
+            if worker.control is None:
+                raise
+            # the store is the coordinator's: a broken connection is its loss (P5)
+            worker.control.stop()
+            raise CoordinatorLost(
+                f"the coordinator is unreachable ({str(exc).splitlines()[0][:120]}); "
+                "this rank stopped without writing anything, the last committed "
+                "checkpoint is intact") from None
     except BaseException as exc:
         message = str(exc) if isinstance(exc, EdgepipeError) else f"{type(exc).__name__}: {exc}"
         # when the store is gone too, the exit status still tells
@@ -847,17 +859,24 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerOptions:
     p.add_argument("--heartbeat", type=float, default=0.0)
     p.add_argument("--emulate-slowdown", type=EmulatedSlowdown.parse, action="append",
                    default=[])
+    p.add_argument("--coordinator", help="HOST:PORT of `edgepipe coordinate` (its store "
+                   "and control plane instead of torchrun's agent store)")
     a = p.parse_args(argv)
     return WorkerOptions(a.plan, a.steps, a.out, a.deterministic, a.dataset, a.timeout,
                          a.save_weights, a.generation, a.emulate, a.time_scale,
                          a.checkpoint_every, a.checkpoint_dir, a.resume, a.heartbeat,
-                         tuple(a.emulate_slowdown))
+                         tuple(a.emulate_slowdown), coordinator=a.coordinator)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     opts = parse_args(argv)
     try:
-        run(opts, endpoint_from_env())
+        endpoint = endpoint_from_env()
+        if opts.coordinator:
+            from executor.coordinator import join
+
+            opts, endpoint = join(opts, endpoint, opts.coordinator)
+        run(opts, endpoint)
     except EdgepipeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_REFUSED

@@ -817,6 +817,14 @@ def _s(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f} s"
 
 
+def cmd_coordinate(args: argparse.Namespace) -> None:
+    coordinator = _executor("executor.coordinator")
+    err.print(f"coordinating {args.plan}: store on port {args.port}; start each host's "
+              f"workers with --coordinator <this host>:{args.port}", highlight=False)
+    done = coordinator.run(args)  # type: ignore[attr-defined]
+    err.print(f"every worker finished (generation {done.generation})", highlight=False)
+
+
 def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x:.1f}"
 
@@ -837,8 +845,8 @@ def recovery_table(report: RunReport) -> Table:
         table.add_row(
             str(r.generation), r.cause, r.device, r.old_plan, r.new_plan,
             str(r.replay_from_step), str(r.num_blocks), f"{r.bytes_moved / 1e6:.2f}",
-            _s(r.t_detect_s), _s(r.t_replan_s), _s(r.t_rebuild_s), _s(r.t_restore_s),
-            _s(r.t_first_commit_s),
+            _secs(r.t_detect_s), _secs(r.t_replan_s), _secs(r.t_rebuild_s), _secs(r.t_restore_s),
+            _secs(r.t_first_commit_s),
         )
     return table
 
@@ -848,14 +856,14 @@ def recovery_lines(report: RunReport) -> list[str]:
     return [
         f"recovery {r.generation}: {r.cause} of {r.device}; {r.old_plan} -> {r.new_plan}, "
         f"replay from step {r.replay_from_step}; {r.num_blocks} blocks, "
-        f"{r.bytes_moved / 1e6:.2f} MB moved; detect {_s(r.t_detect_s)} s, re-plan "
-        f"{_s(r.t_replan_s)} s, rebuild {_s(r.t_rebuild_s)} s, restore "
-        f"{_s(r.t_restore_s)} s, first commit {_s(r.t_first_commit_s)} s"
+        f"{r.bytes_moved / 1e6:.2f} MB moved; detect {_secs(r.t_detect_s)} s, re-plan "
+        f"{_secs(r.t_replan_s)} s, rebuild {_secs(r.t_rebuild_s)} s, restore "
+        f"{_secs(r.t_restore_s)} s, first commit {_secs(r.t_first_commit_s)} s"
         for r in report.recoveries
     ]
 
 
-def _s(seconds: float | None) -> str:
+def _secs(seconds: float | None) -> str:
     """A phase's seconds, or - when the phase was never reached."""
     return "-" if seconds is None else f"{seconds:.3f}"
 
@@ -1251,6 +1259,20 @@ def build_parser() -> argparse.ArgumentParser:
         "checkpoints directory or a run directory); any plan of the same model and config",
     )
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser(
+        "coordinate",
+        help="host the control plane of a multi-host torchrun job (docs/executor.md, "
+        "Across hosts)",
+    )
+    p.add_argument("plan", help="the plan every worker runs (same file on every host)")
+    p.add_argument("--port", type=positive_int, default=29500,
+                   help="port of the run's store here (workers: --coordinator HOST:PORT)")
+    p.add_argument("--hang-timeout", type=positive_float, default=10.0,
+                   help="seconds without a heartbeat after which a device is declared dead")
+    p.add_argument("--start-timeout", type=positive_float, default=120.0,
+                   help="seconds a worker may take to send its first heartbeat")
+    p.set_defaults(func=cmd_coordinate)
 
     p = sub.add_parser(
         "report", help="a run's measurements against its plan's prediction, with Gantt charts"

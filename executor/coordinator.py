@@ -1,0 +1,234 @@
+"""The cross-host coordinator: one process that owns a torchrun job's control plane.
+
+``edgepipe coordinate plan.json --port P`` (or ``python -m executor.coordinator``) hosts
+the run's ``TCPStore`` on ``0.0.0.0:P`` and runs :class:`executor.control.Coordinator`
+over the plan's devices; every worker, started by torchrun on its own host with
+``--coordinator HOST:P``, connects to that store instead of torchrun's agent store
+(:func:`join`): its process groups rendezvous there under ``gen<g>/``, its heartbeat
+thread beats there, and it publishes the address it reaches the coordinator from
+(``ctl/host/<device>``), so every failure names the device's host. torchrun keeps only
+its own job: starting one worker per host (its c10d rendezvous is separate). The store
+outlives every worker (torch-and-solvers.md P5) and a worker never owns it
+(reference/fault-tolerance.md §2, lesson 1).
+
+What the coordinator does (docs/executor.md, "Across hosts"):
+
+* **Heartbeats and hangs.** Every ``POLL_S`` it reads every member's heartbeat counter;
+  a device silent for ``hang_timeout_s`` is declared dead. Across hosts there are no
+  exit codes to read: a crashed process, a host whose processes were all killed and a
+  host whose link went down (``ip link set ... down``) all show as silence, and all are
+  declared within ``hang_timeout_s + POLL_S`` of the device's last beat. A device that
+  has not beaten yet gets ``start_timeout_s`` (interpreter start and torch import on
+  every host).
+* **Abort and fencing.** On a failure it fences the dead device (``ctl/fenced/<dev>``:
+  a worker that wakes up or whose link comes back sees it and exits) and aborts the
+  generation; every other rank sees the abort within one heartbeat. The coordinator
+  cannot kill a process on another host: fencing is what keeps a dead device out.
+* **End.** A rank that finished publishes ``done/<rank>`` (in its generation's prefix)
+  and is retired; when every rank is done the coordinator returns. It waits up to
+  ``ABORT_GRACE_S`` after an abort until every live rank saw it, then raises
+  :class:`RunStopped` naming the device, its host, the cause and how far the abort
+  reached.
+* **Its own loss** is the run's single point of failure: the workers' heartbeats fail,
+  each stops at its next check with ``CoordinatorLost`` (or on its next store call),
+  writing nothing, so the last committed checkpoint stays intact
+  (:mod:`executor.checkpoint` writes a checkpoint under a temporary name and renames it
+  once complete).
+
+Cost: one store round trip per member per poll.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from torch.distributed import Store
+
+from executor.control import Coordinator, Failure, connect_store, generation_store, host_store
+from executor.layout import RankLayout, check_runnable
+from planner.errors import EdgepipeError, InputError
+from planner.plan import load_plan
+
+if TYPE_CHECKING:  # the worker imports this module
+    from executor.worker import Endpoint, WorkerOptions
+
+#: seconds between two polls of the members' heartbeats
+POLL_S = 0.05
+#: default seconds of heartbeat silence after which a device is declared dead
+HANG_TIMEOUT_S = 10.0
+#: seconds a worker may take to send its first beat (torch import on a loaded host)
+START_TIMEOUT_S = 120.0
+#: seconds the other ranks get to see an abort before the coordinator exits
+ABORT_GRACE_S = 2.0
+#: default heartbeat interval of a worker that joins a coordinator
+HEARTBEAT_S = 0.5
+
+
+class RunStopped(EdgepipeError):
+    """The coordinator stopped the run: ``device`` on ``host`` failed (``cause``)."""
+
+    def __init__(self, message: str, device: str, host: str, cause: str) -> None:
+        self.device, self.host, self.cause = device, host, cause
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """What :func:`coordinate` returns for a run that finished: the generation."""
+
+    generation: int
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` -> (host, port); ValueError names the form."""
+    host, sep, port = text.rpartition(":")
+    if not (host and sep and port.isdigit() and 0 < int(port) < 65536):
+        raise ValueError(f"{text!r} is not HOST:PORT, e.g. 198.18.0.1:29500")
+    return host, int(port)
+
+
+def local_address(host: str, port: int) -> str:
+    """The address this machine reaches ``host`` from (the interface the route to it
+    leaves by; no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, port))
+        return str(s.getsockname()[0])
+
+
+def join(opts: WorkerOptions, endpoint: Endpoint, address: str
+         ) -> tuple[WorkerOptions, Endpoint]:
+    """A worker's side: the options and endpoint of a rank that joins the coordinator at
+    ``address`` (``HOST:PORT``): the store is the coordinator's, the generation the one
+    it opened, heartbeats on (``HEARTBEAT_S`` unless the options set one); publishes
+    ``ctl/host/<device>``. Raises :class:`InputError` when the coordinator cannot be
+    reached within the worker's timeout (``--timeout``)."""
+    try:
+        host, port = parse_address(address)
+    except ValueError as exc:
+        raise InputError("--coordinator", "", str(exc)) from None
+    device = RankLayout.from_plan(load_plan(opts.plan)).ranks[endpoint.rank].device
+    try:
+        store = connect_store(host, port, timeout_s=opts.timeout_s)
+        store.wait(["ctl/generation"])
+        generation = int(store.get("ctl/generation"))
+        store.set(f"ctl/host/{device}", local_address(host, port))
+    except Exception as exc:  # the store client raises several types
+        raise InputError("--coordinator", "", f"no coordinator at {address} "
+                         f"({str(exc).splitlines()[0][:120]}); start `edgepipe coordinate` "
+                         "there first") from None
+    opts = replace(opts, generation=generation, heartbeat_s=opts.heartbeat_s or HEARTBEAT_S)
+    endpoint = replace(endpoint, store_host=host, store_port=port, host_store=False)
+    return opts, endpoint
+
+
+def host_of(store: Store, device: str) -> str:
+    """The address ``device`` joined from, or ``"unknown host"`` before it joined."""
+    key = f"ctl/host/{device}"
+    return store.get(key).decode() if store.check([key]) else "unknown host"
+
+
+def coordinate(
+    plan_path: str,
+    store: Store,
+    hang_timeout_s: float = HANG_TIMEOUT_S,
+    start_timeout_s: float = START_TIMEOUT_S,
+    on_failure: Callable[[Coordinator, list[Failure]], bool] | None = None,
+) -> Stopped:
+    """Run the control plane of ``plan_path``'s job on ``store`` (hosted by the caller)
+    until every rank is done (module docstring). ``on_failure(coordinator, failures)``,
+    when given, may handle the failures (return True: the run goes on); otherwise the
+    generation is aborted and :class:`RunStopped` raised."""
+    plan = load_plan(plan_path)
+    check_runnable(plan)
+    layout = RankLayout.from_plan(plan)
+    coordinator = Coordinator(store, [r.device for r in layout.ranks], hang_timeout_s,
+                              start_timeout_s=start_timeout_s)
+    retired: set[int] = set()
+    while True:
+        gen = generation_store(store, coordinator.generation)
+        for info in layout.ranks:
+            if info.rank not in retired and gen.check([f"done/{info.rank}"]):
+                coordinator.retire(info.device)
+                retired.add(info.rank)
+        if len(retired) == layout.world_size:
+            return Stopped(coordinator.generation)
+        failures = coordinator.poll()
+        if failures and not (on_failure is not None and on_failure(coordinator, failures)):
+            raise _stop(store, coordinator, layout, failures[0])
+        time.sleep(POLL_S)
+
+
+def _stop(store: Store, coordinator: Coordinator, layout: RankLayout,
+          failure: Failure) -> RunStopped:
+    """Fence the dead device and abort; wait (at most ``ABORT_GRACE_S``) until every
+    other member saw the abort; the error to raise."""
+    coordinator.abort(f"{failure.device} {failure.cause}", fence=[failure.device])
+    others = [r.device for r in layout.ranks if r.device != failure.device]
+    deadline = time.monotonic() + ABORT_GRACE_S
+    seen = coordinator.abort_seen(others)
+    while time.monotonic() < deadline and len(seen) < len(others):
+        time.sleep(POLL_S)
+        seen = coordinator.abort_seen(others)
+    info = next(r for r in layout.ranks if r.device == failure.device)
+    host = host_of(store, failure.device)
+    missed = sorted(set(others) - set(seen))
+    reach = f"the abort reached {len(seen)} of {len(others)} other worker(s)" + (
+        f" (not {', '.join(missed)})" if missed else "")
+    return RunStopped(
+        f"device {failure.device!r} (rank {info.rank}, stage {info.stage}) on host {host} "
+        f"went silent: no heartbeat for {failure.silent_s:.2f} s (hang timeout "
+        f"{coordinator.hang_timeout_s:g} s; a crash, a killed host or a lost link); "
+        f"declared dead and fenced, generation {coordinator.generation} aborted; {reach}",
+        failure.device, host, failure.cause,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The flags of ``python -m executor.coordinator`` (``edgepipe coordinate`` has the
+    same, typed by the CLI)."""
+    p = argparse.ArgumentParser(prog="python -m executor.coordinator",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("plan", help="the plan every worker runs (same file on every host)")
+    p.add_argument("--port", type=int, default=29500,
+                   help="port of the run's store on this host (workers: --coordinator "
+                   "THIS_HOST:PORT)")
+    p.add_argument("--hang-timeout", type=float, default=HANG_TIMEOUT_S,
+                   help="seconds without a heartbeat after which a device is declared dead")
+    p.add_argument("--start-timeout", type=float, default=START_TIMEOUT_S,
+                   help="seconds a worker may take to send its first heartbeat")
+    return p
+
+
+def run(args: argparse.Namespace) -> Stopped:
+    """Host the store and coordinate (the command's body)."""
+    if not args.hang_timeout > 2 * HEARTBEAT_S:
+        raise InputError("--hang-timeout", "", f"{args.hang_timeout:g} s must exceed twice "
+                         f"the workers' heartbeat ({HEARTBEAT_S:g} s)")
+    load_plan(args.plan)  # refuse a bad plan before binding the port
+    try:
+        store = host_store(args.port)
+    except Exception as exc:  # the store raises DistNetworkError / RuntimeError
+        raise InputError("--port", "", f"cannot host the store on port {args.port} "
+                         f"({str(exc).splitlines()[0][:120]}); choose a free port") from None
+    return coordinate(args.plan, store, args.hang_timeout, args.start_timeout)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        done = run(args)
+    except EdgepipeError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    print(f"every worker finished (generation {done.generation})", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,198 @@
+"""The cross-host coordinator (executor/coordinator.py): a stand-alone process that hosts the
+store and the control plane of a job whose workers it did not start, as torchrun's are.
+
+Real processes: the coordinator is ``python -m executor.coordinator``, each worker is
+``python -m executor.worker ... --coordinator HOST:PORT`` with the environment torchrun
+gives it (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); gloo timeouts are a minute, so a
+run stopped in seconds was stopped by the control plane. Every process is reaped by PID.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from executor import checkpoint
+from executor.coordinator import parse_address
+from executor.launch import launch
+from executor.metrics import read_jsonl
+from executor.worker import WorkerOptions
+from planner.plan import load_plan
+from planner.profile import BuildSpec
+from tests.executor_helpers import MLP_IN, make_test_plan, profile_of, write_plan
+
+PY = sys.executable
+REPO = Path(__file__).resolve().parents[1]
+MLP = BuildSpec(callable="tests.executor_helpers:mlp", kwargs={"width": 8})
+DATASET = "tests.executor_helpers:mlp_dataset"
+STAGES = [(0, 1, [2]), (1, 2, [2]), (2, 4, [2])]
+HANG_S = 3.0
+#: scheduling slack on a loaded two-core machine
+SLACK_S = 3.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Job:
+    """A coordinator and its workers, as processes; :meth:`reap` kills what is left."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.port = free_port()
+        self.coordinator: subprocess.Popen[str] | None = None
+        self.workers: list[subprocess.Popen[str]] = []
+
+    def start_coordinator(self, plan: Path, hang_s: float = HANG_S) -> None:
+        self.coordinator = subprocess.Popen(
+            [PY, "-m", "executor.coordinator", str(plan), "--port", str(self.port),
+             "--hang-timeout", str(hang_s)],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+
+    def start_workers(self, plan: Path, world: int, *args: str, ranks: int | None = None,
+                      timeout_s: float = 60) -> None:
+        for rank in range(world if ranks is None else ranks):
+            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world),
+                   "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                   "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
+            self.workers.append(subprocess.Popen(
+                [PY, "-m", "executor.worker", str(plan), "--dataset", DATASET,
+                 "--timeout", str(timeout_s), "--coordinator", f"127.0.0.1:{self.port}", *args],
+                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            ))
+
+    def reap(self) -> None:
+        for p in [*self.workers, *([self.coordinator] if self.coordinator else [])]:
+            if p.poll() is None:
+                p.kill()
+            p.communicate(timeout=30)
+
+
+@pytest.fixture
+def job(tmp_path: Path) -> Iterator[Job]:
+    j = Job(tmp_path)
+    try:
+        yield j
+    finally:
+        j.reap()
+
+
+@pytest.fixture(scope="module")
+def plan_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    profile = profile_of(MLP, lambda b: torch.randn(b, MLP_IN))
+    return write_plan(make_test_plan(profile, STAGES, 2, 2), tmp_path_factory.mktemp("plan"))
+
+
+def wait_all(procs: list[subprocess.Popen[str]], within_s: float) -> list[tuple[int, str]]:
+    """(exit status, stderr) of each process; fails if one runs past ``within_s``."""
+    deadline = time.monotonic() + within_s
+    results = []
+    for p in procs:
+        try:
+            _, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"process {p.args} still running after {within_s} s")
+        results.append((p.returncode, err))
+    return results
+
+
+def test_an_address_is_host_and_port() -> None:
+    assert parse_address("198.18.0.1:29500") == ("198.18.0.1", 29500)
+    for bad in ("198.18.0.1", ":29500", "h:0", "h:port", "h:70000"):
+        with pytest.raises(ValueError, match="is not HOST:PORT"):
+            parse_address(bad)
+
+
+def test_a_worker_without_a_coordinator_says_where_it_looked(job: Job, plan_file: Path) -> None:
+    job.start_workers(plan_file, 3, "--steps", "1", ranks=1, timeout_s=2)
+    ((status, err),) = wait_all(job.workers, within_s=120)
+    assert status == 2
+    assert f"no coordinator at 127.0.0.1:{job.port}" in err
+    assert "start `edgepipe coordinate` there first" in err
+
+
+@pytest.mark.slow
+def test_a_job_under_the_coordinator_trains_as_the_local_launcher_does(
+    job: Job, plan_file: Path, tmp_path: Path
+) -> None:
+    job.start_coordinator(plan_file)
+    job.start_workers(plan_file, 3, "--steps", "3", "--deterministic", "--out",
+                      str(tmp_path / "job"))
+    results = wait_all(job.workers, within_s=180)
+    assert [s for s, _ in results] == [0, 0, 0], results
+    (status, err), = wait_all([job.coordinator], within_s=30)
+    assert status == 0 and "every worker finished (generation 1)" in err
+    local = launch(WorkerOptions(str(plan_file), 3, str(tmp_path / "local"), deterministic=True,
+                                 dataset=DATASET, timeout_s=60))
+    assert [m["loss"] for m in read_jsonl(tmp_path / "job" / "metrics.jsonl")] == local.losses
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_named_with_its_host_and_every_other_is_aborted(
+    job: Job, plan_file: Path, tmp_path: Path
+) -> None:
+    job.start_coordinator(plan_file)
+    out = tmp_path / "job"
+    job.start_workers(plan_file, 3, "--steps", "100000", "--out", str(out))
+    deadline = time.monotonic() + 180
+    while len(read_jsonl(out / "metrics.jsonl") if (out / "metrics.jsonl").exists() else []
+               ) < 2:
+        assert time.monotonic() < deadline, "no two steps within 180 s"
+        time.sleep(0.1)
+    killed = time.monotonic()
+    job.workers[2].kill()  # the last stage: its neighbour sees it only by a gloo error
+    (status, err), = wait_all([job.coordinator], within_s=HANG_S + 10 + SLACK_S)
+    took = time.monotonic() - killed
+    assert status == 2
+    assert ("device 'd2' (rank 2, stage 2) on host 127.0.0.1 went silent: no heartbeat for "
+            in err), err
+    assert "declared dead and fenced, generation 1 aborted" in err
+    assert took >= HANG_S - 1.0, took  # never before the hang timeout (one beat of slack)
+    others = wait_all(job.workers[:2], within_s=10)
+    assert all(s != 0 for s, _ in others), others
+
+
+@pytest.mark.slow
+def test_losing_the_coordinator_stops_every_worker_and_keeps_the_last_checkpoint(
+    job: Job, plan_file: Path, tmp_path: Path
+) -> None:
+    job.start_coordinator(plan_file)
+    out, ckpt = tmp_path / "job", tmp_path / "ckpt"
+    job.start_workers(plan_file, 3, "--steps", "100000", "--out", str(out),
+                      "--checkpoint-every", "25", "--checkpoint-dir", str(ckpt))
+    deadline = time.monotonic() + 180
+    while not list(ckpt.glob("step-*")):
+        if time.monotonic() > deadline or any(w.poll() is not None for w in job.workers):
+            pytest.fail("no committed checkpoint within 180 s, or a worker exited")
+        time.sleep(0.05)
+    assert job.coordinator is not None
+    os.kill(job.coordinator.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    results = wait_all(job.workers, within_s=60)
+    took = time.monotonic() - killed
+    committed = sorted(d.name for d in ckpt.glob("step-*"))
+    assert all(s != 0 for s, _ in results), results
+    # every rank stops with one clear line, on its next store call (P5), not by a gloo error
+    for status, err in results:
+        assert status == 2, err[-2000:]
+        last = err.strip().splitlines()[-1]
+        assert last.startswith("error: the coordinator is unreachable ("), err[-1000:]
+        assert last.endswith("; this rank stopped without writing anything, the last "
+                             "committed checkpoint is intact"), last
+    # the newest committed checkpoint loads for the plan (complete, marker written)
+    newest = checkpoint.check_resume(load_plan(plan_file), ckpt)
+    assert newest.name == committed[-1]
+    assert took < 60, took
