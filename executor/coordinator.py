@@ -25,10 +25,10 @@ What the coordinator does (docs/executor.md, "Across hosts"):
   generation; every other rank sees the abort within one heartbeat. The coordinator
   cannot kill a process on another host: fencing is what keeps a dead device out.
 * **End.** A rank that finished publishes ``done/<rank>`` (in its generation's prefix)
-  and is retired; when every rank is done the coordinator returns. It waits up to
-  ``ABORT_GRACE_S`` after an abort until every live rank saw it, then raises
-  :class:`RunStopped` naming the device, its host, the cause and how far the abort
-  reached.
+  and is retired; when every rank is done the coordinator returns. After an abort it
+  waits up to ``ABORT_GRACE_S`` until every other rank saw it, keeps the store up until
+  they all stopped beating (at most ``LINGER_S``), then raises :class:`RunStopped`
+  naming the device, its host, the cause and how far the abort reached.
 * **Its own loss** is the run's single point of failure: the workers' heartbeats fail,
   each stops at its next check with ``CoordinatorLost`` (or on its next store call),
   writing nothing, so the last committed checkpoint stays intact
@@ -64,8 +64,15 @@ POLL_S = 0.05
 HANG_TIMEOUT_S = 10.0
 #: seconds a worker may take to send its first beat (torch import on a loaded host)
 START_TIMEOUT_S = 120.0
-#: seconds the other ranks get to see an abort before the coordinator exits
+#: seconds the other ranks get to see an abort
 ABORT_GRACE_S = 2.0
+#: after an abort the store stays up until every other rank stopped beating (exited),
+#: at most this long: a rank blocked in a gloo op with the dead device leaves it only at
+#: its gloo timeout (torch-and-solvers.md P6), and a store that vanished first would
+#: tell it "coordinator lost" instead of the abort
+LINGER_S = 90.0
+#: heartbeat intervals of silence after which an aborted rank counts as exited
+EXITED_BEATS = 4
 #: default heartbeat interval of a worker that joins a coordinator
 HEARTBEAT_S = 0.5
 
@@ -175,6 +182,7 @@ def _stop(store: Store, coordinator: Coordinator, layout: RankLayout,
     while time.monotonic() < deadline and len(seen) < len(others):
         time.sleep(POLL_S)
         seen = coordinator.abort_seen(others)
+    _linger(coordinator, others)
     info = next(r for r in layout.ranks if r.device == failure.device)
     host = host_of(store, failure.device)
     missed = sorted(set(others) - set(seen))
@@ -187,6 +195,23 @@ def _stop(store: Store, coordinator: Coordinator, layout: RankLayout,
         f"declared dead and fenced, generation {coordinator.generation} aborted; {reach}",
         failure.device, host, failure.cause,
     )
+
+
+def _linger(coordinator: Coordinator, devices: list[str]) -> None:
+    """Return once none of ``devices`` has beaten for ``EXITED_BEATS`` heartbeat
+    intervals (their processes are gone), or after ``LINGER_S``."""
+    quiet_s = EXITED_BEATS * HEARTBEAT_S
+    last = {d: (coordinator.beats(d), time.monotonic()) for d in devices}
+    deadline = time.monotonic() + LINGER_S
+    while time.monotonic() < deadline:
+        now = time.monotonic()
+        for d in devices:
+            count = coordinator.beats(d)
+            if count != last[d][0]:
+                last[d] = (count, now)
+        if all(now - since >= quiet_s for _, since in last.values()):
+            return
+        time.sleep(POLL_S)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -786,6 +786,15 @@ def run(opts: WorkerOptions, endpoint: Endpoint) -> None:
                 f"the coordinator is unreachable ({str(exc).splitlines()[0][:120]}); "
                 "this rank stopped without writing anything, the last committed "
                 "checkpoint is intact") from None
+        except RuntimeError:
+            # across hosts, a gloo error from a peer that stopped on an abort: report
+            # the abort (the cause), which the heartbeat thread sees within two beats
+            # (the local launcher names the culprit itself)
+            if worker.control is not None and opts.coordinator:
+                for _ in range(3):
+                    worker.control.check(opts.generation)
+                    time.sleep(worker.control.interval_s)
+            raise
     except BaseException as exc:
         message = str(exc) if isinstance(exc, EdgepipeError) else f"{type(exc).__name__}: {exc}"
         # when the store is gone too, the exit status still tells

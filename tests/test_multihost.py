@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from executor.metrics import read_jsonl
 from planner.profile import BuildSpec
 from tests import netns
 from tests import reference_trainer as ref
-from tests.executor_helpers import make_test_plan, profile_of, write_plan
+from tests.executor_helpers import MLP_IN, make_test_plan, profile_of, write_plan
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
@@ -29,6 +30,8 @@ pytestmark = pytest.mark.skipif(
 )
 
 PY = sys.executable
+REPO = Path(__file__).resolve().parents[1]
+MLP = BuildSpec(callable="tests.executor_helpers:mlp", kwargs={"width": 8})
 TORCHRUN = str(Path(PY).with_name("torchrun"))
 
 RECEIVER = textwrap.dedent("""
@@ -216,3 +219,88 @@ def test_a_hybrid_plan_on_three_hosts_under_torchrun_is_bit_identical_to_the_ref
             assert torch.equal(value, reference.state[key]), (rank, key)
             seen.add(key)
     assert seen == set(reference.state)
+
+
+# -- losing a whole host under the cross-host coordinator (issue 8) ------------------------
+
+HANG_S = 3.0
+#: the workers' gloo timeout: a rank blocked in a transfer with the lost host (its
+#: neighbour) sees the abort but can leave the blocked op only at this timeout (P6)
+GLOO_S = 15.0
+
+
+def kill_host(hosts: netns.Hosts, index: int) -> None:
+    """SIGKILL every process inside host ``index``'s namespace (its agent and worker)."""
+    for pid in netns._pids_in(hosts[index].namespace):
+        netns._kill(pid)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lose", ["link_down", "kill_all"])
+def test_losing_a_whole_host_is_named_by_the_coordinator_and_every_other_host_stops(
+    tmp_path: Path, lose: str
+) -> None:
+    # today the run stops (recovery across hosts needs the recovering worker): the
+    # coordinator names the host, the other hosts see the abort within a heartbeat
+    profile = profile_of(MLP, lambda b: torch.randn(b, MLP_IN))
+    plan = make_test_plan(profile, [(0, 1, [2]), (1, 2, [2]), (2, 4, [2])], 2, 2)
+    path = write_plan(plan, tmp_path)
+    out = tmp_path / "run"
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}
+    with netns.Hosts(3, rate_mbit=100) as hosts:
+        coordinator = hosts.start(
+            0, [PY, "-m", "executor.coordinator", str(path), "--port", "29500",
+                "--hang-timeout", str(HANG_S)],
+            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        worker = ["-m", "executor.worker", str(path), "--steps", "100000", "--out", str(out),
+                  "--dataset", "tests.executor_helpers:mlp_dataset", "--timeout",
+                  str(GLOO_S), "--coordinator", f"{hosts[0].address}:29500"]
+        agents = [hosts.start(i, torchrun_argv(hosts, i, worker), env=env, cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                  for i in range(3)]
+        deadline = time.monotonic() + 240
+        while len(read_jsonl(out / "metrics.jsonl") if (out / "metrics.jsonl").exists()
+                  else []) < 2:
+            assert time.monotonic() < deadline, "no two steps within 240 s"
+            assert all(a.poll() is None for a in agents), [a.communicate() for a in agents]
+            time.sleep(0.2)
+        lost_at = time.monotonic()
+        if lose == "link_down":
+            hosts.set_link(2, up=False)
+        else:
+            kill_host(hosts, 2)
+        # the coordinator declares host 2 dead after the hang timeout, then keeps the store
+        # up until the other hosts' workers stopped: at the latest when a transfer
+        # blocked on the lost host times out (their torchrun agents may linger: the
+        # rendezvous still waits for host 2's agent, torchrun's business, not ours)
+        _, err = coordinator.communicate(timeout=HANG_S + GLOO_S + 40)
+        assert coordinator.returncode == 2, err
+        assert (f"error: device 'd2' (rank 2, stage 2) on host {hosts[2].address} went "
+                "silent: no heartbeat for ") in err, err
+        if lose == "link_down":  # no FIN: only the abort tells the others
+            assert "the abort reached 2 of 2 other worker(s)" in err, err
+        silent = float(err.split("no heartbeat for ")[1].split(" s")[0])
+        assert HANG_S <= silent < HANG_S + 1.0, silent
+        assert workers_in(hosts, 0) + workers_in(hosts, 1) == []
+        assert time.monotonic() - lost_at < HANG_S + GLOO_S + 30
+    logs = [a.communicate(timeout=30)[0] for a in agents]  # torn down with the hosts
+    # host 0 (not a neighbour of host 2) stops on the abort; host 1, the neighbour, on
+    # the abort too when the link went down, but when host 2's processes were killed
+    # their closed sockets may reach it first (a crash is fast, P1)
+    assert "generation 1 aborted: d2 hang" in logs[0], logs[0][-3000:]
+    neighbour = ["generation 1 aborted: d2 hang"] + (
+        ["Connection closed by peer", "Connection reset by peer"] if lose == "kill_all" else [])
+    assert any(why in logs[1] for why in neighbour), logs[1][-3000:]
+
+
+def workers_in(hosts: netns.Hosts, index: int) -> list[int]:
+    """The edgepipe worker processes (not their torchrun agent) in host ``index``."""
+    found = []
+    for pid in netns._pids_in(hosts[index].namespace):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"executor.worker" in argv and not any(a.endswith(b"torchrun") for a in argv):
+            found.append(pid)
+    return found
