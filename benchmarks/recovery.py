@@ -1,0 +1,199 @@
+"""Recovery time: from a device's crash to the first committed step under a new plan.
+
+The baseline is what torchrun's elastic restart gives (reference/fault-tolerance.md §1,
+"torchelastic"): every worker is stopped, the surviving devices are planned from
+scratch (the DP, ``planner.api.solve``), every worker is started again and resumes
+from the last checkpoint (``--resume``, executor/checkpoint.py). Phases, all wall
+clock on this machine, from the SIGKILL of the device:
+
+* **detect**: until the launcher declares the device dead (its exit status);
+* **stop**: until every other worker is stopped (abort, grace, SIGKILL);
+* **re-plan**: the full solve for the survivors;
+* **restart to first commit**: from starting the new workers (interpreter, torch
+  import, process groups, checkpoint load) to the first committed step;
+* **redo**: from there until the run is back at the step it had reached (the steps
+  since the checkpoint are trained again: their work was lost).
+
+Model: gpt2-small at a toy size (6 blocks), a 3-stage pipeline (one device per stage,
+identical CPU devices, gloo), SGD, a checkpoint every ``--checkpoint-every`` steps; the
+middle device is SIGKILLed once ``--fail-at`` steps are committed.
+
+    .venv/bin/python benchmarks/recovery.py [--fail-at 6] [--checkpoint-every 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from executor import zoo
+from executor.launch import RunFailed, launch
+from executor.profiler import profile_model
+from executor.worker import WorkerOptions
+from planner import api
+from planner.cluster import Cluster
+from planner.config import TrainingConfig
+from planner.partition import Partition, StageAssignment
+from planner.plan import Plan, SolverInfo, make_plan, save_plan
+from planner.problem import make_problem
+from planner.profile import BuildSpec
+
+BUILD = BuildSpec(zoo="gpt2-small", sizes={"layers": 4, "hidden": 16, "heads": 2, "vocab": 32,
+                                           "max_positions": 8, "seq_len": 4}, seed=3)
+MICRO, M = 2, 3
+LOST = "d1"
+#: the gloo timeout of the runs (a crash is seen by exit status long before it)
+TIMEOUT_S = 60.0
+
+
+def cluster(n: int) -> Cluster:
+    doc = {
+        "schema_version": 1, "kind": "edgepipe.cluster", "name": f"identical-{n}",
+        "device_types": {"host-cpu": {
+            "description": "this machine", "memory_bytes": 8 * 2**30, "usable_fraction": 0.9,
+            "peak_fp32_gflops": 100, "efficiency": 0.5,
+            "network": {"interface": "loopback", "bandwidth_mbps": 10000},
+            "sources": {"all": "benchmark figures"},
+        }},
+        "devices": [{"id": f"d{i}", "type": "host-cpu"} for i in range(n)],
+        "network": {"bandwidth_mbps": 10000, "latency_ms": 0.05},
+    }
+    return Cluster.from_dict(doc, "benchmark cluster", catalog={})
+
+
+def three_stage_plan() -> Plan:
+    torch.set_num_threads(1)
+    model = zoo.build_model(BUILD.zoo, seed=BUILD.seed, **BUILD.sizes)
+    profile = profile_model(model, lambda b: zoo.example_input(BUILD.zoo, b, **BUILD.sizes),
+                            [1, 2], "host-cpu", name="gpt2-toy", warmup=1, repeats=1,
+                            build=BUILD)
+    cfg = TrainingConfig(global_batch=MICRO * M, micro_batch_candidates=(MICRO,),
+                         optimizer="sgd", learning_rate=0.01)
+    problem = make_problem(profile, cluster(3), cfg, catalog={})
+    n = len(model)
+    cuts = [(0, n // 3), (n // 3, 2 * n // 3), (2 * n // 3, n)]
+    stages = tuple(StageAssignment(a, b, (f"d{i}",), (MICRO,)) for i, (a, b) in enumerate(cuts))
+    return make_plan(problem, Partition(MICRO, M, stages), SolverInfo("hand"))
+
+
+def metrics_lines(out: Path) -> int:
+    path = out / "metrics.jsonl"
+    return sum(1 for _ in path.open()) if path.exists() else 0
+
+
+class Killer(threading.Thread):
+    """SIGKILLs ``device``'s process once ``after`` steps are in ``out``'s metrics."""
+
+    def __init__(self, out: Path, device: str, after: int) -> None:
+        super().__init__(daemon=True)
+        self.out, self.device, self.after = out, device, after
+        self.pid: int | None = None
+        self.killed_at: float | None = None
+
+    def on_start(self, ranks: list[dict]) -> None:
+        self.pid = next(r["pid"] for r in ranks if r["device"] == self.device)
+        self.start()
+
+    def run(self) -> None:
+        while metrics_lines(self.out) < self.after:
+            time.sleep(0.005)
+        assert self.pid is not None
+        self.killed_at = time.monotonic()
+        os.kill(self.pid, signal.SIGKILL)
+
+
+class FirstLines(threading.Thread):
+    """Records when the metrics of ``out`` first hold one line and ``n`` lines."""
+
+    def __init__(self, out: Path, n: int) -> None:
+        super().__init__(daemon=True)
+        self.out, self.n = out, n
+        self.first: float | None = None
+        self.nth: float | None = None
+
+    def run(self) -> None:
+        while self.nth is None:
+            lines = metrics_lines(self.out)
+            now = time.monotonic()
+            if lines >= 1 and self.first is None:
+                self.first = now
+            if lines >= self.n:
+                self.nth = now
+            time.sleep(0.005)
+
+
+def restart_baseline(plan: Plan, folder: Path, fail_at: int, every: int) -> dict[str, float]:
+    """The phases of a restart-everything recovery (module docstring), seconds."""
+    path = folder / "plan.json"
+    save_plan(plan, path)
+    out, ckpt = folder / "run", folder / "checkpoints"
+    killer = Killer(out, LOST, fail_at)
+    opts = WorkerOptions(str(path), 10_000, str(out), timeout_s=TIMEOUT_S,
+                         checkpoint_every=every, checkpoint_dir=str(ckpt))
+    try:
+        launch(opts, on_start=killer.on_start)
+        raise RuntimeError("the run ended without the failure")
+    except RunFailed as failed:
+        stopped = time.monotonic()
+        assert failed.device == LOST and killer.killed_at is not None, failed
+        detected = failed.detected_at
+    reached = metrics_lines(out)  # steps committed before the failure
+    start = time.monotonic()
+    cl = plan.problem.cluster
+    survivors = replace(cl, devices=tuple(d for d in cl.devices if d.id != LOST))
+    new = api.solve(make_problem(plan.problem.model, survivors, plan.problem.config,
+                                 catalog={}), "dp")
+    replanned = time.monotonic()
+    new_path = folder / "replanned.json"
+    save_plan(new, new_path)
+    resumed = folder / "resumed"
+    resume_from = max(int(p.name.split("-")[1]) for p in ckpt.glob("step-*"))
+    watcher = FirstLines(resumed, reached - resume_from)
+    watcher.start()
+    restarted = time.monotonic()
+    launch(replace(opts, plan=str(new_path), out=str(resumed), steps=reached,
+                   resume=str(ckpt), checkpoint_every=0))
+    watcher.join(timeout=10)
+    assert watcher.first is not None and watcher.nth is not None
+    return {
+        "detect": detected - killer.killed_at,
+        "stop": stopped - detected,
+        "re-plan": replanned - start,
+        "restart to first commit": watcher.first - restarted,
+        "redo": watcher.nth - watcher.first,
+        "total: failure to first commit": watcher.first - killer.killed_at,
+        "total: back at the failed step": watcher.nth - killer.killed_at,
+        "steps redone": float(reached - resume_from),
+        "stages after": float(new.partition.num_stages),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--fail-at", type=int, default=6, help="steps committed before the kill")
+    p.add_argument("--checkpoint-every", type=int, default=4)
+    args = p.parse_args()
+    plan = three_stage_plan()
+    with tempfile.TemporaryDirectory() as tmp:
+        restart = restart_baseline(plan, Path(tmp) / "restart", args.fail_at,
+                                   args.checkpoint_every)
+    print(f"{plan.id}: gpt2-small {BUILD.sizes}, 3 stages on 3 local processes (gloo), "
+          f"{LOST} SIGKILLed after {args.fail_at} committed steps, checkpoint every "
+          f"{args.checkpoint_every}")
+    print(f"{'phase (s)':<26} {'restart all':>12}")
+    for phase, seconds in restart.items():
+        print(f"{phase:<26} {seconds:>12.3f}")
+    print(json.dumps({"restart": restart}))
+
+
+if __name__ == "__main__":
+    main()
