@@ -133,6 +133,7 @@ class FirstLines(threading.Thread):
 
 def restart_baseline(plan: Plan, folder: Path, fail_at: int, every: int) -> dict[str, float]:
     """The phases of a restart-everything recovery (module docstring), seconds."""
+    folder.mkdir(parents=True, exist_ok=True)
     path = folder / "plan.json"
     save_plan(plan, path)
     out, ckpt = folder / "run", folder / "checkpoints"
@@ -189,9 +190,9 @@ def main() -> None:
     print(f"{plan.id}: gpt2-small {BUILD.sizes}, 3 stages on 3 local processes (gloo), "
           f"{LOST} SIGKILLed after {args.fail_at} committed steps, checkpoint every "
           f"{args.checkpoint_every}")
-    print(f"{'phase (s)':<26} {'restart all':>12}")
+    print(f"{'phase (s)':<32} {'restart all':>12}")
     for phase, seconds in restart.items():
-        print(f"{phase:<26} {seconds:>12.3f}")
+        print(f"{phase:<32} {seconds:>12.3f}")
     print(json.dumps({"restart": restart}))
 
 
