@@ -227,11 +227,11 @@ class EmulatedCompute(ComputeHook):
 
     def __init__(self, budget: ComputeBudget, time_scale: float, shared_medium: bool,
                  store: dist.Store | None, report: IO[str] | None,
-                 slowdown: tuple[int, float] | None = None) -> None:
+                 slowdown: tuple[int, float] | None = None, first_step: int = 0) -> None:
         self.budget, self.k = budget, time_scale
         self.shared_medium, self.store, self.report = shared_medium, store, report
         self.slowdown = slowdown  # (from step, factor on the budgets)
-        self.step = 0
+        self.step = first_step
         self._reset()
 
     def factor(self) -> float:
@@ -299,7 +299,7 @@ class Emulation:
     @classmethod
     def for_rank(cls, plan: Plan, rank: int, store: dist.Store, time_scale: float,
                  out: str | None, slowdowns: tuple[EmulatedSlowdown, ...] = (),
-                 pg: dist.ProcessGroup | None = None) -> Emulation:
+                 pg: dist.ProcessGroup | None = None, first_step: int = 0) -> Emulation:
         """Budgets of ``rank`` from ``plan.cost`` and its links from the plan's cluster;
         ``slowdowns``: the emulated slowdowns of the run (only this rank's device's
         applies); transfers on ``pg`` when given (a generation's raw group).
@@ -326,7 +326,8 @@ class Emulation:
         if out is not None:
             folder = Path(out) / "emulation"
             folder.mkdir(parents=True, exist_ok=True)
-            report = (folder / f"rank{rank}.jsonl").open("w")
+            # a recovery generation (first_step > 0) appends to the run's lines
+            report = (folder / f"rank{rank}.jsonl").open("a" if first_step else "w")
         mine = [s for s in slowdowns if s.device == me.device]
         slowdown = None
         if mine:
@@ -334,7 +335,8 @@ class Emulation:
             slowdown = (mine[-1].from_step, mine[-1].slowdown / s_plan)
         return cls(
             EmulatedTransport(links, time_scale, store, pg),
-            EmulatedCompute(budget, time_scale, links.shared_medium, store, report, slowdown),
+            EmulatedCompute(budget, time_scale, links.shared_medium, store, report, slowdown,
+                            first_step),
         )
 
 

@@ -52,6 +52,7 @@ from executor.control import Coordinator, Failure, generation_store
 from executor.layout import RankLayout, check_runnable
 from executor.metrics import MetricsWriter, read_jsonl
 from executor.recovery import Supervisor
+from executor.slowdown import SlowdownWatch
 from executor.stage import check_build
 from executor.worker import Endpoint, WorkerOptions, spawned
 from planner.errors import EdgepipeError, InputError
@@ -223,6 +224,9 @@ def launch(
             writer=MetricsWriter(out, layout, opts.deterministic) if out is not None else None,
             plans_dir=out / "plans" if out is not None else Path(scratch.name),
             kill=kill, alive=lambda d: procs[rank_of[d]].exitcode is None,
+            # the plan predicts the emulated devices only: a real local run runs at
+            # this machine's speed, not theirs
+            slowdown=SlowdownWatch(opts.time_scale) if opts.emulate else None,
         )
     try:
         for info in layout.ranks:
@@ -264,6 +268,9 @@ def _supervise(procs: list, layout: RankLayout, supervisor: Supervisor,
     while not supervisor.poll():
         if failures := coordinator.poll():
             supervisor.recover(failures)
+        elif supervisor.slowdown is not None and (slowed := supervisor.slowdown.take()):
+            # slow, not failed: re-partition at the next step boundary (executor/slowdown.py)
+            supervisor.repartition("slow", ",".join(slowed), slowed=slowed)
         time.sleep(POLL_S)
     rank_of = {i.device: i.rank for i in layout.ranks}
     deadline = time.monotonic() + timeout_s

@@ -66,6 +66,7 @@ from torch.distributed import Store
 from executor.control import Coordinator, Failure, generation_store
 from executor.layout import RankLayout
 from executor.metrics import MetricsWriter
+from executor.slowdown import SlowdownWatch
 from planner.cluster import Cluster
 from planner.errors import EdgepipeError, InfeasibleError, UnrecoverableError
 from planner.plan import Plan, save_plan
@@ -142,6 +143,9 @@ class Supervisor:
             (a waiting period for the abort to be seen ends early for the dead).
         precompute_plans: pre-compute the re-plan of every single-device loss of each
             generation's plan in the background, so a recovery is a lookup.
+        slowdown: fed every durable step's compute per device
+            (:class:`executor.slowdown.SlowdownWatch`); the coordinator re-partitions
+            (:meth:`repartition`, cause ``slow``) for what it declares.
 
     Each :meth:`poll` costs O(1) store round trips (one ``check`` per kind of key).
     """
@@ -151,7 +155,9 @@ class Supervisor:
         *, resume: int = 0, writer: MetricsWriter | None = None,
         plans_dir: Path, kill: Callable[[str], None],
         alive: Callable[[str], bool] = lambda d: True, precompute_plans: bool = True,
+        slowdown: SlowdownWatch | None = None,
     ) -> None:
+        self.slowdown = slowdown
         self.store, self.coordinator = store, coordinator
         self.steps, self.writer, self.plans_dir = steps, writer, plans_dir
         self.kill, self.alive = kill, alive
@@ -221,19 +227,25 @@ class Supervisor:
         return self.finished
 
     def _write_metrics(self, gen: Generation, n: int) -> None:
-        """The lines of the steps before ``n`` not written yet (now durable)."""
-        if self.writer is None:
+        """The lines of the steps before ``n`` not written yet (now durable); each
+        step's compute per device goes to the slowdown watch."""
+        if self.writer is None and self.slowdown is None:
             self._written = n
             return
-        self.writer.layout = RankLayout.from_plan(gen.plan)
+        if self.writer is not None:
+            self.writer.layout = RankLayout.from_plan(gen.plan)
         for step in range(self._written, n):
             keys = [f"metrics/{step}/{r}" for r in range(gen.voters)]
             payloads = [json.loads(gen.store.get(k)) for k in keys]
+            if self.slowdown is not None:
+                self.slowdown.observe(gen.plan, step, {
+                    d: p["compute_ms"] for d, p in zip(gen.members, payloads, strict=False)})
             samples = dict(s for p in payloads for s in p.get("samples", []))
-            self.writer.write_step(step, payloads, {
-                "generation": gen.number, "plan_id": gen.plan.id,
-                "samples": [samples[i] for i in sorted(samples)],
-            })
+            if self.writer is not None:
+                self.writer.write_step(step, payloads, {
+                    "generation": gen.number, "plan_id": gen.plan.id,
+                    "samples": [samples[i] for i in sorted(samples)],
+                })
             for k in keys:
                 gen.store.delete_key(k)
         self._written = n

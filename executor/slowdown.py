@@ -157,3 +157,39 @@ class SlowdownDetector:
         """The current streak of ``device`` (its latest consecutive slow or fast
         ratios)."""
         return tuple(self._tracks[device].ratios)
+
+
+class SlowdownWatch:
+    """The coordinator's slowdown detection over a run that changes plans: one
+    :class:`SlowdownDetector` per plan (a new one, with its warm-up, whenever the plan
+    changes), fed each durable step's compute per device; the declared slowdowns wait
+    in :meth:`take` until the coordinator re-plans for them at a step boundary.
+
+    ``time_scale``: the emulation's (1 on real devices)."""
+
+    def __init__(self, time_scale: float = 1.0, policy: SlowdownPolicy | None = None) -> None:
+        self.time_scale, self.policy = time_scale, policy or SlowdownPolicy()
+        self._plan_id: str | None = None
+        self._detector: SlowdownDetector | None = None
+        self._first_step = 0
+        self._pending: dict[str, float] = {}
+        self.declared: list[Slowdown] = []
+
+    def observe(self, plan: Plan, step: int, compute_ms: Mapping[str, float]) -> None:
+        """Step ``step`` under ``plan`` is durable; ``compute_ms``: every used device's
+        measured F + B time of it. Steps count from the plan's first (its warm-up)."""
+        if plan.id != self._plan_id:
+            self._plan_id = plan.id
+            self._detector = SlowdownDetector(expected_compute_ms(plan, self.time_scale),
+                                              self.policy)
+            self._first_step = step
+        assert self._detector is not None
+        mine = {d: compute_ms[d] for d in self._detector.expected}
+        for found in self._detector.observe(step - self._first_step, mine):
+            self.declared.append(found)
+            self._pending[found.device] = found.factor
+
+    def take(self) -> dict[str, float]:
+        """The slowdowns declared since the last call (device -> factor)."""
+        pending, self._pending = self._pending, {}
+        return pending

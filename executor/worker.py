@@ -631,7 +631,7 @@ class _GenerationRun:
         shapes, dtypes = stage_shapes(self.store, self.layout, me, module, self.w.rows,
                                       self.w.device)
         emulation = (Emulation.for_rank(plan, self.rank, self.store, opts.time_scale, opts.out,
-                                        opts.emulate_slowdown, self.pg)
+                                        opts.emulate_slowdown, self.pg, first_step=d)
                      if opts.emulate else None)
         transport = emulation.transport if emulation else Transport(self.pg)
         links = StageLinks(self.layout, self.rank, transport, shapes, dtypes, self.w.device)

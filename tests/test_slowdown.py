@@ -13,9 +13,12 @@ from executor.emulation import EmulatedSlowdown, Emulation
 from executor.slowdown import Slowdown, SlowdownDetector, SlowdownPolicy, expected_compute_ms
 from planner.profile import BuildSpec
 from planner.schedule import Action, ActionType
-from tests.executor_helpers import MLP_IN, emulated_plan, profile_of
+from tests.executor_helpers import MLP_IN, emulated_plan, profile_of, write_plan
 
 MLP = BuildSpec(callable="tests.executor_helpers:mlp", kwargs={"width": 8})
+#: emulated times x this: budgets far above real compute on a loaded machine, so that only
+#: the emulated slowdown makes a device slow
+TIME_SCALE = 40.0
 
 EXPECTED = {"a": 10.0, "b": 20.0}
 
@@ -171,3 +174,50 @@ def test_from_its_step_on_a_slowed_device_budgets_its_slowdown_over_the_plans() 
     assert budgets == pytest.approx([one, one, 2 * one, 2 * one], abs=1e-4)
     # no slowdown for this device: factor 1 throughout
     assert Emulation.for_rank(plan, 0, None, 1.0, None, slow[:1]).hook.factor() == 1.0  # type: ignore[arg-type]
+
+
+# -- end to end: a device slowed 3x mid-run is re-partitioned, never declared failed ----------
+
+
+def work(plan, device: str) -> int:
+    """Samples x blocks that ``device`` computes per micro-batch under ``plan``."""
+    return sum(y * (s.end - s.first) for s in plan.partition.stages
+               for d, y in zip(s.devices, s.samples, strict=True) if d == device)
+
+
+@pytest.mark.slow
+def test_a_device_slowed_three_times_is_repartitioned_at_a_step_boundary_never_failed(
+    tmp_path,
+) -> None:
+    from executor import zoo
+    from executor.launch import launch
+    from executor.profiler import profile_model
+    from executor.worker import WorkerOptions
+    from planner.plan import load_plan
+    from tests.test_recovery import GLOO_TIMEOUT_S, GPT2, assert_matches_reference
+
+    steps = 7
+    # a careful profile (warmed up, 5 rounds): the budgets are the emulated devices' speed
+    torch.set_num_threads(1)
+    model = zoo.build_model(GPT2.zoo, seed=GPT2.seed, **GPT2.sizes)
+    profile = profile_model(model, lambda b: zoo.example_input(GPT2.zoo, b, **GPT2.sizes),
+                            [1, 2], "host-cpu", name=GPT2.zoo, warmup=3, repeats=5, build=GPT2)
+    # stage 0 on d0 + d1 (one sample each of every micro-batch), stage 1 on d2
+    plan = emulated_plan(profile, [(0, 3, [1, 1]), (3, 6, [2])], 2, 2, [1.0, 1.0, 1.0])
+    path = write_plan(plan, tmp_path)
+    result = launch(
+        WorkerOptions(str(path), steps, str(tmp_path), deterministic=True, emulate=True,
+                      time_scale=TIME_SCALE, timeout_s=GLOO_TIMEOUT_S, save_weights=True,
+                      emulate_slowdown=(EmulatedSlowdown("d1", 3.0, 1),)),
+        hang_timeout_s=10.0, heartbeat_s=0.1,
+    )
+    # declared at the third slow step after the first (steps 1, 2, 3), never failed
+    assert [(e["cause"], e["device"]) for e in result.events] == [("slow", "d1")]
+    (event,) = result.events
+    assert event["replay_from_step"] == 4
+    new = load_plan(tmp_path / "plans" / f"{event['new_plan']}.json")
+    d1 = new.problem.cluster.devices[new.problem.cluster.index("d1")]
+    assert 2.5 < d1.slowdown < 3.5  # the measured factor
+    assert work(new, "d1") < work(plan, "d1")  # work moved off the slowed device
+    assert [m["plan_id"] for m in result.metrics] == [plan.id] * 4 + [new.id] * 3
+    assert_matches_reference(tmp_path, plan, result, steps)
