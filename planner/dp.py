@@ -865,11 +865,12 @@ class _BatchSearch:
                 at = (sub[here], lp_h, k_sub[here])
                 n_h = front.n[at] + 1
                 tail[here] = front.tail[at]
-            heads = [t.head(int(c), level.warm, self.batch) for c in cid[here]]
-            y0, hold_b, hold_y, used = (
-                np.array([h[i][a, b] for h, a, b in zip(heads, l_h, lp_h, strict=True)])
-                for i in range(3, 7)
-            )
+            y0, hold_b, hold_y, used = (np.empty(len(l_h)) for _ in range(4))
+            kinds, which = np.unique(cid[here], return_inverse=True)
+            for i, c in enumerate(kinds):
+                tab, sel = t.head(int(c), level.warm, self.batch), which == i
+                at_h = (l_h[sel], lp_h[sel])
+                y0[sel], hold_b[sel], hold_y[sel], used[sel] = (tab[j][at_h] for j in range(3, 7))
             y[here], n[here] = y0, n_h
             with np.errstate(invalid="ignore"):
                 free[here] = hold_b - stage_memory_bytes(
