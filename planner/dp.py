@@ -101,12 +101,13 @@ Answer: per B the ``RERANK`` distinct lowest D + X over p of Q(p, L, all devices
 (``RERANK_LEVEL`` per exact level), reconstructed and deduplicated; each B's best is
 re-scored at once by the exact schedule makespan of the cost model
 (:meth:`CostModel.evaluate`; it prunes the micro-batch sizes still to come), the others
-after all B in order of D + X, at most ``RESCORE`` of them and none above the fastest
-figure by ``RESCORE_MARGIN``; plans the cost model finds overflowing are dropped; among
-plans
-within ``TIE_TOLERANCE`` of the fastest the one using fewest devices wins, then fewest
-stages, then the smallest B (a plan that leaves devices free is worth more than one
-fewer stage: seen, 16-way data parallel chosen over a 4-device plan 0.04% slower).
+after all B in order of D + X, at most ``RESCORE`` of them, none above the fastest
+figure by ``RESCORE_MARGIN``, within a quarter of the search's time (``RESCORE_SHARE``;
+an exact evaluation of a 64-device plan takes tenths of a second); plans the cost
+model finds overflowing are dropped; among plans within ``TIE_TOLERANCE`` of the
+fastest the one using fewest devices wins, then fewest stages, then the smallest B (a
+plan that leaves devices free is worth more than one fewer stage: seen, 16-way data
+parallel chosen over a 4-device plan 0.04% slower).
 
 Exactness: the DP value equals the cost model's closed form
 (:func:`planner.cost.pipeline_closed_form_ms`) of the reconstructed plan when every
@@ -170,10 +171,14 @@ RERANK = 8
 RERANK_LEVEL = 3
 
 #: after each micro-batch size's best answer, at most this many more answers (of all
-#: sizes, in order of DP value) are re-scored by the exact makespan, and none whose DP
-#: value is above the fastest figure found by more than RESCORE_MARGIN
-RESCORE = 12
+#: sizes, in order of DP value) are re-scored by the exact makespan, none whose DP value
+#: is above the fastest figure found by more than RESCORE_MARGIN, and only while the
+#: re-scoring has taken less than RESCORE_SHARE of the search's time (at least
+#: RESCORE_MIN_S seconds) and the time limit has not passed
+RESCORE = 40
 RESCORE_MARGIN = 0.15
+RESCORE_SHARE = 0.25
+RESCORE_MIN_S = 0.25
 
 #: plans within this relative margin of the fastest count as tied; among them the one
 #: using fewest devices, then fewest stages, then smallest micro-batch wins
@@ -1126,9 +1131,12 @@ def best_plan(
     # at most RESCORE of them, none whose value exceeds the fastest figure found by
     # RESCORE_MARGIN (the closed form rarely errs by more: docs/planners.md)
     waiting.sort(key=lambda w: w[0])
+    searched = time.perf_counter() - start
+    budget_end = min(deadline, time.perf_counter() + max(RESCORE_MIN_S, RESCORE_SHARE * searched))
     for k, (value, batch, partition) in enumerate(waiting):
         fastest = min((c.iteration_ms for c, _, _ in found), default=INF)
-        if found and (k >= RESCORE or value > fastest * (1 + RESCORE_MARGIN)):
+        over = k >= RESCORE or time.perf_counter() > budget_end
+        if found and (over or value > fastest * (1 + RESCORE_MARGIN)):
             break
         score(value, batch, partition)
     if not found:
