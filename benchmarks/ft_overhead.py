@@ -12,7 +12,10 @@ burst on the shared machine hits all of them alike):
 * ``off``: no control plane (the launcher watches exit codes only);
 * ``heartbeats``: the control plane at its defaults (a heartbeat every 0.5 s on the
   worker's own store connection, the launcher polling every 20 ms, a control check
-  before every action).
+  before every action), no recovery (``recover=False``);
+* ``heartbeats + replication``: in-process recovery at the default replication interval
+  (1: after every step each single-device stage sends its weights and optimizer state
+  to its ring replica holder), with the commit vote before every optimizer step.
 
 Throughput is the global batch over the median step wall time of the steps after the
 first; the table gives each configuration's median over the repeats and its ratio to
@@ -44,7 +47,8 @@ from planner.profile import ModelProfile
 #: name -> launch keyword arguments
 CONFIGS = {
     "off": {"hang_timeout_s": None},
-    "heartbeats": {},
+    "heartbeats": {"recover": False},
+    "heartbeats + replication": {"recover": True},
 }
 
 
@@ -105,14 +109,14 @@ def main() -> None:
             for name, kwargs in CONFIGS.items():
                 sps = samples_per_s(plan, path, folder / f"{name}-{r}", args.steps, k, kwargs)
                 runs[name].append(sps)
-                print(f"  repeat {r}: {name:<12} {sps:8.3f} samples/s", flush=True)
+                print(f"  repeat {r}: {name:<26} {sps:8.3f} samples/s", flush=True)
     base = statistics.median(runs["off"])
     print()
-    print(f"{'configuration':<14} {'samples/s (median)':>19} {'ratio to off':>13} "
+    print(f"{'configuration':<26} {'samples/s (median)':>19} {'ratio to off':>13} "
           f"{'per-repeat ratios':>30}")
     for name, values in runs.items():
         ratios = " ".join(f"{v / o:.3f}" for v, o in zip(values, runs["off"], strict=True))
-        print(f"{name:<14} {statistics.median(values):>19.3f} "
+        print(f"{name:<26} {statistics.median(values):>19.3f} "
               f"{statistics.median(values) / base:>13.3f} {ratios:>30}")
 
 

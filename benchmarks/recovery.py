@@ -1,5 +1,15 @@
 """Recovery time: from a device's crash to the first committed step under a new plan.
 
+**In-process recovery** (executor/recovery.py, docs/fault-tolerance.md): the device
+kills itself (SIGKILL) after its first forward of step ``--fail-at``
+(:mod:`executor.faults`, which stamps the fault's wall-clock time); the survivors keep
+their processes, the supervisor re-plans (``planner.replan``, a pre-computed lookup for
+a single loss), the survivors rebuild their process groups, restore the last durable
+state (their own copies and the lost stage's ring replica) and replay. Phases from the
+recovery event of ``metrics.jsonl``: detect (fault to detection), re-plan, rebuild
+(generation opened to every member's groups built), restore (to every member's state
+restored), and first commit (detection to the new generation's first committed step).
+
 The baseline is what torchrun's elastic restart gives (reference/fault-tolerance.md §1,
 "torchelastic"): every worker is stopped, the surviving devices are planned from
 scratch (the DP, ``planner.api.solve``), every worker is started again and resumes
@@ -18,7 +28,7 @@ Model: gpt2-small at a toy size (6 blocks), a 3-stage pipeline (one device per s
 identical CPU devices, gloo), SGD, a checkpoint every ``--checkpoint-every`` steps; the
 middle device is SIGKILLed once ``--fail-at`` steps are committed.
 
-    .venv/bin/python benchmarks/recovery.py [--fail-at 6] [--checkpoint-every 4]
+    .venv/bin/python benchmarks/recovery.py [--fail-at 6] [--checkpoint-every 4] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import tempfile
 import threading
 import time
@@ -178,22 +189,56 @@ def restart_baseline(plan: Plan, folder: Path, fail_at: int, every: int) -> dict
     }
 
 
+def in_process(plan: Plan, folder: Path, fail_at: int) -> dict[str, float]:
+    """The phases of an in-process recovery (module docstring), seconds."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "plan.json"
+    save_plan(plan, path)
+    result = launch(WorkerOptions(str(path), fail_at + 3, str(folder / "run"),
+                                  timeout_s=TIMEOUT_S, faults=f"{LOST}:{fail_at}:forward"))
+    (event,) = result.events
+    assert event["cause"] == "crash" and event["device"] == LOST, event
+    return {
+        "detect": event["t_detect_s"],
+        "re-plan": event["t_replan_s"],
+        "rebuild": event["t_rebuild_s"],
+        "restore": event["t_restore_s"],
+        "total: failure to first commit": event["t_detect_s"] + event["t_first_commit_s"],
+        "steps redone": float(fail_at - event["replay_from_step"]),
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--fail-at", type=int, default=6, help="steps committed before the kill")
     p.add_argument("--checkpoint-every", type=int, default=4)
+    p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
     plan = three_stage_plan()
+    runs: dict[str, list[dict[str, float]]] = {"in-process": [], "restart": []}
     with tempfile.TemporaryDirectory() as tmp:
-        restart = restart_baseline(plan, Path(tmp) / "restart", args.fail_at,
-                                   args.checkpoint_every)
+        for r in range(args.repeats):  # alternating: a load burst hits both alike
+            runs["in-process"].append(in_process(plan, Path(tmp) / f"inproc-{r}",
+                                                 args.fail_at))
+            runs["restart"].append(restart_baseline(plan, Path(tmp) / f"restart-{r}",
+                                                    args.fail_at, args.checkpoint_every))
     print(f"{plan.id}: gpt2-small {BUILD.sizes}, 3 stages on 3 local processes (gloo), "
-          f"{LOST} SIGKILLed after {args.fail_at} committed steps, checkpoint every "
-          f"{args.checkpoint_every}")
-    print(f"{'phase (s)':<32} {'restart all':>12}")
-    for phase, seconds in restart.items():
-        print(f"{phase:<32} {seconds:>12.3f}")
-    print(json.dumps({"restart": restart}))
+          f"{LOST} SIGKILLed in step {args.fail_at}; restart: checkpoint every "
+          f"{args.checkpoint_every}; medians of {args.repeats} alternating runs")
+    phases = list(dict.fromkeys([*runs["in-process"][0], *runs["restart"][0]]))
+    med = {k: {p: statistics.median(x[p] for x in v) for p in phases if p in v[0]}
+           for k, v in runs.items()}
+    print(f"{'phase (s)':<32} {'in-process':>11} {'restart all':>12}")
+    for phase in phases:
+        cells = [f"{med[k][phase]:.3f}" if phase in med[k] else "-" for k in runs]
+        print(f"{phase:<32} {cells[0]:>11} {cells[1]:>12}")
+    total = "total: failure to first commit"
+    ratios = [b[total] / a[total] for a, b in zip(runs["in-process"], runs["restart"],
+                                                  strict=True)]
+    print(f"restart / in-process, failure to first commit: median "
+          f"{statistics.median(ratios):.1f}x (per run: "
+          f"{', '.join(f'{x:.1f}' for x in ratios)}; target >= 20x)")
+    print(json.dumps(runs))
 
 
 if __name__ == "__main__":

@@ -29,6 +29,14 @@ What the coordinator does (docs/executor.md, "Across hosts"):
   waits up to ``ABORT_GRACE_S`` until every other rank saw it, keeps the store up until
   they all stopped beating (at most ``LINGER_S``), then raises :class:`RunStopped`
   naming the device, its host, the cause and how far the abort reached.
+* **Recovery** (``--recover --steps N [--out DIR]``): the coordinator runs the in-process
+  recovery of executor/recovery.py (:class:`~executor.recovery.Supervisor`, as the local
+  launcher does) and publishes ``ctl/recover``, so every joining worker runs as a
+  recovering worker (commit vote, ring replicas, generations). A silent device is then
+  fenced and left behind (the coordinator cannot kill it), the plan is repaired and the
+  survivors replay from the last durable step; metrics go to ``DIR/metrics.jsonl`` on the
+  coordinator's host and re-planned plans to ``DIR/plans``, which every host must read
+  at the same path (a shared file system; the default DIR is the plan's folder).
 * **Its own loss** is the run's single point of failure: the workers' heartbeats fail,
   each stops at its next check with ``CoordinatorLost`` (or on its next store call),
   writing nothing, so the last committed checkpoint stays intact
@@ -46,6 +54,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from torch.distributed import Store
@@ -125,11 +134,13 @@ def join(opts: WorkerOptions, endpoint: Endpoint, address: str
         store.wait(["ctl/generation"])
         generation = int(store.get("ctl/generation"))
         store.set(f"ctl/host/{device}", local_address(host, port))
+        recover = store.check(["ctl/recover"])
     except Exception as exc:  # the store client raises several types
         raise InputError("--coordinator", "", f"no coordinator at {address} "
                          f"({str(exc).splitlines()[0][:120]}); start `edgepipe coordinate` "
                          "there first") from None
-    opts = replace(opts, generation=generation, heartbeat_s=opts.heartbeat_s or HEARTBEAT_S)
+    opts = replace(opts, generation=generation, heartbeat_s=opts.heartbeat_s or HEARTBEAT_S,
+                   recover=opts.recover or recover)
     endpoint = replace(endpoint, store_host=host, store_port=port, host_store=False)
     return opts, endpoint
 
@@ -169,6 +180,48 @@ def coordinate(
         if failures and not (on_failure is not None and on_failure(coordinator, failures)):
             raise _stop(store, coordinator, layout, failures[0])
         time.sleep(POLL_S)
+
+
+def supervise(
+    plan_path: str,
+    store: Store,
+    steps: int,
+    out: str | None = None,
+    hang_timeout_s: float = HANG_TIMEOUT_S,
+    start_timeout_s: float = START_TIMEOUT_S,
+    deterministic: bool = False,
+) -> Stopped:
+    """Run ``plan_path``'s job for ``steps`` steps with in-process recovery on ``store``
+    (module docstring, "Recovery"); returns once every step is durable and the workers
+    left. Raises :class:`executor.recovery.RecoveryFailed` when a failure cannot be
+    recovered."""
+    from executor.metrics import MetricsWriter
+    from executor.recovery import Supervisor
+
+    plan = load_plan(plan_path)
+    check_runnable(plan)
+    layout = RankLayout.from_plan(plan)
+    folder = Path(out) if out else Path(plan_path).resolve().parent
+    folder.mkdir(parents=True, exist_ok=True)
+    store.set("ctl/recover", "1")  # before the generation: a joining worker reads both
+    coordinator = Coordinator(store, [r.device for r in layout.ranks], hang_timeout_s,
+                              start_timeout_s=start_timeout_s)
+    supervisor = Supervisor(
+        store, coordinator, plan, plan_path, steps,
+        writer=MetricsWriter(folder, layout, deterministic) if out else None,
+        plans_dir=folder / "plans",
+        kill=lambda device: None,  # on another host: fencing keeps it out
+    )
+    try:
+        while not supervisor.poll():
+            if failures := coordinator.poll():
+                supervisor.recover(failures)
+            time.sleep(POLL_S)
+        _linger(coordinator, list(supervisor.gen.members))
+    finally:
+        if supervisor.writer is not None:
+            supervisor.writer.close()
+    return Stopped(supervisor.gen.number)
 
 
 def _stop(store: Store, coordinator: Coordinator, layout: RankLayout,
@@ -227,6 +280,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds without a heartbeat after which a device is declared dead")
     p.add_argument("--start-timeout", type=float, default=START_TIMEOUT_S,
                    help="seconds a worker may take to send its first heartbeat")
+    p.add_argument("--recover", action="store_true",
+                   help="recover in-process from a lost device (needs --steps)")
+    p.add_argument("--steps", type=int, help="with --recover: the workers' --steps")
+    p.add_argument("--out", help="with --recover: metrics and re-planned plans (a folder "
+                   "every host reads at the same path)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="with --recover: the workers run --deterministic")
     return p
 
 
@@ -235,12 +295,17 @@ def run(args: argparse.Namespace) -> Stopped:
     if not args.hang_timeout > 2 * HEARTBEAT_S:
         raise InputError("--hang-timeout", "", f"{args.hang_timeout:g} s must exceed twice "
                          f"the workers' heartbeat ({HEARTBEAT_S:g} s)")
+    if args.recover and not (args.steps and args.steps > 0):
+        raise InputError("--steps", "", "--recover needs the workers' --steps (at least 1)")
     load_plan(args.plan)  # refuse a bad plan before binding the port
     try:
         store = host_store(args.port)
     except Exception as exc:  # the store raises DistNetworkError / RuntimeError
         raise InputError("--port", "", f"cannot host the store on port {args.port} "
                          f"({str(exc).splitlines()[0][:120]}); choose a free port") from None
+    if args.recover:
+        return supervise(args.plan, store, args.steps, args.out, args.hang_timeout,
+                         args.start_timeout, args.deterministic)
     return coordinate(args.plan, store, args.hang_timeout, args.start_timeout)
 
 

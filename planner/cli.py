@@ -1272,6 +1272,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds without a heartbeat after which a device is declared dead")
     p.add_argument("--start-timeout", type=positive_float, default=120.0,
                    help="seconds a worker may take to send its first heartbeat")
+    p.add_argument("--recover", action="store_true",
+                   help="recover in-process from a lost device or host (needs --steps)")
+    p.add_argument("--steps", type=positive_int, help="with --recover: the workers' --steps")
+    p.add_argument("--out", help="with --recover: metrics and re-planned plans (a folder "
+                   "every host reads at the same path; default: the plan's folder)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="with --recover: the workers run --deterministic")
     p.set_defaults(func=cmd_coordinate)
 
     p = sub.add_parser(

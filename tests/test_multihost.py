@@ -304,3 +304,67 @@ def workers_in(hosts: netns.Hosts, index: int) -> list[int]:
         if b"executor.worker" in argv and not any(a.endswith(b"torchrun") for a in argv):
             found.append(pid)
     return found
+
+
+@pytest.mark.slow
+def test_the_other_hosts_recover_when_a_hosts_link_goes_down(tmp_path: Path) -> None:
+    # three single-device stages on three hosts; the last host's link goes down after two
+    # steps: the coordinator (host 0, --recover) fences it, hands its blocks to host 1
+    # (from their ring replica on host 0) and the run goes on, bit-identical
+    profile = profile_of(GPT2, lambda b: zoo.example_input("gpt2-small", b, **GPT2.sizes),
+                         name="gpt2-small")
+    plan = make_test_plan(profile, [(0, 2, [2]), (2, 4, [2]), (4, 6, [2])], 2, 2,
+                          optimizer="momentum")
+    path = write_plan(plan, tmp_path)
+    out, steps = tmp_path / "run", 6
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}
+    with netns.Hosts(3, rate_mbit=100) as hosts:
+        coordinator = hosts.start(
+            0, [PY, "-m", "executor.coordinator", str(path), "--port", "29500",
+                "--hang-timeout", str(HANG_S), "--recover", "--steps", str(steps),
+                "--out", str(out), "--deterministic"],
+            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        worker = ["-m", "executor.worker", str(path), "--steps", str(steps), "--out",
+                  str(tmp_path / "workers"), "--deterministic", "--save-weights",
+                  "--timeout", str(GLOO_S), "--coordinator", f"{hosts[0].address}:29500"]
+        agents = [hosts.start(i, torchrun_argv(hosts, i, worker), env=env, cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                  for i in range(3)]
+        deadline = time.monotonic() + 240
+        while len(read_jsonl(out / "metrics.jsonl") if (out / "metrics.jsonl").exists()
+                  else []) < 2:
+            assert time.monotonic() < deadline, "no two steps within 240 s"
+            assert coordinator.poll() is None, coordinator.communicate()
+            time.sleep(0.1)
+        hosts.set_link(2, up=False)
+        try:
+            _, err = coordinator.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            hosts.close()
+            logs = [a.communicate()[0][-3000:] for a in agents]
+            pytest.fail(f"the coordinator did not finish: {coordinator.communicate()}\n{logs}")
+        assert coordinator.returncode == 0, err[-3000:]
+        deadline = time.monotonic() + 30
+        while workers_in(hosts, 0) + workers_in(hosts, 1):
+            assert time.monotonic() < deadline, "a surviving worker did not exit"
+            time.sleep(0.2)
+    lines = read_jsonl(out / "metrics.jsonl")
+    events = [m for m in lines if m.get("type") == "recovery"]
+    metrics = [m for m in lines if m.get("type", "step") == "step"]
+    assert [(e["cause"], e["device"]) for e in events] == [("hang", "d2")]
+    assert [m["step"] for m in metrics] == list(range(steps))
+    config = plan.problem.config
+    settings = config.optimizer_settings()
+    reference = ref.train(
+        ref.ModelSpec(GPT2.zoo, GPT2.sizes, GPT2.seed), data.synthetic(GPT2, config.seed),
+        config.global_batch, steps,
+        ref.OptimizerSpec("momentum", lr=settings["lr"], momentum=settings["momentum"]),
+        data_seed=config.seed,
+    )
+    assert [m["loss"] for m in metrics] == reference.losses
+    seen = set()
+    for saved in sorted((tmp_path / "workers" / "weights").glob("rank*.pt")):
+        for key, value in torch.load(saved)["model"].items():
+            assert torch.equal(value, reference.state[key]), (saved.name, key)
+            seen.add(key)
+    assert seen == set(reference.state)
