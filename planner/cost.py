@@ -810,11 +810,31 @@ def boundary_occupancy_ms(per_sample_bytes, sent_max, received_max, batch, bw_mi
     return np.asarray(per_sample_bytes) * samples / bw_min
 
 
-def link_period_ms(occupancy, topology):
-    """Channel time per micro-batch a boundary adds to its busiest channel in steady state:
-    full duplex (point-to-point, switched) carries activations and gradients on separate
-    channels (``occupancy``); a shared medium carries both (``2 x occupancy``)."""
-    return np.asarray(occupancy) * (2.0 if topology == "shared_medium" else 1.0)
+def link_period_ms(occupancy, downstream, topology):
+    """Channel time per micro-batch on the busiest channel a boundary uses, in steady
+    state: point-to-point, activations and gradients travel on separate channels
+    (``occupancy``); switched, a device's uplink carries its stage's activations out and
+    its gradients back, so the receiving stage's ports also carry the next boundary
+    (``occupancy + downstream``, downstream = that boundary's occupancy, 0 after the
+    last stage); a shared medium carries both directions of this and every later
+    boundary (``2 x occupancy + downstream``, downstream = the later boundaries' medium
+    time). Elementwise on numpy arrays."""
+    occupancy = np.asarray(occupancy)
+    if topology == "point_to_point":
+        return occupancy
+    return occupancy * (2.0 if topology == "shared_medium" else 1.0) + downstream
+
+
+def link_downstream_ms(occupancy, downstream, topology):
+    """What :func:`link_period_ms` reads as ``downstream`` for the boundary before this
+    one: this boundary's occupancy (switched), the medium time of this and every later
+    boundary (shared medium: ``2 x occupancy + downstream``), 0 point to point."""
+    occupancy = np.asarray(occupancy)
+    if topology == "switched":
+        return occupancy
+    if topology == "shared_medium":
+        return 2.0 * occupancy + downstream
+    return np.zeros_like(occupancy)
 
 
 def pipeline_closed_form_ms(cm: CostModel, partition: Partition) -> float:
@@ -822,7 +842,8 @@ def pipeline_closed_form_ms(cm: CostModel, partition: Partition) -> float:
     i = stage 0, link 0->1, stage 1, ... with traversal tau_i (stage: E_f + E_b; link:
     2 (occupancy + latency), :func:`boundary_occupancy_ms` over the groups' slowest pair
     and largest latency), steady-state period pi_i (stage: E_f + E_b; link:
-    :func:`link_period_ms`), warm-up K_i and E_f^i:
+    :func:`link_period_ms`, which on a switch adds the next boundary's occupancy and on a
+    shared medium every later boundary's medium time), warm-up K_i and E_f^i:
 
         T = max_i [C_i + (M - 1) pi_i + tau_i + w_i] + max_s (T_a^s - PB_s)
 
@@ -836,21 +857,26 @@ def pipeline_closed_form_ms(cm: CostModel, partition: Partition) -> float:
     cluster = cm.problem.cluster
     topology = cluster.network.kind
     m = partition.num_micro_batches
+    occs: list[tuple[float, float]] = []  # per boundary: occupancy, latency
+    for stage, nxt in zip(partition.stages, partition.stages[1:], strict=False):
+        ga = [cluster.index(d) for d in stage.devices]
+        gb = [cluster.index(d) for d in nxt.devices]
+        sub = np.ix_(ga, gb)
+        occ = float(boundary_occupancy_ms(cm.boundary[stage.end - 1], max(stage.samples),
+                                          max(nxt.samples), partition.micro_batch_size,
+                                          cm.bw[sub].min(), topology))  # fmt: skip
+        occs.append((occ, float(cm.lat[sub].max())))
+    periods, downstream = [0.0] * len(occs), 0.0
+    for q in range(len(occs) - 1, -1, -1):
+        periods[q] = float(link_period_ms(occs[q][0], downstream, topology))
+        downstream = float(link_downstream_ms(occs[q][0], downstream, topology))
     steps: list[tuple[float, float, float, float, float, int]] = []  # tau, pi, f, b, T_a, K
-    for p, (stage, sc) in enumerate(zip(partition.stages, cost.stages, strict=True)):
+    for p, sc in enumerate(cost.stages):
         steps.append((sc.forward_ms + sc.backward_ms, sc.forward_ms + sc.backward_ms,
                       sc.forward_ms, sc.backward_ms, sc.allreduce_ms, sc.warmup))  # fmt: skip
-        if p + 1 < partition.num_stages:
-            nxt = partition.stages[p + 1]
-            ga = [cluster.index(d) for d in stage.devices]
-            gb = [cluster.index(d) for d in nxt.devices]
-            sub = np.ix_(ga, gb)
-            occ = float(boundary_occupancy_ms(cm.boundary[stage.end - 1], max(stage.samples),
-                                              max(nxt.samples), partition.micro_batch_size,
-                                              cm.bw[sub].min(), topology))  # fmt: skip
-            one_way = occ + float(cm.lat[sub].max())
-            steps.append((2 * one_way, float(link_period_ms(occ, topology)), one_way,
-                          one_way, 0.0, 0))  # fmt: skip
+        if p < len(occs):
+            one_way = occs[p][0] + occs[p][1]
+            steps.append((2 * one_way, periods[p], one_way, one_way, 0.0, 0))
     total_tau = sum(s[0] for s in steps)
     best_d, best_x, before, before_b = -np.inf, -np.inf, 0.0, 0.0
     for i, (tau, pi, f, b, ar, k) in enumerate(steps):

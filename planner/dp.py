@@ -46,20 +46,25 @@ for the suffix plan putting the last l blocks into stages on devices drawn from 
 one number but a front of entries (D, X; S, Y, N, FREE, TAIL). The round time is
 ``D + X``, D = max over steps i of ``C_i + (M - 1) pi_i + tau_i + w_i`` (traversal
 tau: a stage's E_f + E_b, a link's 2 (occupancy + latency); steady-state period pi: a
-stage's E_f + E_b, a link's occupancy on full-duplex networks, twice it on a shared
-medium; w_i the warm-up bubble of a stage), X = max_s (T_a^s - PB_s). S is the suffix's
-summed traversal, Y the largest per-device samples of its head group (a switch's busiest
-port carries max(Y_a, Y_b) samples of a boundary, a point-to-point piece at most
-min(Y_a, Y_b), a shared medium all B), N its stage count. Prepending a head (c0 = E_f +
+stage's E_f + E_b, a link's :func:`~planner.cost.link_period_ms`: its occupancy point to
+point, plus the next boundary's occupancy on a switch (a stage's ports carry both its
+boundaries), twice it plus every later boundary's medium time on a shared medium; w_i
+the warm-up bubble of a stage), X = max_s (T_a^s - PB_s). S is the suffix's summed
+traversal, O what the suffix adds to the period of the link before it
+(:func:`~planner.cost.link_downstream_ms`), Y the largest per-device samples of its
+head group (a switch's busiest port carries max(Y_a, Y_b) samples of a boundary, a
+point-to-point piece at most min(Y_a, Y_b), a shared medium all B), N its stage
+count. Prepending a head (c0 = E_f +
 E_b, E_f0, E_b0, T_a0, samples Y0, warm-up K = K(N + 1)) and the link to the entry's head
 (occupancy o from Y0 and Y, latency lam, tau1 = 2 (o + lam), period pi1) gives exactly
 
     D' = max(M c0 + max(0, tau1 + S - (min(K, M) - 1) E_f0),   (head; its bubble)
-             c0 + tau1 + (M - 1) pi1,                          (the link)
+             c0 + tau1 + (M - 1) pi1(o, O),                    (the link)
              c0 + tau1 + D)                                    (the suffix, shifted)
-    X' = max(T_a0, X - E_b0 - (o + lam))        S' = c0 + tau1 + S     Y' = Y0, N' = N + 1
+    X' = max(T_a0, X - E_b0 - (o + lam))   S' = c0 + tau1 + S   O' = downstream(o, O)
+    Y' = Y0   N' = N + 1
 
-non-decreasing in D, X and S. The bubble: the head's first backward waits for the first
+non-decreasing in D, X, S and O. The bubble: the head's first backward waits for the first
 micro-batch's round trip downstream (tau1 + S) while the head runs only K forwards; with
 few micro-batches this is what the older closed form (Asteroid's, half-duplex links,
 no bubble: ``PlanCost.closed_form_ms``) missed, misranking plans by up to 25%
@@ -152,6 +157,7 @@ from planner.cost import (
     CostModel,
     PlanCost,
     boundary_occupancy_ms,
+    link_downstream_ms,
     link_period_ms,
     ring_allreduce_ms,
     samples_that_fit,
@@ -572,6 +578,7 @@ class _Level:
     d: np.ndarray
     x: np.ndarray
     s: np.ndarray
+    o: np.ndarray
     y: np.ndarray
     n: np.ndarray
     free: np.ndarray
@@ -592,6 +599,7 @@ class _Level:
             np.full(shape, INF),
             np.full(shape, INF),
             np.full(shape, INF),
+            np.full(shape, INF),
             np.zeros(shape, dtype=np.int32),
             np.full(shape, -INF),
             np.full(shape, INF),
@@ -604,7 +612,9 @@ class _Level:
 
     def trim(self) -> None:
         """Keep only the traceback (the values of a finished level are no longer read)."""
-        self.d = self.x = self.s = self.y = self.n = self.free = self.tail = self.h = np.empty(0)
+        self.d = self.x = self.s = self.o = self.y = self.n = self.free = self.tail = self.h = (
+            np.empty(0)
+        )
 
 
 @dataclass(frozen=True)
@@ -752,15 +762,18 @@ class _BatchSearch:
                                         parts[-1][0].shape[1], lo, f))  # fmt: skip
             for e in skips:
                 sub = graph.edges[e][2]
-                parts.append(tuple(v[sub, p:] for v in (level.d, level.x, level.s)))
+                parts.append(tuple(v[sub, p:] for v in (level.d, level.x, level.s, level.o)))
                 meta.append(_Source("skip", [e], True, FRONT, 0, FRONT))
             if not parts:
                 continue
-            d, x, carry_s = (np.concatenate([q[i] for q in parts], axis=1) for i in range(3))
+            d, x, carry_s, carry_o = (
+                np.concatenate([q[i] for q in parts], axis=1) for i in range(4)
+            )
             chosen, ok = _pareto(d, np.where(np.isfinite(d), x, INF), carry_s, FRONT)
             level.d[s, p:] = np.where(ok, d[rows, chosen], INF)
             level.x[s, p:] = np.where(ok, x[rows, chosen], INF)
             level.s[s, p:] = np.where(ok, carry_s[rows, chosen], INF)
+            level.o[s, p:] = np.where(ok, carry_o[rows, chosen], INF)
             edge, head, l_sub, k_sub, same = self._decode(meta, chosen, l_here, level)
             carry_y, carry_n, carry_free, carry_tail = self._carry(
                 meta, chosen, edge, l_sub, k_sub, l_here, level, prev
@@ -906,7 +919,7 @@ class _BatchSearch:
             c0 = np.stack([h[0][p:, 0] for h in heads], axis=1)  # (l, T)
             x = np.stack([h[2][p:, 0] for h in heads], axis=1)
             self._layout = (0, 1)
-            return m * c0, x, c0
+            return m * c0, x, c0, np.zeros_like(c0)
         subs = [graph.edges[e][2] for e in moves]
         finite = np.isfinite(front.d[subs])  # (T, l', F)
         lps = np.flatnonzero(finite.any(axis=(0, 2)))
@@ -918,6 +931,7 @@ class _BatchSearch:
         window = (subs, slice(lo, hi + 1), slice(0, f))
         sub_d, sub_x, sub_h = front.d[window], front.x[window], front.h[window]
         sub_s, sub_y = front.s[window][:, None], front.y[window][:, None]  # (T, 1, l', f)
+        sub_o = front.o[window][:, None]
         sub_n = front.n[window][:, None]
         sub_free, sub_tail = front.free[window][:, None], front.tail[window][:, None]
         # link from the head group to each entry's head group (slowest pair, largest
@@ -937,11 +951,15 @@ class _BatchSearch:
             ef0 = c0 - eb0
             bubble = np.maximum(0.0, rest - (self.k_of[sub_n + 1] - 1) * ef0)
             d_new = np.maximum(
-                np.maximum(m * c0 + bubble, c0 + tau1 + (m - 1) * link_period_ms(occ, t.topology)),
+                np.maximum(
+                    m * c0 + bubble,
+                    c0 + tau1 + (m - 1) * link_period_ms(occ, sub_o, t.topology),
+                ),
                 c0 + tau1 + sub_d[:, None],
             )
             x_new = np.maximum(ta0, sub_x[:, None] - eb0 - one_way)
             s_new = c0 + rest
+            o_new = link_downstream_ms(occ, sub_o, t.topology)
         # ring replicas (planner.replicas): a one-device head's replica goes to the
         # entry's head holder; a complete plan's (row l = L) first stage holds the
         # replica of its last
@@ -958,7 +976,10 @@ class _BatchSearch:
         d_new = np.where(finite_sub, d_new, INF)
         n_l = t.n_blk + 1 - p
         self._layout = (lo, f)
-        return tuple(np.moveaxis(v, 1, 0).reshape(n_l, -1) for v in (d_new, x_new, s_new))
+        return tuple(
+            np.moveaxis(np.broadcast_to(v, d_new.shape), 1, 0).reshape(n_l, -1)
+            for v in (d_new, x_new, s_new, o_new)
+        )
 
     def reconstruct(self, answer: tuple) -> Partition:
         """The plan of a root answer, devices taken from each class in cluster order."""

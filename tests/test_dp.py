@@ -16,6 +16,7 @@ from planner.config import TrainingConfig
 from planner.cost import (
     CostModel,
     boundary_occupancy_ms,
+    link_downstream_ms,
     link_period_ms,
     pipeline_closed_form_ms,
 )
@@ -269,7 +270,19 @@ def test_closed_form_prices_a_switched_boundary_by_its_busiest_port_by_hand():
     assert float(boundary_occupancy_ms(a, 2, 2, 4, bw, "shared_medium")) == pytest.approx(
         4 * a / bw
     )
-    assert float(link_period_ms(occ, "shared_medium")) == pytest.approx(2 * occ)
+    assert float(link_period_ms(occ, 0.0, "shared_medium")) == pytest.approx(2 * occ)
+
+
+@pytest.mark.parametrize(
+    ("topology", "period", "downstream"),
+    # boundary occupancy 2 ms, the boundaries after it 3 ms (see link_period_ms):
+    # separate pair channels; a switch port also carries the next boundary's 3 ms; a
+    # medium carries both directions (4 ms) and everything after it
+    [("point_to_point", 2.0, 0.0), ("switched", 5.0, 2.0), ("shared_medium", 7.0, 7.0)],
+)
+def test_link_period_counts_what_shares_the_busiest_channel(topology, period, downstream):
+    assert float(link_period_ms(2.0, 3.0, topology)) == period
+    assert float(link_downstream_ms(2.0, 3.0, topology)) == downstream
 
 
 def test_ties_prefer_fewer_devices_over_fewer_stages(monkeypatch):
