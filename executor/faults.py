@@ -17,7 +17,8 @@ A spec is ``DEVICE:STEP:PHASE[:SIGNAL]``, several separated by commas
 
 The device signals itself (``os.kill(os.getpid(), ...)``) after writing the wall-clock
 time on the store (``ctl/fault/<device>``), so the coordinator can measure the time to
-detect exactly. Each spec fires at most once per process.
+detect exactly. Each spec fires at most once per process. A run without recovery
+(``--no-recover``) has the ``forward`` and ``backward`` points only.
 """
 
 from __future__ import annotations

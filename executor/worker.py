@@ -367,9 +367,12 @@ class Worker:
         )
         params = [p for p in module.parameters() if p.requires_grad]
         optimizer = make_optimizer(params, config.optimizer, config.optimizer_settings())
+        # fault injection works here at the forward / backward points only
+        faults = Injector(me.device, parse_faults(opts.faults), self.store)
+        hook = _FaultHook(self.compute_hook(), faults)
         runtime = StageRuntime(
             module, layout, self.rank, schedule[me.stage], links, group, loss_fn, optimizer,
-            deterministic=opts.deterministic, hook=self.compute_hook(), device=self.device,
+            deterministic=opts.deterministic, hook=hook, device=self.device,
             check=self.check,
         )
         first, last = me.stage == 0, me.stage == layout.num_stages - 1
@@ -396,6 +399,7 @@ class Worker:
                     for m in range(layout.num_micro_batches)]
             inputs = [rows.inputs(i).to(self.device) for i in mine] if first else None
             targets = [rows.targets(i).to(self.device) for i in mine] if last else None
+            hook.step = step
             record = runtime.run_step(step, inputs, targets)
             payload = json.dumps(rank_payload(record, self.device))
             self.store.set(f"metrics/{step}/{self.rank}", payload)

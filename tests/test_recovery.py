@@ -11,6 +11,7 @@ by PID, SIGSTOPped ones included, whatever happens.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -23,6 +24,7 @@ from executor import data, zoo
 from executor.launch import launch
 from executor.recovery import RecoveryFailed
 from executor.worker import WorkerOptions
+from planner.cli import main
 from planner.plan import load_plan
 from planner.profile import BuildSpec
 from tests import reference_trainer as ref
@@ -223,3 +225,23 @@ def test_losing_a_stage_and_its_replica_holder_fails_loudly_within_bounded_time(
     assert "\n" not in message
     assert "cannot recover" in message and "blocks [2, 4)" in message
     assert took < 60, took
+
+
+@pytest.mark.slow
+def test_edgepipe_run_recovers_by_default_and_no_recover_stops_naming_the_device(
+    tmp_path, capsys
+):
+    plan = make_test_plan(profile(), THREE_STAGES, 2, 2, optimizer="adam",
+                          learning_rate=0.01)
+    path = write_plan(plan, tmp_path)
+    common = ["--steps", "3", "--deterministic", "--hang-timeout", str(HANG_S),
+              "--heartbeat", str(BEAT_S), "--timeout", str(GLOO_TIMEOUT_S),
+              "--inject", "d1:1:backward"]
+    assert main(["run", str(path), "--out", str(tmp_path / "a"), *common]) == 0
+    assert "recovered from crash of d1: generation 2 runs plan-" in capsys.readouterr().out
+    assert main(["run", str(path), "--out", str(tmp_path / "b"), "--no-recover",
+                 *common]) == 2
+    err = capsys.readouterr().err
+    assert "device 'd1' (rank 1, stage 1) was killed by SIGKILL" in err
+    for ranks in (tmp_path / "a" / "ranks.json", tmp_path / "b" / "ranks.json"):
+        assert not any(alive(r["pid"]) for r in json.loads(ranks.read_text()))
