@@ -116,8 +116,8 @@ def test_an_abort_reaches_every_rank_within_one_heartbeat(fleet: Fleet) -> None:
     coordinator.abort("last stage lost")
     seen = [float(store.get(f"t/aborted/{d}")) for d in devices]  # blocks until each sees it
     assert max(seen) - aborted < INTERVAL + 1.0
-    for d in devices:
-        fleet.procs[d].join(timeout=5)
+    for d in devices:  # exiting (torch's teardown) is not what is timed: 4.5 s under load
+        fleet.procs[d].join(timeout=30)
         assert fleet.procs[d].exitcode == EXIT_ABORTED
 
 
