@@ -23,12 +23,14 @@ its own, which keeps every network figure a function of the classes involved.
 
 Decomposition: one program per (micro-batch size B, stage count P), P = 1 ..
 min(L, N, max_stages); with B and P fixed the micro-batch count M = G/B, the warm-ups
-K_p and the schedule's action order are constants. The DP's plan is the first incumbent
-and its (B, P) program comes first; every program carries the incumbent's iteration
-time as an objective cutoff (valid: a program never prices a plan above the cost model),
-so one that cannot beat it is infeasible. Two
-programs run at a time (one solver thread each); a first pass gives every program a
-short slice (the easy ones close, better incumbents appear early), a second pass gives
+K_p and the schedule's action order are constants. The DP's plan is the first
+incumbent and its (B, P) program comes first, the others in the order of their closed-form
+bound (the larger of :func:`quick_bound` and :func:`program_bounds`), which also prunes
+every program that cannot beat the incumbent; every program carries the incumbent's
+iteration time as an objective cutoff (valid: a program never prices a plan above the
+cost model), so one that cannot beat it is infeasible. Two programs run at a time (one
+solver thread each); a first pass gives every program a short slice (the easy ones
+close, better incumbents appear early), a second pass gives
 the open ones the time left, lowest bound first.
 
 The program of one (B, P) is :mod:`planner.milp_formulation`; the solvers that run it
@@ -48,7 +50,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from planner.classes import device_classes
-from planner.cost import CostModel, PlanCost
+from planner.cost import CostModel, PlanCost, samples_that_fit
 from planner.diagnosis import diagnose_infeasible
 from planner.dp import plan_dp
 from planner.errors import InfeasibleError, InputError
@@ -104,7 +106,7 @@ class SubProblem:
     batch: int
     num_stages: int
     # optimal | feasible | infeasible (cannot beat the incumbent) | unknown | skipped
-    # (time was up) | pruned (its quick_bound alone cannot beat the incumbent)
+    # (time was up) | pruned (its closed-form bound alone cannot beat the incumbent)
     status: str
     best_ms: float | None
     bound_ms: float | None
@@ -123,7 +125,7 @@ class MILPResult:
     """The exact planner's plan, its cost-model figures and its proof status.
 
     ``status``: ``optimal`` (every program closed), ``feasible`` (time limit hit; every
-    open program has a lower bound, at least its :func:`quick_bound`, so ``bound_ms`` and
+    open program has a lower bound, at least its closed-form one, so ``bound_ms`` and
     ``gap`` are valid), ``timed_out`` (some program without a bound: no global bound; not
     reached while every program has a quick bound). ``bound_ms`` and
     ``gap`` = (iteration - bound) / iteration are in the cost model's figure (the
@@ -278,11 +280,9 @@ def plan_milp(
     deadline = start + time_limit
     sizes = problem.config.micro_batch_sizes()
     cm = CostModel(problem, max(sizes))
-    dp_values: dict[int, float] = {}
     if warm_start is None:
         try:
-            dp = plan_dp(problem)
-            warm_start, dp_values = dp.partition, dp.candidates
+            warm_start = plan_dp(problem).partition
         except InfeasibleError:
             warm_start = None
     best: tuple[float, Partition, PlanCost, float | None] | None = None
@@ -298,8 +298,9 @@ def plan_milp(
         max_p = min(max_p, problem.config.max_stages)
     jobs = [(b, p) for b in sizes for p in range(1, max_p + 1)]
     first = (warm_start.micro_batch_size, warm_start.num_stages) if warm_start else None
-    jobs.sort(key=lambda j: (j != first, dp_values.get(j[0], math.inf), j[0], j[1]))
-    quick = {j: quick_bound(tables, *j) for j in jobs}
+    stage_bounds = {b: program_bounds(tables, b, max_p) for b in sizes}
+    quick = {j: max(quick_bound(tables, *j), float(stage_bounds[j[0]][j[1]])) for j in jobs}
+    jobs.sort(key=lambda j: (j != first, quick[j], j[0], j[1]))
     pruned = [
         SubProblem(*j, "pruned", None, quick[j], 0.0)
         for j in jobs
@@ -384,6 +385,123 @@ def quick_bound(tables: Tables, batch: int, num_stages: int) -> float:
     hop = tables.lat_lo + tables.v_lo * float(tables.boundary[:-1].min(initial=0.0))
     fill = float(least.sum()) + 2.0 * (num_stages - 1) * hop
     return max(work, fill)
+
+
+def program_bounds(tables: Tables, batch: int, max_stages: int) -> np.ndarray:
+    """Lower bounds on the cost model's iteration time of every plan with micro-batch
+    ``batch`` and P = 1 .. ``max_stages`` stages (entry P; entry 0 unused), from a
+    min-max over block partitions and device counts, without a solver.
+
+    Per stage q of blocks [a, b) on g devices (every device takes >= 1 sample, so
+    1 <= g <= B; memory (Eq. 3, one micro-batch in flight, no replica) caps a device's
+    samples at y_fit, so g >= ceil(B / y_fit)), the round makespan
+    (:func:`planner.cost.round_makespan`) is at least
+
+        fill_f(q, a) + max(work(a, b, g) + max(ring(a, b, g), fill_b(q, a)), sent(a, b, g)):
+
+    fill: a device's first forward needs micro-batch 0's piece from stage q - 1, which
+          needed that stage's first forward, and so on: every block before a at its least
+          forward time over classes and y <= B, plus q hops, each at least the least
+          latency plus one sample of its cut at the fastest pair (the cut at a exactly,
+          the earlier ones at the smallest boundary); after its last backward its
+          gradient piece goes down the same way (backward times, q hops);
+        work: the device runs M forwards and M backwards of its y samples one after the
+          other, at least M y s(a, b) (s: least per-sample time over classes and y <= B)
+          and at least M times the least per-micro-batch time; the slowest of g devices
+          whose samples sum to B is at least M max(B s / g, least);
+        ring: after the last member's last backward, each member's 2(g - 1) ring steps
+          (§3.3) follow one another, each a chunk W / g at the fastest pair plus the
+          least latency (fair sharing only slows a transfer);
+        sent: a channel gives at most one ms of channel time per ms
+          (:func:`planner.cost.fair_shares`), and a device sends nothing before its first
+          forward ends. A device of y samples sends M y samples of each of the stage's
+          boundaries (activations forward, gradients back) and 2(g - 1) ring chunks: on a
+          switch all on its own uplink (the largest of g uplinks at least M B / g samples'
+          worth plus the chunks), on a shared medium every device's on the one medium (the
+          stage's total); on point-to-point links a device's pairs run in parallel (0).
+
+    A plan's time is at least the largest stage term, so the least over partitions of
+    the largest term bounds every plan of the program (sum of g <= N devices; class
+    counts relaxed):
+
+        f_p(b, n) = min over a < b, g <= n of max(f_{p-1}(a, n - g), term(p - 1, a, b, g)),
+        f_0(0, n) = 0; bound(P) = f_P(L, N).
+
+    O(P L^2 N B) array work, vectorised over (n, g)."""
+    problem, cm = tables.problem, tables.cm
+    n_blocks, n_dev = tables.n_blocks, tables.n_devices
+    m_count = problem.config.global_batch // batch
+    gmax = min(batch, n_dev)
+    cols = slice(1, batch + 1)
+    ys = np.arange(1, batch + 1, dtype=float)
+    zero = np.zeros((1, batch))
+    # per class: prefix over blocks of (t_f + t_b) at y = 1..B, shape (L + 1, B)
+    work_prefix = [
+        np.vstack([zero, np.cumsum(tf[:, cols] + tb[:, cols], axis=0)])
+        for tf, tb in zip(tables.tf, tables.tb, strict=True)
+    ]
+    least_f = np.min([tf[:, cols].min(axis=1) for tf in tables.tf], axis=0)
+    least_b = np.min([tb[:, cols].min(axis=1) for tb in tables.tb], axis=0)
+    pre_f = np.concatenate([[0.0], np.cumsum(least_f)])
+    pre_b = np.concatenate([[0.0], np.cumsum(least_b)])
+    bnd = np.asarray(tables.boundary, dtype=float)
+    cut_hop = tables.lat_lo + tables.v_lo * bnd
+    hop_min = float(cut_hop[:-1].min(initial=np.inf)) if n_blocks > 1 else 0.0
+    grad_prefix = np.concatenate([[0.0], np.cumsum(tables.grad)])
+    budget = float(np.max(cm.budget))
+    warmup = m_count if problem.config.schedule == "gpipe" else 1
+    g = np.arange(1, gmax + 1, dtype=float)
+    ring_steps = 2.0 * (g - 1.0)
+    n_idx = np.arange(n_dev + 1)[:, None] - np.arange(1, gmax + 1)[None, :]
+    n_ok = n_idx >= 0
+    n_idx = np.where(n_ok, n_idx, 0)
+    # base[a][b]: (work + ring per g) of stage [a, b), or None where no device fits it
+    work: dict[tuple[int, int], np.ndarray] = {}
+    ring: dict[tuple[int, int], np.ndarray] = {}
+    sent: dict[tuple[int, int], np.ndarray] = {}
+    for a in range(n_blocks):
+        for b in range(a + 1, n_blocks + 1):
+            fit = samples_that_fit(
+                budget, cm.static_bytes(a, b), warmup, cm.saved_bytes(a, b), batch
+            )
+            if fit < 1:
+                continue
+            span = np.array([w[b] - w[a] for w in work_prefix])  # (K, B)
+            per_sample = float((span / ys).min())
+            least = float(span.min())
+            w = m_count * np.maximum(batch * per_sample / g, least)
+            w[g < math.ceil(batch / fit)] = np.inf
+            work[a, b] = w
+            chunk = (grad_prefix[b] - grad_prefix[a]) / g
+            ring[a, b] = ring_steps * (chunk * tables.v_lo + tables.lat_lo)
+            crossing = float(bnd[b - 1] if b < n_blocks else 0.0) + (bnd[a - 1] if a else 0.0)
+            if tables.topology == "switched":
+                sent[a, b] = (m_count * batch * crossing / g + ring_steps * chunk) * tables.v_lo
+            elif tables.topology == "shared_medium":
+                sent[a, b] = (m_count * batch * crossing + ring_steps * chunk * g) * tables.v_lo
+            else:
+                sent[a, b] = np.zeros_like(g)
+    out = np.full(max_stages + 1, np.inf)
+    prev = {0: np.zeros(n_dev + 1)}
+    for p in range(1, max_stages + 1):
+        q = p - 1
+        cur: dict[int, np.ndarray] = {}
+        for (a, b), w in work.items():
+            if a not in prev:
+                continue
+            hops = (q - 1) * hop_min + float(cut_hop[a - 1]) if q else 0.0
+            term = (
+                pre_f[a]
+                + hops
+                + np.maximum(w + np.maximum(ring[a, b], pre_b[a] + hops), sent[a, b])
+            )
+            both = np.maximum(np.where(n_ok, prev[a][n_idx], np.inf), term[None, :])
+            value = both.min(axis=1)
+            cur[b] = value if b not in cur else np.minimum(cur[b], value)
+        if n_blocks in cur:
+            out[p] = float(cur[n_blocks][n_dev])
+        prev = {b: v for b, v in cur.items() if b < n_blocks}
+    return out
 
 
 def _horizon(tables: Tables, sizes: list[int]) -> float:

@@ -22,7 +22,7 @@ from planner.config import TrainingConfig
 from planner.cost import CostModel
 from planner.dp import plan_dp
 from planner.errors import InfeasibleError, InputError
-from planner.milp import BACKENDS, plan_milp, quick_bound
+from planner.milp import BACKENDS, plan_milp, program_bounds, quick_bound
 from planner.milp_backends import solve_cpsat
 from planner.milp_formulation import Builder, Tables, pin, solution_hint
 from planner.partition import Partition, StageAssignment
@@ -391,3 +391,64 @@ def test_quick_bound_is_below_every_plan_of_its_program(seed):
         assert quick_bound(tables, batch, stages) <= value * (1 + 1e-9)
     # and not vacuous: within a factor 5 of the best plan somewhere
     assert max(quick_bound(tables, *key) / value for key, value in least.items()) > 0.2
+
+
+def slow_network(seed: int):
+    """Tiny instances where the links dominate: 5 Mbit/s on each topology, micro-batches
+    of 1-4 samples (so M = 1 .. 4: the pipeline's fill weighs in)."""
+    rng = np.random.default_rng(seed)
+    return random_problem(
+        int(rng.integers(3, 6)),
+        int(rng.integers(2, 5)),
+        seed=seed,
+        global_batch=4,
+        candidates=(1, 2, 4),
+        bandwidth_mbps=5.0,
+        latency_ms=float(rng.choice([0.1, 5.0])),
+        topology=("switched", "shared_medium", "point_to_point")[seed % 3],
+    )
+
+
+def wide_switch_problem():
+    """Weightless blocks with large activations on a 10 Mbit/s switch: a boundary costs
+    80 ms per sample, the all-reduce next to nothing, so the best two-stage plan splits
+    each micro-batch over two devices per stage (each uplink sends half the samples)."""
+    types = {"dev": device_type("dev", 1e9, 100.0)}
+    cluster = Cluster(
+        "wide", tuple(Device(f"d{i}", "dev") for i in range(4)), Network(10.0, 0.1), types
+    )
+    blocks = (Block("b0", 1e3, 1e5, 1e3), Block("b1", 1e3, 1e3, 1e3))
+    timing = Timing((1, 4), ((1.0, 4.0), (1.0, 4.0)), ((2.0, 8.0), (2.0, 8.0)))
+    model = ModelProfile("wide", {"kind": "analytic"}, 1e4, blocks, {"dev": timing})
+    return make_problem(model, cluster, TrainingConfig(4, (4,)), catalog=types)
+
+
+BOUND_INSTANCES = {
+    **{("tiny", s): lambda s=s: tiny(s) for s in range(8)},
+    **{("slow", s): lambda s=s: slow_network(s) for s in range(6)},
+    ("wide", 0): wide_switch_problem,
+}
+
+
+@pytest.mark.parametrize("instance", list(BOUND_INSTANCES))
+def test_program_bounds_are_below_every_plan_that_fits_memory(instance):
+    # the min-max over partitions (fill + work + ring + sent bytes per stage) bounds the
+    # cost model's figure of every memory-feasible plan of its (micro-batch, stage
+    # count); checked against the brute-force enumeration of every plan (tests/oracles.py)
+    problem = BOUND_INSTANCES[instance]()
+    cm = CostModel(problem)
+    tables = Tables(problem, cm, device_classes(problem))
+    max_p = min(problem.model.num_blocks, len(problem.cluster.devices))
+    tighter = 0
+    for batch in problem.config.micro_batch_sizes():
+        least = [math.inf] * (max_p + 1)
+        for plan in all_partitions(problem, batch):
+            cost = cm.evaluate(plan)
+            if cost.memory_ok:
+                least[plan.num_stages] = min(least[plan.num_stages], cost.iteration_ms)
+        bounds = program_bounds(tables, batch, max_p)
+        for stages in range(1, max_p + 1):
+            assert bounds[stages] <= least[stages] * (1 + 1e-9), (batch, stages)
+            tighter += bounds[stages] > quick_bound(tables, batch, stages) * 1.01
+    # and stronger than the work / fill bound somewhere on every instance
+    assert tighter > 0
