@@ -150,7 +150,8 @@ def test_losing_the_coordinator_stops_every_worker_cleanly(fleet: Fleet, tmp_pat
         fleet.procs[d].join(timeout=30)
         assert fleet.procs[d].exitcode == EXIT_LOST
     # bounded by the store client's reconnection attempts (three store timeouts) + exit
-    assert time.monotonic() - killed < 3 * LOST_AFTER_S + 3.0
+    # (interpreter teardown: up to ~4 s on a loaded 2-core machine)
+    assert time.monotonic() - killed < 3 * LOST_AFTER_S + 6.0
 
 
 def test_each_generation_rendezvous_under_its_own_prefix() -> None:
