@@ -19,6 +19,17 @@ directory without the marker is never loaded; a crash mid-save leaves at most a
 ``.tmp`` directory, removed by the next save of that step. DCP's collectives run on a
 process group of their own (gloo), as P11 of the torch reference advises.
 
+**Two layouts, one loader.** A run with a default process group saves one DCP
+checkpoint (above). A recovering run (:mod:`executor.recovery`: raw per-generation
+groups, no default group) saves **parts** instead, without collectives: after applying
+step ``N`` every rank writes the same plan-independent keys of its blocks (and ``step``)
+with ``torch.save`` to ``.step-<N>.tmp/parts/<device>.pt`` (via a temporary name and
+``os.replace``, so a part on disk is whole) and reports it to the coordinator; once every
+rank of the generation reported, the coordinator writes the record (with ``"parts"``:
+the devices whose parts count) and the marker and renames, as above. :func:`load` takes
+either layout under any plan: from parts, each block's keys come from whichever listed
+part holds them (data-parallel peers' parts are identical copies), tensor bytes copied.
+
 **Compatible.** Resuming checks the model's build spec, the global batch, the optimizer
 and its settings and the data seed against the checkpoint's record and refuses a
 mismatch with a message naming it (the plan itself may differ: that is the point).
@@ -43,6 +54,7 @@ from planner.errors import InputError
 from planner.plan import Plan
 
 MARKER = "COMMITTED"
+PARTS = "parts"
 RECORD = "edgepipe-checkpoint.json"
 #: optimizer state each optimizer of the training config keeps per parameter
 OPTIMIZER_STATE = {"sgd": (), "momentum": ("momentum_buffer",),
@@ -125,6 +137,50 @@ def save(root: str | Path, step: int, module: nn.Sequential, optimizer: torch.op
     return final
 
 
+def folder(checkpoint_dir: str | None, out: str | None) -> Path:
+    """Where a run's checkpoints go: ``checkpoint_dir``, else ``<out>/checkpoints``."""
+    return Path(checkpoint_dir or Path(out or ".") / "checkpoints")
+
+
+def save_part(root: str | Path, step: int, module: nn.Sequential,
+              optimizer: torch.optim.Optimizer, first: int, optimizer_name: str,
+              device: str) -> Path:
+    """No collectives: write this rank's part of the checkpoint of ``step`` (module
+    docstring, "Two layouts") to ``root/.step-<step>.tmp/parts/<device>.pt``; returns it.
+    The checkpoint counts only once :func:`commit_parts` names the part."""
+    parts = Path(root) / f".step-{step:08d}.tmp" / PARTS
+    parts.mkdir(parents=True, exist_ok=True)
+    state, _ = _state(module, optimizer, first, optimizer_name, step, False)
+    path, tmp = parts / f"{device}.pt", parts / f".{device}.pt.tmp"
+    with open(tmp, "wb") as f:
+        torch.save({k: v.detach().cpu() if isinstance(v, torch.Tensor) else v
+                    for k, v in state.items()}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def commit_parts(root: str | Path, step: int, plan: Plan, devices: list[str]) -> Path:
+    """Commit the checkpoint of ``step`` whose parts ``devices`` wrote (every rank of a
+    generation of ``plan``, so every block): record, marker, rename. Returns it."""
+    root = Path(root)
+    final, tmp = root / f"step-{step:08d}", root / f".step-{step:08d}.tmp"
+    missing = [d for d in devices if not (tmp / PARTS / f"{d}.pt").is_file()]
+    if missing:
+        raise InputError(str(tmp), "", f"no checkpoint part of device(s) {missing}")
+    record = {**training_record(plan), "step": step, "plan": plan.id,
+              PARTS: sorted(set(devices))}
+    (tmp / RECORD).write_text(json.dumps(record, indent=1) + "\n")
+    with open(tmp / MARKER, "w") as f:
+        f.write(f"{step}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    return final
+
+
 def resolve(path: str | Path) -> Path:
     """The checkpoint to resume from: ``path`` itself when it is a committed checkpoint,
     else the committed ``step-*`` with the most steps in ``path`` or ``path/checkpoints``.
@@ -160,15 +216,42 @@ def check_resume(plan: Plan, path: str | Path) -> Path:
 
 
 def load(path: str | Path, module: nn.Sequential, optimizer: torch.optim.Optimizer,
-         first: int, plan: Plan, group: dist.ProcessGroup) -> int:
-    """Collective: load this rank's blocks and their optimizer state from the checkpoint
-    at ``path`` (:func:`check_resume`) into ``module`` and ``optimizer`` in place;
-    returns the number of completed steps."""
+         first: int, plan: Plan, group: dist.ProcessGroup | None) -> int:
+    """Load this rank's blocks and their optimizer state from the checkpoint at ``path``
+    (:func:`check_resume`; either layout) into ``module`` and ``optimizer`` in place;
+    returns the number of completed steps. Collective over ``group`` for a DCP
+    checkpoint; ``group=None`` (a recovering run) reads it without collectives."""
     ckpt = check_resume(plan, path)
     name = plan.problem.config.optimizer
     state, slots = _state(module, optimizer, first, name, 0, True)
-    dcp.load(state, storage_reader=dcp.FileSystemReader(str(ckpt)), process_group=group)
+    if (ckpt / PARTS).is_dir():
+        _load_parts(ckpt, state)
+    elif group is None:
+        dcp.load(state, storage_reader=dcp.FileSystemReader(str(ckpt)), no_dist=True)
+    else:
+        dcp.load(state, storage_reader=dcp.FileSystemReader(str(ckpt)), process_group=group)
     for param, per_param in slots:
         if per_param:
             optimizer.state[param] = per_param
     return int(state["step"])
+
+
+def _load_parts(ckpt: Path, state: dict[str, Any]) -> None:
+    """Fill ``state`` in place from the parts the record of ``ckpt`` lists: each key
+    from the first part holding it. Raises :class:`InputError` for a key none holds.
+    O(parts x keys)."""
+    record = json.loads((ckpt / RECORD).read_text())
+    wanted = set(state)
+    with torch.no_grad():
+        for device in record[PARTS]:
+            part = torch.load(ckpt / PARTS / f"{device}.pt", map_location="cpu",
+                              weights_only=True)
+            for key in [k for k in wanted if k in part]:
+                if isinstance(state[key], torch.Tensor):
+                    state[key].copy_(part[key])
+                else:
+                    state[key] = part[key]
+                wanted.discard(key)
+    if wanted:
+        raise InputError(str(ckpt), "", f"no part of this checkpoint holds {sorted(wanted)[:3]} "
+                         f"({len(wanted)} key(s)); it is not of this model")

@@ -46,7 +46,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from executor import data
+from executor import checkpoint, data
 from executor.checkpoint import check_resume
 from executor.control import Coordinator, Failure, generation_store
 from executor.layout import RankLayout, check_runnable
@@ -148,8 +148,6 @@ def recovers(opts: WorkerOptions, plan: Plan, hang_timeout_s: float | None,
     why = None
     if hang_timeout_s is None:
         why = "the control plane is off (--hang-timeout)"
-    elif opts.checkpoint_every or opts.resume:
-        why = "checkpointing (--checkpoint-every / --resume) does not combine with it yet"
     elif plan.problem.config.replication_interval == 0 and recover is None:
         why = "the plan does not replicate (replication_interval 0)"
     if why is not None and recover:
@@ -219,9 +217,17 @@ def launch(
                 proc.join()
 
         scratch = tempfile.TemporaryDirectory(prefix="edgepipe-plans-")
+        resume = 0
+        if opts.resume:
+            record = json.loads((check_resume(plan, opts.resume) / checkpoint.RECORD)
+                                .read_text())
+            resume = int(record["step"])
         supervisor = Supervisor(
-            store, coordinator, plan, opts.plan, opts.steps,
-            writer=MetricsWriter(out, layout, opts.deterministic) if out is not None else None,
+            store, coordinator, plan, opts.plan, opts.steps, resume=resume,
+            checkpoint_every=opts.checkpoint_every,
+            checkpoint_dir=checkpoint.folder(opts.checkpoint_dir, opts.out),
+            writer=(MetricsWriter(out, layout, opts.deterministic, append=resume > 0)
+                    if out is not None else None),
             plans_dir=out / "plans" if out is not None else Path(scratch.name),
             kill=kill, alive=lambda d: procs[rank_of[d]].exitcode is None,
             # the plan predicts the emulated devices only: a real local run runs at

@@ -39,6 +39,16 @@ The coordinator (the local launcher, or a cross-host coordinator process) runs o
   after it uses the new generation's plan. Never a mix: every rank restores exactly the
   states of step ``d`` (a state of any other step is refused by the worker).
 
+**Checkpoints** (``checkpoint_every`` > 0; :mod:`executor.checkpoint`, "Two layouts"):
+after applying step ``t`` with ``t + 1`` a multiple of the interval, every rank writes
+its part of checkpoint ``t + 1`` and ``ckpt/<t + 1>/<rank>``, before its ``repl`` key of
+any later point; :meth:`Supervisor.poll` commits the checkpoint (record, marker, rename)
+once every rank of the generation did, before it tells the members to ``exit``. A
+checkpoint whose parts are incomplete when a generation fails is written again by the
+replay (a checkpoint at or before the replay step is dropped: its state is durable, so
+its parts were all in). A run resumed from a checkpoint (``resume``) starts from it:
+``fresh`` then means "load the checkpoint", also for a replay of the first generation.
+
 Recovery event (one ``metrics.jsonl`` line per recovery, written when the new
 generation commits its first step or fails): ``type`` ``"recovery"``, ``generation``
 (the new one), ``detected_at`` (wall clock), ``cause`` (crash | hang | slow | join),
@@ -63,6 +73,7 @@ from typing import Any
 
 from torch.distributed import Store
 
+from executor import checkpoint
 from executor.control import Coordinator, Failure, generation_store
 from executor.layout import RankLayout
 from executor.metrics import MetricsWriter
@@ -143,6 +154,8 @@ class Supervisor:
             (a waiting period for the abort to be seen ends early for the dead).
         precompute_plans: pre-compute the re-plan of every single-device loss of each
             generation's plan in the background, so a recovery is a lookup.
+        checkpoint_every / checkpoint_dir: commit a checkpoint every that many steps
+            into that folder (module docstring, "Checkpoints"; 0: none).
         slowdown: fed every durable step's compute per device
             (:class:`executor.slowdown.SlowdownWatch`); the coordinator re-partitions
             (:meth:`repartition`, cause ``slow``) for what it declares.
@@ -155,9 +168,14 @@ class Supervisor:
         *, resume: int = 0, writer: MetricsWriter | None = None,
         plans_dir: Path, kill: Callable[[str], None],
         alive: Callable[[str], bool] = lambda d: True, precompute_plans: bool = True,
-        slowdown: SlowdownWatch | None = None,
+        slowdown: SlowdownWatch | None = None, checkpoint_every: int = 0,
+        checkpoint_dir: Path | None = None,
     ) -> None:
         self.slowdown = slowdown
+        self.checkpoint_dir = checkpoint_dir
+        #: checkpoints still to commit (steps applied)
+        self.checkpoints = [n for n in range(resume + 1, steps + 1)
+                            if checkpoint_every and n % checkpoint_every == 0]
         self.store, self.coordinator = store, coordinator
         self.steps, self.writer, self.plans_dir = steps, writer, plans_dir
         self.kill, self.alive = kill, alive
@@ -182,6 +200,7 @@ class Supervisor:
         gstore = generation_store(self.store, g)
         gen = Generation(g, plan, members, layout.world_size, resume, gstore, time.time(),
                          next_commit=resume)
+        self.checkpoints = [n for n in self.checkpoints if n > resume]
         interval = plan.problem.config.replication_interval
         gen.points = replication_points(resume, self.steps, interval)
         gstore.set("start", json.dumps({
@@ -219,6 +238,11 @@ class Supervisor:
             gen.durable = n
             self.base = (gen.plan, n, False)
             self._write_metrics(gen, n)
+        # after the repl keys: a rank writes its ckpt key before any later repl key
+        while self.checkpoints and gen.all_wrote(f"ckpt/{self.checkpoints[0]}"):
+            assert self.checkpoint_dir is not None
+            checkpoint.commit_parts(self.checkpoint_dir, self.checkpoints.pop(0), gen.plan,
+                                    list(gen.members[:gen.voters]))
         if self._pending_event is not None:
             self._event_phases(gen)
         if gen.durable == self.steps:

@@ -407,7 +407,7 @@ class Worker:
             self.check()
             if opts.checkpoint_every and (step + 1) % opts.checkpoint_every == 0:
                 assert ckpt_group is not None
-                folder = opts.checkpoint_dir or str(Path(opts.out or ".") / "checkpoints")
+                folder = checkpoint.folder(opts.checkpoint_dir, opts.out)
                 checkpoint.save(folder, step + 1, module, optimizer, stage_part.first, plan,
                                 self.rank, ckpt_group)
         if collector is not None:
@@ -631,6 +631,8 @@ class _GenerationRun:
         optimizer = make_optimizer(params, config.optimizer, config.optimizer_settings())
         if not self.record["fresh"]:
             install(module, stage.first, optimizer, self._restore(d, stage.first, stage.end))
+        elif opts.resume:  # the run's start state is the checkpoint's
+            checkpoint.load(opts.resume, module, optimizer, stage.first, plan, None)
         self._stamp("restored")
         shapes, dtypes = stage_shapes(self.store, self.layout, me, module, self.w.rows,
                                       self.w.device)
@@ -672,6 +674,11 @@ class _GenerationRun:
             self.check()
             runtime.apply(record)
             n = step + 1
+            if opts.checkpoint_every and n % opts.checkpoint_every == 0:
+                checkpoint.save_part(checkpoint.folder(opts.checkpoint_dir, opts.out), n,
+                                     module, optimizer, stage.first, config.optimizer,
+                                     self.w.device_id)
+                self.store.set(f"ckpt/{n}/{self.rank}", "1")
             replication_ms = 0.0
             replicated = (self.interval > 0 and n % self.interval == 0) or n == opts.steps
             if replicated:

@@ -1,0 +1,113 @@
+"""Checkpoints of recovering runs (issue 8; executor/checkpoint.py "Two layouts"): a
+recovering run that loses a device still commits its checkpoints, a new run resumes
+from them under another plan (recovering, or not) bit-identically to the
+single-process reference; an unrecoverable loss leaves the last committed checkpoint
+intact and loadable. Real processes over gloo, real signals, real files."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from executor import checkpoint, zoo
+from executor.launch import launch
+from executor.recovery import RecoveryFailed
+from executor.worker import WorkerOptions
+from tests.executor_helpers import alive, make_test_plan, write_plan
+from tests.test_recovery import (
+    BEAT_S,
+    GLOO_TIMEOUT_S,
+    GPT2,
+    HANG_S,
+    THREE_STAGES,
+    profile,
+    reference,
+    with_timeout_reap,
+)
+
+OTHER = [(0, 4, [1, 1]), (4, 6, [2])]
+
+
+def run(tmp_path: Path, name: str, stages, steps: int, faults: str = "",
+        recover: bool | None = None, **kw):
+    """Run a 2-micro-batch Adam plan of ``stages`` in ``tmp_path/name``; reap every child."""
+    plan = make_test_plan(profile(), stages, 2, 2, optimizer="adam", learning_rate=0.01)
+    path = write_plan(plan, tmp_path, f"{name}.json")
+    pids: list[int] = []
+    try:
+        result = launch(
+            WorkerOptions(str(path), steps, str(tmp_path / name), deterministic=True,
+                          timeout_s=GLOO_TIMEOUT_S, save_weights=True, faults=faults, **kw),
+            on_start=lambda ranks: pids.extend(r["pid"] for r in ranks),
+            hang_timeout_s=HANG_S, heartbeat_s=BEAT_S, recover=recover,
+        )
+    finally:
+        for pid in pids:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        for pid in pids:
+            with_timeout_reap(pid)
+    return plan, result
+
+
+def assert_final_state_is_the_references(out: Path, want) -> None:
+    params = [n for n, _ in zoo.build_model(GPT2.zoo, seed=GPT2.seed, **GPT2.sizes)
+              .named_parameters()]
+    seen: set[str] = set()
+    for saved in sorted((out / "weights").glob("rank*.pt")):
+        rank = torch.load(saved)
+        for key, value in rank["model"].items():
+            assert torch.equal(value, want.state[key]), f"{saved.name}: {key}"
+            seen.add(key)
+        first = params.index(next(k for k in rank["model"] if k in params))
+        for local, state in rank["optimizer"]["state"].items():
+            expected = want.optimizer["state"][first + local]
+            assert state.keys() == expected.keys()
+            for k in state:
+                assert torch.equal(torch.as_tensor(state[k]), torch.as_tensor(expected[k])), k
+    assert seen == set(want.state)
+
+
+@pytest.mark.slow
+def test_a_recovering_run_checkpoints_through_a_loss_and_resumes_under_other_plans(
+    tmp_path,
+):
+    # d1 dies in step 1's forward: generation 2 replays step 1 and commits step-2
+    plan, first = run(tmp_path, "a", THREE_STAGES, 2, "d1:1:forward", checkpoint_every=2)
+    assert len(first.events) == 1
+    saved = tmp_path / "a" / "checkpoints" / "step-00000002"
+    assert (saved / checkpoint.MARKER).is_file()
+    assert (saved / checkpoint.PARTS).is_dir()
+    assert not list((tmp_path / "a" / "checkpoints").glob(".*.tmp"))
+    want = reference(plan, 4)
+    # a recovering run resumes it under another plan ...
+    _, second = run(tmp_path, "b", OTHER, 4, resume=str(tmp_path / "a"))
+    assert [m["step"] for m in second.metrics] == [2, 3]
+    assert first.losses + second.losses == want.losses
+    assert [m["samples"] for m in second.metrics] == want.sample_ids[2:]
+    assert_final_state_is_the_references(tmp_path / "b", want)
+    # ... and so does a run without recovery (one stage, the default process group)
+    _, third = run(tmp_path, "c", [(0, 6, [2])], 4, recover=False,
+                   resume=str(tmp_path / "a"))
+    assert first.losses + third.losses == want.losses
+    assert_final_state_is_the_references(tmp_path / "c", want)
+
+
+@pytest.mark.slow
+def test_an_unrecoverable_loss_leaves_the_last_checkpoint_intact_and_loadable(tmp_path):
+    # d1 runs stage 1 alone, its replica lives on d2: both lost after step 0's checkpoint
+    with pytest.raises(RecoveryFailed, match="cannot recover"):
+        run(tmp_path, "a", THREE_STAGES, 4, "d1:1:optimizer,d2:1:optimizer",
+            checkpoint_every=1)
+    folder = tmp_path / "a" / "checkpoints"
+    assert checkpoint.resolve(tmp_path / "a") == folder / "step-00000001"
+    assert [d.name for d in folder.glob("step-*")] == ["step-00000001"]
+    plan, resumed = run(tmp_path, "b", OTHER, 3, resume=str(tmp_path / "a"))
+    want = reference(plan, 3)
+    assert [m["step"] for m in resumed.metrics] == [1, 2]
+    assert resumed.losses == want.losses[1:]
+    assert_final_state_is_the_references(tmp_path / "b", want)
