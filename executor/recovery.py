@@ -63,6 +63,7 @@ the first commit of the new generation; null when it failed first).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -123,6 +124,14 @@ class Generation:
 
     def times(self, key: str) -> list[float]:
         return [float(self.store.get(f"{key}/{r}")) for r in range(self.world)]
+
+
+def _precompute_into(slot: dict, plan: Plan) -> None:
+    """Fill ``slot`` with :func:`planner.replanning.precompute`'s plans (a background
+    thread's job). A plan with no device to lose (one device) leaves it empty: a failure
+    then re-plans at once and raises the re-planner's one-line error."""
+    with contextlib.suppress(EdgepipeError):
+        slot.update(precompute(plan))
 
 
 def replication_points(resume: int, steps: int, interval: int) -> list[int]:
@@ -210,7 +219,7 @@ class Supervisor:
         if self._precompute and plan.id not in self._precomputed:
             slot: dict = {}
             self._precomputed[plan.id] = slot
-            threading.Thread(target=lambda: slot.update(precompute(plan)), daemon=True,
+            threading.Thread(target=_precompute_into, args=(slot, plan), daemon=True,
                              name=f"precompute-{plan.id}").start()
         return gen
 

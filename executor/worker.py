@@ -798,11 +798,14 @@ def run(opts: WorkerOptions, endpoint: Endpoint) -> None:
                 "this rank stopped without writing anything, the last committed "
                 "checkpoint is intact") from None
         except RuntimeError:
-            # across hosts, a gloo error from a peer that stopped on an abort: report
-            # the abort (the cause), which the heartbeat thread sees within two beats
+            # across hosts, a gloo error from a peer that stopped (on an abort, or because
+            # its own neighbour's host died before the coordinator declared it): report
+            # the abort (the cause), which reaches the heartbeat thread within the
+            # coordinator's hang timeout plus a beat, shorter than the data-plane timeout
             # (the local launcher names the culprit itself)
             if worker.control is not None and opts.coordinator:
-                for _ in range(3):
+                deadline = time.monotonic() + opts.timeout_s
+                while time.monotonic() < deadline:
                     worker.control.check(opts.generation)
                     time.sleep(worker.control.interval_s)
             raise
