@@ -139,6 +139,12 @@ def join(opts: WorkerOptions, endpoint: Endpoint, address: str
         raise InputError("--coordinator", "", f"no coordinator at {address} "
                          f"({str(exc).splitlines()[0][:120]}); start `edgepipe coordinate` "
                          "there first") from None
+    if recover and (opts.checkpoint_every or opts.resume):
+        # its parts would be written but never committed: the coordinator's Supervisor
+        # takes no checkpoint settings yet (docs/executor.md, "Across hosts")
+        raise InputError("--checkpoint-every", "", "a recovering run across hosts cannot "
+                         "checkpoint or resume yet; drop --checkpoint-every/--resume, or "
+                         "start `edgepipe coordinate` without --recover")
     opts = replace(opts, generation=generation, heartbeat_s=opts.heartbeat_s or HEARTBEAT_S,
                    recover=opts.recover or recover)
     endpoint = replace(endpoint, store_host=host, store_port=port, host_store=False)

@@ -22,10 +22,12 @@ import pytest
 import torch
 
 from executor import checkpoint
-from executor.coordinator import parse_address
+from executor.control import host_store
+from executor.coordinator import join, parse_address
 from executor.launch import launch
 from executor.metrics import read_jsonl
-from executor.worker import WorkerOptions
+from executor.worker import Endpoint, WorkerOptions
+from planner.errors import InputError
 from planner.plan import load_plan
 from planner.profile import BuildSpec
 from tests.executor_helpers import MLP_IN, make_test_plan, profile_of, write_plan
@@ -114,6 +116,22 @@ def test_an_address_is_host_and_port() -> None:
     for bad in ("198.18.0.1", ":29500", "h:0", "h:port", "h:70000"):
         with pytest.raises(ValueError, match="is not HOST:PORT"):
             parse_address(bad)
+
+
+def test_a_recovering_coordinator_refuses_a_checkpointing_worker_before_it_trains(
+    plan_file: Path,
+) -> None:
+    store = host_store(0)
+    store.set("ctl/generation", "1")
+    store.set("ctl/recover", "1")
+    endpoint = Endpoint(rank=0, world_size=3, store_host="127.0.0.1", store_port=store.port)
+    for extra in ({"checkpoint_every": 1}, {"resume": "ckpt"}):
+        opts = WorkerOptions(plan=str(plan_file), steps=1, timeout_s=5, **extra)
+        with pytest.raises(InputError, match="cannot checkpoint or resume yet"):
+            join(opts, endpoint, f"127.0.0.1:{store.port}")
+    joined, _ = join(WorkerOptions(plan=str(plan_file), steps=1, timeout_s=5), endpoint,
+                     f"127.0.0.1:{store.port}")
+    assert joined.recover and joined.generation == 1
 
 
 def test_a_worker_without_a_coordinator_says_where_it_looked(job: Job, plan_file: Path) -> None:
