@@ -108,11 +108,18 @@ def assert_matches_reference(tmp_path: Path, plan, result, steps: int = STEPS) -
     assert [m["step"] for m in result.metrics] == list(range(steps))
     assert result.losses == want.losses
     assert [m["samples"] for m in result.metrics] == want.sample_ids
+    assert_final_state_is_the_references(tmp_path, want)
+    final = {e["new_plan"] for e in result.events[-1:]} or {plan.id}
+    assert result.metrics[-1]["plan_id"] in final
+
+
+def assert_final_state_is_the_references(out: Path, want) -> None:
+    """Every rank's saved weights and optimizer state (``out/weights``) equal the
+    reference's, and together they cover every parameter."""
     params = [n for n, _ in zoo.build_model(GPT2.zoo, seed=GPT2.seed, **GPT2.sizes)
               .named_parameters()]
     seen: set[str] = set()
-    final = {e["new_plan"] for e in result.events[-1:]} or {plan.id}
-    for saved in sorted((tmp_path / "weights").glob("rank*.pt")):
+    for saved in sorted((out / "weights").glob("rank*.pt")):
         rank = torch.load(saved)
         for key, value in rank["model"].items():
             assert torch.equal(value, want.state[key]), f"{saved.name}: {key}"
@@ -124,7 +131,6 @@ def assert_matches_reference(tmp_path: Path, plan, result, steps: int = STEPS) -
             for k in state:
                 assert torch.equal(torch.as_tensor(state[k]), torch.as_tensor(expected[k])), k
     assert seen == set(want.state)
-    assert result.metrics[-1]["plan_id"] in final
 
 
 THREE_STAGES = [(0, 2, [2]), (2, 4, [2]), (4, 6, [1, 1])]

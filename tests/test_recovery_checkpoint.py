@@ -11,9 +11,8 @@ import signal
 from pathlib import Path
 
 import pytest
-import torch
 
-from executor import checkpoint, zoo
+from executor import checkpoint
 from executor.launch import launch
 from executor.recovery import RecoveryFailed
 from executor.worker import WorkerOptions
@@ -21,9 +20,9 @@ from tests.executor_helpers import alive, make_test_plan, write_plan
 from tests.test_recovery import (
     BEAT_S,
     GLOO_TIMEOUT_S,
-    GPT2,
     HANG_S,
     THREE_STAGES,
+    assert_final_state_is_the_references,
     profile,
     reference,
     with_timeout_reap,
@@ -52,24 +51,6 @@ def run(tmp_path: Path, name: str, stages, steps: int, faults: str = "",
         for pid in pids:
             with_timeout_reap(pid)
     return plan, result
-
-
-def assert_final_state_is_the_references(out: Path, want) -> None:
-    params = [n for n, _ in zoo.build_model(GPT2.zoo, seed=GPT2.seed, **GPT2.sizes)
-              .named_parameters()]
-    seen: set[str] = set()
-    for saved in sorted((out / "weights").glob("rank*.pt")):
-        rank = torch.load(saved)
-        for key, value in rank["model"].items():
-            assert torch.equal(value, want.state[key]), f"{saved.name}: {key}"
-            seen.add(key)
-        first = params.index(next(k for k in rank["model"] if k in params))
-        for local, state in rank["optimizer"]["state"].items():
-            expected = want.optimizer["state"][first + local]
-            assert state.keys() == expected.keys()
-            for k in state:
-                assert torch.equal(torch.as_tensor(state[k]), torch.as_tensor(expected[k])), k
-    assert seen == set(want.state)
 
 
 @pytest.mark.slow
