@@ -1,0 +1,148 @@
+"""A JSON cache of the exact solver's results per benchmark instance.
+
+The exact solver is what makes ``solver_vs_dp.py`` and ``speedup.py`` slow (up to its
+time limit per instance, about two hours for the whole suite under load), while the DP
+and the baselines take seconds. Each instance's exact result is stored once, keyed by
+its label, and reused while the instance and the solver settings are unchanged, so the
+DP side can be re-run in minutes against the stored results and an interrupted exact
+run resumes where it stopped.
+
+An entry holds: the instance's hash (model, cluster and training config), the solver
+settings (backend, time limit, programs run side by side, threads per program), the
+best plan found (iteration time and partition), its lower bound and status, the solve
+time, the warm start it was given (the DP's plan of that commit, whose figures are kept
+too), the commit and whether the tree was modified, the UTC time and the load average.
+An entry whose hash or settings differ from the current ones is stale and solved again.
+The file is rewritten atomically after every instance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from planner import milp
+from planner.dp import DPResult
+from planner.milp import MILPResult, plan_milp
+from planner.partition import Partition, StageAssignment
+from planner.problem import Problem
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: the default cache of the suites' exact results
+DEFAULT_PATH = ROOT / "benchmarks" / "results" / "exact_cpsat_60s.json"
+
+
+def instance_hash(problem: Problem) -> str:
+    """SHA-256 of the model profile, the cluster and the training config (what the
+    planners read; the derived timings follow from them)."""
+    doc = {
+        "model": dataclasses.asdict(problem.model),
+        "cluster": dataclasses.asdict(problem.cluster),
+        "config": dataclasses.asdict(problem.config),
+    }
+    text = json.dumps(doc, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def settings(backend: str, time_limit: float) -> dict[str, Any]:
+    """The solver settings an entry was solved with (one CP-SAT thread per program)."""
+    return {
+        "backend": backend,
+        "time_limit_s": time_limit,
+        "programs_side_by_side": milp.PARALLEL,
+        "threads_per_program": 1,
+        "quick_share": milp.QUICK_SHARE,
+    }
+
+
+def commit() -> str:
+    """HEAD of the working tree, ``+modified`` when tracked files differ from it."""
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "diff", "--quiet", "HEAD", "--", "planner"], cwd=ROOT, capture_output=True
+    ).returncode
+    return head + ("+modified" if dirty else "")
+
+
+def partition_to_dict(p: Partition) -> dict[str, Any]:
+    return dataclasses.asdict(p)
+
+
+def partition_from_dict(d: dict[str, Any]) -> Partition:
+    stages = tuple(
+        StageAssignment(s["first"], s["end"], tuple(s["devices"]), tuple(s["samples"]))
+        for s in d["stages"]
+    )
+    return Partition(d["micro_batch_size"], d["num_micro_batches"], stages)
+
+
+class ExactCache:
+    """The cache file at ``path``: :meth:`get` a valid entry, :meth:`solve` one."""
+
+    def __init__(self, path: Path = DEFAULT_PATH, backend: str = "cpsat", time_limit: float = 60.0):
+        self.path = Path(path)
+        self.settings = settings(backend, time_limit)
+        self.commit = commit()  # once: the code this process imported
+        self.entries: dict[str, dict[str, Any]] = {}
+        if self.path.exists():
+            self.entries = json.loads(self.path.read_text())["instances"]
+
+    def get(self, label: str, problem: Problem) -> dict[str, Any] | None:
+        """The entry of ``label`` if it was solved for this very instance and settings."""
+        e = self.entries.get(label)
+        if e is None or e["instance_hash"] != instance_hash(problem):
+            return None
+        return e if e["settings"] == self.settings else None
+
+    def solve(self, label: str, problem: Problem, dp: DPResult, dp_cpu_s: float) -> dict[str, Any]:
+        """Solve ``problem`` with the exact solver warm-started from ``dp``'s plan (what
+        :func:`planner.milp.plan_milp` does by default), store and return the entry."""
+        load_before = os.getloadavg()[0]
+        r: MILPResult = plan_milp(
+            problem,
+            backend=self.settings["backend"],
+            time_limit=self.settings["time_limit_s"],
+            warm_start=dp.partition,
+        )
+        entry = {
+            "instance_hash": instance_hash(problem),
+            "settings": self.settings,
+            "status": r.status,
+            "best_ms": r.cost.iteration_ms,
+            "bound_ms": r.bound_ms,
+            "gap": r.gap,
+            "solve_time_s": r.solve_time_s,
+            "warm_start_ms": r.warm_start_ms,
+            "partition": partition_to_dict(r.partition),
+            "dp": {
+                "iteration_ms": dp.cost.iteration_ms,
+                "solve_time_s": dp.solve_time_s,
+                "cpu_s": dp_cpu_s,
+                "status": dp.status,
+            },
+            "commit": self.commit,
+            "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        }
+        self._write(label, entry)
+        return entry
+
+    def _write(self, label: str, entry: dict[str, Any]) -> None:
+        """Add ``entry`` to the file as it is now (another run may have added some)."""
+        if self.path.exists():
+            self.entries = json.loads(self.path.read_text())["instances"]
+        self.entries[label] = entry
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+        doc = {"about": __doc__.splitlines()[0], "instances": self.entries}
+        tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, self.path)
