@@ -136,9 +136,7 @@ def main() -> None:
     parser.add_argument(
         "--cache", default=str(exact_cache.DEFAULT_PATH), help="exact results' JSON cache"
     )
-    parser.add_argument(
-        "--exact-only", action="store_true", help="only fill the cache (no table)"
-    )
+    parser.add_argument("--exact-only", action="store_true", help="only fill the cache (no table)")
     parser.add_argument(
         "--no-solve",
         action="store_true",
