@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from planner import milp
-from planner.dp import DPResult
+from planner.cost import CostModel
 from planner.milp import MILPResult, plan_milp
 from planner.partition import Partition, StageAssignment
 from planner.problem import Problem
@@ -85,6 +85,13 @@ def partition_from_dict(d: dict[str, Any]) -> Partition:
     return Partition(d["micro_batch_size"], d["num_micro_batches"], stages)
 
 
+def rescored_ms(problem: Problem, entry: dict[str, Any]) -> float:
+    """The cached plan's iteration time under this tree's cost model (equal to the
+    cached ``best_ms`` unless the cost model changed since)."""
+    cm = CostModel(problem, max(problem.config.micro_batch_sizes()))
+    return cm.evaluate(partition_from_dict(entry["partition"])).iteration_ms
+
+
 class ExactCache:
     """The cache file at ``path``: :meth:`get` a valid entry, :meth:`solve` one."""
 
@@ -103,15 +110,18 @@ class ExactCache:
             return None
         return e if e["settings"] == self.settings else None
 
-    def solve(self, label: str, problem: Problem, dp: DPResult, dp_cpu_s: float) -> dict[str, Any]:
-        """Solve ``problem`` with the exact solver warm-started from ``dp``'s plan (what
-        :func:`planner.milp.plan_milp` does by default), store and return the entry."""
+    def solve(
+        self, label: str, problem: Problem, warm_start: Partition, dp: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Solve ``problem`` with the exact solver warm-started from ``warm_start``, the
+        DP's plan (what :func:`planner.milp.plan_milp` does by default), store and return
+        the entry; ``dp``: that DP run's figures, kept beside it."""
         load_before = os.getloadavg()[0]
         r: MILPResult = plan_milp(
             problem,
             backend=self.settings["backend"],
             time_limit=self.settings["time_limit_s"],
-            warm_start=dp.partition,
+            warm_start=warm_start,
         )
         entry = {
             "instance_hash": instance_hash(problem),
@@ -123,12 +133,7 @@ class ExactCache:
             "solve_time_s": r.solve_time_s,
             "warm_start_ms": r.warm_start_ms,
             "partition": partition_to_dict(r.partition),
-            "dp": {
-                "iteration_ms": dp.cost.iteration_ms,
-                "solve_time_s": dp.solve_time_s,
-                "cpu_s": dp_cpu_s,
-                "status": dp.status,
-            },
+            "dp": dp,
             "commit": self.commit,
             "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],

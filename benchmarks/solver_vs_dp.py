@@ -160,6 +160,7 @@ def main() -> None:
         print(head, flush=True)
     rows: list[dict] = []
     missing: list[str] = []
+    stale: list[str] = []  # cached plans the cost model now prices differently
     for label, problem in instances(order):
         entry = cache.get(label, problem)
         if args.exact_only and entry is not None:
@@ -173,7 +174,13 @@ def main() -> None:
         dp_s = time.perf_counter() - start
         dp_cpu = time.process_time() - start_cpu
         if entry is None:
-            entry = cache.solve(label, problem, dp, dp_cpu)
+            record = {
+                "iteration_ms": dp.cost.iteration_ms,
+                "solve_time_s": dp_s,
+                "cpu_s": dp_cpu,
+                "status": dp.status,
+            }
+            entry = cache.solve(label, problem, dp.partition, record)
             if args.exact_only:
                 print(
                     f"solved: {label}: {entry['status']} {entry['best_ms']:.1f} ms "
@@ -187,8 +194,12 @@ def main() -> None:
         }
         # the exact solver's best is warm-started from the DP of its commit; the DP of
         # this tree may have found better since, so the reference is the best known
-        best = min(entry["best_ms"], dp.cost.iteration_ms)
-        optimal = entry["status"] == "optimal" and best == entry["best_ms"]
+        exact_ms = exact_cache.rescored_ms(problem, entry)
+        changed = abs(exact_ms / entry["best_ms"] - 1) > 1e-9
+        if changed:
+            stale.append(f"{label} ({entry['best_ms']:.2f} -> {exact_ms:.2f} ms)")
+        best = min(exact_ms, dp.cost.iteration_ms)
+        optimal = entry["status"] == "optimal" and best == exact_ms and not changed
         bound = entry["bound_ms"]
         row = {
             "label": label,
@@ -223,6 +234,12 @@ def main() -> None:
         summary.append(f"| {name} " + gap_summary([r for r in rows if r["cluster"] == name]))
     if rows:
         summary.append("| **all** " + gap_summary(rows))
+    if stale:
+        summary += [
+            "",
+            f"The cost model changed since these were cached (bounds and proofs stale): "
+            f"{len(stale)}: {', '.join(stale)}",
+        ]
     if missing:
         summary += ["", f"Not in the cache (left out): {len(missing)}: {', '.join(missing)}"]
     print("\n".join(summary))
