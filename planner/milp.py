@@ -40,6 +40,7 @@ are :mod:`planner.milp_backends`; this module is the search driver over all prog
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import threading
 import time
@@ -82,6 +83,13 @@ QUICK_SHARE = 0.25
 #: the objective cutoff sits this far (relative) above the incumbent, so that CP-SAT's
 #: rounded times cannot cut off the incumbent's own program
 CUTOFF_SLACK = 1e-4
+
+#: share of the time limit the closed-form bounds (:func:`program_bounds`) may take
+BOUND_SHARE = 0.2
+
+#: the class-vector DP of :func:`program_bounds` keeps at most about this many (state,
+#: stage composition) pairs; classes of similar speed merge until it fits
+BOUND_STATES = 8192
 
 #: a solution's cost-model figure within this (relative) of the program's value counts
 #: as equal (CP-SAT's time resolution, milp_backends)
@@ -298,8 +306,21 @@ def plan_milp(
         max_p = min(max_p, problem.config.max_stages)
     jobs = [(b, p) for b in sizes for p in range(1, max_p + 1)]
     first = (warm_start.micro_batch_size, warm_start.num_stages) if warm_start else None
-    stage_bounds = {b: program_bounds(tables, b, max_p) for b in sizes}
-    quick = {j: max(quick_bound(tables, *j), float(stage_bounds[j[0]][j[1]])) for j in jobs}
+    quick = {j: quick_bound(tables, *j) for j in jobs}
+    ceiling = best[0] * (1 + CUTOFF_SLACK) if best else None
+    # the closed-form bounds get BOUND_SHARE of the time: first the test at the
+    # incumbent for every micro-batch size (what prunes), then the bisection
+    known = {b: np.array([0.0, *(quick[b, p] for p in range(1, max_p + 1))]) for b in sizes}
+    phases = (
+        (math.inf, deadline_of(start, time_limit, 0.5)),
+        (1e-3, deadline_of(start, time_limit, 1.0)),
+    )
+    for tol, until in phases if ceiling is not None else phases[1:]:
+        for i, b in enumerate(sizes):
+            now = time.perf_counter()
+            share = max(until - now, 0.0) / (len(sizes) - i)
+            known[b] = program_bounds(tables, b, max_p, ceiling, tol, known[b], now + share)
+    quick = {j: max(quick[j], float(known[j[0]][j[1]])) for j in jobs}
     jobs.sort(key=lambda j: (j != first, quick[j], j[0], j[1]))
     pruned = [
         SubProblem(*j, "pruned", None, quick[j], 0.0)
@@ -354,6 +375,11 @@ def plan_milp(
     )
 
 
+def deadline_of(start: float, time_limit: float, part: float) -> float:
+    """When the closed-form bounds' phase ``part`` (of 1) of their share ends."""
+    return start + BOUND_SHARE * time_limit * part
+
+
 def quick_bound(tables: Tables, batch: int, num_stages: int) -> float:
     """A lower bound on the cost model's iteration time of every plan with micro-batch
     ``batch`` and ``num_stages`` stages, without a solver (what a program that got no
@@ -387,28 +413,78 @@ def quick_bound(tables: Tables, batch: int, num_stages: int) -> float:
     return max(work, fill)
 
 
-def program_bounds(tables: Tables, batch: int, max_stages: int) -> np.ndarray:
+def bound_groups(tables: Tables, batch: int) -> list[list[int]]:
+    """The classes :func:`program_bounds` keeps apart: groups of classes (indices into
+    ``tables.classes``), in order of speed (least per-sample time over the whole model,
+    y <= ``batch``). The bound's DP state counts the devices used per group, so it has
+    prod(count_j + 1) states and a stage one of the group compositions (g_j <= count_j,
+    1 <= sum g_j <= min(B, N)); while their product exceeds :data:`BOUND_STATES`, the two
+    adjacent groups of the closest speeds merge (a merged group counts its devices
+    together and prices them at its fastest member's times: a relaxation). One group is
+    the device-count DP. O(K^2 + BOUND_STATES)."""
+    classes = tables.classes
+    ys = np.arange(1, batch + 1)
+    speed = [
+        float(((tf[:, 1 : batch + 1] + tb[:, 1 : batch + 1]).sum(axis=0) / ys).min())
+        for tf, tb in zip(tables.tf, tables.tb, strict=True)
+    ]
+    groups = [[k] for k in sorted(range(len(classes)), key=lambda k: speed[k])]
+    gmax = min(batch, tables.n_devices)
+
+    def size(parts: list[list[int]]) -> float:
+        counts = [sum(classes[k].count for k in part) for part in parts]
+        states = math.prod(c + 1 for c in counts)
+        if len(parts) == 1 or states > BOUND_STATES:
+            return states * (gmax if len(parts) == 1 else BOUND_STATES)
+        return states * len(compositions(counts, gmax))
+
+    while len(groups) > 1 and size(groups) > BOUND_STATES:
+        i = min(
+            range(len(groups) - 1),
+            key=lambda i: speed[groups[i + 1][0]] / max(speed[groups[i][-1]], 1e-300),
+        )
+        groups[i : i + 2] = [groups[i] + groups[i + 1]]
+    return groups
+
+
+def compositions(counts: list[int], most: int) -> list[tuple[int, ...]]:
+    """Every (g_1 .. g_J) with 0 <= g_j <= counts[j] and 1 <= sum <= ``most``."""
+    return [g for g in itertools.product(*(range(c + 1) for c in counts)) if 1 <= sum(g) <= most]
+
+
+def program_bounds(
+    tables: Tables,
+    batch: int,
+    max_stages: int,
+    ceiling: float | None = None,
+    rel_tol: float = 1e-3,
+    known: np.ndarray | None = None,
+    deadline: float = math.inf,
+) -> np.ndarray:
     """Lower bounds on the cost model's iteration time of every plan with micro-batch
     ``batch`` and P = 1 .. ``max_stages`` stages (entry P; entry 0 unused), from a
-    min-max over block partitions and device counts, without a solver.
+    min-max over block partitions and per-class device counts, without a solver.
 
-    Per stage q of blocks [a, b) on g devices (every device takes >= 1 sample, so
-    1 <= g <= B; memory (Eq. 3, one micro-batch in flight, no replica) caps a device's
-    samples at y_fit, so g >= ceil(B / y_fit)), the round makespan
-    (:func:`planner.cost.round_makespan`) is at least
+    ``known``: valid lower bounds already known (entry P), where the bisection starts; an
+    entry at or above ``ceiling`` (what pruning needs) only says so; the others are
+    within ``rel_tol`` (relative) below the min-max, or wherever the bisection stood at
+    ``deadline`` (``time.perf_counter()``): every returned entry is a valid bound.
 
-        fill_f(q, a) + max(work(a, b, g) + max(ring(a, b, g), fill_b(q, a)), sent(a, b, g)):
+    Per stage q of blocks [a, b) served by g_j devices of class group j
+    (:func:`bound_groups`; every device takes >= 1 sample, so 1 <= g = sum g_j <= B; a
+    device of group j fits at most y_j samples (Eq. 3, one micro-batch in flight, the
+    group's largest budget, no replica), so sum g_j y_j >= B), take any sample j of a
+    micro-batch and the device d(j) of stage q that holds it (the same for every
+    micro-batch: the slicing is fixed). The round ends no earlier than
 
-    fill: a device's first forward needs micro-batch 0's piece from stage q - 1, which
-          needed that stage's first forward, and so on: every block before a at its least
-          forward time over classes and y <= B, plus q hops, each at least the least
-          latency plus one sample of its cut at the fastest pair (the cut at a exactly,
-          the earlier ones at the smallest boundary); after its last backward its
-          gradient piece goes down the same way (backward times, q hops);
-        work: the device runs M forwards and M backwards of its y samples one after the
-          other, at least M y s(a, b) (s: least per-sample time over classes and y <= B)
-          and at least M times the least per-micro-batch time; the slowest of g devices
-          whose samples sum to B is at least M max(B s / g, least);
+        fill_f(j) + work(d(j)) + max(ring, fill_b(j)):
+
+    fill: before d(j)'s first forward, sample j's piece went through every earlier
+          stage i on the device d_i(j) that holds it there (its forward of that
+          micro-batch) and over every cut (a hop each: at least one sample at the
+          fastest pair plus the least latency; the cut at a exactly); after d(j)'s last
+          backward its gradient goes down the same way (backward times, the same hops);
+        work: d(j) runs M forwards and M backwards one after the other;
         ring: after the last member's last backward, each member's 2(g - 1) ring steps
           (§3.3) follow one another, each a chunk W / g at the fastest pair plus the
           least latency (fair sharing only slows a transfer);
@@ -420,87 +496,212 @@ def program_bounds(tables: Tables, batch: int, max_stages: int) -> np.ndarray:
           worth plus the chunks), on a shared medium every device's on the one medium (the
           stage's total); on point-to-point links a device's pairs run in parallel (0).
 
-    A plan's time is at least the largest stage term, so the least over partitions of
-    the largest term bounds every plan of the program (sum of g <= N devices; class
-    counts relaxed):
+    Averaging over the B samples j (the bound holds for each, so for their mean): a
+    device d of stage i with y_d samples holds y_d of them, and its time is at least
+    y_d s_d (s_d: its group's least per-sample time over y <= B for the stage's blocks)
+    and at least its group's least per-micro-batch time l_d, so the mean of t(d(j)) is
+    at least
 
-        f_p(b, n) = min over a < b, g <= n of max(f_{p-1}(a, n - g), term(p - 1, a, b, g)),
-        f_0(0, n) = 0; bound(P) = f_P(L, N).
+        mean(s, l) = max(B / sum_j (g_j / s_j),  ybar(g) min s_j,  min l_j)
 
-    O(P L^2 N B) array work, vectorised over (n, g)."""
+    (the first: sum_d y_d^2 s_d / B is least with y_d proportional to 1 / s_d; the
+    second: every device at the fastest group's rate, ybar(g) = (r (k + 1)^2 +
+    (g - r) k^2) / B with B = k g + r the least sum of squares of g positive integers
+    summing to B; minima over the groups present). So a stage i contributes
+    c_i = mean(s_f, l_f) + mean(s_b, l_b) to the fill of every later stage, and its own
+    term is the largest of
+
+        C_q + 2 hops_q + M mean(s, l)                 (the backward branch)
+        F_q + hops_q + M mean(s, l) + ring            (the ring branch)
+        F_q + hops_q + sent                           (the channel branch)
+
+    with C_q = sum_{i < q} c_i and F_q >= max(the per-block least forward times of the
+    blocks before a, alpha C_q), alpha = rho / (1 + rho), rho the least forward /
+    backward ratio of s_j and of l_j over the stage ranges and groups (so that the
+    backward part of c_i is at most its forward part / rho). A plan's time is at least
+    its largest stage term. The least over partitions (sum over stages of g_j <=
+    count_j) of that largest term is found by bisection on T: for a target T, a DP over
+    (block prefix b, devices used per group n, stages p) keeps the least fill C of a
+    prefix whose stage terms are all <= T (a larger fill never helps a later stage),
+    and T is feasible for P when some state (L, n, P) is reached:
+
+        C_p(b, n) = min over a < b, compositions g <= n with every term of stage
+            (a, b, g) at C_{p-1}(a, n - g) <= T of C_{p-1}(a, n - g) + c(a, b, g),
+        C_0(0, 0) = 0.
+
+    O(log(1 / rel_tol) P L^2 S G) array work (S states, G compositions, S G <=
+    :data:`BOUND_STATES` beside the device-count DP's (N + 1) min(B, N)): one DP pass per
+    bisection step, all P together, vectorised over (b, states, compositions)."""
     problem, cm = tables.problem, tables.cm
-    n_blocks, n_dev = tables.n_blocks, tables.n_devices
+    n_blocks = tables.n_blocks
     m_count = problem.config.global_batch // batch
-    gmax = min(batch, n_dev)
+    gmax = min(batch, tables.n_devices)
     cols = slice(1, batch + 1)
     ys = np.arange(1, batch + 1, dtype=float)
     zero = np.zeros((1, batch))
-    # per class: prefix over blocks of (t_f + t_b) at y = 1..B, shape (L + 1, B)
-    work_prefix = [
-        np.vstack([zero, np.cumsum(tf[:, cols] + tb[:, cols], axis=0)])
-        for tf, tb in zip(tables.tf, tables.tb, strict=True)
-    ]
+    groups = bound_groups(tables, batch)
+    counts = [sum(tables.classes[k].count for k in grp) for grp in groups]
+    comps = np.array(compositions(counts, gmax), dtype=np.int64).reshape(-1, len(groups))
+    present = comps > 0
+    size = comps.sum(axis=1)  # g of each composition
+    radix = np.cumprod([1, *(c + 1 for c in counts[:-1])])
+    n_states = math.prod(c + 1 for c in counts)
+    digits = (np.arange(n_states)[:, None] // radix[None, :]) % (np.array(counts) + 1)
+    gather = np.arange(n_states)[:, None] - (comps @ radix)[None, :]  # (S, G)
+    gather_ok = (digits[:, None, :] >= comps[None, :, :]).all(axis=2)
+    gather = np.where(gather_ok, gather, 0)
+    k_div, r_mod = np.divmod(batch, size)
+    ybar = (r_mod * (k_div + 1.0) ** 2 + (size - r_mod) * k_div**2.0) / batch
+
+    def prefix(tables_k: list[np.ndarray]) -> list[np.ndarray]:
+        return [np.vstack([zero, np.cumsum(t[:, cols], axis=0)]) for t in tables_k]
+
+    def mean(s: np.ndarray, least: np.ndarray) -> np.ndarray:
+        """mean(s, l) of the docstring per composition, from per-group s and l."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rate = np.where(present, comps / np.where(s > 0, s, 0.0)[None, :], 0.0).sum(axis=1)
+            frac = batch / rate
+        fastest = np.where(present, s[None, :], np.inf).min(axis=1)
+        return np.maximum(np.maximum(frac, ybar * fastest),
+                          np.where(present, least[None, :], np.inf).min(axis=1))  # fmt: skip
+
+    fwd_prefix, bwd_prefix = prefix(tables.tf), prefix(tables.tb)
     least_f = np.min([tf[:, cols].min(axis=1) for tf in tables.tf], axis=0)
-    least_b = np.min([tb[:, cols].min(axis=1) for tb in tables.tb], axis=0)
     pre_f = np.concatenate([[0.0], np.cumsum(least_f)])
-    pre_b = np.concatenate([[0.0], np.cumsum(least_b)])
     bnd = np.asarray(tables.boundary, dtype=float)
     cut_hop = tables.lat_lo + tables.v_lo * bnd
     hop_min = float(cut_hop[:-1].min(initial=np.inf)) if n_blocks > 1 else 0.0
     grad_prefix = np.concatenate([[0.0], np.cumsum(tables.grad)])
-    budget = float(np.max(cm.budget))
+    budgets = [max(tables.classes[k].budget for k in grp) for grp in groups]
     warmup = m_count if problem.config.schedule == "gpipe" else 1
-    g = np.arange(1, gmax + 1, dtype=float)
-    ring_steps = 2.0 * (g - 1.0)
-    n_idx = np.arange(n_dev + 1)[:, None] - np.arange(1, gmax + 1)[None, :]
-    n_ok = n_idx >= 0
-    n_idx = np.where(n_ok, n_idx, 0)
-    # base[a][b]: (work + ring per g) of stage [a, b), or None where no device fits it
-    work: dict[tuple[int, int], np.ndarray] = {}
-    ring: dict[tuple[int, int], np.ndarray] = {}
-    sent: dict[tuple[int, int], np.ndarray] = {}
+    ring_steps = 2.0 * (size - 1.0)
+    # per first block a: the stage ends b (> a) that fit memory, and per (b, composition)
+    # the stage's work, fill contribution, ring and sent terms, shape (len(ends), G)
+    stages: dict[int, tuple[list[int], np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+    rho = np.inf
     for a in range(n_blocks):
+        rows: list[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         for b in range(a + 1, n_blocks + 1):
-            fit = samples_that_fit(
-                budget, cm.static_bytes(a, b), warmup, cm.saved_bytes(a, b), batch
-            )
-            if fit < 1:
+            fit = np.array([
+                samples_that_fit(budget, cm.static_bytes(a, b), warmup, cm.saved_bytes(a, b),
+                                 batch)
+                for budget in budgets
+            ])  # fmt: skip
+            room = np.where(present, comps * fit[None, :], 0).sum(axis=1)
+            usable = (room >= batch) & ~(present & (fit[None, :] < 1)).any(axis=1)
+            if not usable.any():
                 continue
-            span = np.array([w[b] - w[a] for w in work_prefix])  # (K, B)
-            per_sample = float((span / ys).min())
-            least = float(span.min())
-            w = m_count * np.maximum(batch * per_sample / g, least)
-            w[g < math.ceil(batch / fit)] = np.inf
-            work[a, b] = w
-            chunk = (grad_prefix[b] - grad_prefix[a]) / g
-            ring[a, b] = ring_steps * (chunk * tables.v_lo + tables.lat_lo)
+            span_f = np.array([w[b] - w[a] for w in fwd_prefix])  # (K, B) per class
+            span_b = np.array([w[b] - w[a] for w in bwd_prefix])
+            figures = []
+            for span in (span_f, span_b, span_f + span_b):
+                per_sample = (span / ys).min(axis=1)
+                least = span.min(axis=1)
+                figures.append((np.array([per_sample[grp].min() for grp in groups]),
+                                np.array([least[grp].min() for grp in groups])))  # fmt: skip
+            (s_f, l_f), (s_b, l_b), (s_t, l_t) = figures
+            for num, den in ((s_f, s_b), (l_f, l_b)):
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    ratio = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.inf)
+                rho = min(rho, float(ratio.min()))
+            w = np.where(usable, m_count * mean(s_t, l_t), np.inf)
+            fill = mean(s_f, l_f) + mean(s_b, l_b)
+            chunk = (grad_prefix[b] - grad_prefix[a]) / size
+            ring = ring_steps * (chunk * tables.v_lo + tables.lat_lo)
             crossing = float(bnd[b - 1] if b < n_blocks else 0.0) + (bnd[a - 1] if a else 0.0)
             if tables.topology == "switched":
-                sent[a, b] = (m_count * batch * crossing / g + ring_steps * chunk) * tables.v_lo
+                sent = (m_count * batch * crossing / size + ring_steps * chunk) * tables.v_lo
             elif tables.topology == "shared_medium":
-                sent[a, b] = (m_count * batch * crossing + ring_steps * chunk * g) * tables.v_lo
+                sent = (m_count * batch * crossing + ring_steps * chunk * size) * tables.v_lo
             else:
-                sent[a, b] = np.zeros_like(g)
+                sent = np.zeros(len(comps))
+            rows.append((b, w, fill, ring, sent))
+        if rows:
+            ends, *arrays = zip(*rows, strict=True)
+            stages[a] = (list(ends), *(np.array(x) for x in arrays))  # type: ignore[assignment]
+    alpha = rho / (1.0 + rho) if math.isfinite(rho) else 1.0
+
+    def feasible(targets: list[int], limit: np.ndarray) -> np.ndarray:
+        """Per target P (with its T in ``limit``): does a partition into P stages have
+        every stage term <= T? One DP pass over the layers p = 1 .. max(targets)."""
+        ok = np.zeros(len(targets), dtype=bool)
+        want = np.array(targets)
+        t_col = limit[:, None, None]
+        start = np.where(np.arange(n_states) == 0, 0.0, np.inf)
+        prev = {0: np.repeat(start[None, :], len(targets), axis=0)}
+        for p in range(1, max(targets) + 1):
+            if time.perf_counter() > deadline:
+                raise TimeoutError
+            q = p - 1
+            cur: dict[int, np.ndarray] = {}
+            for a, c_prev in prev.items():
+                if a not in stages:
+                    continue
+                ends, w, fill, ring, sent = stages[a]
+                hops = (q - 1) * hop_min + float(cut_hop[a - 1]) if q else 0.0
+                branch = np.maximum(hops + w + ring, hops + sent)  # (E, G)
+                # C_prev + 2 hops + w <= T; max(pre_f, alpha C_prev) + branch <= T
+                cap = t_col - 2 * hops - w
+                if alpha > 0:
+                    cap = np.minimum(cap, (t_col - branch) / alpha)
+                cap = np.where(pre_f[a] + branch <= t_col, cap, -np.inf)  # (T, E, G)
+                gathered = np.where(gather_ok, c_prev[:, gather], np.inf)  # (T, S, G)
+                grown = gathered[:, None] + fill[None, :, None, :]
+                grown = np.where(gathered[:, None] <= cap[:, :, None, :], grown, np.inf)
+                best = grown.min(axis=3)  # (T, E, S)
+                for e, b in enumerate(ends):
+                    cur[b] = best[:, e] if b not in cur else np.minimum(cur[b], best[:, e])
+            if n_blocks in cur:
+                ok |= (want == p) & np.isfinite(cur[n_blocks]).any(axis=1)
+            prev = {b: v for b, v in cur.items() if b < n_blocks}
+            if not prev:
+                break
+        return ok
+
     out = np.full(max_stages + 1, np.inf)
-    prev = {0: np.zeros(n_dev + 1)}
-    for p in range(1, max_stages + 1):
-        q = p - 1
-        cur: dict[int, np.ndarray] = {}
-        for (a, b), w in work.items():
-            if a not in prev:
-                continue
-            hops = (q - 1) * hop_min + float(cut_hop[a - 1]) if q else 0.0
-            term = (
-                pre_f[a]
-                + hops
-                + np.maximum(w + np.maximum(ring[a, b], pre_b[a] + hops), sent[a, b])
-            )
-            both = np.maximum(np.where(n_ok, prev[a][n_idx], np.inf), term[None, :])
-            value = both.min(axis=1)
-            cur[b] = value if b not in cur else np.minimum(cur[b], value)
-        if n_blocks in cur:
-            out[p] = float(cur[n_blocks][n_dev])
-        prev = {b: v for b, v in cur.items() if b < n_blocks}
+    if not stages:
+        return out
+    targets = [
+        t
+        for t in range(1, max_stages + 1)
+        if known is None or ceiling is None or known[t] < ceiling
+    ]
+    if known is not None:
+        out[1:] = np.maximum(known[1 : max_stages + 1], 0.0)
+    if not targets:
+        return out
+    count = len(targets)
+    lo = np.array([known[t] if known is not None else 0.0 for t in targets], dtype=float)
+    hi = np.full(count, np.inf)  # NaN: no upper end below the ceiling, or none at all
+
+    def step(sel: np.ndarray, limit: np.ndarray) -> None:
+        ok = feasible([t for t, on in zip(targets, sel, strict=True) if on], limit)
+        idx = np.flatnonzero(sel)
+        hi[idx[ok]] = limit[ok]
+        lo[idx[~ok]] = np.maximum(lo[idx[~ok]], limit[~ok])
+
+    try:
+        if ceiling is not None:
+            step(np.ones(count, dtype=bool), np.full(count, ceiling))
+            hi[np.isinf(hi)] = np.nan  # not below the ceiling: enough to prune
+        else:
+            structural = feasible(targets, np.full(count, 1e300))
+            hi[~structural] = np.nan
+            lo[~structural] = np.inf
+            guess = max(_horizon(tables, [batch]), 1.0)
+            while (sel := np.isinf(hi)).any():  # an upper end: double a guess
+                step(sel, np.full(int(sel.sum()), guess))
+                guess *= 2.0
+        while True:
+            with np.errstate(invalid="ignore"):  # NaN: nothing to bisect
+                sel = ~np.isnan(hi) & (hi - lo > rel_tol * hi)
+            if not sel.any():
+                break
+            step(sel, 0.5 * (lo[sel] + hi[sel]))
+    except TimeoutError:
+        pass  # every lo is a valid bound where the bisection stands
+    for i, t in enumerate(targets):
+        out[t] = lo[i]
     return out
 
 

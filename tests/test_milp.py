@@ -452,3 +452,98 @@ def test_program_bounds_are_below_every_plan_that_fits_memory(instance):
             tighter += bounds[stages] > quick_bound(tables, batch, stages) * 1.01
     # and stronger than the work / fill bound somewhere on every instance
     assert tighter > 0
+
+
+def chain(batch: int, activation: float, slowdown: float = 1.0):
+    """Two blocks on two devices, one micro-batch of ``batch`` samples, a 10 Mbit/s
+    switch (1250 bytes/ms) with 5 ms latency, block 0's activation ``activation`` bytes
+    per sample, the weights next to nothing. Per sample on d0: forward 3 and 1 ms,
+    backward 6 and 2 ms (times proportional to the batch); d1 is of d0's type, or with
+    ``slowdown`` != 1 of a type ``slowdown`` times slower."""
+    slow = "dev" if slowdown == 1.0 else "slow"
+    types = {name: device_type(name, 1e9, 100.0) for name in ("dev", slow)}
+    cluster = Cluster("chain", (Device("d0", "dev"), Device("d1", slow)), Network(10.0, 5.0), types)
+    blocks = (Block("b0", 1e2, activation, 1e3), Block("b1", 1e2, 1e3, 1e3))
+    timings = {
+        name: Timing((1, 2), ((3.0 * x, 6.0 * x), (1.0 * x, 2.0 * x)),
+                     ((6.0 * x, 12.0 * x), (2.0 * x, 4.0 * x)))
+        for name, x in (("dev", 1.0), (slow, slowdown))
+    }  # fmt: skip
+    model = ModelProfile("chain", {"kind": "analytic"}, 1e4, blocks, timings)
+    return make_problem(model, cluster, TrainingConfig(batch, (batch,)), catalog=types)
+
+
+@pytest.mark.parametrize(
+    "batch, activation, hop",
+    [
+        (1, 1e5, 80.0 + 5.0),  # one sample: the hop is the whole activation
+        (2, 1.0, 0.0008 + 5.0),  # two samples on each device: the fill is both samples'
+    ],
+)
+def test_program_bounds_are_the_plans_figures_on_a_chain(batch, activation, hop):
+    # one micro-batch: every term of the bound is tight. One stage on one device is its
+    # compute, batch x (3 + 1 + 6 + 2) ms; with two samples the stage on both devices
+    # adds its ring all-reduce instead (2 steps of 100 bytes + 5 ms) and is the faster;
+    # two stages add the activation's and the gradient's hop (with two samples the bound
+    # counts one sample's bytes, 0.0008 ms below the plan's: the latency dominates). So
+    # the fill (all samples through stage 0), the hops, the ring and the work all enter
+    # the bound at their full value.
+    problem = chain(batch, activation)
+    cm = CostModel(problem)
+    tables = Tables(problem, cm, device_classes(problem))
+    compute = 12.0 * batch
+    one = [Partition(batch, 1, (StageAssignment(0, 2, ("d0",), (batch,)),))]
+    if batch == 2:
+        one.append(Partition(2, 1, (StageAssignment(0, 2, ("d0", "d1"), (1, 1)),)))
+    two = Partition(batch, 1, (StageAssignment(0, 1, ("d0",), (batch,)),
+                               StageAssignment(1, 2, ("d1",), (batch,))))  # fmt: skip
+    figures = [cm.evaluate(plan).iteration_ms for plan in one]
+    assert figures == pytest.approx([compute, 12.0 + 2 * (100 / 1250 + 5.0)][: len(one)])
+    assert cm.evaluate(two).iteration_ms == pytest.approx(
+        compute + 2 * (batch * activation / 1250.0 + 5.0)
+    )
+    bounds = program_bounds(tables, batch, 2, rel_tol=1e-9)
+    assert bounds[1] == pytest.approx(min(figures), rel=1e-6)
+    assert bounds[2] == pytest.approx(compute + 2 * hop, rel=1e-6)
+
+
+def test_program_bounds_count_each_class_once():
+    # a fast and a three times slower device, one sample: two stages need both, so the
+    # best is the slow device on the light stage, 3 + 3 + 6 + 6 ms of compute plus two
+    # 85 ms hops; a bound that gave both stages the fast device's times (12 ms) would be
+    # 6 ms lower
+    problem = chain(1, 1e5, slowdown=3.0)
+    cm = CostModel(problem)
+    tables = Tables(problem, cm, device_classes(problem))
+    fast_first = Partition(1, 1, (StageAssignment(0, 1, ("d0",), (1,)),
+                                  StageAssignment(1, 2, ("d1",), (1,))))  # fmt: skip
+    assert cm.evaluate(fast_first).iteration_ms == pytest.approx(18.0 + 2 * 85.0)
+    bounds = program_bounds(tables, 1, 2, rel_tol=1e-9)
+    assert bounds[2] == pytest.approx(18.0 + 2 * 85.0, rel=1e-6)
+
+
+def test_program_bounds_start_a_late_ring_after_the_forward_fill():
+    # three devices; block 1 keeps 6e8 bytes per sample, so one device holds one sample
+    # and the two-stage plan runs block 0 on d0 (2 samples) and block 1 on d1 and d2 (1
+    # each), whose ring over block 1's 1e6 bytes of weights (2 steps of 400 ms + 5 ms)
+    # ends the round: 6 ms of forward, a 5 ms hop, 3 ms of compute, 810 ms of ring. The
+    # bound's ring branch starts at the forward part of the fill before the stage, which
+    # it knows only as alpha x the round trip (here 1/3 x 18 ms, forward : backward =
+    # 1 : 2): exactly 6 ms
+    types = {"dev": device_type("dev", 1e9, 100.0)}
+    devices = tuple(Device(f"d{i}", "dev") for i in range(3))
+    cluster = Cluster("ring", devices, Network(10.0, 5.0), types)
+    blocks = (Block("b0", 1e2, 1.0, 1e3), Block("b1", 1e6, 1e3, 6e8))
+    timing = Timing((1, 2), ((3.0, 6.0), (1.0, 2.0)), ((6.0, 12.0), (2.0, 4.0)))
+    model = ModelProfile("ring", {"kind": "analytic"}, 1e4, blocks, {"dev": timing})
+    config = TrainingConfig(2, (2,), replication_interval=0)
+    problem = make_problem(model, cluster, config, catalog=types)
+    cm = CostModel(problem)
+    plan = Partition(2, 1, (StageAssignment(0, 1, ("d0",), (2,)),
+                            StageAssignment(1, 2, ("d1", "d2"), (1, 1))))  # fmt: skip
+    cost = cm.evaluate(plan)
+    assert cost.memory_ok
+    assert cost.iteration_ms == pytest.approx(6.0 + 5.0 + 3.0 + 2 * (5e5 / 1250 + 5.0), rel=1e-5)
+    tables = Tables(problem, cm, device_classes(problem))
+    bounds = program_bounds(tables, 2, 2, rel_tol=1e-9)
+    assert bounds[2] == pytest.approx(cost.iteration_ms, rel=1e-5)
