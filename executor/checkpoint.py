@@ -22,23 +22,28 @@ process group of their own (gloo), as P11 of the torch reference advises.
 **Two layouts, one loader.** A run with a default process group saves one DCP
 checkpoint (above). A recovering run (:mod:`executor.recovery`: raw per-generation
 groups, no default group) saves **parts** instead, without collectives: after applying
-step ``N`` every rank writes the same plan-independent keys of its blocks (and ``step``)
-with ``torch.save`` to ``.step-<N>.tmp/parts/<device>.pt`` (via a temporary name and
-``os.replace``, so a part on disk is whole) and reports it to the coordinator; once every
-rank of the generation reported, the coordinator writes the record (with ``"parts"``:
-the devices whose parts count) and the marker and renames, as above. :func:`load` takes
-either layout under any plan: from parts, each block's keys come from whichever listed
-part holds them (data-parallel peers' parts are identical copies), tensor bytes copied.
+step ``N`` the first member of every stage serialises the plan-independent keys of its
+blocks (and ``step``) with ``torch.save`` (:func:`part_bytes`) and sends them to the
+coordinator through the run's store (``ckpt/<N>/<rank>``; its data-parallel peers, whose
+copies are identical, send an empty value), so no worker needs the checkpoint folder;
+once every rank of the generation reported, the coordinator writes each part to
+``.step-<N>.tmp/parts/<device>.pt`` (:func:`write_part`: via a temporary name and
+``os.replace``, so a part on disk is whole), the record (with ``"parts"``: the devices
+whose parts count) and the marker, and renames, as above. :func:`load` takes either
+layout under any plan: from parts, each block's keys come from whichever listed part
+holds them, tensor bytes copied.
 
 **Compatible.** Resuming checks the model's build spec, the global batch, the optimizer
 and its settings and the data seed against the checkpoint's record and refuses a
 mismatch with a message naming it (the plan itself may differ: that is the point).
 
-Storage: a directory every rank can reach (on several hosts, a shared file system).
+Storage: a DCP checkpoint needs a directory every rank can reach (on several hosts, a
+shared file system); parts need one on the coordinator's host only.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -142,19 +147,28 @@ def folder(checkpoint_dir: str | None, out: str | None) -> Path:
     return Path(checkpoint_dir or Path(out or ".") / "checkpoints")
 
 
-def save_part(root: str | Path, step: int, module: nn.Sequential,
-              optimizer: torch.optim.Optimizer, first: int, optimizer_name: str,
-              device: str) -> Path:
-    """No collectives: write this rank's part of the checkpoint of ``step`` (module
-    docstring, "Two layouts") to ``root/.step-<step>.tmp/parts/<device>.pt``; returns it.
-    The checkpoint counts only once :func:`commit_parts` names the part."""
+def part_bytes(step: int, module: nn.Sequential, optimizer: torch.optim.Optimizer,
+               first: int, optimizer_name: str) -> bytes:
+    """No collectives: this rank's part of the checkpoint of ``step`` (module docstring,
+    "Two layouts"), serialised with ``torch.save`` (it travels to the coordinator through
+    the store; :func:`write_part` puts it on disk there). O(the rank's state)."""
+    state, _ = _state(module, optimizer, first, optimizer_name, step, False)
+    buffer = io.BytesIO()
+    torch.save({k: v.detach().cpu() if isinstance(v, torch.Tensor) else v
+                for k, v in state.items()}, buffer)
+    return buffer.getvalue()
+
+
+def write_part(root: str | Path, step: int, device: str, part: bytes) -> Path:
+    """Write ``device``'s part (:func:`part_bytes`) of the checkpoint of ``step`` to
+    ``root/.step-<step>.tmp/parts/<device>.pt`` via a temporary name and ``os.replace``
+    (a part on disk is whole); returns it. The checkpoint counts only once
+    :func:`commit_parts` names the part."""
     parts = Path(root) / f".step-{step:08d}.tmp" / PARTS
     parts.mkdir(parents=True, exist_ok=True)
-    state, _ = _state(module, optimizer, first, optimizer_name, step, False)
     path, tmp = parts / f"{device}.pt", parts / f".{device}.pt.tmp"
     with open(tmp, "wb") as f:
-        torch.save({k: v.detach().cpu() if isinstance(v, torch.Tensor) else v
-                    for k, v in state.items()}, f)
+        f.write(part)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

@@ -49,8 +49,10 @@ Cost: one store round trip per member per poll.
 from __future__ import annotations
 
 import argparse
+import json
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -59,6 +61,7 @@ from typing import TYPE_CHECKING
 
 from torch.distributed import Store
 
+from executor import checkpoint, storeblob
 from executor.control import Coordinator, Failure, connect_store, generation_store, host_store
 from executor.layout import RankLayout, check_runnable
 from planner.errors import EdgepipeError, InputError
@@ -134,21 +137,79 @@ def join(opts: WorkerOptions, endpoint: Endpoint, address: str
         store.wait(["ctl/generation"])
         generation = int(store.get("ctl/generation"))
         store.set(f"ctl/host/{device}", local_address(host, port))
-        recover = store.check(["ctl/recover"])
+        recover = (json.loads(store.get("ctl/recover")) if store.check(["ctl/recover"])
+                   else None)
     except Exception as exc:  # the store client raises several types
         raise InputError("--coordinator", "", f"no coordinator at {address} "
                          f"({str(exc).splitlines()[0][:120]}); start `edgepipe coordinate` "
                          "there first") from None
-    if recover and (opts.checkpoint_every or opts.resume):
-        # its parts would be written but never committed: the coordinator's Supervisor
-        # takes no checkpoint settings yet (docs/executor.md, "Across hosts")
-        raise InputError("--checkpoint-every", "", "a recovering run across hosts cannot "
-                         "checkpoint or resume yet; drop --checkpoint-every/--resume, or "
-                         "start `edgepipe coordinate` without --recover")
     opts = replace(opts, generation=generation, heartbeat_s=opts.heartbeat_s or HEARTBEAT_S,
-                   recover=opts.recover or recover)
+                   recover=opts.recover or recover is not None)
+    if recover is not None:
+        opts = _recovering(opts, recover, store)
     endpoint = replace(endpoint, store_host=host, store_port=port, host_store=False)
     return opts, endpoint
+
+
+def _recovering(opts: WorkerOptions, settings: dict, store: Store) -> WorkerOptions:
+    """A worker's options under a recovering coordinator's ``settings`` (``ctl/recover``,
+    :func:`supervise`): the coordinator's checkpoint interval, its checkpoint to resume
+    from received through the store into ``<out>/resumed`` (a temporary folder without
+    ``--out``). Raises :class:`InputError` for a flag that contradicts the coordinator
+    (its one-line message says which flag goes where)."""
+    worker_scale = opts.time_scale if opts.emulate else None
+    coordinator_scale = settings["time_scale"] if settings["emulate"] else None
+    if opts.steps != settings["steps"]:
+        raise InputError("--steps", "", f"{opts.steps} but the coordinator runs "
+                         f"--steps {settings['steps']}; give both the same")
+    if worker_scale != coordinator_scale:
+        def what(scale: float | None) -> str:
+            return f"--emulate --time-scale {scale:g}" if scale is not None else "no --emulate"
+        raise InputError("--emulate", "", f"this worker runs {what(worker_scale)} but the "
+                         f"coordinator {what(coordinator_scale)} (its slowdown watch "
+                         "predicts from it); give both the same")
+    if opts.checkpoint_every not in (0, settings["checkpoint_every"]):
+        raise InputError("--checkpoint-every", "", f"{opts.checkpoint_every} but the "
+                         f"coordinator checkpoints every {settings['checkpoint_every']} "
+                         "step(s) (0: never); a recovering run across hosts checkpoints "
+                         "on the coordinator's host: give --checkpoint-every to "
+                         "`edgepipe coordinate` only")
+    for flag, value in (("--checkpoint-dir", opts.checkpoint_dir), ("--resume", opts.resume)):
+        if value:
+            raise InputError(flag, "", "a recovering run across hosts keeps its "
+                             "checkpoints on the coordinator's host: give "
+                             f"{flag} to `edgepipe coordinate`, not to the workers")
+    resume = None
+    if settings["resume"]:
+        manifest = json.loads(store.get("ctl/resume"))
+        root = (Path(opts.out) / "resumed" if opts.out
+                else Path(tempfile.mkdtemp(prefix="edgepipe-resumed-")))
+        resume = str(_receive_checkpoint(store, manifest, root))
+    return replace(opts, checkpoint_every=settings["checkpoint_every"], resume=resume)
+
+
+def _send_checkpoint(store: Store, ckpt: Path) -> None:
+    """Publish every file of the committed checkpoint ``ckpt`` (either layout of
+    :mod:`executor.checkpoint`) as ``ctl/resume/<i>`` and its manifest as
+    ``ctl/resume``."""
+    files = sorted(f for f in ckpt.rglob("*") if f.is_file())
+    for i, f in enumerate(files):
+        storeblob.put(store, f"ctl/resume/{i}", f.read_bytes())
+    store.set("ctl/resume", json.dumps(
+        {"name": ckpt.name, "files": [str(f.relative_to(ckpt)) for f in files]}))
+
+
+def _receive_checkpoint(store: Store, manifest: dict, root: Path) -> Path:
+    """Write the checkpoint :func:`_send_checkpoint` published into ``root/<name>``
+    (files under temporary names first, the commit marker last); returns it."""
+    folder = root / manifest["name"]
+    for i, name in sorted(enumerate(manifest["files"]), key=lambda f: f[1] == checkpoint.MARKER):
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_bytes(storeblob.get(store, f"ctl/resume/{i}"))
+        tmp.replace(path)
+    return folder
 
 
 def host_of(store: Store, device: str) -> str:
@@ -188,6 +249,18 @@ def coordinate(
         time.sleep(POLL_S)
 
 
+@dataclass(frozen=True)
+class Checkpointing:
+    """A recovering coordinator's checkpoint settings: commit one every ``every`` steps
+    (0: never) into ``folder`` (on the coordinator's host; None: ``<out>/checkpoints``),
+    and start from the checkpoint ``resume`` (a checkpoint or a folder of them;
+    :func:`executor.checkpoint.resolve`)."""
+
+    every: int = 0
+    folder: str | None = None
+    resume: str | None = None
+
+
 def supervise(
     plan_path: str,
     store: Store,
@@ -196,32 +269,55 @@ def supervise(
     hang_timeout_s: float = HANG_TIMEOUT_S,
     start_timeout_s: float = START_TIMEOUT_S,
     deterministic: bool = False,
+    checkpoints: Checkpointing = Checkpointing(),
+    emulated_time_scale: float | None = None,
 ) -> Stopped:
     """Run ``plan_path``'s job for ``steps`` steps with in-process recovery on ``store``
     (module docstring, "Recovery"); returns once every step is durable and the workers
-    left. Raises :class:`executor.recovery.RecoveryFailed` when a failure cannot be
-    recovered."""
+    left. ``checkpoints``: what to commit and resume from (module docstring,
+    "Checkpoints"); ``emulated_time_scale``: the workers run ``--emulate`` at this time
+    scale, and the coordinator watches for slowdowns (None: they do not). Raises
+    :class:`executor.recovery.RecoveryFailed` when a failure cannot be recovered."""
     from executor.metrics import MetricsWriter
     from executor.recovery import Supervisor
+    from executor.slowdown import SlowdownWatch
 
     plan = load_plan(plan_path)
     check_runnable(plan)
     layout = RankLayout.from_plan(plan)
     folder = Path(out) if out else Path(plan_path).resolve().parent
     folder.mkdir(parents=True, exist_ok=True)
-    store.set("ctl/recover", "1")  # before the generation: a joining worker reads both
+    resume = 0
+    if checkpoints.resume:
+        ckpt = checkpoint.check_resume(plan, checkpoints.resume)
+        resume = int(json.loads((ckpt / checkpoint.RECORD).read_text())["step"])
+        _send_checkpoint(store, ckpt)
+    # before the generation: a joining worker reads both
+    store.set("ctl/recover", json.dumps({
+        "steps": steps, "checkpoint_every": checkpoints.every, "resume": resume,
+        "emulate": emulated_time_scale is not None, "time_scale": emulated_time_scale,
+    }))
     coordinator = Coordinator(store, [r.device for r in layout.ranks], hang_timeout_s,
                               start_timeout_s=start_timeout_s)
     supervisor = Supervisor(
-        store, coordinator, plan, plan_path, steps,
-        writer=MetricsWriter(folder, layout, deterministic) if out else None,
+        store, coordinator, plan, plan_path, steps, resume=resume,
+        checkpoint_every=checkpoints.every,
+        checkpoint_dir=Path(checkpoints.folder or folder / "checkpoints"),
+        writer=(MetricsWriter(folder, layout, deterministic, append=resume > 0)
+                if out else None),
         plans_dir=folder / "plans",
         kill=lambda device: None,  # on another host: fencing keeps it out
+        slowdown=(SlowdownWatch(emulated_time_scale) if emulated_time_scale is not None
+                  else None),
     )
     try:
         while not supervisor.poll():
             if failures := coordinator.poll():
                 supervisor.recover(failures)
+            elif supervisor.slowdown is not None and (slowed := supervisor.slowdown.take()):
+                # fed by the workers' per-step compute (metrics/<t>/<rank> in the store):
+                # slow, not failed, re-partition at the next step boundary
+                supervisor.repartition("slow", ",".join(slowed), slowed=slowed)
             time.sleep(POLL_S)
         _linger(coordinator, list(supervisor.gen.members))
     finally:
@@ -289,10 +385,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recover", action="store_true",
                    help="recover in-process from a lost device (needs --steps)")
     p.add_argument("--steps", type=int, help="with --recover: the workers' --steps")
-    p.add_argument("--out", help="with --recover: metrics and re-planned plans (a folder "
-                   "every host reads at the same path)")
+    p.add_argument("--out", help="with --recover: metrics, re-planned plans and checkpoints "
+                   "(a folder on this host; the workers need not see it)")
     p.add_argument("--deterministic", action="store_true",
                    help="with --recover: the workers run --deterministic")
+    p.add_argument("--checkpoint-every", type=int, default=0,
+                   help="with --recover: commit a checkpoint every N steps on this host "
+                   "(the workers send their parts through the store)")
+    p.add_argument("--checkpoint-dir", help="with --recover: where (default OUT/checkpoints)")
+    p.add_argument("--resume", help="with --recover: start from this checkpoint (or the "
+                   "newest in this folder); it travels to the workers through the store")
+    p.add_argument("--emulate", action="store_true",
+                   help="with --recover: the workers run --emulate; watch for devices slower "
+                   "than the plan predicts and re-partition off them")
+    p.add_argument("--time-scale", type=float, default=1.0,
+                   help="with --emulate: the workers' --time-scale")
     return p
 
 
@@ -303,6 +410,16 @@ def run(args: argparse.Namespace) -> Stopped:
                          f"the workers' heartbeat ({HEARTBEAT_S:g} s)")
     if args.recover and not (args.steps and args.steps > 0):
         raise InputError("--steps", "", "--recover needs the workers' --steps (at least 1)")
+    if args.checkpoint_every < 0:
+        raise InputError("--checkpoint-every", "", f"must be >= 0, got {args.checkpoint_every}")
+    if not args.time_scale > 0:
+        raise InputError("--time-scale", "", f"must be positive, got {args.time_scale:g}")
+    needs = [f for f, v in (("--checkpoint-every", args.checkpoint_every),
+                            ("--checkpoint-dir", args.checkpoint_dir),
+                            ("--resume", args.resume), ("--emulate", args.emulate)) if v]
+    if needs and not args.recover:
+        raise InputError(needs[0], "", "only with --recover (without it the workers "
+                         "checkpoint and emulate themselves: give it to them)")
     load_plan(args.plan)  # refuse a bad plan before binding the port
     try:
         store = host_store(args.port)
@@ -311,7 +428,9 @@ def run(args: argparse.Namespace) -> Stopped:
                          f"({str(exc).splitlines()[0][:120]}); choose a free port") from None
     if args.recover:
         return supervise(args.plan, store, args.steps, args.out, args.hang_timeout,
-                         args.start_timeout, args.deterministic)
+                         args.start_timeout, args.deterministic,
+                         Checkpointing(args.checkpoint_every, args.checkpoint_dir, args.resume),
+                         args.time_scale if args.emulate else None)
     return coordinate(args.plan, store, args.hang_timeout, args.start_timeout)
 
 

@@ -45,7 +45,9 @@ planner/cluster.py: 1 = its type's profiled speed), whatever the plan it runs as
 every F and B budget is multiplied by ``S / s_plan``, ``s_plan`` being the device's
 ``slowdown`` in the plan. So a device slowed to 3 runs 3x its budget under a plan that
 does not know (the slowdown detector's case, executor/slowdown.py) and exactly its
-budget under the plan that ``planner.replan(slowed={DEV: 3})`` made for it.
+budget under the plan that ``planner.replan(slowed={DEV: 3})`` made for it. Several
+slowdowns of one device apply each from its step on (``d1=3@4`` and ``d1=1@5``: one
+slow step, 4).
 
 Clock: ``time.time()``, common to all processes of one machine (the emulation is for
 local runs; across hosts it assumes synchronised clocks). Not emulated: the optimizer
@@ -227,18 +229,18 @@ class EmulatedCompute(ComputeHook):
 
     def __init__(self, budget: ComputeBudget, time_scale: float, shared_medium: bool,
                  store: dist.Store | None, report: IO[str] | None,
-                 slowdown: tuple[int, float] | None = None, first_step: int = 0) -> None:
+                 slowdown: tuple[tuple[int, float], ...] = (), first_step: int = 0) -> None:
         self.budget, self.k = budget, time_scale
         self.shared_medium, self.store, self.report = shared_medium, store, report
-        self.slowdown = slowdown  # (from step, factor on the budgets)
+        self.slowdown = slowdown  # (from step, factor on the budgets), by step
         self.step = first_step
         self._reset()
 
     def factor(self) -> float:
-        """The emulated slowdown's factor on this step's budgets (1 without one)."""
-        if self.slowdown is None or self.step < self.slowdown[0]:
-            return 1.0
-        return self.slowdown[1]
+        """The emulated slowdown's factor on this step's budgets: that of the latest
+        slowdown whose step has come (1 before the first, or without one)."""
+        started = [f for step, f in self.slowdown if step <= self.step]
+        return started[-1] if started else 1.0
 
     def _reset(self) -> None:
         self.budget_ms = self.real_ms = self.worst_ms = 0.0
@@ -328,11 +330,9 @@ class Emulation:
             folder.mkdir(parents=True, exist_ok=True)
             # a recovery generation (first_step > 0) appends to the run's lines
             report = (folder / f"rank{rank}.jsonl").open("a" if first_step else "w")
-        mine = [s for s in slowdowns if s.device == me.device]
-        slowdown = None
-        if mine:
-            s_plan = cluster.devices[i].slowdown
-            slowdown = (mine[-1].from_step, mine[-1].slowdown / s_plan)
+        s_plan = cluster.devices[i].slowdown
+        slowdown = tuple(sorted((s.from_step, s.slowdown / s_plan)
+                                for s in slowdowns if s.device == me.device))
         return cls(
             EmulatedTransport(links, time_scale, store, pg),
             EmulatedCompute(budget, time_scale, links.shared_medium, store, report, slowdown,

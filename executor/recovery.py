@@ -5,7 +5,9 @@ The coordinator (the local launcher, or a cross-host coordinator process) runs o
 :class:`executor.worker.RecoveringWorker`. Protocol (docs/fault-tolerance.md,
 "Recovery"; reference/fault-tolerance.md §2 lessons 3-5):
 
-* **Generations.** Generation ``g`` is published as ``gen<g>/start``: the plan file, its
+* **Generations.** Generation ``g`` is published as ``gen<g>/plan`` (the plan document,
+  :mod:`executor.storeblob`: every host reads it from the store, none needs a shared
+  file system) and ``gen<g>/start``: the plan's file on the coordinator's host, its
   members (devices in rank order), the step ``d`` to replay from, whether that state is
   the untrained start (``fresh``: every device rebuilds any block from the model seed)
   and the migration (which device sends which blocks to whom). All other keys of the
@@ -41,9 +43,12 @@ The coordinator (the local launcher, or a cross-host coordinator process) runs o
 
 **Checkpoints** (``checkpoint_every`` > 0; :mod:`executor.checkpoint`, "Two layouts"):
 after applying step ``t`` with ``t + 1`` a multiple of the interval, every rank writes
-its part of checkpoint ``t + 1`` and ``ckpt/<t + 1>/<rank>``, before its ``repl`` key of
-any later point; :meth:`Supervisor.poll` commits the checkpoint (record, marker, rename)
-once every rank of the generation did, before it tells the members to ``exit``. A
+``ckpt/<t + 1>/<rank>``: its part of checkpoint ``t + 1`` (serialised; empty for a
+data-parallel peer other than its stage's first member), before its ``repl`` key of
+any later point; once every rank of the generation did, :meth:`Supervisor.poll` writes
+the parts into ``checkpoint_dir`` on its own host (so the workers need no shared file
+system), deletes the keys and commits the checkpoint (record, marker, rename), before
+it tells the members to ``exit``. A
 checkpoint whose parts are incomplete when a generation fails is written again by the
 replay (a checkpoint at or before the replay step is dropped: its state is durable, so
 its parts were all in). A run resumed from a checkpoint (``resume``) starts from it:
@@ -74,14 +79,14 @@ from typing import Any
 
 from torch.distributed import Store
 
-from executor import checkpoint
+from executor import checkpoint, storeblob
 from executor.control import Coordinator, Failure, generation_store
 from executor.layout import RankLayout
 from executor.metrics import MetricsWriter
 from executor.slowdown import SlowdownWatch
 from planner.cluster import Cluster
 from planner.errors import EdgepipeError, InfeasibleError, UnrecoverableError
-from planner.plan import Plan, save_plan
+from planner.plan import Plan, plan_to_dict, save_plan
 from planner.replanning import precompute, replan
 
 #: seconds after a failure in which further deaths count as the same failure
@@ -212,6 +217,8 @@ class Supervisor:
         self.checkpoints = [n for n in self.checkpoints if n > resume]
         interval = plan.problem.config.replication_interval
         gen.points = replication_points(resume, self.steps, interval)
+        # the plan itself travels through the store: hosts need no shared file system
+        storeblob.put(gstore, "plan", json.dumps(plan_to_dict(plan)).encode())
         gstore.set("start", json.dumps({
             "plan": path, "members": list(members), "resume": resume, "fresh": fresh,
             "migration": migration,
@@ -249,15 +256,27 @@ class Supervisor:
             self._write_metrics(gen, n)
         # after the repl keys: a rank writes its ckpt key before any later repl key
         while self.checkpoints and gen.all_wrote(f"ckpt/{self.checkpoints[0]}"):
-            assert self.checkpoint_dir is not None
-            checkpoint.commit_parts(self.checkpoint_dir, self.checkpoints.pop(0), gen.plan,
-                                    list(gen.members[:gen.voters]))
+            self._commit_checkpoint(gen, self.checkpoints.pop(0))
         if self._pending_event is not None:
             self._event_phases(gen)
         if gen.durable == self.steps:
             gen.store.set("exit", "1")
             self.finished = True
         return self.finished
+
+    def _commit_checkpoint(self, gen: Generation, n: int) -> None:
+        """Write the parts the voters sent for checkpoint ``n`` (an empty value: a
+        data-parallel peer, whose copy is its stage's first member's) and commit it."""
+        assert self.checkpoint_dir is not None
+        senders = []
+        for r, device in enumerate(gen.members[:gen.voters]):
+            key = f"ckpt/{n}/{r}"
+            part = storeblob.get(gen.store, key)
+            if part:
+                checkpoint.write_part(self.checkpoint_dir, n, device, part)
+                senders.append(device)
+            storeblob.delete(gen.store, key)
+        checkpoint.commit_parts(self.checkpoint_dir, n, gen.plan, senders)
 
     def _write_metrics(self, gen: Generation, n: int) -> None:
         """The lines of the steps before ``n`` not written yet (now durable); each

@@ -49,7 +49,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from executor import checkpoint, data
+from executor import checkpoint, data, storeblob
 from executor.comm import StageGroup, StageLinks, Transport
 from executor.control import (
     CoordinatorLost,
@@ -75,7 +75,7 @@ from executor.replication import (
 from executor.runtime import ComputeHook, StageRuntime, make_optimizer
 from executor.stage import build_stage, stage_loss
 from planner.errors import EdgepipeError, InputError, PlanMismatchError, UnrecoverableError
-from planner.plan import Plan, load_plan, replica_placement
+from planner.plan import Plan, load_plan, plan_from_dict, replica_placement
 from planner.replicas import RING
 from planner.schedule import Action, ActionType
 from planner.schedule import build as build_schedule
@@ -562,14 +562,16 @@ class _GenerationRun:
     def __init__(self, worker: RecoveringWorker, g: int, record: dict) -> None:
         self.w, self.g, self.record = worker, g, record
         self.opts = worker.opts
-        self.plan = load_plan(record["plan"])
+        self.root = worker._connect()  # this thread's own store connection
+        self.store = generation_store(self.root, g)
+        # the plan comes from the coordinator's store, not its file (no shared file system)
+        self.plan = plan_from_dict(json.loads(storeblob.get(self.store, "plan")),
+                                   f"plan of generation {g} (coordinator's store)")
         self.layout = RankLayout.from_plan(self.plan)
         self.members: list[str] = record["members"]
         self.rank = self.members.index(worker.device_id)
         self.spare = self.rank >= self.layout.world_size
         self.me = None if self.spare else self.layout.ranks[self.rank]
-        self.root = worker._connect()  # this thread's own store connection
-        self.store = generation_store(self.root, g)
         self.timeout = timedelta(seconds=self.opts.timeout_s)
         self.interval = self.plan.problem.config.replication_interval
         self.replicas = [r for r in replica_placement(self.plan)
@@ -675,10 +677,11 @@ class _GenerationRun:
             runtime.apply(record)
             n = step + 1
             if opts.checkpoint_every and n % opts.checkpoint_every == 0:
-                checkpoint.save_part(checkpoint.folder(opts.checkpoint_dir, opts.out), n,
-                                     module, optimizer, stage.first, config.optimizer,
-                                     self.w.device_id)
-                self.store.set(f"ckpt/{n}/{self.rank}", "1")
+                # the part goes to the coordinator, which writes and commits it; a
+                # data-parallel peer's copy is its stage's first member's
+                part = (checkpoint.part_bytes(n, module, optimizer, stage.first,
+                                              config.optimizer) if me.index == 0 else b"")
+                storeblob.put(self.store, f"ckpt/{n}/{self.rank}", part)
             replication_ms = 0.0
             replicated = (self.interval > 0 and n % self.interval == 0) or n == opts.steps
             if replicated:

@@ -1275,10 +1275,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recover", action="store_true",
                    help="recover in-process from a lost device or host (needs --steps)")
     p.add_argument("--steps", type=positive_int, help="with --recover: the workers' --steps")
-    p.add_argument("--out", help="with --recover: metrics and re-planned plans (a folder "
-                   "every host reads at the same path; default: the plan's folder)")
+    p.add_argument("--out", help="with --recover: metrics, re-planned plans and checkpoints "
+                   "(a folder on this host, the workers need not see it; default: the "
+                   "plan's folder)")
     p.add_argument("--deterministic", action="store_true",
                    help="with --recover: the workers run --deterministic")
+    p.add_argument("--checkpoint-every", type=positive_int, default=0,
+                   help="with --recover: commit a checkpoint every N steps on this host "
+                   "(the workers send their parts through the store)")
+    p.add_argument("--checkpoint-dir", help="with --recover: where (default OUT/checkpoints)")
+    p.add_argument("--resume", help="with --recover: start from this checkpoint (or the "
+                   "newest in this folder); it reaches the workers through the store")
+    p.add_argument("--emulate", action="store_true",
+                   help="with --recover: the workers run --emulate; devices slower than "
+                   "the plan predicts for 3 steps are re-partitioned off")
+    p.add_argument("--time-scale", type=positive_float, default=1.0,
+                   help="with --emulate: the workers' --time-scale")
     p.set_defaults(func=cmd_coordinate)
 
     p = sub.add_parser(

@@ -161,7 +161,7 @@ def test_from_its_step_on_a_slowed_device_budgets_its_slowdown_over_the_plans() 
     plan = emulated_plan(profile, [(0, 2, [2]), (2, 4, [2])], 2, 2, [1.0, 1.5])
     slow = (EmulatedSlowdown("d1", 3.0, 2), EmulatedSlowdown("d0", 5.0, 0))
     hook = Emulation.for_rank(plan, 1, None, 10.0, None, slow).hook  # type: ignore[arg-type]
-    assert hook.slowdown == (2, 2.0)
+    assert hook.slowdown == ((2, 2.0),)
     report = io.StringIO()
     hook.report = report
     f, b = plan.cost.stages[1].device_forward_ms[0], plan.cost.stages[1].device_backward_ms[0]
@@ -174,6 +174,19 @@ def test_from_its_step_on_a_slowed_device_budgets_its_slowdown_over_the_plans() 
     assert budgets == pytest.approx([one, one, 2 * one, 2 * one], abs=1e-4)
     # no slowdown for this device: factor 1 throughout
     assert Emulation.for_rank(plan, 0, None, 1.0, None, slow[:1]).hook.factor() == 1.0  # type: ignore[arg-type]
+
+
+def test_several_slowdowns_of_one_device_each_apply_from_its_step_on() -> None:
+    profile = profile_of(MLP, lambda b: torch.randn(b, MLP_IN))
+    plan = emulated_plan(profile, [(0, 2, [2]), (2, 4, [2])], 2, 2, [1.0, 1.0])
+    # given out of order: 3x slow at step 2 only, back to its profile from step 3
+    slow = (EmulatedSlowdown("d1", 1.0, 3), EmulatedSlowdown("d1", 3.0, 2))
+    hook = Emulation.for_rank(plan, 1, None, 1.0, None, slow).hook  # type: ignore[arg-type]
+    factors = []
+    for step in range(5):
+        hook.step = step
+        factors.append(hook.factor())
+    assert factors == [1.0, 1.0, 3.0, 1.0, 1.0]
 
 
 # -- end to end: a device slowed 3x mid-run is re-partitioned, never declared failed ----------
