@@ -184,11 +184,11 @@ def _recovering(opts: WorkerOptions, settings: dict, store: Store) -> WorkerOpti
         manifest = json.loads(store.get("ctl/resume"))
         root = (Path(opts.out) / "resumed" if opts.out
                 else Path(tempfile.mkdtemp(prefix="edgepipe-resumed-")))
-        resume = str(_receive_checkpoint(store, manifest, root))
+        resume = str(receive_checkpoint(store, manifest, root))
     return replace(opts, checkpoint_every=settings["checkpoint_every"], resume=resume)
 
 
-def _send_checkpoint(store: Store, ckpt: Path) -> None:
+def send_checkpoint(store: Store, ckpt: Path) -> None:
     """Publish every file of the committed checkpoint ``ckpt`` (either layout of
     :mod:`executor.checkpoint`) as ``ctl/resume/<i>`` and its manifest as
     ``ctl/resume``."""
@@ -199,8 +199,8 @@ def _send_checkpoint(store: Store, ckpt: Path) -> None:
         {"name": ckpt.name, "files": [str(f.relative_to(ckpt)) for f in files]}))
 
 
-def _receive_checkpoint(store: Store, manifest: dict, root: Path) -> Path:
-    """Write the checkpoint :func:`_send_checkpoint` published into ``root/<name>``
+def receive_checkpoint(store: Store, manifest: dict, root: Path) -> Path:
+    """Write the checkpoint :func:`send_checkpoint` published into ``root/<name>``
     (files under temporary names first, the commit marker last); returns it."""
     folder = root / manifest["name"]
     for i, name in sorted(enumerate(manifest["files"]), key=lambda f: f[1] == checkpoint.MARKER):
@@ -291,7 +291,7 @@ def supervise(
     if checkpoints.resume:
         ckpt = checkpoint.check_resume(plan, checkpoints.resume)
         resume = int(json.loads((ckpt / checkpoint.RECORD).read_text())["step"])
-        _send_checkpoint(store, ckpt)
+        send_checkpoint(store, ckpt)
     # before the generation: a joining worker reads both
     store.set("ctl/recover", json.dumps({
         "steps": steps, "checkpoint_every": checkpoints.every, "resume": resume,

@@ -9,6 +9,7 @@ run stopped in seconds was stopped by the control plane. Every process is reaped
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,7 +25,7 @@ import torch
 
 from executor import checkpoint
 from executor.control import host_store
-from executor.coordinator import join, parse_address
+from executor.coordinator import join, parse_address, send_checkpoint
 from executor.launch import launch
 from executor.metrics import read_jsonl
 from executor.worker import Endpoint, WorkerOptions
@@ -118,20 +120,84 @@ def test_an_address_is_host_and_port() -> None:
             parse_address(bad)
 
 
-def test_a_recovering_coordinator_refuses_a_checkpointing_worker_before_it_trains(
-    plan_file: Path,
-) -> None:
+def recovering_store(steps: int = 4, checkpoint_every: int = 2, resume: int = 0,
+                     time_scale: float | None = None):
+    """A real store holding what a recovering coordinator publishes before any worker
+    joins (executor/coordinator.py ``supervise``)."""
     store = host_store(0)
     store.set("ctl/generation", "1")
-    store.set("ctl/recover", "1")
+    store.set("ctl/recover", json.dumps({
+        "steps": steps, "checkpoint_every": checkpoint_every, "resume": resume,
+        "emulate": time_scale is not None, "time_scale": time_scale}))
+    return store
+
+
+def test_a_worker_joining_a_recovering_coordinator_takes_its_checkpoint_interval(
+    plan_file: Path,
+) -> None:
+    store = recovering_store(checkpoint_every=2)
     endpoint = Endpoint(rank=0, world_size=3, store_host="127.0.0.1", store_port=store.port)
-    for extra in ({"checkpoint_every": 1}, {"resume": "ckpt"}):
-        opts = WorkerOptions(plan=str(plan_file), steps=1, timeout_s=5, **extra)
-        with pytest.raises(InputError, match="cannot checkpoint or resume yet"):
-            join(opts, endpoint, f"127.0.0.1:{store.port}")
-    joined, _ = join(WorkerOptions(plan=str(plan_file), steps=1, timeout_s=5), endpoint,
-                     f"127.0.0.1:{store.port}")
-    assert joined.recover and joined.generation == 1
+    for given in (0, 2):  # none, or the coordinator's own
+        opts = WorkerOptions(plan=str(plan_file), steps=4, timeout_s=5,
+                             checkpoint_every=given)
+        joined, _ = join(opts, endpoint, f"127.0.0.1:{store.port}")
+        assert (joined.recover, joined.generation, joined.checkpoint_every) == (True, 1, 2)
+        assert joined.resume is None
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ({"steps": 5}, "--steps: 5 but the coordinator runs --steps 4; give both the same"),
+    ({"checkpoint_every": 3}, "--checkpoint-every: 3 but the coordinator checkpoints every 2"),
+    ({"checkpoint_dir": "ckpt"}, "--checkpoint-dir: a recovering run across hosts keeps its "
+     "checkpoints on the coordinator's host: give --checkpoint-dir to `edgepipe coordinate`"),
+    ({"resume": "ckpt"}, "--resume: a recovering run across hosts keeps its checkpoints on "
+     "the coordinator's host: give --resume to `edgepipe coordinate`"),
+    ({"emulate": True, "time_scale": 4.0}, "--emulate: this worker runs --emulate "
+     "--time-scale 4 but the coordinator no --emulate"),
+])
+def test_a_worker_contradicting_a_recovering_coordinator_is_refused_in_one_line(
+    plan_file: Path, extra: dict, message: str,
+) -> None:
+    store = recovering_store(steps=4, checkpoint_every=2)
+    endpoint = Endpoint(rank=0, world_size=3, store_host="127.0.0.1", store_port=store.port)
+    opts = WorkerOptions(plan=str(plan_file), **{"steps": 4, "timeout_s": 5, **extra})
+    with pytest.raises(InputError) as caught:
+        join(opts, endpoint, f"127.0.0.1:{store.port}")
+    assert str(caught.value).startswith(message), caught.value
+    assert "\n" not in str(caught.value)
+
+
+def test_an_emulating_worker_must_run_the_coordinators_time_scale(plan_file: Path) -> None:
+    store = recovering_store(time_scale=40.0)
+    endpoint = Endpoint(rank=0, world_size=3, store_host="127.0.0.1", store_port=store.port)
+    same = WorkerOptions(plan=str(plan_file), steps=4, timeout_s=5, emulate=True,
+                         time_scale=40.0)
+    assert join(same, endpoint, f"127.0.0.1:{store.port}")[0].emulate
+    for worker in (replace(same, time_scale=20.0), replace(same, emulate=False)):
+        with pytest.raises(InputError, match="but the coordinator --emulate --time-scale 40"):
+            join(worker, endpoint, f"127.0.0.1:{store.port}")
+
+
+def test_the_coordinators_checkpoint_reaches_a_worker_whole_through_the_store(
+    plan_file: Path, tmp_path: Path,
+) -> None:
+    # a committed checkpoint with a part above the store's 8 MiB payload cap
+    ckpt = tmp_path / "coord" / "step-00000002"
+    (ckpt / "parts").mkdir(parents=True)
+    files = {"parts/d0.pt": os.urandom(9 * 2**20), "parts/d1.pt": b"\x01\x02",
+             "edgepipe-checkpoint.json": b'{"step": 2}', checkpoint.MARKER: b"2\n"}
+    for name, content in files.items():
+        (ckpt / name).write_bytes(content)
+    store = recovering_store(resume=2)
+    send_checkpoint(store, ckpt)
+    endpoint = Endpoint(rank=1, world_size=3, store_host="127.0.0.1", store_port=store.port)
+    out = tmp_path / "worker"
+    joined, _ = join(WorkerOptions(plan=str(plan_file), steps=4, timeout_s=5, out=str(out)),
+                     endpoint, f"127.0.0.1:{store.port}")
+    assert joined.resume == str(out / "resumed" / "step-00000002")
+    got = Path(joined.resume)
+    assert {str(f.relative_to(got)): f.read_bytes() for f in got.rglob("*") if f.is_file()
+            } == files
 
 
 def test_a_worker_without_a_coordinator_says_where_it_looked(job: Job, plan_file: Path) -> None:

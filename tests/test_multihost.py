@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -17,12 +18,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from executor import data, zoo
+from executor import checkpoint, data, zoo
 from executor.metrics import read_jsonl
+from executor.runtime import make_optimizer
+from executor.stage import build_stage
 from planner.profile import BuildSpec
 from tests import netns
 from tests import reference_trainer as ref
 from tests.executor_helpers import MLP_IN, make_test_plan, profile_of, write_plan
+from tests.test_recovery import assert_final_state_is_the_references
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
@@ -306,65 +310,228 @@ def workers_in(hosts: netns.Hosts, index: int) -> list[int]:
     return found
 
 
-@pytest.mark.slow
-def test_the_other_hosts_recover_when_a_hosts_link_goes_down(tmp_path: Path) -> None:
-    # three single-device stages on three hosts; the last host's link goes down after two
-    # steps: the coordinator (host 0, --recover) fences it, hands its blocks to host 1
-    # (from their ring replica on host 0) and the run goes on, bit-identical
-    profile = profile_of(GPT2, lambda b: zoo.example_input("gpt2-small", b, **GPT2.sizes),
-                         name="gpt2-small")
-    plan = make_test_plan(profile, [(0, 2, [2]), (2, 4, [2]), (4, 6, [2])], 2, 2,
-                          optimizer="momentum")
-    path = write_plan(plan, tmp_path)
-    out, steps = tmp_path / "run", 6
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}
-    with netns.Hosts(3, rate_mbit=100) as hosts:
-        coordinator = hosts.start(
-            0, [PY, "-m", "executor.coordinator", str(path), "--port", "29500",
-                "--hang-timeout", str(HANG_S), "--recover", "--steps", str(steps),
-                "--out", str(out), "--deterministic"],
-            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        worker = ["-m", "executor.worker", str(path), "--steps", str(steps), "--out",
-                  str(tmp_path / "workers"), "--deterministic", "--save-weights",
-                  "--timeout", str(GLOO_S), "--coordinator", f"{hosts[0].address}:29500"]
-        agents = [hosts.start(i, torchrun_argv(hosts, i, worker), env=env, cwd=REPO,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                  for i in range(3)]
-        deadline = time.monotonic() + 240
-        while len(read_jsonl(out / "metrics.jsonl") if (out / "metrics.jsonl").exists()
-                  else []) < 2:
-            assert time.monotonic() < deadline, "no two steps within 240 s"
-            assert coordinator.poll() is None, coordinator.communicate()
+# -- recovering runs across hosts that share no folder (issue 8) ---------------------------
+
+
+def hiding(folders: list[Path], argv: list[str]) -> list[str]:
+    """``argv`` in a mount namespace of its own in which every one of ``folders`` is an
+    empty tmpfs: a host that cannot see the coordinator's folder or another host's."""
+    mounts = " && ".join(f"mount -t tmpfs hidden {shlex.quote(str(f))}" for f in folders)
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+            f'{mounts} && exec "$@"', "sh", *argv]
+
+
+class RecoveringJob:
+    """A coordinator (``--recover``) on host 0 and one worker per host, each host with a
+    folder of its own (``tmp/host<i>``: its copy of the plan, its ``--out``) that no
+    other host sees, the coordinator's (``tmp/coord``: plan, ``--out``, checkpoints)
+    hidden from every worker: only the store joins them."""
+
+    def __init__(self, tmp: Path, hosts: netns.Hosts, plan_file: Path, name: str,
+                 steps: int) -> None:
+        self.hosts, self.steps, self.name = hosts, steps, name
+        self.coord = tmp / "coord"
+        self.folders = [tmp / f"host{i}" for i in range(len(hosts))]
+        for folder in [self.coord, *self.folders]:
+            folder.mkdir(exist_ok=True)
+            shutil.copyfile(plan_file, folder / f"{name}.json")
+        self.out = self.coord / name
+        self.env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}
+        self.coordinator: subprocess.Popen[str] | None = None
+        self.agents: list[subprocess.Popen[str]] = []
+
+    def start(self, coordinator_args: list[str], worker_args: Callable[[int], list[str]],
+              port: int = 29500, rdzv_port: int = 29400) -> None:
+        self.coordinator = self.hosts.start(
+            0, [PY, "-m", "executor.coordinator", str(self.coord / f"{self.name}.json"),
+                "--port", str(port), "--hang-timeout", str(HANG_S), "--recover", "--steps",
+                str(self.steps), "--out", str(self.out), "--deterministic",
+                *coordinator_args],
+            env=self.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i, folder in enumerate(self.folders):
+            worker = ["-m", "executor.worker", str(folder / f"{self.name}.json"), "--steps",
+                      str(self.steps), "--out", str(folder / self.name), "--deterministic",
+                      "--save-weights", "--timeout", str(GLOO_S), "--coordinator",
+                      f"{self.hosts[0].address}:{port}", *worker_args(i)]
+            hidden = [self.coord, *(f for f in self.folders if f != folder)]
+            self.agents.append(self.hosts.start(
+                i, hiding(hidden, torchrun_argv(self.hosts, i, worker, rdzv_port)),
+                env=self.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                text=True))
+
+    def durable_steps(self) -> int:
+        path = self.out / "metrics.jsonl"
+        return len([m for m in read_jsonl(path) if "type" not in m]) if path.exists() else 0
+
+    def wait_for(self, steps: int, within_s: float = 240) -> None:
+        deadline = time.monotonic() + within_s
+        while self.durable_steps() < steps:
+            assert time.monotonic() < deadline, f"no {steps} durable steps within {within_s} s"
+            assert self.coordinator is not None and self.coordinator.poll() is None, (
+                self.coordinator.communicate() if self.coordinator else None)
             time.sleep(0.1)
-        hosts.set_link(2, up=False)
+
+    def finish(self, survivors: list[int], within_s: float = 240) -> list[dict]:
+        """Wait for the coordinator's clean end and the exit of the workers on hosts
+        ``survivors``; the coordinator's metrics lines."""
+        assert self.coordinator is not None
         try:
-            _, err = coordinator.communicate(timeout=240)
+            _, err = self.coordinator.communicate(timeout=within_s)
         except subprocess.TimeoutExpired:
-            hosts.close()
-            logs = [a.communicate()[0][-3000:] for a in agents]
-            pytest.fail(f"the coordinator did not finish: {coordinator.communicate()}\n{logs}")
-        assert coordinator.returncode == 0, err[-3000:]
+            self.hosts.close()
+            logs = [a.communicate()[0][-3000:] for a in self.agents]
+            pytest.fail(f"the coordinator did not finish: {self.coordinator.communicate()}"
+                        f"\n{logs}")
+        assert self.coordinator.returncode == 0, err[-3000:]
         deadline = time.monotonic() + 30
-        while workers_in(hosts, 0) + workers_in(hosts, 1):
+        while any(workers_in(self.hosts, i) for i in survivors):
             assert time.monotonic() < deadline, "a surviving worker did not exit"
             time.sleep(0.2)
-    lines = read_jsonl(out / "metrics.jsonl")
-    events = [m for m in lines if m.get("type") == "recovery"]
-    metrics = [m for m in lines if m.get("type", "step") == "step"]
-    assert [(e["cause"], e["device"]) for e in events] == [("hang", "d2")]
-    assert [m["step"] for m in metrics] == list(range(steps))
+        return read_jsonl(self.out / "metrics.jsonl")
+
+    def weights(self) -> Path:
+        """One folder with every rank's saved weights (as ``weights/``; the last
+        generation's ranks, each on one host)."""
+        merged = self.coord / f"{self.name}-weights"
+        (merged / "weights").mkdir(parents=True, exist_ok=True)
+        for folder in self.folders:
+            for saved in (folder / self.name / "weights").glob("rank*.pt"):
+                assert not (merged / "weights" / saved.name).exists(), saved
+                shutil.copyfile(saved, merged / "weights" / saved.name)
+        return merged
+
+
+def gpt2_reference(plan, steps: int):
     config = plan.problem.config
     settings = config.optimizer_settings()
-    reference = ref.train(
+    return ref.train(
         ref.ModelSpec(GPT2.zoo, GPT2.sizes, GPT2.seed), data.synthetic(GPT2, config.seed),
         config.global_batch, steps,
         ref.OptimizerSpec("momentum", lr=settings["lr"], momentum=settings["momentum"]),
         data_seed=config.seed,
     )
-    assert [m["loss"] for m in metrics] == reference.losses
-    seen = set()
-    for saved in sorted((tmp_path / "workers" / "weights").glob("rank*.pt")):
-        for key, value in torch.load(saved)["model"].items():
-            assert torch.equal(value, reference.state[key]), (saved.name, key)
-            seen.add(key)
-    assert seen == set(reference.state)
+
+
+def assert_checkpoint_is_the_references(ckpt: Path, plan, want) -> None:
+    """The committed checkpoint ``ckpt`` loads (every block, under a one-stage build of
+    the model) and holds exactly the reference's weights and optimizer state."""
+    model = plan.problem.model
+    module = build_stage(model, 0, model.num_blocks)
+    params = [q for q in module.parameters() if q.requires_grad]
+    config = plan.problem.config
+    optimizer = make_optimizer(params, config.optimizer, config.optimizer_settings())
+    step = checkpoint.load(ckpt, module, optimizer, 0, plan, None)
+    assert step == int(ckpt.name.split("-")[1])
+    state = module.state_dict()
+    assert state.keys() == want.state.keys()
+    for key, value in state.items():
+        assert torch.equal(value, want.state[key]), (ckpt.name, key)
+    for k, param in enumerate(params):
+        expected = want.optimizer["state"][k]["momentum_buffer"]
+        assert torch.equal(optimizer.state[param]["momentum_buffer"], expected), (ckpt.name, k)
+
+
+@pytest.mark.slow
+def test_a_recovering_run_across_hosts_without_a_shared_folder_checkpoints_through_a_host_loss_and_resumes(  # noqa: E501
+    tmp_path: Path,
+) -> None:
+    # three single-device stages on three hosts; the last host's link goes down after two
+    # steps: the coordinator (host 0) fences it, hands its blocks to host 1 (from their
+    # ring replica on host 0) and the run goes on, bit-identical; every host sees only
+    # its own folder, so the re-planned plan and every checkpoint part went through the
+    # store, and the checkpoints are committed on the coordinator's host
+    profile = profile_of(GPT2, lambda b: zoo.example_input("gpt2-small", b, **GPT2.sizes),
+                         name="gpt2-small")
+    plan = make_test_plan(profile, [(0, 2, [2]), (2, 4, [2]), (4, 6, [2])], 2, 2,
+                          optimizer="momentum")
+    steps = 6
+    with netns.Hosts(3, rate_mbit=100) as hosts:
+        job = RecoveringJob(tmp_path, hosts, write_plan(plan, tmp_path), "a", steps)
+        job.start(["--checkpoint-every", "2"], lambda i: [])
+        job.wait_for(2)
+        hosts.set_link(2, up=False)
+        lines = job.finish(survivors=[0, 1])
+    # resume from step 4 under another plan on two hosts (the workers' flags name no
+    # checkpoint: the coordinator's reaches them through the store)
+    other = make_test_plan(profile, [(0, 4, [2]), (4, 6, [2])], 2, 2, optimizer="momentum")
+    with netns.Hosts(2, rate_mbit=100) as hosts:
+        resumed = RecoveringJob(tmp_path, hosts, write_plan(other, tmp_path, "other.json"),
+                                "b", steps)
+        resumed.start(["--resume", str(job.out / "checkpoints" / "step-00000004")],
+                      lambda i: [])
+        second = resumed.finish(survivors=[0, 1])
+    events = [m for m in lines if m.get("type") == "recovery"]
+    metrics = [m for m in lines if "type" not in m]
+    assert [(e["cause"], e["device"]) for e in events] == [("hang", "d2")]
+    assert [m["step"] for m in metrics] == list(range(steps))
+    want = gpt2_reference(plan, steps)
+    assert [m["loss"] for m in metrics] == want.losses
+    assert_final_state_is_the_references(job.weights(), want)
+    # the checkpoints are on the coordinator's host only, each exactly the reference's
+    committed = sorted(d.name for d in (job.out / "checkpoints").glob("step-*"))
+    assert committed == ["step-00000002", "step-00000004", "step-00000006"]
+    assert not list((job.out / "checkpoints").glob(".*.tmp"))
+    for name in committed:
+        assert_checkpoint_is_the_references(job.out / "checkpoints" / name, plan,
+                                            gpt2_reference(plan, int(name.split("-")[1])))
+    assert not any((f / "a" / "checkpoints").exists() for f in job.folders)
+    # the resumed run: steps 4 and 5 as the reference's, the same final state
+    assert [m["step"] for m in second if "type" not in m] == [4, 5]
+    assert [m["loss"] for m in second if "type" not in m] == want.losses[4:]
+    assert_final_state_is_the_references(resumed.weights(), want)
+    assert all((f / "b" / "resumed" / "step-00000004" / checkpoint.MARKER).is_file()
+               for f in resumed.folders)
+
+
+@pytest.mark.slow
+def test_a_host_slowed_three_times_is_repartitioned_across_hosts_never_failed(
+    tmp_path: Path,
+) -> None:
+    # the workers report every step's compute through the store; the coordinator's
+    # slowdown watch (3 consecutive steps > 1.5x predicted) sees host 1's device turn 3x
+    # slow at step 1, re-plans at a step boundary and the run finishes bit-identically;
+    # host 0's device is 3x slow for one step only (step 6) and triggers nothing
+    from executor.emulation import read_reports
+    from executor.profiler import profile_model
+    from planner.plan import load_plan
+    from tests import test_recovery as rec
+    from tests.executor_helpers import emulated_plan
+    from tests.test_slowdown import TIME_SCALE, work
+
+    steps = 8
+    torch.set_num_threads(1)
+    model = zoo.build_model(rec.GPT2.zoo, seed=rec.GPT2.seed, **rec.GPT2.sizes)
+    profile = profile_model(
+        model, lambda b: zoo.example_input(rec.GPT2.zoo, b, **rec.GPT2.sizes), [1, 2],
+        "host-cpu", name=rec.GPT2.zoo, warmup=3, repeats=5, build=rec.GPT2)
+    # stage 0 on d0 (host 0) + d1 (host 1), one sample each of every micro-batch; stage 1
+    # on d2 (host 2)
+    plan = emulated_plan(profile, [(0, 3, [1, 1]), (3, 6, [2])], 2, 2, [1.0, 1.0, 1.0])
+    emulate = ["--emulate", "--time-scale", str(TIME_SCALE)]
+    slowed = {0: ["--emulate-slowdown", "d0=3@6", "--emulate-slowdown", "d0=1@7"],
+              1: ["--emulate-slowdown", "d1=3@1"]}
+    with netns.Hosts(3, rate_mbit=100) as hosts:
+        job = RecoveringJob(tmp_path, hosts, write_plan(plan, tmp_path), "s", steps)
+        job.start(emulate, lambda i: emulate + slowed.get(i, []))
+        lines = job.finish(survivors=[0, 1, 2])
+    events = [m for m in lines if m.get("type") == "recovery"]
+    metrics = [m for m in lines if "type" not in m]
+    # declared at the third slow step after the first (steps 1, 2, 3), never failed
+    assert [(e["cause"], e["device"]) for e in events] == [("slow", "d1")]
+    (event,) = events
+    assert event["replay_from_step"] == 4
+    new = load_plan(job.out / "plans" / f"{event['new_plan']}.json")
+    d1 = new.problem.cluster.devices[new.problem.cluster.index("d1")]
+    assert 2.5 < d1.slowdown < 3.5  # the measured factor
+    assert work(new, "d1") < work(plan, "d1")  # work moved off the slowed device
+    assert [m["plan_id"] for m in metrics] == [plan.id] * 4 + [new.id] * 4
+    # host 0's one slow step did happen (its budget tripled at step 6 only)
+    budget = {x["step"]: x["budget_ms"] for x in read_reports(job.folders[0] / "s")
+              if x["device"] == "d0"}
+    assert budget[6] == pytest.approx(3 * budget[5], rel=1e-3)
+    assert budget[7] == pytest.approx(budget[5], rel=1e-3)
+    want = rec.reference(plan, steps)
+    assert [m["step"] for m in metrics] == list(range(steps))
+    assert [m["loss"] for m in metrics] == want.losses
+    assert [m["samples"] for m in metrics] == want.sample_ids
+    assert_final_state_is_the_references(job.weights(), want)
