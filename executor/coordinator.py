@@ -31,13 +31,23 @@ What the coordinator does (docs/executor.md, "Across hosts"):
   naming the device, its host, the cause and how far the abort reached.
 * **Recovery** (``--recover --steps N [--out DIR]``): the coordinator runs the in-process
   recovery of executor/recovery.py (:class:`~executor.recovery.Supervisor`, as the local
-  launcher does) and publishes ``ctl/recover``, so every joining worker runs as a
-  recovering worker (commit vote, ring replicas, generations). A silent device is then
+  launcher does) and publishes its settings as ``ctl/recover`` (steps, checkpoint
+  interval, resume step, emulation time scale), so every joining worker runs as a
+  recovering worker (commit vote, ring replicas, generations) with those settings
+  (:func:`join` refuses a worker flag that contradicts them). A silent device is then
   fenced and left behind (the coordinator cannot kill it), the plan is repaired and the
-  survivors replay from the last durable step; metrics go to ``DIR/metrics.jsonl`` on the
-  coordinator's host and re-planned plans to ``DIR/plans``, which every host must read
-  at the same path (a shared file system; the default DIR is the plan's folder).
-* **Its own loss** is the run's single point of failure: the workers' heartbeats fail,
+  survivors replay from the last durable step. **No shared file system**: every
+  generation's plan reaches the workers through the store (``gen<g>/plan``), and so do
+  checkpoint parts (``--checkpoint-every K``: the Supervisor writes and commits them on
+  this host, in ``--checkpoint-dir``, default ``DIR/checkpoints``) and the checkpoint to
+  resume from (``--resume``: :func:`send_checkpoint`, each worker writes a copy under its
+  ``--out``); metrics go to ``DIR/metrics.jsonl`` and a record of the re-planned plans
+  to ``DIR/plans`` on this host (the default DIR is the plan's folder). With
+  ``--emulate --time-scale S`` (the workers' emulation) the Supervisor's
+  :class:`~executor.slowdown.SlowdownWatch` reads every durable step's compute from the
+  workers' metrics keys and the coordinator re-partitions off a device it declares slow.
+* **Its own loss** is the run's single point of failure (with ``--recover`` its host
+  also holds the checkpoints): the workers' heartbeats fail,
   each stops at its next check with ``CoordinatorLost`` (or on its next store call),
   writing nothing, so the last committed checkpoint stays intact
   (:mod:`executor.checkpoint` writes a checkpoint under a temporary name and renames it
@@ -420,7 +430,9 @@ def run(args: argparse.Namespace) -> Stopped:
     if needs and not args.recover:
         raise InputError(needs[0], "", "only with --recover (without it the workers "
                          "checkpoint and emulate themselves: give it to them)")
-    load_plan(args.plan)  # refuse a bad plan before binding the port
+    plan = load_plan(args.plan)  # refuse a bad plan (or checkpoint) before binding the port
+    if args.resume:
+        checkpoint.check_resume(plan, args.resume)
     try:
         store = host_store(args.port)
     except Exception as exc:  # the store raises DistNetworkError / RuntimeError

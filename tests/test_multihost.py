@@ -341,10 +341,10 @@ class RecoveringJob:
         self.agents: list[subprocess.Popen[str]] = []
 
     def start(self, coordinator_args: list[str], worker_args: Callable[[int], list[str]],
-              port: int = 29500, rdzv_port: int = 29400) -> None:
+              hang_s: float = HANG_S, port: int = 29500, rdzv_port: int = 29400) -> None:
         self.coordinator = self.hosts.start(
             0, [PY, "-m", "executor.coordinator", str(self.coord / f"{self.name}.json"),
-                "--port", str(port), "--hang-timeout", str(HANG_S), "--recover", "--steps",
+                "--port", str(port), "--hang-timeout", str(hang_s), "--recover", "--steps",
                 str(self.steps), "--out", str(self.out), "--deterministic",
                 *coordinator_args],
             env=self.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -447,7 +447,9 @@ def test_a_recovering_run_across_hosts_without_a_shared_folder_checkpoints_throu
     steps = 6
     with netns.Hosts(3, rate_mbit=100) as hosts:
         job = RecoveringJob(tmp_path, hosts, write_plan(plan, tmp_path), "a", steps)
-        job.start(["--checkpoint-every", "2"], lambda i: [])
+        # (5 s as in test_recovery.py: under a load of 26 a 3 s one declared a starved
+        # device of test_coordinator.py hung)
+        job.start(["--checkpoint-every", "2"], lambda i: [], hang_s=5.0)
         job.wait_for(2)
         hosts.set_link(2, up=False)
         lines = job.finish(survivors=[0, 1])
@@ -458,7 +460,7 @@ def test_a_recovering_run_across_hosts_without_a_shared_folder_checkpoints_throu
         resumed = RecoveringJob(tmp_path, hosts, write_plan(other, tmp_path, "other.json"),
                                 "b", steps)
         resumed.start(["--resume", str(job.out / "checkpoints" / "step-00000004")],
-                      lambda i: [])
+                      lambda i: [], hang_s=20.0)
         second = resumed.finish(survivors=[0, 1])
     events = [m for m in lines if m.get("type") == "recovery"]
     metrics = [m for m in lines if "type" not in m]
@@ -512,7 +514,8 @@ def test_a_host_slowed_three_times_is_repartitioned_across_hosts_never_failed(
               1: ["--emulate-slowdown", "d1=3@1"]}
     with netns.Hosts(3, rate_mbit=100) as hosts:
         job = RecoveringJob(tmp_path, hosts, write_plan(plan, tmp_path), "s", steps)
-        job.start(emulate, lambda i: emulate + slowed.get(i, []))
+        # no device is lost here: a long hang timeout keeps a starved one (load) alive
+        job.start(emulate, lambda i: emulate + slowed.get(i, []), hang_s=20.0)
         lines = job.finish(survivors=[0, 1, 2])
     events = [m for m in lines if m.get("type") == "recovery"]
     metrics = [m for m in lines if "type" not in m]
