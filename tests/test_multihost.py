@@ -486,6 +486,30 @@ def test_a_recovering_run_across_hosts_without_a_shared_folder_checkpoints_throu
 
 
 @pytest.mark.slow
+def test_the_other_hosts_recover_when_every_process_of_a_host_is_killed(tmp_path: Path) -> None:
+    # as above, but host 2's processes are SIGKILLed (its neighbour, host 1, sees closed
+    # connections before the coordinator's verdict, and waits for it)
+    profile = profile_of(GPT2, lambda b: zoo.example_input("gpt2-small", b, **GPT2.sizes),
+                         name="gpt2-small")
+    plan = make_test_plan(profile, [(0, 2, [2]), (2, 4, [2]), (4, 6, [2])], 2, 2,
+                          optimizer="momentum")
+    steps = 5
+    with netns.Hosts(3, rate_mbit=100) as hosts:
+        job = RecoveringJob(tmp_path, hosts, write_plan(plan, tmp_path), "k", steps)
+        job.start([], lambda i: [], hang_s=5.0)
+        job.wait_for(2)
+        kill_host(hosts, 2)
+        lines = job.finish(survivors=[0, 1])
+    events = [m for m in lines if m.get("type") == "recovery"]
+    metrics = [m for m in lines if "type" not in m]
+    assert [(e["cause"], e["device"]) for e in events] == [("hang", "d2")]
+    want = gpt2_reference(plan, steps)
+    assert [m["step"] for m in metrics] == list(range(steps))
+    assert [m["loss"] for m in metrics] == want.losses
+    assert_final_state_is_the_references(job.weights(), want)
+
+
+@pytest.mark.slow
 def test_a_host_slowed_three_times_is_repartitioned_across_hosts_never_failed(
     tmp_path: Path,
 ) -> None:
