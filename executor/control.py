@@ -15,8 +15,8 @@ Store layout (every key under ``ctl/``):
 ``ctl/abort``           ``"g:cause"``: generation g is aborted (every rank stops it)
 ``ctl/hb/<device>``     a counter the device's heartbeat thread increments every
                         ``interval_s``; the coordinator only reads it (``add(k, 0)``)
-``ctl/fenced/<dev>``    set when ``dev`` was declared dead; a fenced worker that
-                        wakes up (e.g. after SIGSTOP) sees it and exits
+``ctl/fenced/<dev>``    the generation in which ``dev`` was declared dead; a fenced
+                        worker that wakes up (e.g. after SIGSTOP) sees it and exits
 ``ctl/seen/<g>/<dev>``  wall-clock time at which ``dev``'s heartbeat thread first saw
                         the abort of generation g (written once; the coordinator
                         reads it to tell how far an abort reached, and how fast)
@@ -37,6 +37,13 @@ Detection bound: a hang is declared between ``hang_timeout_s`` and
 ``hang_timeout_s + poll_s`` after the device's last beat; an abort reaches every rank
 within one heartbeat interval (each beat also reads ``ctl/abort``), not only the failed
 device's neighbours (P3).
+
+**Re-admission** (a device that was lost comes back, a fresh process under the same
+id): :meth:`Coordinator.readmit` gives it an **incarnation**, a generation number above
+the one it was fenced in; a process of incarnation ``k`` counts as fenced only by a fence
+written in generation ``k`` or later. So the new process is not fenced by its
+predecessor's fence, while the old process (incarnation below the fence's generation),
+should it wake up, still is; a later loss of the new one fences it again.
 
 The coordinator is the single point of failure of a run: when it is gone every worker's
 next beat fails (after the store client's reconnection attempts: about three store
@@ -147,6 +154,8 @@ class Coordinator:
         self.hang_timeout_s = hang_timeout_s
         self.start_timeout_s = hang_timeout_s if start_timeout_s is None else start_timeout_s
         self._opened: dict[str, int] = {}
+        #: each re-admitted device's incarnation (module docstring; absent: 0)
+        self.incarnations: dict[str, int] = {}
         self._exited = exited
         self._clock = clock
         self.generation = 0
@@ -212,7 +221,24 @@ class Coordinator:
         self.store.set("ctl/abort", f"{self.generation}:{cause}")
 
     def is_fenced(self, device: str) -> bool:
-        return self.store.check([f"ctl/fenced/{device}"])
+        """Whether the current incarnation of ``device`` is fenced."""
+        key = f"ctl/fenced/{device}"
+        return self.store.check([key]) and fenced_by(
+            self.store.get(key), self.incarnations.get(device, 0))
+
+    def readmit(self, device: str) -> int:
+        """Let a fenced ``device`` come back as a fresh process; returns the incarnation
+        that process must run with (:class:`WorkerControl`'s ``incarnation``)."""
+        if not self.is_fenced(device):
+            raise ValueError(f"device {device} was never fenced: nothing to readmit")
+        self.incarnations[device] = self.generation + 1
+        return self.generation + 1
+
+
+def fenced_by(fence: bytes, incarnation: int) -> bool:
+    """Whether a fence written in the generation ``fence`` (the key's value) stops a
+    process of ``incarnation`` (module docstring, "Re-admission")."""
+    return int(fence) >= incarnation
 
 
 class WorkerControl:
@@ -222,13 +248,16 @@ class WorkerControl:
     connection (a store client is not shared across threads). The training loop calls
     :meth:`check` between actions and at commit points; it raises the first of
     :class:`Fenced`, :class:`CoordinatorLost` or :class:`GenerationAborted` that
-    applies. Cost: one store round trip per interval.
+    applies. ``incarnation``: that of a re-admitted device (module docstring). Cost:
+    one store round trip per interval (two while fenced).
     """
 
-    def __init__(self, connect: Callable[[], Store], device: str, interval_s: float) -> None:
+    def __init__(self, connect: Callable[[], Store], device: str, interval_s: float,
+                 incarnation: int = 0) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
         self.device = device
+        self.incarnation = incarnation
         self.interval_s = interval_s
         self._connect = connect
         self._stop = threading.Event()
@@ -269,7 +298,8 @@ class WorkerControl:
                 # The coordinator writes the fence before the abort, so read in the
                 # opposite order: a worker that sees an abort also sees its fence.
                 abort = store.get("ctl/abort").decode() if store.check(["ctl/abort"]) else None
-                fenced = store.check([fence_key])
+                fenced = store.check([fence_key]) and fenced_by(store.get(fence_key),
+                                                                 self.incarnation)
                 if abort is not None:
                     g, cause = abort.split(":", 1)
                     if self._aborted != (int(g), cause):

@@ -29,6 +29,13 @@ and the time to detect. A child that has published ``done/<rank>`` (its work is 
 the interpreter's shutdown can outlast a hang timeout) or exited 0 is no longer watched
 for hangs, only for its exit status. ``hang_timeout_s=None`` runs without a control
 plane (exit codes only).
+
+**Joins** (``joins``, ``edgepipe run --emulate-join FILE@STEP``; a recovering run only):
+:class:`executor.joins.JoinSchedule` starts each joining device's process (a
+:class:`~executor.worker.RecoveringWorker` with ``WorkerOptions.device``) and has the
+Supervisor admit it at the step boundary; the launcher then tracks the device's newest
+process (a rejoined device's old one is gone), and ``ranks.json`` gains a line (rank
+``null``) per joining process.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ import shutil
 import signal
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
@@ -49,6 +57,8 @@ import torch.distributed as dist
 from executor import checkpoint, data
 from executor.checkpoint import check_resume
 from executor.control import Coordinator, Failure, generation_store
+from executor.faults import parse as parse_faults
+from executor.joins import FLAG, EmulatedJoin, JoinSchedule, check_joins
 from executor.layout import RankLayout, check_runnable
 from executor.metrics import MetricsWriter, read_jsonl
 from executor.recovery import Supervisor
@@ -162,13 +172,15 @@ def launch(
     hang_timeout_s: float | None = HANG_TIMEOUT_S,
     heartbeat_s: float = HEARTBEAT_S,
     recover: bool | None = None,
+    joins: Sequence[EmulatedJoin] = (),
 ) -> RunResult:
     """Run the plan of ``opts`` here, one process per plan device (module docstring).
 
     ``on_start(ranks)`` is called with the ``ranks.json`` entries once every child has
     started. ``hang_timeout_s`` (None: no control plane) must exceed twice
     ``heartbeat_s``. ``recover`` (:func:`recovers`): recover from a lost or hung device
-    in-process (:mod:`executor.recovery`) instead of stopping. Raises
+    in-process (:mod:`executor.recovery`) instead of stopping. ``joins``: devices that
+    join mid-run (module docstring, "Joins"; needs recovery). Raises
     :class:`RunFailed` when a worker dies or hangs (without recovery),
     :class:`~executor.recovery.RecoveryFailed` when recovery is impossible, any other
     :class:`~planner.errors.EdgepipeError` when the plan is refused.
@@ -183,6 +195,12 @@ def launch(
     layout = preflight(opts)
     plan = load_plan(opts.plan)
     recovering = recovers(opts, plan, hang_timeout_s, recover)
+    if joins:
+        if not recovering:
+            raise InputError(FLAG, "", "a device can join only a run that recovers "
+                             "in-process (control plane on, the plan replicating, no "
+                             "--no-recover)")
+        check_joins(plan, joins, opts.steps, parse_faults(opts.faults))
     out = Path(opts.out) if opts.out else None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -194,24 +212,26 @@ def launch(
     )
     ctx = multiprocessing.get_context("spawn")
     procs: list = []
+    #: each device's newest process (a rejoined device's replaces its old one)
+    current: dict[str, Any] = {}
     coordinator = None
     if hang_timeout_s is not None:
         coordinator = Coordinator(
             store, [i.device for i in layout.ranks], hang_timeout_s,
-            exited=lambda: [i.device for i, p in zip(layout.ranks, procs, strict=False)
-                            if p.exitcode not in (None, 0)],
+            exited=lambda: [d for d, p in current.items() if p.exitcode not in (None, 0)],
             start_timeout_s=max(START_TIMEOUT_S, opts.timeout_s),
         )
         opts = replace(opts, generation=coordinator.generation, heartbeat_s=heartbeat_s,
                        recover=recovering)
     errors = generation_store(store, opts.generation)
     supervisor = None
+    schedule = None
+    ranks: list[dict[str, Any]] = []
     if recovering:
         assert coordinator is not None
-        rank_of = {i.device: i.rank for i in layout.ranks}
 
         def kill(device: str) -> None:
-            proc = procs[rank_of[device]]
+            proc = current[device]
             if proc.exitcode is None:
                 proc.kill()  # SIGKILL also ends a SIGSTOPped process
                 proc.join()
@@ -229,11 +249,36 @@ def launch(
             writer=(MetricsWriter(out, layout, opts.deterministic, append=resume > 0)
                     if out is not None else None),
             plans_dir=out / "plans" if out is not None else Path(scratch.name),
-            kill=kill, alive=lambda d: procs[rank_of[d]].exitcode is None,
+            kill=kill, alive=lambda d: current[d].exitcode is None,
             # the plan predicts the emulated devices only: a real local run runs at
             # this machine's speed, not theirs
             slowdown=SlowdownWatch(opts.time_scale) if opts.emulate else None,
         )
+
+        def spawn(device: str, incarnation: int) -> Any:
+            n = len(procs)
+            endpoint = Endpoint(n, layout.world_size, "127.0.0.1", store.port,
+                                local_rank=n, local_world_size=n + 1)
+            proc = ctx.Process(
+                target=spawned, args=(replace(opts, device=device, incarnation=incarnation),
+                                      endpoint),
+                name=f"edgepipe-{device}-join", daemon=True,
+            )
+            proc.start()
+            procs.append(proc)
+            current[device] = proc
+            ranks.append({"rank": None, "device": device, "stage": None, "pid": proc.pid,
+                          "incarnation": incarnation})
+            if out is not None:
+                (out / "ranks.json").write_text(json.dumps(ranks, indent=1) + "\n")
+            return proc
+
+        if joins:
+            schedule = JoinSchedule(
+                list(joins), supervisor, spawn,
+                gone=lambda d: current[d].exitcode is not None,
+                start_timeout_s=max(START_TIMEOUT_S, opts.timeout_s),
+            )
     try:
         for info in layout.ranks:
             endpoint = Endpoint(info.rank, layout.world_size, "127.0.0.1", store.port,
@@ -244,9 +289,10 @@ def launch(
             )
             proc.start()
             procs.append(proc)
-        ranks = [
+            current[info.device] = proc
+        ranks[:0] = [
             {"rank": i.rank, "device": i.device, "stage": i.stage, "pid": p.pid}
-            for i, p in zip(layout.ranks, procs, strict=True)
+            for i, p in zip(layout.ranks, procs[:layout.world_size], strict=True)
         ]
         if out is not None:
             (out / "ranks.json").write_text(json.dumps(ranks, indent=1) + "\n")
@@ -254,7 +300,7 @@ def launch(
             on_start(ranks)
         if supervisor is not None:
             assert coordinator is not None
-            _supervise(procs, layout, supervisor, coordinator, opts.timeout_s)
+            _supervise(current, supervisor, coordinator, opts.timeout_s, schedule)
         else:
             _watch(procs, layout, errors, coordinator)
     finally:
@@ -266,23 +312,25 @@ def launch(
     return RunResult.read(out)
 
 
-def _supervise(procs: list, layout: RankLayout, supervisor: Supervisor,
-               coordinator: Coordinator, timeout_s: float) -> None:
+def _supervise(current: dict[str, Any], supervisor: Supervisor, coordinator: Coordinator,
+               timeout_s: float, joins: JoinSchedule | None) -> None:
     """Poll a recovering run until its last step is durable, recovering from every
-    failure (:meth:`Supervisor.recover`); then wait (at most ``timeout_s``) for the last
-    generation's members to exit 0."""
+    failure (:meth:`Supervisor.recover`) and admitting every join; then wait (at most
+    ``timeout_s``) for the last generation's members (``current``: device -> its newest
+    process) to exit 0."""
     while not supervisor.poll():
         if failures := coordinator.poll():
             supervisor.recover(failures)
         elif supervisor.slowdown is not None and (slowed := supervisor.slowdown.take()):
             # slow, not failed: re-partition at the next step boundary (executor/slowdown.py)
             supervisor.repartition("slow", ",".join(slowed), slowed=slowed)
+        elif joins is not None:
+            joins.poll()
         time.sleep(POLL_S)
-    rank_of = {i.device: i.rank for i in layout.ranks}
     deadline = time.monotonic() + timeout_s
     for device in supervisor.gen.members:
-        procs[rank_of[device]].join(max(0.0, deadline - time.monotonic()))
-    failed = [d for d in supervisor.gen.members if procs[rank_of[d]].exitcode != 0]
+        current[device].join(max(0.0, deadline - time.monotonic()))
+    failed = [d for d in supervisor.gen.members if current[d].exitcode != 0]
     if failed:
         raise EdgepipeError(
             f"every step is durable but device(s) {', '.join(failed)} did not exit cleanly "

@@ -85,7 +85,7 @@ from executor.layout import RankLayout
 from executor.metrics import MetricsWriter
 from executor.slowdown import SlowdownWatch
 from planner.cluster import Cluster
-from planner.errors import EdgepipeError, InfeasibleError, UnrecoverableError
+from planner.errors import EdgepipeError, InfeasibleError, InputError, UnrecoverableError
 from planner.plan import Plan, plan_to_dict, save_plan
 from planner.replanning import precompute, replan
 
@@ -203,6 +203,8 @@ class Supervisor:
         self.base: tuple[Plan, int, bool] = (plan, resume, True)
         self.finished = False
         self.devices = coordinator.members
+        #: steps from this one on are not committed (a join is due here: :meth:`hold`)
+        self.held: int | None = None
         self.gen = self._open(coordinator.generation, plan, plan_path, resume, fresh=True,
                               migration=[])
 
@@ -244,7 +246,8 @@ class Supervisor:
         gen = self.gen
         if self.finished:
             return True
-        while gen.next_commit < self.steps and gen.all_wrote(f"vote/{gen.next_commit}"):
+        end = self.steps if self.held is None else max(self.held, gen.resume)
+        while gen.next_commit < end and gen.all_wrote(f"vote/{gen.next_commit}"):
             gen.store.set(f"commit/{gen.next_commit}", repr(time.time()))
             gen.next_commit += 1
             if self._pending_event is not None and self._pending_event["generation"] == gen.number:
@@ -277,6 +280,29 @@ class Supervisor:
                 senders.append(device)
             storeblob.delete(gen.store, key)
         checkpoint.commit_parts(self.checkpoint_dir, n, gen.plan, senders)
+
+    # -- joins -------------------------------------------------------------------------
+    def hold(self, step: int | None) -> None:
+        """Commit no step from ``step`` on (None: commit again), so that the run stands
+        at a step boundary when a device is admitted there (:meth:`at_boundary`). A
+        generation that replays from a later step commits from its start."""
+        self.held = step
+
+    def at_boundary(self) -> bool:
+        """Whether the run stands at the held step boundary: the current generation has
+        made every state up to it durable and commits nothing beyond (steps past the
+        last replication point before the boundary are replayed after the join)."""
+        gen = self.gen
+        return (self.held is not None and not self.finished and gen.durable is not None
+                and (not gen.points or gen.points[0] > max(self.held, gen.resume)))
+
+    def readmit(self, device: str) -> int:
+        """Let ``device``, lost earlier, come back as a fresh process (its incarnation is
+        returned, :meth:`executor.control.Coordinator.readmit`); a later
+        :meth:`repartition` with ``joined`` naming it admits it."""
+        if device not in self.lost:
+            raise ValueError(f"device {device} is not lost: it cannot rejoin")
+        return self.coordinator.readmit(device)
 
     def _write_metrics(self, gen: Generation, n: int) -> None:
         """The lines of the steps before ``n`` not written yet (now durable); each
@@ -350,11 +376,20 @@ class Supervisor:
         event. Returns the pending event; raises :class:`RecoveryFailed` when no plan
         fits."""
         detected_wall = time.time()
+        for d in joined.devices if joined is not None else ():
+            if d.id in self.devices and (d.id not in self.lost or self.coordinator.is_fenced(d.id)):
+                why = ("serves the run" if d.id not in self.lost
+                       else "was lost and is fenced: readmit it first (Supervisor.readmit)")
+                raise InputError("join", "", f"device {d.id!r} {why}; a joining device is new "
+                                 "or one lost earlier")
         if self._pending_event is not None:
             self._finish_event(None)
         self.coordinator.abort(f"{device} {cause}")
         if joined is not None:
-            self.devices = self.devices + tuple(d.id for d in joined.devices)
+            ids = [d.id for d in joined.devices]
+            self.devices = self.devices + tuple(d for d in ids if d not in self.devices)
+            self.lost = [d for d in self.lost if d not in ids]  # a rejoin
+            self.held = None
         return self._next(cause, device, f"{cause} of device {device}", detected_wall, 0.0,
                           slowed=slowed, joined=joined)
 

@@ -114,8 +114,11 @@ class WorkerOptions:
     emulate_slowdown: tuple[EmulatedSlowdown, ...] = ()
     recover: bool = False
     faults: str = ""
-    #: the device this process runs, when it is not the plan's rank-th (a joining one)
+    #: the device this process runs, when it is not the plan's rank-th (a joining one;
+    #: the rank is then its place in the generation that admits it)
     device: str | None = None
+    #: a re-admitted device's incarnation (executor/control.py, "Re-admission")
+    incarnation: int = 0
     #: ``HOST:PORT`` of a cross-host coordinator (executor/coordinator.py) to join
     coordinator: str | None = None
 
@@ -469,15 +472,15 @@ class RecoveringWorker:
     def __init__(self, opts: WorkerOptions, endpoint: Endpoint, plan: Plan) -> None:
         self.opts, self.endpoint = opts, endpoint
         planned = [r.device for r in RankLayout.from_plan(plan).ranks]
-        # a joining device (``opts.device`` not in the first plan) waits until a
-        # generation includes it
+        # a joining device (``opts.device``: a new one, or one lost earlier coming back
+        # as a fresh process) waits until a generation includes it
         self.device_id = opts.device or planned[endpoint.rank]
-        self.joining = self.device_id not in planned
+        self.joining = opts.device is not None
         self.device, _ = _device(endpoint)
         self.rows = load_rows(plan, opts)
         self.store = self._connect()
         self.control = WorkerControl(self._control_store, self.device_id,
-                                     opts.heartbeat_s).start()
+                                     opts.heartbeat_s, opts.incarnation).start()
         self.dead: set[int] = set()
         self.copies = Copies(lambda g: g not in self.dead)
         self.faults = Injector(self.device_id, parse_faults(opts.faults), self.store)
@@ -507,10 +510,17 @@ class RecoveringWorker:
             self.control.stop()
 
     def _await_generation(self, after: int) -> tuple[int, dict] | None:
-        """The next generation's start record, or None when this device is not in it."""
+        """The next generation's start record, or None when this device is not in it.
+
+        A joining device waits (as long as the coordinator lives) for the first
+        generation that includes it, skipping those that do not. An aborted generation
+        is no reason to stop here: the next one follows (a generation may even be
+        aborted before this device read its start; then it starts, sees the abort and
+        comes back)."""
         deadline = time.monotonic() + self.opts.timeout_s + 60.0
-        while time.monotonic() < deadline:
-            self.control.check(after + 1)
+        while self.joining or time.monotonic() < deadline:
+            with contextlib.suppress(GenerationAborted):
+                self.control.check(after + 1)
             g = int(self.store.get("ctl/generation")) if self.store.check(
                 ["ctl/generation"]) else 0
             if g > after and self.store.check([f"gen{g}/start"]):
@@ -785,7 +795,8 @@ def run(opts: WorkerOptions, endpoint: Endpoint) -> None:
     torch.set_num_threads(1)
     plan = load_plan(opts.plan)
     check_runnable(plan)
-    check_world(RankLayout.from_plan(plan), endpoint.world_size, endpoint.rank)
+    if opts.device is None:  # a joining device takes its rank from the generation
+        check_world(RankLayout.from_plan(plan), endpoint.world_size, endpoint.rank)
     worker = RecoveringWorker(opts, endpoint, plan) if opts.recover else Worker(
         opts, endpoint, plan)
     try:

@@ -746,6 +746,8 @@ def cmd_run(args: argparse.Namespace) -> None:
         emulate_slowdown=_emulated_slowdowns(args),
         faults=args.inject,
     )
+    joins = [_executor("executor.joins").EmulatedJoin.parse(spec, plan)  # type: ignore[attr-defined]
+             for spec in args.emulate_join]
     devices = len(plan.partition.used_devices())
     err.print(
         f"running {plan.id} ({plan.problem.model.name}, {plan.partition.num_stages} stages) "
@@ -756,7 +758,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     try:
         result = launch.launch(  # type: ignore[attr-defined]
             opts, hang_timeout_s=args.hang_timeout, heartbeat_s=args.heartbeat,
-            recover=False if args.no_recover else None,
+            recover=False if args.no_recover else None, joins=joins,
         )
     except KeyboardInterrupt:
         raise EdgepipeError("interrupted: every worker was stopped") from None
@@ -779,8 +781,9 @@ def cmd_run(args: argparse.Namespace) -> None:
         )
     out.print(table)
     for e in result.events:
+        what = "re-partitioned for" if e["cause"] in ("slow", "join") else "recovered from"
         out.print(
-            f"recovered from {e['cause']} of {e['device']}: generation {e['generation']} "
+            f"{what} {e['cause']} of {e['device']}: generation {e['generation']} "
             f"runs {e['new_plan']} from step {e['replay_from_step']}, first commit "
             f"{_s(e['t_first_commit_s'])} after detection"
         )
@@ -1246,6 +1249,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DEV:STEP:PHASE[:SIGNAL]",
         help="fault injection for tests and benchmarks (executor/faults.py): e.g. "
         "d1:2:forward kills d1 after its first forward of step 2",
+    )
+    p.add_argument(
+        "--emulate-join",
+        action="append",
+        default=[],
+        metavar="FILE@STEP",
+        help="the devices of cluster file FILE join the run at step STEP (new ids, or a "
+        "device lost earlier through --inject that comes back; executor/joins.py, "
+        "docs/fault-tolerance.md); repeatable",
     )
     p.add_argument(
         "--heartbeat",

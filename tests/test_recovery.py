@@ -71,8 +71,9 @@ def reference(plan, steps: int):
     return _REFERENCE[key]
 
 
-def run(tmp_path: Path, stages, faults: str = "", steps: int = STEPS, **cfg):
-    """Run a 2-micro-batch plan of ``stages`` with ``faults``; reap every child."""
+def run(tmp_path: Path, stages, faults: str = "", steps: int = STEPS, joins=(), **cfg):
+    """Run a 2-micro-batch plan of ``stages`` with ``faults`` (and ``joins``:
+    :class:`executor.joins.EmulatedJoin`); reap every child."""
     plan = make_test_plan(profile(), stages, 2, 2, optimizer=cfg.pop("optimizer", "adam"),
                           learning_rate=0.01, **cfg)
     path = write_plan(plan, tmp_path)
@@ -82,7 +83,7 @@ def run(tmp_path: Path, stages, faults: str = "", steps: int = STEPS, **cfg):
             WorkerOptions(str(path), steps, str(tmp_path), deterministic=True,
                           timeout_s=GLOO_TIMEOUT_S, save_weights=True, faults=faults),
             on_start=lambda ranks: pids.extend(r["pid"] for r in ranks),
-            hang_timeout_s=HANG_S, heartbeat_s=BEAT_S,
+            hang_timeout_s=HANG_S, heartbeat_s=BEAT_S, joins=joins,
         )
     finally:
         for pid in pids:

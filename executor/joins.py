@@ -1,0 +1,185 @@
+"""Devices that join a recovering run mid-training: emulated locally (``edgepipe run
+--emulate-join FILE@STEP``), the launcher's side (docs/fault-tolerance.md, "Joining").
+
+A join names a cluster document (``FILE``, ``schemas/cluster.schema.json``; device types
+not embedded in it are taken from the plan's cluster, then the shipped catalog) whose
+devices enter the run at the step boundary ``STEP``: steps ``0 .. STEP-1`` train without
+them, the re-plan (:func:`planner.replan` with ``joined``) trains from ``STEP`` on. A
+device of the file is either **new** (an id the plan's cluster does not have) or a
+**rejoin** (a device of the plan lost earlier, ``--inject DEV:S:PHASE`` with ``S <
+STEP``), which comes back as a fresh process with nothing in memory.
+
+Protocol (:class:`JoinSchedule`, polled by the launcher between its other duties; one
+join at a time, in step order):
+
+1. The :class:`~executor.recovery.Supervisor` holds commits from ``STEP`` on
+   (:meth:`~executor.recovery.Supervisor.hold`), so the run waits at that boundary.
+2. Each device's process is started as soon as it can be: a new one at once (its start-up,
+   seconds, overlaps the training before ``STEP``), a rejoining one once the device is
+   lost and its old process is gone, with the incarnation
+   :meth:`~executor.recovery.Supervisor.readmit` gives it
+   (:mod:`executor.control`, "Re-admission"). It runs
+   :class:`executor.worker.RecoveringWorker` with ``WorkerOptions.device`` set and waits,
+   beating, until a generation includes it.
+3. Once the run stands at the boundary (every state up to ``STEP`` durable:
+   :meth:`~executor.recovery.Supervisor.at_boundary`) and every joining process beats,
+   the Supervisor re-partitions (cause ``join``): the current generation is aborted
+   (nobody fenced), the re-plan opens the next generation, and each joined device
+   receives its blocks and their optimizer state from their current holders (the
+   migration) before its first step. A joined device the re-plan leaves idle is a spare.
+
+Bounded waits: a joining process that exits before it is admitted, or does not beat
+within ``start_timeout_s`` of its start, stops the run with one line
+(:class:`JoinFailed`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from executor.faults import Fault
+from executor.recovery import Supervisor
+from planner.cluster import Cluster, load_catalog
+from planner.errors import EdgepipeError, InputError
+from planner.plan import Plan
+
+FLAG = "--emulate-join"
+
+
+class JoinFailed(EdgepipeError):
+    """A joining device could not be admitted; ``device`` names it."""
+
+    def __init__(self, message: str, device: str) -> None:
+        self.device = device
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class EmulatedJoin:
+    """The devices of ``cluster`` (read from ``path``) join at step ``step``."""
+
+    path: str
+    cluster: Cluster
+    step: int
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        return tuple(d.id for d in self.cluster.devices)
+
+    @classmethod
+    def parse(cls, spec: str, plan: Plan) -> EmulatedJoin:
+        """``FILE@STEP``; the file's device types may be the plan's. Raises
+        :class:`InputError` (one line) for a bad spec or a malformed file."""
+        path, sep, step = spec.rpartition("@")
+        if not sep or not path or not step.isdigit():
+            raise InputError(FLAG, spec, "expected FILE@STEP: a cluster file naming the "
+                             "joining devices and the step at which they enter, e.g. "
+                             "new-device.json@3")
+        catalog = {**load_catalog(), **plan.problem.cluster.device_types}
+        try:
+            cluster = Cluster.load(path, catalog=catalog)
+        except InputError as exc:
+            raise InputError(FLAG, spec, str(exc).splitlines()[0]) from None
+        return cls(path, cluster, int(step))
+
+
+def check_joins(plan: Plan, joins: Sequence[EmulatedJoin], steps: int,
+                faults: Sequence[Fault]) -> None:
+    """Refuse joins the run cannot honour before any process starts (module docstring):
+    a step beyond the run, a device named twice, or a device of the plan's cluster that
+    no fault takes out before the join (it would still be serving)."""
+    seen: set[str] = set()
+    for join in joins:
+        where = f"{join.path}@{join.step}"
+        if join.step >= steps:
+            raise InputError(FLAG, where, f"step {join.step} is beyond the run (--steps "
+                             f"{steps} trains steps 0..{steps - 1}); join at a step below "
+                             f"{steps}")
+        for dev in join.devices:
+            if dev in seen:
+                raise InputError(FLAG, where, f"device {dev!r} joins twice; give each "
+                                 "joining device its own id")
+            seen.add(dev)
+            if plan.problem.cluster.has_device(dev) and not any(
+                f.device == dev and (f.step is None or f.step < join.step) for f in faults
+            ):
+                raise InputError(FLAG, where, f"device {dev!r} already serves the plan "
+                                 f"({', '.join(d.id for d in plan.problem.cluster.devices)}); "
+                                 "a join names a new device, or one lost earlier "
+                                 f"(--inject {dev}:STEP:PHASE with STEP < {join.step})")
+
+
+@dataclass
+class _Entrant:
+    device: str
+    proc: Any = None
+    beats_at_start: int = 0
+    started: float = 0.0
+
+
+@dataclass
+class JoinSchedule:
+    """The launcher's side of the joins (module docstring).
+
+    Args:
+        joins: the joins, any order.
+        supervisor: the run's supervisor.
+        spawn: ``spawn(device, incarnation)`` starts a joining process (returns it:
+            ``exitcode`` is None while it runs).
+        gone: ``gone(device)`` whether the device's previous process has exited.
+        start_timeout_s: how long a joining process may take to beat.
+    """
+
+    joins: list[EmulatedJoin]
+    supervisor: Supervisor
+    spawn: Callable[[str, int], Any]
+    gone: Callable[[str], bool]
+    start_timeout_s: float
+    _entrants: list[_Entrant] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.joins = sorted(self.joins, key=lambda j: j.step)
+        self._next()
+
+    def _next(self) -> None:
+        self._entrants = [_Entrant(d) for d in self.joins[0].devices] if self.joins else []
+        self.supervisor.hold(self.joins[0].step if self.joins else None)
+
+    def poll(self) -> None:
+        """Start what can start; admit the current join once the run stands at its
+        boundary and every entrant beats. Raises :class:`JoinFailed`."""
+        if not self.joins:
+            return
+        join, sup = self.joins[0], self.supervisor
+        coordinator = sup.coordinator
+        for e in self._entrants:
+            if e.proc is None:
+                rejoin = e.device in sup.devices
+                if rejoin and not (e.device in sup.lost and self.gone(e.device)):
+                    continue
+                incarnation = sup.readmit(e.device) if rejoin else 0
+                e.beats_at_start = coordinator.beats(e.device)
+                e.started = time.monotonic()
+                e.proc = self.spawn(e.device, incarnation)
+        if not sup.at_boundary():
+            return
+        for e in self._entrants:
+            if e.proc is None:
+                raise JoinFailed(
+                    f"device {e.device!r} still serves the run at the step boundary "
+                    f"{join.step} ({FLAG} {join.path}@{join.step}): it was not lost "
+                    "before, so it cannot rejoin", e.device)
+            if e.proc.exitcode is not None:
+                raise JoinFailed(f"joining device {e.device!r} exited with status "
+                                 f"{e.proc.exitcode} before it was admitted", e.device)
+            if coordinator.beats(e.device) == e.beats_at_start:
+                if time.monotonic() - e.started > self.start_timeout_s:
+                    raise JoinFailed(f"joining device {e.device!r} sent no heartbeat within "
+                                     f"{self.start_timeout_s:g} s of its start", e.device)
+                return
+        sup.repartition("join", ",".join(join.devices), joined=join.cluster)
+        self.joins.pop(0)
+        self._next()

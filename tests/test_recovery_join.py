@@ -1,0 +1,205 @@
+"""Devices joining a recovering run (issue 8: "a device rejoining; a new device joining";
+"a rejoining or new device enters at a step boundary").
+
+Real processes over gloo in deterministic mode, the launcher's ``joins``
+(``edgepipe run --emulate-join FILE@STEP``, executor/joins.py): a new device, and a
+device killed earlier that comes back as a fresh process under the same id. Each run
+must end bit-identical to the single-process reference trainer
+(``tests/reference_trainer.py``: per-step losses, samples, final weights and Adam state;
+``tests.test_recovery``'s checks, shared), and the plan written to ``--out/plans``
+after the join must give the joined device blocks and samples.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from executor.joins import EmulatedJoin
+from planner.cli import main
+from planner.cluster import Cluster
+from planner.errors import InputError
+from planner.plan import load_plan
+from tests.executor_helpers import alive, make_test_plan, write_plan
+from tests.test_recovery import (
+    BEAT_S,
+    GLOO_TIMEOUT_S,
+    HANG_S,
+    THREE_STAGES,
+    assert_matches_reference,
+    profile,
+    run,
+)
+
+#: the tests' device type (tests.executor_helpers.cluster's), embedded in join files
+HOST_CPU = {
+    "description": "this machine (tests)", "memory_bytes": 8 * 2**30, "usable_fraction": 0.9,
+    "peak_fp32_gflops": 100, "efficiency": 0.5,
+    "network": {"interface": "loopback", "bandwidth_mbps": 1000},
+    "sources": {"all": "test figures"},
+}
+
+
+def join_doc(*ids: str) -> dict:
+    return {
+        "schema_version": 1, "kind": "edgepipe.cluster", "name": "joining",
+        "device_types": {"host-cpu": HOST_CPU},
+        "devices": [{"id": d, "type": "host-cpu"} for d in ids],
+        "network": {"bandwidth_mbps": 1000, "latency_ms": 0.1},
+    }
+
+
+def join_at(tmp_path: Path, step: int, *ids: str) -> EmulatedJoin:
+    path = tmp_path / f"join-{'-'.join(ids)}.json"
+    path.write_text(json.dumps(join_doc(*ids)))
+    return EmulatedJoin(str(path), Cluster.load(path, catalog={}), step)
+
+
+def the_plan():
+    return make_test_plan(profile(), THREE_STAGES, 2, 2, optimizer="adam", learning_rate=0.01)
+
+
+def plan_after(tmp_path: Path, event: dict):
+    return load_plan(tmp_path / "plans" / f"{event['new_plan']}.json")
+
+
+def serves(plan, device: str) -> tuple[int, int, int]:
+    """(first block, end block, samples per micro-batch) of ``device`` in ``plan``."""
+    for stage in plan.partition.stages:
+        if device in stage.devices:
+            return stage.first, stage.end, stage.samples[stage.devices.index(device)]
+    raise AssertionError(f"{device} serves no stage of {plan.id}")
+
+
+def assert_every_process_reaped(tmp_path: Path) -> None:
+    ranks = json.loads((tmp_path / "ranks.json").read_text())
+    assert not any(alive(r["pid"]) for r in ranks)
+
+
+def test_a_new_device_joins_at_a_step_boundary_and_the_run_stays_bit_identical(tmp_path):
+    # d0 [0,2) | d1 [2,4) | d2,d3 [4,6); e enters at step 2 (the re-plan puts it beside
+    # d1: blocks [2,4), one sample of each micro-batch), receiving blocks 2, 3 and
+    # their Adam state from d1
+    plan, result = run(tmp_path, THREE_STAGES, joins=[join_at(tmp_path, 2, "e")])
+    assert_matches_reference(tmp_path, plan, result)
+    (event,) = result.events
+    assert (event["cause"], event["device"], event["replay_from_step"]) == ("join", "e", 2)
+    assert event["t_detect_s"] == 0.0 and event["t_first_commit_s"] is not None
+    new = plan_after(tmp_path, event)
+    assert new.changes is not None and new.changes.joined == ("e",)
+    first, end, samples = serves(new, "e")
+    assert end > first and samples > 0
+    assert {(t.to, t.first, t.end) for t in new.migration if t.to == "e"} == {("e", first, end)}
+    assert event["blocks_moved"] >= end - first
+    # steps before the boundary ran the first plan without e, the rest the new one with it
+    assert [m["generation"] for m in result.metrics] == [1, 1, 2, 2]
+    assert [m["plan_id"] for m in result.metrics] == [plan.id] * 2 + [new.id] * 2
+    assert ["e" in m["devices"] for m in result.metrics] == [False, False, True, True]
+    ranks = json.loads((tmp_path / "ranks.json").read_text())
+    assert [(r["rank"], r["device"]) for r in ranks][-1] == (None, "e")
+    assert_every_process_reaped(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_killed_device_rejoins_as_a_fresh_process_under_a_new_generation(tmp_path):
+    # d1 dies at step 1 (the others take its blocks: generation 2 has no d1); at step 3
+    # a fresh d1 process, nothing in memory, is re-admitted (generation 3) and gets its
+    # new blocks from their holders
+    plan, result = run(tmp_path, THREE_STAGES, "d1:1:forward", steps=5,
+                       joins=[join_at(tmp_path, 3, "d1")])
+    assert_matches_reference(tmp_path, plan, result, steps=5)
+    lost, back = result.events
+    assert (lost["cause"], lost["device"], lost["replay_from_step"]) == ("crash", "d1", 1)
+    assert (back["cause"], back["device"], back["replay_from_step"]) == ("join", "d1", 3)
+    assert back["generation"] == 3 and back["old_plan"] == lost["new_plan"]
+    without = plan_after(tmp_path, lost)
+    assert "d1" not in without.partition.used_devices()
+    first, end, samples = serves(plan_after(tmp_path, back), "d1")
+    assert end > first and samples > 0
+    assert [m["generation"] for m in result.metrics] == [1, 2, 2, 3, 3]
+    ranks = json.loads((tmp_path / "ranks.json").read_text())
+    old, new = (r for r in ranks if r["device"] == "d1")
+    assert old["pid"] != new["pid"] and new["incarnation"] == 3
+    assert_every_process_reaped(tmp_path)
+
+
+# -- refused before any process starts -------------------------------------------------
+
+
+def test_a_join_file_naming_a_device_that_serves_the_plan_is_refused(tmp_path):
+    with pytest.raises(InputError) as caught:
+        run(tmp_path, THREE_STAGES, joins=[join_at(tmp_path, 2, "d2")])
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "device 'd2' already serves the plan" in message
+    assert "--inject d2:STEP:PHASE with STEP < 2" in message
+    assert not (tmp_path / "ranks.json").exists()  # nothing was started
+
+
+def test_a_rejoin_needs_the_loss_before_the_join(tmp_path):
+    # d2 is killed at step 2, so it cannot come back at step 2
+    with pytest.raises(InputError, match="device 'd2' already serves the plan"):
+        run(tmp_path, THREE_STAGES, "d2:2:forward", joins=[join_at(tmp_path, 2, "d2")])
+
+
+def test_a_join_at_a_step_beyond_the_run_is_refused(tmp_path):
+    with pytest.raises(InputError) as caught:
+        run(tmp_path, THREE_STAGES, steps=4, joins=[join_at(tmp_path, 4, "e")])
+    assert str(caught.value).endswith(
+        "step 4 is beyond the run (--steps 4 trains steps 0..3); join at a step below 4")
+
+
+def test_a_device_joining_twice_is_refused(tmp_path):
+    with pytest.raises(InputError, match="device 'e' joins twice"):
+        run(tmp_path, THREE_STAGES, joins=[join_at(tmp_path, 1, "e"), join_at(tmp_path, 2, "e")])
+
+
+def test_a_join_needs_a_recovering_run(tmp_path):
+    with pytest.raises(InputError, match="recovers in-process"):
+        run(tmp_path, THREE_STAGES, joins=[join_at(tmp_path, 1, "e")], replication_interval=0)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("{file}", "expected FILE@STEP"),
+        ("{file}@two", "expected FILE@STEP"),
+        ("{missing}@2", "missing.json"),
+        ("{malformed}@2", "malformed.json"),
+    ],
+)
+def test_a_bad_join_spec_or_file_is_one_line_naming_it(tmp_path, spec, message):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(join_doc("e")))
+    malformed = tmp_path / "malformed.json"
+    malformed.write_text(json.dumps({**join_doc("e"), "devices": [{"name": "e"}]}))
+    spec = spec.format(file=good, missing=tmp_path / "missing.json", malformed=malformed)
+    with pytest.raises(InputError) as caught:
+        EmulatedJoin.parse(spec, the_plan())
+    text = str(caught.value)
+    assert "\n" not in text and text.startswith("--emulate-join: ") and message in text
+
+
+def test_a_join_file_may_use_the_plans_device_types(tmp_path):
+    path = tmp_path / "join.json"
+    doc = join_doc("e")
+    del doc["device_types"]
+    path.write_text(json.dumps(doc))
+    join = EmulatedJoin.parse(f"{path}@3", the_plan())
+    assert (join.devices, join.step) == (("e",), 3)
+    assert join.cluster.device_types["host-cpu"].peak_fp32_gflops == 100
+
+
+def test_edgepipe_run_refuses_a_bad_join_with_one_line(tmp_path, capsys):
+    path = write_plan(the_plan(), tmp_path)
+    bad = tmp_path / "join.json"
+    bad.write_text("{not json")
+    code = main(["run", str(path), "--steps", "3", "--out", str(tmp_path / "out"),
+                 "--hang-timeout", str(HANG_S), "--heartbeat", str(BEAT_S),
+                 "--timeout", str(GLOO_TIMEOUT_S), "--emulate-join", f"{bad}@1"])
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: --emulate-join: ")
+
