@@ -71,11 +71,13 @@ def reference(plan, steps: int):
     return _REFERENCE[key]
 
 
-def run(tmp_path: Path, stages, faults: str = "", steps: int = STEPS, joins=(), **cfg):
-    """Run a 2-micro-batch plan of ``stages`` with ``faults`` (and ``joins``:
-    :class:`executor.joins.EmulatedJoin`); reap every child."""
-    plan = make_test_plan(profile(), stages, 2, 2, optimizer=cfg.pop("optimizer", "adam"),
-                          learning_rate=0.01, **cfg)
+def run(tmp_path: Path, stages, faults: str = "", steps: int = STEPS, joins=(),
+        model_profile=None, **cfg):
+    """Run a 2-micro-batch plan of ``stages`` (of ``model_profile``, default
+    :func:`profile`) with ``faults`` (and ``joins``: :class:`executor.joins.EmulatedJoin`);
+    reap every child."""
+    plan = make_test_plan(model_profile or profile(), stages, 2, 2,
+                          optimizer=cfg.pop("optimizer", "adam"), learning_rate=0.01, **cfg)
     path = write_plan(plan, tmp_path)
     pids: list[int] = []
     try:
