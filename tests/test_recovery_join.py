@@ -98,7 +98,9 @@ def assert_every_process_reaped(tmp_path: Path) -> None:
     assert not any(alive(r["pid"]) for r in ranks)
 
 
-def test_a_new_device_joins_at_a_step_boundary_and_the_run_stays_bit_identical(tmp_path):
+def test_a_new_device_joins_at_a_step_boundary_and_the_run_stays_bit_identical(
+    tmp_path, capsys
+):
     # d0 [0,2) | d1 [2,4) | d2,d3 [4,6); e enters at step 2 and receives the blocks the
     # re-plan gives it, with their Adam state, from their holders before its first step
     plan, result = run_joining(tmp_path, [join_at(tmp_path, 2, "e")])
@@ -123,6 +125,11 @@ def test_a_new_device_joins_at_a_step_boundary_and_the_run_stays_bit_identical(t
     ranks = json.loads((tmp_path / "ranks.json").read_text())
     assert [(r["rank"], r["device"]) for r in ranks][-1] == (None, "e")
     assert_every_process_reaped(tmp_path)
+    # `edgepipe report` lists the join among the run's recoveries
+    capsys.readouterr()
+    assert main(["report", str(tmp_path), "-o", str(tmp_path / "report.png")]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "recoveries (1;" in shown and "join" in shown
 
 
 @pytest.mark.slow
