@@ -56,7 +56,14 @@ from planner.diagnosis import diagnose_infeasible
 from planner.dp import plan_dp
 from planner.errors import InfeasibleError, InputError
 from planner.milp_backends import HighsWorkers, solve_cpsat, solve_pulp
-from planner.milp_formulation import Builder, Tables, decision, extract, solution_hint
+from planner.milp_formulation import (
+    Builder,
+    Tables,
+    decision,
+    extract,
+    solution_hint,
+    stage_orders,
+)
 from planner.partition import Partition
 from planner.problem import Problem
 
@@ -84,8 +91,10 @@ QUICK_SHARE = 0.25
 #: rounded times cannot cut off the incumbent's own program
 CUTOFF_SLACK = 1e-4
 
-#: share of the time limit the closed-form bounds (:func:`program_bounds`) may take
+#: share of the time limit the closed-form bounds (:func:`program_bounds`) may take,
+#: and the share by which they must have tested every program at the incumbent
 BOUND_SHARE = 0.2
+TEST_SHARE = 0.5
 
 #: the class-vector DP of :func:`program_bounds` keeps at most about this many (state,
 #: stage composition) pairs; classes of similar speed merge until it fits
@@ -307,19 +316,24 @@ def plan_milp(
     jobs = [(b, p) for b in sizes for p in range(1, max_p + 1)]
     first = (warm_start.micro_batch_size, warm_start.num_stages) if warm_start else None
     quick = {j: quick_bound(tables, *j) for j in jobs}
-    ceiling = best[0] * (1 + CUTOFF_SLACK) if best else None
-    # the closed-form bounds get BOUND_SHARE of the time: first the test at the
-    # incumbent for every micro-batch size (what prunes), then the bisection
     known = {b: np.array([0.0, *(quick[b, p] for p in range(1, max_p + 1))]) for b in sizes}
-    phases = (
-        (math.inf, deadline_of(start, time_limit, 0.5)),
-        (1e-3, deadline_of(start, time_limit, 1.0)),
-    )
-    for tol, until in phases if ceiling is not None else phases[1:]:
-        for i, b in enumerate(sizes):
-            now = time.perf_counter()
-            share = max(until - now, 0.0) / (len(sizes) - i)
-            known[b] = program_bounds(tables, b, max_p, ceiling, tol, known[b], now + share)
+    if best is not None:
+        # the closed-form bounds (program_bounds) get BOUND_SHARE of the time: first
+        # every micro-batch size is tested at the incumbent (what prunes), then the open
+        # programs' bounds are bisected, one step for every size in turn
+        ceiling = best[0] * (1 + CUTOFF_SLACK)
+        tested = start + TEST_SHARE * time_limit
+        until = start + BOUND_SHARE * time_limit
+        searches = []
+        for b in sizes:
+            if time.perf_counter() < tested:
+                bounds = StageBounds(tables, b, max_p)
+                if bounds.stages:
+                    searches.append((bounds, known[b], test_at(bounds, known[b], ceiling, tested)))
+        while time.perf_counter() < until and any(
+            [bisect_bounds(s, lo, hi, 1e-3, until, steps=1) for s, lo, hi in searches]
+        ):
+            pass
     quick = {j: max(quick[j], float(known[j[0]][j[1]])) for j in jobs}
     jobs.sort(key=lambda j: (j != first, quick[j], j[0], j[1]))
     pruned = [
@@ -373,11 +387,6 @@ def plan_milp(
         tuple(done),
         program,
     )
-
-
-def deadline_of(start: float, time_limit: float, part: float) -> float:
-    """When the closed-form bounds' phase ``part`` (of 1) of their share ends."""
-    return start + BOUND_SHARE * time_limit * part
 
 
 def quick_bound(tables: Tables, batch: int, num_stages: int) -> float:
@@ -514,6 +523,17 @@ def program_bounds(
         C_q + 2 hops_q + M mean(s, l)                 (the backward branch)
         F_q + hops_q + M mean(s, l) + ring            (the ring branch)
         F_q + hops_q + sent                           (the channel branch)
+        C'_q + max_m (f_m mean(s_f, l_f) + b_m mean(s_b, l_b)) + 2 (P - 1) hops
+                                                      (the round-trip branch)
+
+    The round trip: d(j) runs, before and including F(m), and from B(m) on, f_m forwards
+    and b_m backwards (counted in the stage's action list of the schedule,
+    :func:`planner.milp_formulation.stage_orders`), and between F(m) and B(m) sample j of
+    micro-batch m goes through every later stage and back; with j's way in and out,
+    every other stage's c_i is on that path: C'_q = sum_{i != q} c_i, the stages before
+    q from the DP's state, those after at least the least fill of any partition of the
+    blocks left into the stages left with the devices left (a min-sum DP backwards,
+    ``suffix``); the hops of all 2 (P - 1) crossings (the cuts at a and b exactly).
 
     with C_q = sum_{i < q} c_i and F_q >= max(the per-block least forward times of the
     blocks before a, alpha C_q), alpha = rho / (1 + rho), rho the least forward /
@@ -527,129 +547,248 @@ def program_bounds(
 
         C_p(b, n) = min over a < b, compositions g <= n with every term of stage
             (a, b, g) at C_{p-1}(a, n - g) <= T of C_{p-1}(a, n - g) + c(a, b, g),
-        C_0(0, 0) = 0.
+        C_0(0, 0) = 0;  suffix_r(a, n) = min over b > a, g <= counts - n of
+            c(a, b, g) + suffix_{r-1}(b, n + g), suffix_0(L, n) = 0.
 
     O(log(1 / rel_tol) P L^2 S G) array work (S states, G compositions, S G <=
     :data:`BOUND_STATES` beside the device-count DP's (N + 1) min(B, N)): one DP pass per
     bisection step, all P together, vectorised over (b, states, compositions)."""
-    problem, cm = tables.problem, tables.cm
-    n_blocks = tables.n_blocks
-    m_count = problem.config.global_batch // batch
-    gmax = min(batch, tables.n_devices)
-    cols = slice(1, batch + 1)
-    ys = np.arange(1, batch + 1, dtype=float)
-    zero = np.zeros((1, batch))
-    groups = bound_groups(tables, batch)
-    counts = [sum(tables.classes[k].count for k in grp) for grp in groups]
-    comps = np.array(compositions(counts, gmax), dtype=np.int64).reshape(-1, len(groups))
-    present = comps > 0
-    size = comps.sum(axis=1)  # g of each composition
-    radix = np.cumprod([1, *(c + 1 for c in counts[:-1])])
-    n_states = math.prod(c + 1 for c in counts)
-    digits = (np.arange(n_states)[:, None] // radix[None, :]) % (np.array(counts) + 1)
-    gather = np.arange(n_states)[:, None] - (comps @ radix)[None, :]  # (S, G)
-    gather_ok = (digits[:, None, :] >= comps[None, :, :]).all(axis=2)
-    gather = np.where(gather_ok, gather, 0)
-    k_div, r_mod = np.divmod(batch, size)
-    ybar = (r_mod * (k_div + 1.0) ** 2 + (size - r_mod) * k_div**2.0) / batch
+    out = np.full(max_stages + 1, np.inf)
+    bounds = StageBounds(tables, batch, max_stages)
+    if not bounds.stages or max_stages < 1:
+        return out
+    lo = np.zeros(max_stages + 1)
+    if known is not None:
+        lo[1:] = np.maximum(known[1 : max_stages + 1], 0.0)
+    if ceiling is not None:
+        hi = test_at(bounds, lo, ceiling, deadline)
+    else:
+        every = list(range(1, max_stages + 1))
+        try:
+            structural = bounds.feasible(every, np.full(max_stages, 1e300), deadline)
+        except TimeoutError:
+            out[1:] = lo[1:]
+            return out
+        hi = np.full(max_stages + 1, np.inf)
+        hi[0] = np.nan
+        lo[1:][~structural] = np.inf  # no partition fits memory
+        hi[1:][~structural] = np.nan
+        guess = max(_horizon(tables, [batch]), 1.0)
+        while (sel := np.isinf(hi)).any():  # an upper end: double a guess
+            targets = [int(t) for t in np.flatnonzero(sel)]
+            try:
+                ok = bounds.feasible(targets, np.full(len(targets), guess), deadline)
+            except TimeoutError:
+                out[1:] = lo[1:]
+                return out
+            idx = np.flatnonzero(sel)
+            hi[idx[ok]] = guess
+            lo[idx[~ok]] = guess
+            guess *= 2.0
+    bisect_bounds(bounds, lo, hi, rel_tol, deadline)
+    out[1:] = lo[1:]
+    return out
 
-    def prefix(tables_k: list[np.ndarray]) -> list[np.ndarray]:
-        return [np.vstack([zero, np.cumsum(t[:, cols], axis=0)]) for t in tables_k]
 
-    def mean(s: np.ndarray, least: np.ndarray) -> np.ndarray:
-        """mean(s, l) of the docstring per composition, from per-group s and l."""
-        with np.errstate(divide="ignore", invalid="ignore"):
-            rate = np.where(present, comps / np.where(s > 0, s, 0.0)[None, :], 0.0).sum(axis=1)
-            frac = batch / rate
-        fastest = np.where(present, s[None, :], np.inf).min(axis=1)
-        return np.maximum(np.maximum(frac, ybar * fastest),
-                          np.where(present, least[None, :], np.inf).min(axis=1))  # fmt: skip
+class StageBounds:
+    """The tables and the feasibility DP of :func:`program_bounds` for one micro-batch
+    size (its docstring has the terms, the recurrence and the complexity); built once,
+    then :meth:`feasible` answers "is every stage term of some partition into P stages
+    <= T?" for several (P, T) at a time."""
 
-    fwd_prefix, bwd_prefix = prefix(tables.tf), prefix(tables.tb)
-    least_f = np.min([tf[:, cols].min(axis=1) for tf in tables.tf], axis=0)
-    pre_f = np.concatenate([[0.0], np.cumsum(least_f)])
-    bnd = np.asarray(tables.boundary, dtype=float)
-    cut_hop = tables.lat_lo + tables.v_lo * bnd
-    hop_min = float(cut_hop[:-1].min(initial=np.inf)) if n_blocks > 1 else 0.0
-    grad_prefix = np.concatenate([[0.0], np.cumsum(tables.grad)])
-    budgets = [max(tables.classes[k].budget for k in grp) for grp in groups]
-    warmup = m_count if problem.config.schedule == "gpipe" else 1
-    ring_steps = 2.0 * (size - 1.0)
-    # per first block a: the stage ends b (> a) that fit memory, and per (b, composition)
-    # the stage's work, fill contribution, ring and sent terms, shape (len(ends), G)
-    stages: dict[int, tuple[list[int], np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
-    rho = np.inf
-    for a in range(n_blocks):
-        rows: list[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
-        for b in range(a + 1, n_blocks + 1):
-            fit = np.array([
-                samples_that_fit(budget, cm.static_bytes(a, b), warmup, cm.saved_bytes(a, b),
-                                 batch)
-                for budget in budgets
-            ])  # fmt: skip
-            room = np.where(present, comps * fit[None, :], 0).sum(axis=1)
-            usable = (room >= batch) & ~(present & (fit[None, :] < 1)).any(axis=1)
-            if not usable.any():
-                continue
-            span_f = np.array([w[b] - w[a] for w in fwd_prefix])  # (K, B) per class
-            span_b = np.array([w[b] - w[a] for w in bwd_prefix])
-            figures = []
-            for span in (span_f, span_b, span_f + span_b):
-                per_sample = (span / ys).min(axis=1)
-                least = span.min(axis=1)
-                figures.append((np.array([per_sample[grp].min() for grp in groups]),
-                                np.array([least[grp].min() for grp in groups])))  # fmt: skip
-            (s_f, l_f), (s_b, l_b), (s_t, l_t) = figures
-            for num, den in ((s_f, s_b), (l_f, l_b)):
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    ratio = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.inf)
-                rho = min(rho, float(ratio.min()))
-            w = np.where(usable, m_count * mean(s_t, l_t), np.inf)
-            fill = mean(s_f, l_f) + mean(s_b, l_b)
-            chunk = (grad_prefix[b] - grad_prefix[a]) / size
-            ring = ring_steps * (chunk * tables.v_lo + tables.lat_lo)
-            crossing = float(bnd[b - 1] if b < n_blocks else 0.0) + (bnd[a - 1] if a else 0.0)
-            if tables.topology == "switched":
-                sent = (m_count * batch * crossing / size + ring_steps * chunk) * tables.v_lo
-            elif tables.topology == "shared_medium":
-                sent = (m_count * batch * crossing + ring_steps * chunk * size) * tables.v_lo
-            else:
-                sent = np.zeros(len(comps))
-            rows.append((b, w, fill, ring, sent))
-        if rows:
-            ends, *arrays = zip(*rows, strict=True)
-            stages[a] = (list(ends), *(np.array(x) for x in arrays))  # type: ignore[assignment]
-    alpha = rho / (1.0 + rho) if math.isfinite(rho) else 1.0
+    def __init__(self, tables: Tables, batch: int, max_stages: int) -> None:
+        problem, cm = tables.problem, tables.cm
+        self.n_blocks = n_blocks = tables.n_blocks
+        self.max_stages = max_stages
+        self.problem, self.batch = problem, batch
+        m_count = problem.config.global_batch // batch
+        gmax = min(batch, tables.n_devices)
+        cols = slice(1, batch + 1)
+        ys = np.arange(1, batch + 1, dtype=float)
+        zero = np.zeros((1, batch))
+        groups = bound_groups(tables, batch)
+        counts = [sum(tables.classes[k].count for k in grp) for grp in groups]
+        comps = np.array(compositions(counts, gmax), dtype=np.int64).reshape(-1, len(groups))
+        present = comps > 0
+        size = comps.sum(axis=1)  # g of each composition
+        radix = np.cumprod([1, *(c + 1 for c in counts[:-1])])
+        self.n_states = n_states = math.prod(c + 1 for c in counts)
+        digits = (np.arange(n_states)[:, None] // radix[None, :]) % (np.array(counts) + 1)
+        offset = (comps @ radix)[None, :]
+        # state s - g (the state before a stage of composition g) and s + g (after)
+        self.back_ok = (digits[:, None, :] >= comps[None, :, :]).all(axis=2)
+        self.back = np.where(self.back_ok, np.arange(n_states)[:, None] - offset, 0)
+        ahead_ok = (digits[:, None, :] + comps[None, :, :] <= np.array(counts)).all(axis=2)
+        ahead = np.where(ahead_ok, np.arange(n_states)[:, None] + offset, 0)
+        k_div, r_mod = np.divmod(batch, size)
+        ybar = (r_mod * (k_div + 1.0) ** 2 + (size - r_mod) * k_div**2.0) / batch
 
-    def feasible(targets: list[int], limit: np.ndarray) -> np.ndarray:
+        def prefix(tables_k: list[np.ndarray]) -> list[np.ndarray]:
+            return [np.vstack([zero, np.cumsum(t[:, cols], axis=0)]) for t in tables_k]
+
+        def mean(s: np.ndarray, least: np.ndarray) -> np.ndarray:
+            """mean(s, l) of the docstring per composition, from per-group s and l."""
+            with np.errstate(divide="ignore", invalid="ignore"):
+                rate = np.where(present, comps / np.where(s > 0, s, 0.0)[None, :], 0.0)
+                frac = batch / rate.sum(axis=1)
+            fastest = np.where(present, s[None, :], np.inf).min(axis=1)
+            return np.maximum(np.maximum(frac, ybar * fastest),
+                              np.where(present, least[None, :], np.inf).min(axis=1))  # fmt: skip
+
+        fwd_prefix, bwd_prefix = prefix(tables.tf), prefix(tables.tb)
+        least_f = np.min([tf[:, cols].min(axis=1) for tf in tables.tf], axis=0)
+        self.pre_f = np.concatenate([[0.0], np.cumsum(least_f)])
+        bnd = np.asarray(tables.boundary, dtype=float)
+        self.cut_hop = tables.lat_lo + tables.v_lo * bnd
+        self.hop_min = float(self.cut_hop[:-1].min(initial=np.inf)) if n_blocks > 1 else 0.0
+        grad_prefix = np.concatenate([[0.0], np.cumsum(tables.grad)])
+        budgets = [max(tables.classes[k].budget for k in grp) for grp in groups]
+        warmup = m_count if problem.config.schedule == "gpipe" else 1
+        ring_steps = 2.0 * (size - 1.0)
+        # per first block a: the stage ends b (> a) that fit memory, and per (b,
+        # composition) the stage's work, fill contribution, ring and sent terms and its
+        # mean forward and backward, shape (len(ends), G)
+        self.stages: dict[int, tuple[np.ndarray, ...]] = {}
+        rho = np.inf
+        for a in range(n_blocks):
+            rows = []
+            for b in range(a + 1, n_blocks + 1):
+                fit = np.array([
+                    samples_that_fit(budget, cm.static_bytes(a, b), warmup,
+                                     cm.saved_bytes(a, b), batch)
+                    for budget in budgets
+                ])  # fmt: skip
+                room = np.where(present, comps * fit[None, :], 0).sum(axis=1)
+                usable = (room >= batch) & ~(present & (fit[None, :] < 1)).any(axis=1)
+                if not usable.any():
+                    continue
+                span_f = np.array([w[b] - w[a] for w in fwd_prefix])  # (K, B) per class
+                span_b = np.array([w[b] - w[a] for w in bwd_prefix])
+                figures = []
+                for span in (span_f, span_b, span_f + span_b):
+                    per_sample = (span / ys).min(axis=1)
+                    least = span.min(axis=1)
+                    figures.append((np.array([per_sample[grp].min() for grp in groups]),
+                                    np.array([least[grp].min() for grp in groups])))  # fmt: skip
+                (s_f, l_f), (s_b, l_b), (s_t, l_t) = figures
+                for num, den in ((s_f, s_b), (l_f, l_b)):
+                    with np.errstate(divide="ignore", invalid="ignore"):
+                        ratio = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.inf)
+                    rho = min(rho, float(ratio.min()))
+                w = np.where(usable, m_count * mean(s_t, l_t), np.inf)
+                mean_f, mean_b = mean(s_f, l_f), mean(s_b, l_b)
+                chunk = (grad_prefix[b] - grad_prefix[a]) / size
+                ring = ring_steps * (chunk * tables.v_lo + tables.lat_lo)
+                crossing = float(bnd[b - 1] if b < n_blocks else 0.0) + (bnd[a - 1] if a else 0.0)
+                if tables.topology == "switched":
+                    sent = (m_count * batch * crossing / size + ring_steps * chunk) * tables.v_lo
+                elif tables.topology == "shared_medium":
+                    sent = (m_count * batch * crossing + ring_steps * chunk * size) * tables.v_lo
+                else:
+                    sent = np.zeros(len(comps))
+                mean_f = np.where(usable, mean_f, np.inf)
+                rows.append((b, w, mean_f + mean_b, ring, sent, mean_f, mean_b))
+            if rows:
+                self.stages[a] = tuple(np.array(x) for x in zip(*rows, strict=True))
+        self.alpha = rho / (1.0 + rho) if math.isfinite(rho) else 1.0
+        # suffix[r, b, s]: the least fill of r stages over blocks [b, L) with the devices
+        # state s leaves (a min-sum DP backwards), what the round-trip branch adds
+        suffix = np.full((max_stages + 1, n_blocks + 1, n_states), np.inf)
+        suffix[0, n_blocks] = 0.0
+        for r in range(1, max_stages + 1):
+            for a, (ends, _, fill, *_) in self.stages.items():
+                later = suffix[r - 1][ends.astype(int)]  # (E, S)
+                cand = np.where(ahead_ok[None], later[:, ahead] + fill[:, None, :], np.inf)
+                suffix[r, a] = cand.min(axis=(0, 2))
+        self.suffix = suffix
+        self._pairs: dict[int, np.ndarray] = {}
+
+    def pairs(self, num_stages: int) -> np.ndarray:
+        """Per stage q of a P-stage schedule the (forwards, backwards) a device runs up
+        to and including F(m) and from B(m) on, for every micro-batch m, Pareto-maximal
+        ones only, padded with (0, 0): shape (P, most, 2)."""
+        if num_stages not in self._pairs:
+            per_stage = []
+            for acts in stage_orders(self.problem, self.batch, num_stages):
+                kinds = np.array([k == "F" for k, _ in acts])
+                f_before = np.cumsum(kinds)  # forwards up to and including position i
+                b_before = np.cumsum(~kinds)
+                pos = {a: i for i, a in enumerate(acts)}
+                found = set()
+                for kind, m in acts:
+                    if kind != "F" or ("B", m) not in pos:
+                        continue
+                    i, j = pos["F", m], pos["B", m]
+                    f_from = int(f_before[-1] - (f_before[j - 1] if j else 0))
+                    b_from = int(b_before[-1] - (b_before[j - 1] if j else 0))
+                    found.add((int(f_before[i]) + f_from, int(b_before[i]) + b_from))
+                top = [x for x in found if not any(y != x and y[0] >= x[0] and y[1] >= x[1]
+                                                   for y in found)]  # fmt: skip
+                per_stage.append(top or [(0, 0)])
+            most = max(len(x) for x in per_stage)
+            arr = np.zeros((num_stages, most, 2))
+            for q, top in enumerate(per_stage):
+                arr[q, : len(top)] = top
+            self._pairs[num_stages] = arr
+        return self._pairs[num_stages]
+
+    def feasible(self, targets: list[int], limit: np.ndarray, deadline: float) -> np.ndarray:
         """Per target P (with its T in ``limit``): does a partition into P stages have
-        every stage term <= T? One DP pass over the layers p = 1 .. max(targets)."""
+        every stage term <= T? One DP pass over the layers p = 1 .. max(targets).
+
+        Raises:
+            TimeoutError: ``time.perf_counter()`` passed ``deadline``."""
+        n_blocks, alpha = self.n_blocks, self.alpha
         ok = np.zeros(len(targets), dtype=bool)
         want = np.array(targets)
         t_col = limit[:, None, None]
-        start = np.where(np.arange(n_states) == 0, 0.0, np.inf)
+        start = np.where(np.arange(self.n_states) == 0, 0.0, np.inf)
         prev = {0: np.repeat(start[None, :], len(targets), axis=0)}
+        schedules = {t: self.pairs(t) for t in set(targets)}
+        most = max(x.shape[1] for x in schedules.values())
         for p in range(1, max(targets) + 1):
             if time.perf_counter() > deadline:
                 raise TimeoutError
             q = p - 1
+            # per target row: its stage q's schedule pairs, remaining stages, cuts
+            pairs = np.zeros((len(targets), most, 2))
+            for i, t in enumerate(targets):
+                if q < t:
+                    pairs[i, : schedules[t].shape[1]] = schedules[t][q]
+            left = np.clip(want - p, 0, None)
+            cuts = np.maximum(want - 1, 0)
             cur: dict[int, np.ndarray] = {}
             for a, c_prev in prev.items():
-                if a not in stages:
+                if a not in self.stages:
                     continue
-                ends, w, fill, ring, sent = stages[a]
-                hops = (q - 1) * hop_min + float(cut_hop[a - 1]) if q else 0.0
+                ends, w, fill, ring, sent, mean_f, mean_b = self.stages[a]
+                ends_i = ends.astype(int)
+                hops = (q - 1) * self.hop_min + float(self.cut_hop[a - 1]) if q else 0.0
                 branch = np.maximum(hops + w + ring, hops + sent)  # (E, G)
                 # C_prev + 2 hops + w <= T; max(pre_f, alpha C_prev) + branch <= T
                 cap = t_col - 2 * hops - w
                 if alpha > 0:
                     cap = np.minimum(cap, (t_col - branch) / alpha)
-                cap = np.where(pre_f[a] + branch <= t_col, cap, -np.inf)  # (T, E, G)
-                gathered = np.where(gather_ok, c_prev[:, gather], np.inf)  # (T, S, G)
+                cap = np.where(self.pre_f[a] + branch <= t_col, cap, -np.inf)  # (T, E, G)
+                # round trip: C_prev + suffix + max_m (alpha_m f + beta_m b) + hops <= T
+                exact = int(a > 0) + (ends_i < n_blocks).astype(int)  # cuts priced exactly
+                after = np.where(ends_i < n_blocks, self.cut_hop[np.clip(ends_i - 1, 0, None)], 0.0)
+                before = float(self.cut_hop[a - 1]) if a else 0.0
+                trip_hops = 2.0 * (
+                    (cuts[:, None] - exact[None, :]) * self.hop_min + before + after[None, :]
+                )  # (T, E)
+                with np.errstate(invalid="ignore"):  # 0 x inf: a composition that cannot fit
+                    runs = pairs[:, :, 0, None, None] * mean_f + pairs[:, :, 1, None, None] * mean_b
+                chain = runs.max(axis=1)  # (T, E, G)
+                trip = self.suffix[left[:, None], ends_i[None, :]]  # (T, E, S)
+                cap_trip = (t_col[:, :, :, None] - trip[:, :, :, None]
+                            - (chain + trip_hops[:, :, None])[:, :, None, :])  # fmt: skip
+                gathered = np.where(self.back_ok, c_prev[:, self.back], np.inf)  # (T, S, G)
+                limit_all = np.minimum(cap[:, :, None, :], cap_trip)  # (T, E, S, G)
                 grown = gathered[:, None] + fill[None, :, None, :]
-                grown = np.where(gathered[:, None] <= cap[:, :, None, :], grown, np.inf)
+                grown = np.where(gathered[:, None] <= limit_all, grown, np.inf)
                 best = grown.min(axis=3)  # (T, E, S)
-                for e, b in enumerate(ends):
+                for e, b in enumerate(ends_i):
                     cur[b] = best[:, e] if b not in cur else np.minimum(cur[b], best[:, e])
             if n_blocks in cur:
                 ok |= (want == p) & np.isfinite(cur[n_blocks]).any(axis=1)
@@ -658,51 +797,59 @@ def program_bounds(
                 break
         return ok
 
-    out = np.full(max_stages + 1, np.inf)
-    if not stages:
-        return out
-    targets = [
-        t
-        for t in range(1, max_stages + 1)
-        if known is None or ceiling is None or known[t] < ceiling
-    ]
-    if known is not None:
-        out[1:] = np.maximum(known[1 : max_stages + 1], 0.0)
-    if not targets:
-        return out
-    count = len(targets)
-    lo = np.array([known[t] if known is not None else 0.0 for t in targets], dtype=float)
-    hi = np.full(count, np.inf)  # NaN: no upper end below the ceiling, or none at all
 
-    def step(sel: np.ndarray, limit: np.ndarray) -> None:
-        ok = feasible([t for t, on in zip(targets, sel, strict=True) if on], limit)
+def bisect_bounds(
+    bounds: StageBounds,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    rel_tol: float,
+    deadline: float,
+    steps: float = math.inf,
+) -> bool:
+    """Bisection on T per P (entries 1..max_stages of ``lo`` / ``hi``, in place): ``lo``
+    not feasible (a valid lower bound), ``hi`` feasible (NaN: no upper end, nothing to
+    bisect), until every open interval is within ``rel_tol`` of its ``hi``, ``steps``
+    passes are done or the ``deadline`` passes (then ``lo`` is where it stood). Returns
+    whether intervals are still open (False after a timeout)."""
+    done = 0
+    while True:
+        with np.errstate(invalid="ignore"):  # NaN: nothing to bisect
+            sel = ~np.isnan(hi) & (hi - lo > rel_tol * hi)
+        sel[0] = False
+        if not sel.any():
+            return False
+        if done >= steps:
+            return True
+        targets = [int(t) for t in np.flatnonzero(sel)]
+        mid = 0.5 * (lo[sel] + hi[sel])
+        try:
+            ok = bounds.feasible(targets, mid, deadline)
+        except TimeoutError:
+            return False
         idx = np.flatnonzero(sel)
-        hi[idx[ok]] = limit[ok]
-        lo[idx[~ok]] = np.maximum(lo[idx[~ok]], limit[~ok])
+        hi[idx[ok]] = mid[ok]
+        lo[idx[~ok]] = mid[~ok]
+        done += 1
 
+
+def test_at(bounds: StageBounds, lo: np.ndarray, ceiling: float, deadline: float) -> np.ndarray:
+    """Test every P with ``lo`` below ``ceiling`` at T = ceiling: returns the upper ends
+    for :func:`bisect_bounds` (``ceiling`` where feasible, NaN where not, and there ``lo``
+    rises to the ceiling, in place); on timeout nothing is known (all NaN)."""
+    hi = np.full(len(lo), np.nan)
+    sel = lo < ceiling
+    sel[0] = False
+    targets = [int(t) for t in np.flatnonzero(sel)]
+    if not targets:
+        return hi
     try:
-        if ceiling is not None:
-            step(np.ones(count, dtype=bool), np.full(count, ceiling))
-            hi[np.isinf(hi)] = np.nan  # not below the ceiling: enough to prune
-        else:
-            structural = feasible(targets, np.full(count, 1e300))
-            hi[~structural] = np.nan
-            lo[~structural] = np.inf
-            guess = max(_horizon(tables, [batch]), 1.0)
-            while (sel := np.isinf(hi)).any():  # an upper end: double a guess
-                step(sel, np.full(int(sel.sum()), guess))
-                guess *= 2.0
-        while True:
-            with np.errstate(invalid="ignore"):  # NaN: nothing to bisect
-                sel = ~np.isnan(hi) & (hi - lo > rel_tol * hi)
-            if not sel.any():
-                break
-            step(sel, 0.5 * (lo[sel] + hi[sel]))
+        ok = bounds.feasible(targets, np.full(len(targets), ceiling), deadline)
     except TimeoutError:
-        pass  # every lo is a valid bound where the bisection stands
-    for i, t in enumerate(targets):
-        out[t] = lo[i]
-    return out
+        return hi
+    idx = np.flatnonzero(sel)
+    hi[idx[ok]] = ceiling
+    lo[idx[~ok]] = ceiling
+    return hi
 
 
 def _horizon(tables: Tables, sizes: list[int]) -> float:

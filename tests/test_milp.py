@@ -24,7 +24,7 @@ from planner.dp import plan_dp
 from planner.errors import InfeasibleError, InputError
 from planner.milp import BACKENDS, plan_milp, program_bounds, quick_bound
 from planner.milp_backends import solve_cpsat
-from planner.milp_formulation import Builder, Tables, pin, solution_hint
+from planner.milp_formulation import Builder, Tables, pin, solution_hint, stage_orders
 from planner.partition import Partition, StageAssignment
 from planner.plan import plan_to_dict
 from planner.problem import make_problem
@@ -454,12 +454,12 @@ def test_program_bounds_are_below_every_plan_that_fits_memory(instance):
     assert tighter > 0
 
 
-def chain(batch: int, activation: float, slowdown: float = 1.0):
+def chain(batch: int, activation: float, slowdown: float = 1.0, micro_batches: int = 1):
     """Two blocks on two devices, one micro-batch of ``batch`` samples, a 10 Mbit/s
     switch (1250 bytes/ms) with 5 ms latency, block 0's activation ``activation`` bytes
     per sample, the weights next to nothing. Per sample on d0: forward 3 and 1 ms,
     backward 6 and 2 ms (times proportional to the batch); d1 is of d0's type, or with
-    ``slowdown`` != 1 of a type ``slowdown`` times slower."""
+    ``slowdown`` != 1 of a type ``slowdown`` times slower; ``micro_batches`` of them."""
     slow = "dev" if slowdown == 1.0 else "slow"
     types = {name: device_type(name, 1e9, 100.0) for name in ("dev", slow)}
     cluster = Cluster("chain", (Device("d0", "dev"), Device("d1", slow)), Network(10.0, 5.0), types)
@@ -470,7 +470,8 @@ def chain(batch: int, activation: float, slowdown: float = 1.0):
         for name, x in (("dev", 1.0), (slow, slowdown))
     }  # fmt: skip
     model = ModelProfile("chain", {"kind": "analytic"}, 1e4, blocks, timings)
-    return make_problem(model, cluster, TrainingConfig(batch, (batch,)), catalog=types)
+    config = TrainingConfig(batch * micro_batches, (batch,))
+    return make_problem(model, cluster, config, catalog=types)
 
 
 @pytest.mark.parametrize(
@@ -547,3 +548,19 @@ def test_program_bounds_start_a_late_ring_after_the_forward_fill():
     tables = Tables(problem, cm, device_classes(problem))
     bounds = program_bounds(tables, 2, 2, rel_tol=1e-9)
     assert bounds[2] == pytest.approx(cost.iteration_ms, rel=1e-5)
+
+
+def test_program_bounds_follow_a_micro_batch_through_the_later_stages_and_back():
+    # two micro-batches of one sample, latency-bound hops (1 byte, 5 ms): stage 0 runs
+    # F0 F1 B0 B1 (Asteroid warm-up), and B0 waits for micro-batch 0's way through stage
+    # 1 and back: 3 (F0) + 5.0008 + 1 + 2 + 5.0008 + 6 (B0) + 6 (B1) ms. Neither stage's
+    # work (18 ms) nor the fill before stage 1 (9 + 10.0016 + 6 ms) reaches it
+    problem = chain(1, 1.0, micro_batches=2)
+    assert stage_orders(problem, 1, 2)[0] == [("F", 0), ("F", 1), ("B", 0), ("B", 1)]
+    cm = CostModel(problem)
+    two = Partition(1, 2, (StageAssignment(0, 1, ("d0",), (1,)),
+                           StageAssignment(1, 2, ("d1",), (1,))))  # fmt: skip
+    expected = 3.0 + 2 * (1 / 1250 + 5.0) + 1.0 + 2.0 + 6.0 + 6.0
+    assert cm.evaluate(two).iteration_ms == pytest.approx(expected)
+    tables = Tables(problem, cm, device_classes(problem))
+    assert program_bounds(tables, 1, 2, rel_tol=1e-9)[2] == pytest.approx(expected, rel=1e-6)
