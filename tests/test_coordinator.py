@@ -59,10 +59,10 @@ class Job:
         self.coordinator: subprocess.Popen[str] | None = None
         self.workers: list[subprocess.Popen[str]] = []
 
-    def start_coordinator(self, plan: Path, hang_s: float = HANG_S) -> None:
+    def start_coordinator(self, plan: Path, *args: str, hang_s: float = HANG_S) -> None:
         self.coordinator = subprocess.Popen(
             [PY, "-m", "executor.coordinator", str(plan), "--port", str(self.port),
-             "--hang-timeout", str(hang_s)],
+             "--hang-timeout", str(hang_s), *args],
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
 
@@ -280,3 +280,33 @@ def test_losing_the_coordinator_stops_every_worker_and_keeps_the_last_checkpoint
     newest = checkpoint.check_resume(load_plan(plan_file), ckpt)
     assert newest.name == committed[-1]
     assert took < 60, took
+
+
+@pytest.mark.slow
+def test_losing_a_recovering_coordinator_stops_every_worker_and_keeps_its_checkpoints(
+    job: Job, plan_file: Path, tmp_path: Path
+) -> None:
+    # the single point of failure stays one with --recover: its host holds the
+    # checkpoints, the workers stop with one line, the newest committed one loads
+    out, ckpt = tmp_path / "coord", tmp_path / "coord" / "checkpoints"
+    steps = "100000"
+    job.start_coordinator(plan_file, "--recover", "--steps", steps, "--out", str(out),
+                          "--checkpoint-every", "5", hang_s=10.0)
+    job.start_workers(plan_file, 3, "--steps", steps, "--out", str(tmp_path / "workers"))
+    deadline = time.monotonic() + 180
+    while len(list(ckpt.glob("step-*"))) < 2:
+        if time.monotonic() > deadline or any(w.poll() is not None for w in job.workers):
+            pytest.fail("no two committed checkpoints within 180 s, or a worker exited")
+        time.sleep(0.05)
+    assert job.coordinator is not None
+    os.kill(job.coordinator.pid, signal.SIGKILL)
+    results = wait_all(job.workers, within_s=90)
+    for status, err in results:
+        assert status == 2, err[-2000:]
+        assert err.strip().splitlines()[-1].startswith(
+            "error: the coordinator is unreachable ("), err[-1000:]
+    committed = sorted(d.name for d in ckpt.glob("step-*"))
+    newest = checkpoint.check_resume(load_plan(plan_file), ckpt)
+    assert newest.name == committed[-1]
+    assert (newest / checkpoint.PARTS).is_dir()
+    assert not (tmp_path / "workers" / "checkpoints").exists()
