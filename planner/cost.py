@@ -85,7 +85,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from planner.cluster import Topology
+from planner.cluster import Cluster, Topology
 from planner.partition import Partition, StageAssignment
 from planner.problem import Problem
 from planner.profile import Timing, batch_curve
@@ -586,8 +586,7 @@ class CostModel:
         self.device_type = [d.type for d in cluster.devices]
         self.slowdown = np.array([d.slowdown for d in cluster.devices])
         self.budget = np.array([cluster.budget_bytes(i) for i in range(n)])
-        self.bw = np.array([[cluster.bytes_per_ms(i, j) for j in range(n)] for i in range(n)])
-        self.lat = np.array([[cluster.latency_ms(i, j) for j in range(n)] for i in range(n)])
+        self.bw, self.lat = _pair_tables(cluster)
         self.shared_medium = cluster.network.shared_medium
 
     # -- per-stage pieces ------------------------------------------------------------------
@@ -776,6 +775,25 @@ class CostModel:
             stages=tuple(stage_costs),
             chain=chain,
         )
+
+
+def _pair_tables(cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
+    """(N, N) bytes per ms and latency ms of every device pair: the cluster's own
+    :meth:`Cluster.bytes_per_ms` and :meth:`Cluster.latency_ms`, computed for the pairs of
+    a per-pair link only; every other pair reads the network default capped by both
+    types' interfaces (the same arithmetic, vectorised: O(N^2) numpy, not N^2 calls)."""
+    n = len(cluster.devices)
+    iface = np.array([cluster.type_of(i).bandwidth_mbps for i in range(n)])
+    mbps = np.minimum(cluster.network.bandwidth_mbps, np.minimum.outer(iface, iface))
+    bw = mbps * 1e6 / 8 / 1e3
+    lat = np.full((n, n), float(cluster.network.latency_ms))
+    for link in cluster.network.links:
+        if not (cluster.has_device(link.a) and cluster.has_device(link.b)):
+            continue
+        for a, b in ((link.a, link.b), (link.b, link.a)):
+            i, j = cluster.index(a), cluster.index(b)
+            bw[i, j], lat[i, j] = cluster.bytes_per_ms(i, j), cluster.latency_ms(i, j)
+    return bw, lat
 
 
 @lru_cache(maxsize=256)

@@ -198,6 +198,15 @@ COMPLETE_MOVES = 1500
 #: memory allows (docstring)
 EXACT_LEVELS_WORK = 1e6
 
+#: rows of a level are computed in this many ranges once there are ROW_CHUNK_MIN of them
+#: (:meth:`_BatchSearch._chunks`)
+ROW_CHUNKS = 4
+ROW_CHUNK_MIN = 48
+
+#: the head band is gathered (instead of slicing l' = lo..hi) when it is at most this
+#: fraction of the slice: gathering costs more per element than slicing
+BAND_USE = 0.75
+
 #: default wall-clock limit of one DP run, seconds
 DEFAULT_TIME_LIMIT = 60.0
 
@@ -308,6 +317,7 @@ class _Tables:
         self.comp_id: dict[tuple[int, ...], int] = {}
         self._base: dict[tuple[int, int], tuple[np.ndarray, ...]] = {}
         self._tables: dict[tuple[int, int, int], tuple[np.ndarray, ...]] = {}
+        self._prefix: dict[int, np.ndarray] = {}
 
     def comp(self, g: tuple[int, ...]) -> int:
         if g not in self.comp_id:
@@ -453,11 +463,21 @@ class _Tables:
         sum over blocks of the least time of any class at any batch >= s. The schedule
         runs one micro-batch forward and back through every step (>= T_min) and each
         step M times (>= M max_p c_p >= M T_min / P). O(K L max_batch)."""
-        share = -(-batch // sum(self.counts))
-        per_block = np.diff(self.fb, axis=1)[:, :, share:].min(axis=(0, 2))
-        t_min = float(per_block.sum())
+        t_min = float(self.prefix_bound(batch)[-1])
         m = self.problem.config.global_batch // batch
         return max(t_min, m * t_min / max_stages)
+
+    def prefix_bound(self, batch: int, devices: int | None = None) -> np.ndarray:
+        """(L + 1,) entry j: a lower bound on the summed c = E_f + E_b of any stages that
+        together hold blocks [0, j) at micro-batch ``batch`` on at most ``devices``
+        devices (default all): the prefix sum of each block's least time on any class at
+        any batch >= ceil(B / devices) (some device of a stage holds at least that share,
+        and its time bounds the stage's E_f + E_b). O(K L max_batch), cached per share."""
+        share = -(-batch // (devices or sum(self.counts)))
+        if share not in self._prefix:
+            per_block = np.diff(self.fb, axis=1)[:, :, share:].min(axis=(0, 2))
+            self._prefix[share] = np.concatenate([[0.0], np.cumsum(per_block)])
+        return self._prefix[share]
 
     # -- the state graph -----------------------------------------------------------------
     def useful(self, g: tuple[int, ...], batch: int) -> bool:
@@ -621,7 +641,8 @@ class _Level:
 class _Source:
     """Layout of one block of candidate columns: ``kind`` base | move | skip, its edges,
     whether the parent lies in the same level, its width, and for moves onto a front the
-    first l' and the slots per l'."""
+    first l' and the slots per l' (``band``: the j-th l' of row l is l - 1 - j instead of
+    first + j)."""
 
     kind: str
     edges: list[int]
@@ -629,15 +650,23 @@ class _Source:
     width: int
     first: int
     slots: int
+    band: bool = False
 
 
 class _BatchSearch:
     """The DP for one micro-batch size over one state graph."""
 
     def __init__(
-        self, tables: _Tables, graph: _Graph, batch: int, deadline: float, tick: Callable
+        self,
+        tables: _Tables,
+        graph: _Graph,
+        batch: int,
+        deadline: float,
+        tick: Callable,
+        bound: float = INF,
     ) -> None:
         self.t, self.g, self.batch, self.deadline, self.tick = tables, graph, batch, deadline, tick
+        self.bound = bound
         config = tables.problem.config
         self.m = config.global_batch // batch
         n_dev = sum(tables.counts)
@@ -655,7 +684,33 @@ class _BatchSearch:
         self.per_sample = tables.cm.boundary[np.clip(cut - 1, 0, big_l - 1)]
         #: in-flight micro-batches of the head of an n-stage suffix (n = 0..P + 1)
         self.k_of = np.array([self.warmup(min(n, self.max_p)) for n in range(self.max_p + 2)])
-        self._layout = (0, 1)
+        self.before = self._before()
+        self._layout = (0, 1, False)
+
+    def _before(self) -> np.ndarray:
+        """(states, L + 1): for a suffix of l blocks on devices drawn from state r, a lower
+        bound on what the blocks before it add to the DP value of a complete plan, or inf
+        where no such plan can stay within the bound (module docstring, pruning). The
+        blocks before it run on the n = N - |r| devices outside r, in at most
+        q = min(n, L - l) stages: their stages' c sum to at least b =
+        :meth:`_Tables.prefix_bound` (L - l blocks, n devices), which the root's D adds
+        to the suffix's (D' >= c0 + tau1 + D), and the largest of them is at least b / q,
+        which the root's D holds M times (D' >= M c0)."""
+        t = self.t
+        big_l, n_dev = t.n_blk, sum(t.counts)
+        rows = np.arange(big_l + 1)
+        out = np.full((len(self.sizes), big_l + 1), INF)
+        for size in np.unique(self.sizes):
+            n_pre = n_dev - int(size)
+            here = np.zeros(big_l + 1)
+            if n_pre > 0:
+                here = t.prefix_bound(self.batch, n_pre)[big_l - rows]
+                stages = np.maximum(np.minimum(n_pre, big_l - rows), 1)
+                here = np.where(self.m * here / stages <= self.bound, here, INF)
+            else:
+                here = np.where(rows == big_l, 0.0, INF)
+            out[self.sizes == size] = here
+        return out
 
     def warmup(self, p: int) -> int:
         """K of the head of a p-stage suffix: stage P-p of P, the same for every P."""
@@ -720,21 +775,31 @@ class _BatchSearch:
         self.answers = sorted(self.answers + self._pending[:keep], key=lambda a: a[0])
         self._pending = []
 
+    def _chunks(self, p: int) -> list[tuple[int, int]]:
+        """Row ranges [r0, r1) of l = p..L computed together. A head [L-l, L-l') needs
+        l' < l, so rows l see l - lo suffix rows: taken in ``ROW_CHUNKS`` ranges of
+        equal height, the candidate arrays hold about (1 + 1/chunks) / 2 of the
+        rectangle rows x (L + 1 - lo) instead of all of it (the triangle l' < l is half)."""
+        big_l = self.t.n_blk
+        n_l = big_l + 1 - p
+        count = ROW_CHUNKS if n_l >= ROW_CHUNK_MIN else 1
+        cuts = [p + (n_l * i) // count for i in range(count + 1)]
+        return [(a, b) for a, b in itertools.pairwise(cuts) if b > a]
+
     def _level(self, p: int, collapsed: bool, only_root: bool = False) -> _Level:
         """Fronts of level p for every state (or the root's moves alone): from base heads
         (p = 1), moves onto the previous level, moves onto this level (collapsed) and
-        skips. At the root, whose front nothing builds on, the ``RERANK`` candidates of
-        least D + X for all L blocks become answers whether Pareto-optimal or not (the
-        exact makespan may rank a dominated one first)."""
+        skips, per range of rows (:meth:`_chunks`). At the root, whose front nothing
+        builds on, the ``RERANK`` candidates of least D + X for all L blocks become
+        answers whether Pareto-optimal or not (the exact makespan may rank a dominated
+        one first)."""
         t, graph = self.t, self.g
         big_l = t.n_blk
         warm = self.warmup(p)
         level = _Level.empty(len(graph.states), big_l, warm, collapsed)
         prev = self.levels[-1] if self.levels else None
         states = [self.root] if only_root else range(len(graph.states))
-        n_l = big_l + 1 - p
-        rows = np.arange(n_l)[:, None]
-        l_here = np.arange(p, big_l + 1)[:, None]
+        chunks = self._chunks(p)
         self._pending = []
         for s in states:
             if self.sizes[s] < p:
@@ -752,52 +817,73 @@ class _BatchSearch:
                 sources.append((self._live(moves, prev), prev, False))
             if collapsed and not only_root:
                 sources.append((self._live(moves, level), level, True))
-            parts: list[tuple[np.ndarray, ...]] = []
-            meta: list[_Source] = []
-            for mv, front, same in sources:
-                if mv:
-                    parts.append(self._moves(mv, p, warm, front))
-                    lo, f = self._layout
-                    meta.append(_Source("base" if front is None else "move", mv, same,
-                                        parts[-1][0].shape[1], lo, f))  # fmt: skip
-            for e in skips:
-                sub = graph.edges[e][2]
-                parts.append(tuple(v[sub, p:] for v in (level.d, level.x, level.s, level.o)))
-                meta.append(_Source("skip", [e], True, FRONT, 0, FRONT))
-            if not parts:
-                continue
-            d, x, carry_s, carry_o = (
-                np.concatenate([q[i] for q in parts], axis=1) for i in range(4)
-            )
-            chosen, ok = _pareto(d, np.where(np.isfinite(d), x, INF), carry_s, FRONT)
-            level.d[s, p:] = np.where(ok, d[rows, chosen], INF)
-            level.x[s, p:] = np.where(ok, x[rows, chosen], INF)
-            level.s[s, p:] = np.where(ok, carry_s[rows, chosen], INF)
-            level.o[s, p:] = np.where(ok, carry_o[rows, chosen], INF)
-            edge, head, l_sub, k_sub, same = self._decode(meta, chosen, l_here, level)
-            carry_y, carry_n, carry_free, carry_tail = self._carry(
-                meta, chosen, edge, l_sub, k_sub, l_here, level, prev
-            )
-            level.y[s, p:] = np.where(ok, carry_y, INF)
-            level.n[s, p:] = np.where(ok, carry_n, 0)
-            level.free[s, p:] = np.where(ok, carry_free, -INF)
-            level.tail[s, p:] = np.where(ok, carry_tail, INF)
-            level.h[s, p:] = np.where(ok, head, -1)
-            level.edge[s, p:] = np.where(ok, edge, -1)
-            level.l_sub[s, p:] = l_sub
-            level.k_sub[s, p:] = k_sub
-            level.same[s, p:] = same
-            if s == self.root:
-                total = d[-1] + x[-1]
-                # one candidate per value: skips reach the same plan along several paths
-                _, first = np.unique(total, return_index=True)
-                best = first[np.isfinite(total[first])][:RERANK][None, :]
-                top = self._decode(meta, best, np.array([[big_l]]), level)
-                self._pending = [
-                    (float(total[j]), len(self.levels), *(int(v[0, i]) for v in top))
-                    for i, j in enumerate(best[0])
-                ]
+            for r0, r1 in chunks:
+                self._rows(level, prev, s, p, warm, sources, skips, r0, r1)
         return level
+
+    def _rows(
+        self,
+        level: _Level,
+        prev: _Level | None,
+        s: int,
+        p: int,
+        warm: int,
+        sources: list[tuple[list[int], _Level | None, bool]],
+        skips: list[int],
+        r0: int,
+        r1: int,
+    ) -> None:
+        """Fronts of state ``s`` at rows l = r0..r1-1 of ``level`` (see :meth:`_level`)."""
+        graph, big_l = self.g, self.t.n_blk
+        rows = np.arange(r1 - r0)[:, None]
+        l_here = np.arange(r0, r1)[:, None]
+        parts: list[tuple[np.ndarray, ...]] = []
+        meta: list[_Source] = []
+        for mv, front, same in sources:
+            if mv:
+                part = self._moves(mv, p, warm, front, r0, r1)
+                if part is None:
+                    continue
+                parts.append(part)
+                lo, f, band = self._layout
+                meta.append(_Source("base" if front is None else "move", mv, same,
+                                    part[0].shape[1], lo, f, band))  # fmt: skip
+        for e in skips:
+            sub = graph.edges[e][2]
+            parts.append(tuple(v[sub, r0:r1] for v in (level.d, level.x, level.s, level.o)))
+            meta.append(_Source("skip", [e], True, FRONT, 0, FRONT))
+        if not parts:
+            return
+        d, x, carry_s, carry_o = (np.concatenate([q[i] for q in parts], axis=1) for i in range(4))
+        chosen, ok = _pareto(d, np.where(np.isfinite(d), x, INF), carry_s, FRONT)
+        at = (s, slice(r0, r1))
+        level.d[at] = np.where(ok, d[rows, chosen], INF)
+        level.x[at] = np.where(ok, x[rows, chosen], INF)
+        level.s[at] = np.where(ok, carry_s[rows, chosen], INF)
+        level.o[at] = np.where(ok, carry_o[rows, chosen], INF)
+        edge, head, l_sub, k_sub, same = self._decode(meta, chosen, l_here, level)
+        carry_y, carry_n, carry_free, carry_tail = self._carry(
+            meta, chosen, edge, l_sub, k_sub, l_here, level, prev
+        )
+        level.y[at] = np.where(ok, carry_y, INF)
+        level.n[at] = np.where(ok, carry_n, 0)
+        level.free[at] = np.where(ok, carry_free, -INF)
+        level.tail[at] = np.where(ok, carry_tail, INF)
+        level.h[at] = np.where(ok, head, -1)
+        level.edge[at] = np.where(ok, edge, -1)
+        level.l_sub[at] = l_sub
+        level.k_sub[at] = k_sub
+        level.same[at] = same
+        if s == self.root and r1 == big_l + 1:
+            total = d[-1] + x[-1]
+            # one candidate per value: skips reach the same plan along several paths
+            _, first = np.unique(total, return_index=True)
+            best = first[np.isfinite(total[first])][:RERANK][None, :]
+            top = self._decode(meta, best, np.array([[big_l]]), level)
+            self._pending = [
+                (float(total[j]), len(self.levels), *(int(v[0, i]) for v in top))
+                for i, j in enumerate(best[0])
+            ]
 
     def _decode(
         self, meta: list[_Source], chosen: np.ndarray, l_here: np.ndarray, level: _Level
@@ -823,7 +909,7 @@ class _BatchSearch:
                 which, rest = np.divmod(j, per_move)
                 e_arr = np.array(mv)[which]
                 l_off, k_j = np.divmod(rest, src.slots)
-                l_j = l_off + src.first
+                l_j = l_here - 1 - l_off if src.band else l_off + src.first
             else:
                 e_arr = np.full(j.shape, mv[0])
                 l_j, k_j = np.broadcast_to(l_here, j.shape), j
@@ -903,46 +989,89 @@ class _BatchSearch:
         return [e for e in moves if np.isfinite(front.d[self.g.edges[e][2]]).any()]
 
     def _moves(
-        self, moves: list[int], p: int, warm: int, front: _Level | None
-    ) -> tuple[np.ndarray, ...]:
-        """(D, X) candidates of rows l = p..L from ``moves`` and their carried S, ring
-        replicas checked (module docstring);
-        the first l' and the slots per l' of their layout go to ``self._layout``: heads
-        alone (``front`` None)
-        flattened per row as (move,), else composed onto ``front`` as (move, l' = lo..hi,
-        slot < f), where [lo, hi] and f bound the finite entries of the fronts moved onto
-        (module docstring)."""
+        self, moves: list[int], p: int, warm: int, front: _Level | None, r0: int, r1: int
+    ) -> tuple[np.ndarray, ...] | None:
+        """(D, X) candidates of rows l = r0..r1-1 from ``moves`` and their carried S and O
+        (None when no head fits those rows),
+        ring replicas checked and candidates beyond the bound dropped (module
+        docstring). The layout (first l', slots per l', band) goes to ``self._layout``:
+        heads alone (``front`` None) flattened per row as (move,), else composed onto
+        ``front`` as (move, l', slot < f), where f bounds the finite entries of the
+        fronts moved onto and l' runs over lo..hi (the finite l' of those fronts) or,
+        when the head band is narrower (a finite bound), over l - 1 - j for j below the
+        band's width."""
         t, graph, m = self.t, self.g, self.m
+        big_l = t.n_blk
         cids = [graph.edges[e][1] for e in moves]
         heads = [t.head(c, warm, self.batch) for c in cids]
+        before = self.before[graph.edges[moves[0]][0], r0:r1]  # the moves' state
         if front is None:
-            c0 = np.stack([h[0][p:, 0] for h in heads], axis=1)  # (l, T)
-            x = np.stack([h[2][p:, 0] for h in heads], axis=1)
-            self._layout = (0, 1)
-            return m * c0, x, c0, np.zeros_like(c0)
+            c0 = np.stack([h[0][r0:r1, 0] for h in heads], axis=1)  # (l, T)
+            x = np.stack([h[2][r0:r1, 0] for h in heads], axis=1)
+            self._layout = (0, 1, False)
+            d = np.where(m * c0 + before[:, None] <= self.bound, m * c0, INF)
+            return d, x, c0, np.zeros_like(c0)
         subs = [graph.edges[e][2] for e in moves]
         finite = np.isfinite(front.d[subs])  # (T, l', F)
         lps = np.flatnonzero(finite.any(axis=(0, 2)))
-        lo, hi = max(int(lps[0]), p - 1), int(lps[-1])
+        lo, hi = max(int(lps[0]), p - 1), min(int(lps[-1]), r1 - 2)
+        if hi < lo:
+            return None
         f = int(np.flatnonzero(finite.any(axis=(0, 1)))[-1]) + 1
+        width = hi - lo + 1
+        width_band = width
+        if np.isfinite(self.bound):
+            # the head band: the longest head l - l' of any move whose own term of D,
+            # M c0, plus what the blocks before it add stays within the bound
+            reach = np.arange(r0, r1)[:, None] - np.arange(big_l + 1)[None, :]
+            ok = np.zeros(reach.shape, dtype=bool)
+            for h in heads:
+                ok |= m * h[0][r0:r1] + before[:, None] <= self.bound
+            width_band = int(np.where(ok, reach, 0).max())
+        band = width_band <= BAND_USE * width
+        rows = np.arange(r0, r1)[:, None]
+        if band:
+            lp = rows - 1 - np.arange(max(width_band, 1))[None, :]  # (l, j)
+            off_band = (lp < lo) | (lp > hi)
+            lp = np.clip(lp, 0, big_l)
+
+            def take(a: np.ndarray) -> np.ndarray:
+                return a[rows, lp]
+        else:
+            lp = np.arange(lo, hi + 1)[None, :]
+
+            def take(a: np.ndarray) -> np.ndarray:
+                return a[r0:r1, lo : hi + 1]
+
         c0, eb0, ta0, y0, hold_b, hold_y, used = (
-            np.stack([h[i][p:, lo : hi + 1] for h in heads])[..., None] for i in range(7)
+            np.stack([take(h[i]) for h in heads])[..., None] for i in range(7)
         )  # (T, l, l', 1)
-        window = (subs, slice(lo, hi + 1), slice(0, f))
-        sub_d, sub_x, sub_h = front.d[window], front.x[window], front.h[window]
-        sub_s, sub_y = front.s[window][:, None], front.y[window][:, None]  # (T, 1, l', f)
-        sub_o = front.o[window][:, None]
-        sub_n = front.n[window][:, None]
-        sub_free, sub_tail = front.free[window][:, None], front.tail[window][:, None]
+        if band:
+            c0 = np.where(off_band[None, :, :, None], INF, c0)
+            at = (np.array(subs)[:, None, None], lp[None], slice(0, f))  # (T, l, j, f)
+            sub_d, sub_x, sub_h, sub_s, sub_y, sub_o, sub_n, sub_free, sub_tail = (
+                v[at] for v in (front.d, front.x, front.h, front.s, front.y, front.o,
+                                front.n, front.free, front.tail)
+            )  # fmt: skip
+            per_sample = self.per_sample[lp][None, :, :, None]
+            masks = self.mask[sub_h]  # (T, l, j, f, K)
+        else:
+            window = (subs, slice(lo, hi + 1), slice(0, f))
+            sub_d, sub_x, sub_h = front.d[window], front.x[window], front.h[window]
+            sub_s, sub_y = front.s[window][:, None], front.y[window][:, None]  # (T, 1, l', f)
+            sub_o = front.o[window][:, None]
+            sub_n = front.n[window][:, None]
+            sub_free, sub_tail = front.free[window][:, None], front.tail[window][:, None]
+            per_sample = self.per_sample[None, None, lo : hi + 1, None]
+            masks = self.mask[sub_h][:, None]  # (T, 1, l', f, K); h = -1: the empty row
+            sub_d, sub_x = sub_d[:, None], sub_x[:, None]
         # link from the head group to each entry's head group (slowest pair, largest
         # latency), priced by the cost model's closed-form boundary
-        masks = self.mask[sub_h]  # (T, l', f, K); h = -1 reads the empty last row
         own = self.mask[cids]  # (T, K)
         bw_row = np.where(own[:, :, None], t.bw[None], INF).min(axis=1)  # (T, K)
         lat_row = np.where(own[:, :, None], t.lat[None], 0.0).max(axis=1)
-        bw = np.where(masks, bw_row[:, None, None, :], INF).min(axis=-1)[:, None]
-        lat = np.where(masks, lat_row[:, None, None, :], 0.0).max(axis=-1)[:, None]
-        per_sample = self.per_sample[None, None, lo : hi + 1, None]
+        bw = np.where(masks, bw_row[:, None, None, None, :], INF).min(axis=-1)
+        lat = np.where(masks, lat_row[:, None, None, None, :], 0.0).max(axis=-1)
         with np.errstate(invalid="ignore"):
             occ = boundary_occupancy_ms(per_sample, y0, sub_y, self.batch, bw, t.topology)
             one_way = occ + lat  # (T, l, l', f)
@@ -955,27 +1084,28 @@ class _BatchSearch:
                     m * c0 + bubble,
                     c0 + tau1 + (m - 1) * link_period_ms(occ, sub_o, t.topology),
                 ),
-                c0 + tau1 + sub_d[:, None],
+                c0 + tau1 + sub_d,
             )
-            x_new = np.maximum(ta0, sub_x[:, None] - eb0 - one_way)
+            x_new = np.maximum(ta0, sub_x - eb0 - one_way)
             s_new = c0 + rest
             o_new = link_downstream_ms(occ, sub_o, t.topology)
         # ring replicas (planner.replicas): a one-device head's replica goes to the
         # entry's head holder; a complete plan's (row l = L) first stage holds the
         # replica of its last
-        rng = (slice(p, None), slice(lo, hi + 1))
-        replica = t.dense_replica[rng][None, :, :, None]
+        replica = take(t.dense_replica)[None, :, :, None]
         fits = ~((used == 1) & (sub_free < replica))
-        with np.errstate(invalid="ignore"):  # the complete plans' row, l = L
-            free = hold_b[:, -1] - stage_memory_bytes(
-                t.dense_static[-1, lo : hi + 1][None, :, None], self.k_of[sub_n[:, 0] + 1],
-                hold_y[:, -1], t.dense_saved[-1, lo : hi + 1][None, :, None],
-            )  # fmt: skip
-        fits[:, -1] &= free >= sub_tail[:, 0]
-        finite_sub = np.isfinite(sub_d)[:, None] & np.isfinite(c0) & fits
-        d_new = np.where(finite_sub, d_new, INF)
-        n_l = t.n_blk + 1 - p
-        self._layout = (lo, f)
+        if r1 == big_l + 1:
+            with np.errstate(invalid="ignore"):  # the complete plans' row, l = L
+                free = hold_b[:, -1] - stage_memory_bytes(
+                    t.dense_static[big_l, lp[-1]][None, :, None], self.k_of[sub_n[:, -1] + 1],
+                    hold_y[:, -1], t.dense_saved[big_l, lp[-1]][None, :, None],
+                )  # fmt: skip
+            fits[:, -1] &= free >= sub_tail[:, -1]
+        keep = np.isfinite(sub_d) & np.isfinite(c0) & fits
+        keep &= d_new + before[None, :, None, None] <= self.bound
+        d_new = np.where(keep, d_new, INF)
+        n_l = r1 - r0
+        self._layout = (lo, f, band)
         return tuple(
             np.moveaxis(np.broadcast_to(v, d_new.shape), 1, 0).reshape(n_l, -1)
             for v in (d_new, x_new, s_new, o_new)
@@ -1125,7 +1255,9 @@ def best_plan(
         tables.clear()
         graph = tables.graph(batch, orders)
         kind = graph.kind
-        search = _BatchSearch(tables, graph, batch, deadline, tick)
+        # no answer whose DP value exceeds the fastest figure by RESCORE_MARGIN is ever
+        # re-scored, so the search drops what cannot finish below that
+        search = _BatchSearch(tables, graph, batch, deadline, tick, fastest * (1 + RESCORE_MARGIN))
         try:
             answers = search.run()
         except _Timeout:

@@ -347,3 +347,20 @@ def test_replica_memory_no_longer_makes_a_feasible_problem_infeasible():
     result = plan_dp(problem)
     assert result.cost.memory_ok
     assert result.cost.iteration_ms >= oracle * (1 - 1e-9)
+
+
+#: iteration ms of the plans the DP found before it dropped candidates beyond the bound
+#: (main at 53ebd5a, recorded 2026-12-01): the pruned search must do as well or better
+BEFORE_PRUNING = {
+    "mixed 3 fast + 5 slow, 24 blocks": (lambda: mixed(3, 5, 24, 4), 875.5114147009609),
+    "12 devices of 2 types, 30 blocks": (lambda: identical(12, 30, types=2), 1929.4480778426657),
+    "20 identical, 40 blocks": (lambda: identical(20, 40, seed=1), 1309.4668402694933),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BEFORE_PRUNING))
+def test_pruning_by_the_bound_loses_no_plan_the_unpruned_dp_found(name):
+    build, before = BEFORE_PRUNING[name]
+    result = plan_dp(build())
+    assert result.status == "complete"
+    assert result.cost.iteration_ms <= before * (1 + 1e-9)
