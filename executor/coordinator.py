@@ -73,6 +73,7 @@ from torch.distributed import Store
 
 from executor import checkpoint, storeblob
 from executor.control import Coordinator, Failure, connect_store, generation_store, host_store
+from executor.joins import JoinRequests, read_join, register
 from executor.layout import RankLayout, check_runnable
 from planner.errors import EdgepipeError, InputError
 from planner.plan import load_plan
@@ -141,7 +142,10 @@ def join(opts: WorkerOptions, endpoint: Endpoint, address: str
         host, port = parse_address(address)
     except ValueError as exc:
         raise InputError("--coordinator", "", str(exc)) from None
-    device = RankLayout.from_plan(load_plan(opts.plan)).ranks[endpoint.rank].device
+    plan = load_plan(opts.plan)
+    joining, join_step = read_join(opts.join, plan) if opts.join else (None, None)
+    device = (joining["devices"][0]["id"] if joining is not None
+              else RankLayout.from_plan(plan).ranks[endpoint.rank].device)
     try:
         store = connect_store(host, port, timeout_s=opts.timeout_s)
         store.wait(["ctl/generation"])
@@ -153,6 +157,12 @@ def join(opts: WorkerOptions, endpoint: Endpoint, address: str
         raise InputError("--coordinator", "", f"no coordinator at {address} "
                          f"({str(exc).splitlines()[0][:120]}); start `edgepipe coordinate` "
                          "there first") from None
+    if joining is not None:  # a device that joins the run (executor/joins.py)
+        if recover is None:
+            raise InputError("--join", "", "the coordinator does not recover (start it with "
+                             "--recover): nothing can admit a joining device")
+        opts = replace(opts, device=device,
+                       incarnation=register(store, joining, opts.timeout_s, join_step))
     opts = replace(opts, generation=generation, heartbeat_s=opts.heartbeat_s or HEARTBEAT_S,
                    recover=opts.recover or recover is not None)
     if recover is not None:
@@ -320,6 +330,7 @@ def supervise(
         slowdown=(SlowdownWatch(emulated_time_scale) if emulated_time_scale is not None
                   else None),
     )
+    joins = JoinRequests(store, supervisor, plan, start_timeout_s)
     try:
         while not supervisor.poll():
             if failures := coordinator.poll():
@@ -328,6 +339,8 @@ def supervise(
                 # fed by the workers' per-step compute (metrics/<t>/<rank> in the store):
                 # slow, not failed, re-partition at the next step boundary
                 supervisor.repartition("slow", ",".join(slowed), slowed=slowed)
+            else:
+                joins.poll()  # devices that register to join (executor/joins.py)
             time.sleep(POLL_S)
         _linger(coordinator, list(supervisor.gen.members))
     finally:

@@ -31,14 +31,32 @@ join at a time, in step order):
 Bounded waits: a joining process that exits before it is admitted, or does not beat
 within ``start_timeout_s`` of its start, stops the run with one line
 (:class:`JoinFailed`).
+
+**Across hosts** (``edgepipe coordinate --recover``; :class:`JoinRequests`): a device
+that shows up is started by hand, outside the torchrun job, as ``python -m
+executor.worker plan.json --steps N --coordinator HOST:PORT --join FILE[@STEP]``
+(FILE: a cluster document naming that one device; STEP: not before that step). Once its
+process is up (torch imported, plan loaded) it registers (:func:`register`): it writes
+``{"cluster": document, "step": STEP or null}`` to ``ctl/join/<n>`` (``n`` from the
+counter ``ctl/join/next``) and waits for the coordinator's reply
+``ctl/join/<n>/reply``: its incarnation (0 for a new device, a fresh one for a device
+lost earlier) or a one-line refusal (the id serves the run; the document names not one
+device or does not validate). The coordinator then holds commits at the next step
+boundary (or at STEP, when later), waits until the run stands there and the device
+beats, and re-partitions (cause ``join``), as above. One join is admitted at a time; a
+registered device that does not beat within ``start_timeout_s`` is dropped and the run
+goes on without it.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from torch.distributed import Store
 
 from executor.faults import Fault
 from executor.recovery import Supervisor
@@ -183,3 +201,107 @@ class JoinSchedule:
         sup.repartition("join", ",".join(join.devices), joined=join.cluster)
         self.joins.pop(0)
         self._next()
+
+
+#: store keys of registrations across hosts (module docstring, "Across hosts")
+NEXT_KEY = "ctl/join/next"
+
+
+def read_join(spec: str, plan: Plan) -> tuple[dict, int | None]:
+    """The cluster document of ``--join FILE[@STEP]`` (one device; types may be the
+    plan's), as it is sent to the coordinator (types embedded), and STEP (None: the next
+    boundary). Raises :class:`InputError`."""
+    path, sep, step = spec.rpartition("@")
+    if not sep:
+        path, step = spec, ""
+    elif not step.isdigit():
+        raise InputError("--join", spec, "expected FILE or FILE@STEP (STEP a step number)")
+    catalog = {**load_catalog(), **plan.problem.cluster.device_types}
+    try:
+        cluster = Cluster.load(path, catalog=catalog)
+    except InputError as exc:
+        raise InputError("--join", "", str(exc).splitlines()[0]) from None
+    if len(cluster.devices) != 1:
+        raise InputError("--join", path, f"names {len(cluster.devices)} devices; a joining "
+                         "worker runs exactly one (start one worker per device)")
+    return cluster.to_dict(), int(step) if step else None
+
+
+def register(store: Store, document: dict, timeout_s: float, step: int | None = None) -> int:
+    """A joining worker's side across hosts: register ``document`` (a cluster document
+    naming this one device) to join at the next step boundary, not before ``step``, and
+    return the incarnation the coordinator gives; raises :class:`InputError` with its
+    refusal, or when no reply comes within ``timeout_s``."""
+    n = store.add(NEXT_KEY, 1) - 1
+    store.set(f"ctl/join/{n}", json.dumps({"cluster": document, "step": step}))
+    deadline = time.monotonic() + timeout_s
+    while not store.check([f"ctl/join/{n}/reply"]):
+        if time.monotonic() > deadline:
+            raise InputError("--join", "", f"the coordinator did not answer within "
+                             f"{timeout_s:g} s; is it running with --recover?")
+        time.sleep(0.05)
+    reply = json.loads(store.get(f"ctl/join/{n}/reply"))
+    if "refused" in reply:
+        raise InputError("--join", "", reply["refused"])
+    return int(reply["incarnation"])
+
+
+@dataclass
+class JoinRequests:
+    """The cross-host coordinator's side of registrations (module docstring, "Across
+    hosts"). ``poll`` costs one store round trip, two more per pending join."""
+
+    store: Store
+    supervisor: Supervisor
+    plan: Plan
+    start_timeout_s: float
+    _next: int = 0
+    #: registered, not yet admitted: (devices, earliest step, the entrant)
+    _pending: list[tuple[Cluster, int, _Entrant]] = field(default_factory=list)
+
+    def poll(self) -> dict[str, Any] | None:
+        """Answer new registrations; admit the first pending one at the step boundary
+        once it beats. Returns the recovery event of an admission (else None)."""
+        while self.store.check([f"ctl/join/{self._next}"]):
+            key = f"ctl/join/{self._next}"
+            self._next += 1
+            try:
+                reply: dict[str, Any] = {"incarnation": self._accept(key)}
+            except (InputError, ValueError) as exc:
+                reply = {"refused": str(exc).splitlines()[0]}
+            self.store.set(f"{key}/reply", json.dumps(reply))
+        if not self._pending:
+            return None
+        sup = self.supervisor
+        cluster, step, entrant = self._pending[0]
+        if sup.held is None:
+            sup.hold(max(sup.gen.next_commit, step))
+        if sup.coordinator.beats(entrant.device) == entrant.beats_at_start:
+            if time.monotonic() - entrant.started > self.start_timeout_s:
+                self._pending.pop(0)  # never started: the run goes on without it
+                sup.hold(None)
+            return None
+        if not sup.at_boundary():
+            return None
+        self._pending.pop(0)
+        return sup.repartition("join", entrant.device, joined=cluster)
+
+    def _accept(self, key: str) -> int:
+        """Check one registration; returns the incarnation (readmits a lost device)."""
+        catalog = {**load_catalog(), **self.plan.problem.cluster.device_types}
+        request = json.loads(self.store.get(key))
+        cluster = Cluster.from_dict(request["cluster"], key, catalog=catalog)
+        sup = self.supervisor
+        if len(cluster.devices) != 1:
+            raise InputError("--join", "", f"the document names {len(cluster.devices)} "
+                             "devices; a joining worker runs exactly one")
+        device = cluster.devices[0].id
+        waiting = {e.device for _, _, e in self._pending}
+        if device in waiting or (device in sup.devices and device not in sup.lost):
+            raise InputError("--join", "", f"device {device!r} already serves the run; a "
+                             "joining device is new, or one lost earlier")
+        incarnation = sup.readmit(device) if device in sup.devices else 0
+        self._pending.append((cluster, int(request["step"] or 0),
+                              _Entrant(device, None, sup.coordinator.beats(device),
+                                       time.monotonic())))
+        return incarnation

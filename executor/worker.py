@@ -121,6 +121,10 @@ class WorkerOptions:
     incarnation: int = 0
     #: ``HOST:PORT`` of a cross-host coordinator (executor/coordinator.py) to join
     coordinator: str | None = None
+    #: ``FILE[@STEP]``: a cluster file naming the one device this worker runs, which
+    #: joins the run mid-training through the coordinator, not before STEP
+    #: (executor/joins.py, "Across hosts")
+    join: str | None = None
 
 
 @dataclass(frozen=True)
@@ -898,17 +902,28 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerOptions:
                    default=[])
     p.add_argument("--coordinator", help="HOST:PORT of `edgepipe coordinate` (its store "
                    "and control plane instead of torchrun's agent store)")
+    p.add_argument("--join", metavar="FILE[@STEP]", help="with --coordinator, outside the "
+                   "torchrun job: join the running job as the one device of cluster file "
+                   "FILE (a new device, or one lost earlier) at the next step boundary, not "
+                   "before STEP (executor/joins.py)")
     a = p.parse_args(argv)
     return WorkerOptions(a.plan, a.steps, a.out, a.deterministic, a.dataset, a.timeout,
                          a.save_weights, a.generation, a.emulate, a.time_scale,
                          a.checkpoint_every, a.checkpoint_dir, a.resume, a.heartbeat,
-                         tuple(a.emulate_slowdown), coordinator=a.coordinator)
+                         tuple(a.emulate_slowdown), coordinator=a.coordinator, join=a.join)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     opts = parse_args(argv)
     try:
-        endpoint = endpoint_from_env()
+        if opts.join:
+            # not a torchrun rank: the coordinator's store, a rank from the generation
+            if not opts.coordinator:
+                raise InputError("--join", "", "needs --coordinator HOST:PORT (the running "
+                                 "job's coordinator admits the device)")
+            endpoint = Endpoint(0, 1, "", 0)
+        else:
+            endpoint = endpoint_from_env()
         if opts.coordinator:
             from executor.coordinator import join
 

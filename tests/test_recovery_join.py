@@ -13,25 +13,40 @@ after the join must give the joined device blocks and samples.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from executor.joins import EmulatedJoin
+from executor.control import Coordinator, Failure, connect_store, host_store
+from executor.joins import EmulatedJoin, JoinRequests, register
+from executor.launch import RunResult
+from executor.layout import RankLayout
+from executor.metrics import read_jsonl
+from executor.recovery import Supervisor
 from planner.cli import main
 from planner.cluster import Cluster
 from planner.errors import InputError
 from planner.plan import load_plan
 from planner.profile import Timing
+from tests import netns
 from tests.executor_helpers import alive, make_test_plan, write_plan
+from tests.test_multihost import REPO, torchrun_argv
 from tests.test_recovery import (
     BEAT_S,
     GLOO_TIMEOUT_S,
     HANG_S,
     THREE_STAGES,
+    assert_final_state_is_the_references,
     assert_matches_reference,
     profile,
+    reference,
     run,
 )
 
@@ -233,3 +248,150 @@ def test_edgepipe_run_refuses_a_bad_join_with_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("error: --emulate-join: ")
 
+
+
+# -- registration through the cross-host coordinator (executor/joins.py) ----------------
+
+
+class Registrations:
+    """A real store, control plane and Supervisor of the test plan, as the cross-host
+    coordinator runs them, with no worker: registrations are made by :func:`register`
+    (the worker's side) from a thread, answered by :class:`JoinRequests.poll`."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        plan = the_plan()
+        path = write_plan(plan, tmp_path)
+        self.store = host_store(0)
+        devices = [r.device for r in RankLayout.from_plan(plan).ranks]
+        self.coordinator = Coordinator(self.store, devices, HANG_S)
+        self.supervisor = Supervisor(self.store, self.coordinator, plan, str(path), 4,
+                                     plans_dir=tmp_path / "plans", kill=lambda d: None,
+                                     precompute_plans=False)
+        self.requests = JoinRequests(self.store, self.supervisor, plan, start_timeout_s=60)
+
+    def register(self, doc: dict) -> int:
+        client = connect_store("127.0.0.1", self.store.port)
+        answer: dict = {}
+
+        def ask() -> None:
+            try:
+                answer["incarnation"] = register(client, doc, timeout_s=10)
+            except InputError as exc:
+                answer["error"] = exc
+
+        thread = threading.Thread(target=ask)
+        thread.start()
+        while thread.is_alive():
+            self.requests.poll()
+            time.sleep(0.01)
+        if "error" in answer:
+            raise answer["error"]
+        return answer["incarnation"]
+
+
+def test_a_registration_is_answered_with_an_incarnation_or_a_one_line_refusal(tmp_path):
+    reg = Registrations(tmp_path)
+    assert reg.register(join_doc("e")) == 0  # a new device
+    with pytest.raises(InputError, match="device 'd1' already serves the run"):
+        reg.register(join_doc("d1"))
+    with pytest.raises(InputError, match="device 'e' already serves the run"):
+        reg.register(join_doc("e"))  # registered, waiting to be admitted
+    with pytest.raises(InputError, match="names 2 devices"):
+        reg.register(join_doc("f", "g"))
+    with pytest.raises(InputError) as caught:
+        reg.register({**join_doc("f"), "devices": [{"name": "f"}]})
+    assert "\n" not in str(caught.value) and "ctl/join/4" in str(caught.value)
+    # d1 is lost (fenced in generation 1, recovered into generation 2): it comes back as
+    # incarnation 3, which that fence does not stop
+    reg.supervisor.recover([Failure("d1", "crash", time.monotonic())])
+    assert reg.coordinator.is_fenced("d1")
+    assert reg.register(join_doc("d1")) == 3
+    assert not reg.coordinator.is_fenced("d1")
+
+
+def test_a_registered_device_is_admitted_at_the_next_step_boundary_once_it_beats(tmp_path):
+    reg = Registrations(tmp_path)
+    sup, gen = reg.supervisor, reg.supervisor.gen
+
+    def every_rank_writes(key: str) -> None:
+        for rank in range(gen.world):
+            gen.store.set(f"{key}/{rank}", "1")
+        sup.poll()
+
+    every_rank_writes("repl/0")  # generation 1's start state is durable
+    every_rank_writes("vote/0")  # step 0 is committed
+    assert reg.register(join_doc("e")) == 0
+    assert reg.requests.poll() is None and sup.held == 1  # held at the next step
+    every_rank_writes("vote/1")
+    assert not gen.store.check(["commit/1"])  # step 1 waits for the join
+    every_rank_writes("repl/1")  # the state after step 0 is durable: the boundary...
+    assert sup.at_boundary()
+    assert reg.requests.poll() is None and sup.gen is gen  # ...but e has not beaten yet
+    reg.store.add("ctl/hb/e", 1)
+    event = reg.requests.poll()
+    assert event is not None
+    assert (event["cause"], event["device"], event["replay_from_step"]) == ("join", "e", 1)
+    assert sup.gen.number == 2 and "e" in sup.gen.members and sup.held is None
+
+
+needs_namespaces = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
+    reason="network namespaces need root and iproute2 (ip, tc)",
+)
+
+
+@needs_namespaces
+@pytest.mark.slow
+def test_a_device_joins_a_job_across_hosts_through_the_coordinator(tmp_path):
+    # d0 [0,3) on host 0, d1 [3,6) on host 1 (torchrun); a worker on host 2, outside the
+    # torchrun job, registers e with the coordinator (`--join e.json@2`: not before step
+    # 2), which admits it at that step boundary; bit-identical to the reference
+    netns.remove_stale()
+    plan = make_test_plan(fixed_profile(), [(0, 3, [2]), (3, 6, [2])], 2, 2,
+                          optimizer="adam", learning_rate=0.01)
+    path = write_plan(plan, tmp_path)
+    joining = tmp_path / "e.json"
+    joining.write_text(json.dumps(join_doc("e")))
+    out, steps = tmp_path / "run", 4
+    workers = tmp_path / "workers"
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}
+    worker = ["-m", "executor.worker", str(path), "--steps", str(steps), "--out", str(workers),
+              "--deterministic", "--save-weights", "--timeout", str(GLOO_TIMEOUT_S)]
+    with netns.Hosts(3, rate_mbit=100) as hosts:
+        address = f"{hosts[0].address}:29500"
+        coordinator = hosts.start(
+            0, [sys.executable, "-m", "executor.coordinator", str(path), "--port", "29500",
+                "--hang-timeout", str(HANG_S), "--recover", "--steps", str(steps),
+                "--out", str(out), "--deterministic"],
+            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        job = [hosts[0], hosts[1]]  # the torchrun job: hosts 0 and 1
+        agents = [hosts.start(i, torchrun_argv(job, i, [*worker, "--coordinator", address]),
+                              env=env, cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+                  for i in range(2)]
+        joiner = hosts.start(2, [sys.executable, *worker, "--coordinator", address,
+                                 "--join", f"{joining}@2"],
+                             env=env, cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+        try:
+            _, err = coordinator.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            hosts.close()
+            logs = [p.communicate()[0][-3000:] for p in [*agents, joiner]]
+            pytest.fail(f"the coordinator did not finish: {coordinator.communicate()}\n{logs}")
+        assert coordinator.returncode == 0, err[-3000:]
+        for p in [*agents, joiner]:
+            log, _ = p.communicate(timeout=60)
+            assert p.returncode == 0, log[-3000:]
+    lines = read_jsonl(out / "metrics.jsonl")
+    (event,) = [m for m in lines if m.get("type") == "recovery"]
+    assert (event["cause"], event["device"], event["replay_from_step"]) == ("join", "e", 2)
+    result = RunResult(out, [m for m in lines if "type" not in m], [event])
+    want = reference(plan, steps)
+    assert [m["step"] for m in result.metrics] == list(range(steps))
+    assert result.losses == want.losses
+    assert [m["samples"] for m in result.metrics] == want.sample_ids
+    assert_final_state_is_the_references(workers, want)
+    new = plan_after(out, event)
+    first, end, samples = serves(new, "e")
+    assert end > first and samples > 0
