@@ -19,7 +19,9 @@ else solved and stored there; further backends are solved every time. The refere
 the best known plan, min(exact solver's best, this DP's plan): the optimum where the
 exact solver proved its plan optimal (status ``optimal``) and the DP did not beat it,
 otherwise only the best known, and the DP's gap (DP - reference) / reference is then a
-lower bound on its gap to the optimum; (DP - bound) / bound is an upper bound. Summaries
+lower bound on its gap to the optimum; (DP - bound) / bound is an upper bound. Gaps up to
+the DP's tie tolerance (0.5%) can be its tie rule's choice (fewer devices, stages or a
+smaller micro-batch within it), counted apart. Summaries
 per cluster and over all instances (issue 10's target: median 0%, mean <= 0.5%, worst
 <= 3%).
 
@@ -47,7 +49,7 @@ from benchmarks import exact_cache
 from planner import api
 from planner.cluster import Cluster
 from planner.config import TrainingConfig
-from planner.dp import plan_dp
+from planner.dp import TIE_TOLERANCE, plan_dp
 from planner.milp import plan_milp
 from planner.problem import Problem, make_problem
 from planner.profile import ModelProfile
@@ -116,13 +118,14 @@ def gap_summary(rows: list[dict]) -> str:
     the best known, how many references CP-SAT proved optimal, the worst gap to the
     exact solver's lower bound (an upper bound on the gap to the optimum), DP times."""
     g = np.array([r["gap"] for r in rows])
+    above_tie = int(np.sum(g > TIE_TOLERANCE + 1e-9))
     upper = [r["gap_to_bound"] for r in rows if r["gap_to_bound"] is not None]
     proven = sum(r["status"] == "optimal" for r in rows)
     times = [r["dp_s"] for r in rows]
     worst_upper = f"{max(upper):.2%}" if len(upper) == len(rows) else "n/a"
     return (
-        f"| {len(g)} | {np.mean(g <= 1e-9):.0%} | {np.median(g):.2%} | {g.mean():.2%} | "
-        f"{g.max():.2%} | {proven}/{len(rows)} | {worst_upper} | "
+        f"| {len(g)} | {np.mean(g <= 1e-9):.0%} | {above_tie} | {np.median(g):.2%} | "
+        f"{g.mean():.2%} | {g.max():.2%} | {proven}/{len(rows)} | {worst_upper} | "
         f"{np.median(times):.2f} s / {max(times):.2f} s |"
     )
 
@@ -239,9 +242,10 @@ def main() -> None:
         return
 
     summary_head = [
-        "| instances | DP at best known | median DP gap | mean DP gap | worst DP gap | "
-        f"{backends[0]} proved optimal | worst gap to bound | DP time median / max |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| instances | DP at best known | DP gap > {TIE_TOLERANCE:.1%} (tie rule) | median DP "
+        f"gap | mean DP gap | worst DP gap | {backends[0]} proved optimal | worst gap to bound "
+        "| DP time median / max |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     summary = ["", "| suite " + summary_head[0], "|---" + summary_head[1]]
     for name in dict.fromkeys(r["cluster"] for r in rows):
