@@ -172,6 +172,7 @@ def main() -> None:
     rows: list[dict] = []
     missing: list[str] = []
     stale: list[str] = []  # cached plans the cost model now prices differently
+    timed_out: list[str] = []  # the DP hit its time limit (its plan is its best so far)
     for label, problem in instances(order):
         entry = cache.get(label, problem)
         if args.exact_only and entry is not None:
@@ -190,6 +191,8 @@ def main() -> None:
             dp_s = time.perf_counter() - start
             dp_cpu = time.process_time() - start_cpu
             dp_ms = dp.cost.iteration_ms
+            if dp.status != "complete":
+                timed_out.append(label)
         if entry is None:
             record = {
                 "iteration_ms": dp.cost.iteration_ms,
@@ -252,6 +255,11 @@ def main() -> None:
         summary.append(f"| {name} " + gap_summary([r for r in rows if r["cluster"] == name]))
     if rows:
         summary.append("| **all** " + gap_summary(rows))
+    if timed_out:
+        summary += [
+            "",
+            f"The DP timed out (best plan so far) on {len(timed_out)}: {', '.join(timed_out)}",
+        ]
     if stale:
         summary += [
             "",
