@@ -401,9 +401,13 @@ class Supervisor:
         old = self.gen
         base, d, fresh = self.base
         lost = [x for x in self.lost if x in {dev.id for dev in base.problem.cluster.devices}]
+        # only devices outside the base plan were lost (a joined device lost before its
+        # first generation's start state was durable): go on under the base plan itself,
+        # whose copies every member holds (no migration)
+        unchanged = not lost and not slowed and joined is None
         start = time.perf_counter()
         try:
-            ready = None
+            ready = base if unchanged else None
             if len(lost) == 1 and not slowed and joined is None:
                 ready = self._precomputed.get(base.id, {}).get(lost[0])
             if isinstance(ready, EdgepipeError):
@@ -419,7 +423,7 @@ class Supervisor:
         path = self.plans_dir / f"{new.id}.json"
         self.plans_dir.mkdir(parents=True, exist_ok=True)
         save_plan(new, path)
-        migration = [] if fresh else [
+        migration = [] if fresh or unchanged else [
             {"to": t.to, "source": t.source, "first": t.first, "end": t.end,
              "bytes": t.bytes} for t in new.migration
         ]

@@ -170,6 +170,22 @@ def test_a_killed_device_rejoins_as_a_fresh_process_under_a_new_generation(tmp_p
     assert_every_process_reaped(tmp_path)
 
 
+@pytest.mark.slow
+def test_a_joined_device_lost_while_it_restores_leaves_the_run_on_its_old_plan(tmp_path):
+    # e is admitted at step 2 (generation 2) and dies before it holds any state: the
+    # last durable state is still generation 1's, so generation 3 goes on under
+    # generation 1's plan from step 2, with nothing to migrate
+    plan, result = run_joining(tmp_path, [join_at(tmp_path, 2, "e")], "e:*:restore")
+    assert_matches_reference(tmp_path, plan, result)
+    joined, lost = result.events
+    assert (joined["cause"], joined["device"], joined["t_first_commit_s"]) == ("join", "e", None)
+    assert (lost["cause"], lost["device"], lost["replay_from_step"]) == ("crash", "e", 2)
+    assert lost["old_plan"] == joined["new_plan"]
+    assert (lost["new_plan"], lost["blocks_moved"]) == (plan.id, 0)
+    assert [m["generation"] for m in result.metrics] == [1, 1, 3, 3]
+    assert_every_process_reaped(tmp_path)
+
+
 # -- refused before any process starts -------------------------------------------------
 
 
