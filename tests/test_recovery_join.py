@@ -274,7 +274,7 @@ class Registrations:
     coordinator runs them, with no worker: registrations are made by :func:`register`
     (the worker's side) from a thread, answered by :class:`JoinRequests.poll`."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, start_timeout_s: float = 60) -> None:
         plan = the_plan()
         path = write_plan(plan, tmp_path)
         self.store = host_store(0)
@@ -283,7 +283,7 @@ class Registrations:
         self.supervisor = Supervisor(self.store, self.coordinator, plan, str(path), 4,
                                      plans_dir=tmp_path / "plans", kill=lambda d: None,
                                      precompute_plans=False)
-        self.requests = JoinRequests(self.store, self.supervisor, plan, start_timeout_s=60)
+        self.requests = JoinRequests(self.store, self.supervisor, plan, start_timeout_s)
 
     def register(self, doc: dict) -> int:
         client = connect_store("127.0.0.1", self.store.port)
@@ -348,6 +348,18 @@ def test_a_registered_device_is_admitted_at_the_next_step_boundary_once_it_beats
     assert event is not None
     assert (event["cause"], event["device"], event["replay_from_step"]) == ("join", "e", 1)
     assert sup.gen.number == 2 and "e" in sup.gen.members and sup.held is None
+
+
+
+def test_a_registered_device_that_never_beats_is_dropped_and_the_run_goes_on(tmp_path):
+    reg = Registrations(tmp_path, start_timeout_s=0.5)
+    sup = reg.supervisor
+    assert reg.register(join_doc("e")) == 0
+    assert reg.requests.poll() is None and sup.held == 0
+    time.sleep(0.6)
+    assert reg.requests.poll() is None
+    assert sup.held is None and sup.gen.number == 1  # released; e was never admitted
+    assert reg.register(join_doc("e")) == 0  # it may register again
 
 
 needs_namespaces = pytest.mark.skipif(
