@@ -915,6 +915,7 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerOptions:
 
 def main(argv: Sequence[str] | None = None) -> int:
     opts = parse_args(argv)
+    status = 0
     try:
         if opts.join:
             # not a torchrun rank: the coordinator's store, a rank from the generation
@@ -931,8 +932,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         run(opts, endpoint)
     except EdgepipeError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_REFUSED
-    return 0
+        status = EXIT_REFUSED
+    except BaseException:
+        if not opts.recover:
+            raise
+        traceback.print_exc()
+        status = EXIT_FAILED
+    if opts.recover:
+        # as in spawned(): an abandoned training thread may be blocked in a gloo op (P6),
+        # and finalising the interpreter under it aborts the process (SIGABRT)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    return status
 
 
 if __name__ == "__main__":

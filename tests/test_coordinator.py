@@ -40,6 +40,8 @@ MLP = BuildSpec(callable="tests.executor_helpers:mlp", kwargs={"width": 8})
 DATASET = "tests.executor_helpers:mlp_dataset"
 STAGES = [(0, 1, [2]), (1, 2, [2]), (2, 4, [2])]
 HANG_S = 3.0
+#: the hang timeout of runs in which no worker fails (only the coordinator may)
+NO_FAILURE_HANG_S = 20.0
 #: scheduling slack on a loaded two-core machine
 SLACK_S = 3.0
 
@@ -212,7 +214,9 @@ def test_a_worker_without_a_coordinator_says_where_it_looked(job: Job, plan_file
 def test_a_job_under_the_coordinator_trains_as_the_local_launcher_does(
     job: Job, plan_file: Path, tmp_path: Path
 ) -> None:
-    job.start_coordinator(plan_file)
+    # nothing fails here: a long hang timeout (under a load average of 26 a 3 s one once
+    # declared a starved worker hung)
+    job.start_coordinator(plan_file, hang_s=NO_FAILURE_HANG_S)
     job.start_workers(plan_file, 3, "--steps", "3", "--deterministic", "--out",
                       str(tmp_path / "job"))
     results = wait_all(job.workers, within_s=180)
@@ -253,7 +257,7 @@ def test_a_killed_worker_is_named_with_its_host_and_every_other_is_aborted(
 def test_losing_the_coordinator_stops_every_worker_and_keeps_the_last_checkpoint(
     job: Job, plan_file: Path, tmp_path: Path
 ) -> None:
-    job.start_coordinator(plan_file)
+    job.start_coordinator(plan_file, hang_s=NO_FAILURE_HANG_S)
     out, ckpt = tmp_path / "job", tmp_path / "ckpt"
     job.start_workers(plan_file, 3, "--steps", "100000", "--out", str(out),
                       "--checkpoint-every", "25", "--checkpoint-dir", str(ckpt))
@@ -291,7 +295,7 @@ def test_losing_a_recovering_coordinator_stops_every_worker_and_keeps_its_checkp
     out, ckpt = tmp_path / "coord", tmp_path / "coord" / "checkpoints"
     steps = "100000"
     job.start_coordinator(plan_file, "--recover", "--steps", steps, "--out", str(out),
-                          "--checkpoint-every", "5", hang_s=10.0)
+                          "--checkpoint-every", "5", hang_s=NO_FAILURE_HANG_S)
     job.start_workers(plan_file, 3, "--steps", steps, "--out", str(tmp_path / "workers"))
     deadline = time.monotonic() + 180
     while len(list(ckpt.glob("step-*"))) < 2:
