@@ -7,8 +7,9 @@ classes; transformers at their full configuration with 128-token sequences) this
   ``--device-type``, default ``host-cpu``), and
 * ``profiles/models/<model>-analytic.json``: the same blocks with analytic times for
   every device type of the shipped catalog (``executor.analytic``: FLOPs over each
-  type's throughput, with per-block fixed costs fitted from the measured batch curve),
-  no measured times,
+  type's throughput, with per-block fixed costs fitted from the measured batch curve:
+  ``profiles/raw/batch-curves/<model>-cpu-b1-*.json`` where one is shipped, more batch
+  sizes and repeats than the profile, else the profile's own), no measured times,
 
 and prints one line per model. Both carry the profile's ``build`` spec (zoo name, demo
 sizes, seed 0), so their plans can be run by ``edgepipe run``. ``--analytic-only``
@@ -34,9 +35,10 @@ from executor import zoo
 from executor.analytic import analytic_profile
 from executor.profiler import profile_model
 from planner.cluster import load_catalog
-from planner.profile import BuildSpec, ModelProfile
+from planner.profile import BuildSpec, ModelProfile, Timing
 
 OUT = Path(__file__).resolve().parent.parent / "profiles" / "models"
+CURVES = Path(__file__).resolve().parent.parent / "profiles" / "raw" / "batch-curves"
 
 #: demo input sizes: 64x64 images, 128-token sequences, everything else at full size
 DEMO_SIZES: dict[str, dict[str, Any]] = {
@@ -50,6 +52,19 @@ def write(profile: ModelProfile, path: Path) -> None:
     doc = profile.to_dict()
     ModelProfile.from_dict(doc, str(path))
     path.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def analytic_reference(measured: ModelProfile, device_type: str) -> Timing:
+    """The timing ``measured``'s analytic profile is fitted from: the shipped batch curve
+    of the same model (``CURVES/<name>-cpu-b1-*.json``) where there is one, else the
+    profile's own ``device_type`` timing."""
+    curves = sorted(CURVES.glob(f"{measured.name}-cpu-b1-*.json"))
+    if not curves:
+        return measured.timings[device_type]
+    curve = ModelProfile.load(curves[-1])
+    if [b.name for b in curve.blocks] != [b.name for b in measured.blocks]:
+        raise SystemExit(f"{curves[-1]} has other blocks than {measured.name}'s profile")
+    return curve.timings[device_type]
 
 
 def build_spec(name: str) -> BuildSpec:
@@ -70,6 +85,7 @@ def measure(name: str, args: argparse.Namespace) -> ModelProfile:
         repeats=args.repeats,
         num_threads=args.threads,
         build=build_spec(name),
+        clock=args.clock,
     )
 
 
@@ -98,6 +114,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--clock", choices=["wall", "thread"], default="wall",
+        help="thread: time the thread's CPU time (one thread, on a shared machine)",
+    )
     parser.add_argument("--device-type", default="host-cpu")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--analytic-only", action="store_true")
@@ -125,7 +145,7 @@ def main() -> None:
             analytic_profile(
                 replace(measured, timings={}),
                 catalog,
-                reference=measured.timings[args.device_type],
+                reference=analytic_reference(measured, args.device_type),
             ),
             args.out / f"{name}-analytic.json",
         )

@@ -18,6 +18,12 @@ Method (see docs/executor.md):
   backward (from a fixed random output gradient) at every batch size in turn, so that
   interference from other processes spreads over all batch sizes. Reported per batch
   size: the median and the inter-quartile range of the repeats.
+* **Clock**: wall time (``time.perf_counter``) by default, what a device alone runs at.
+  ``clock="thread"`` times the CPU time of the calling thread (``time.thread_time``)
+  instead, for one torch thread on a shared machine: time the thread spends descheduled
+  while other processes run is then not counted (their cache and memory-bandwidth
+  interference still is). With one thread, CPU autograd runs forward and backward on
+  the calling thread, so nothing of the block's work is missed.
 
 The model is put in train mode; its buffers (batch-norm running statistics) are restored
 and its gradients cleared afterwards. The library never prints; pass ``progress`` for a
@@ -43,6 +49,8 @@ from planner.profile import Block, BuildSpec, ModelProfile, Timing
 
 #: times are stored rounded to this many decimals of a millisecond (0.1 microsecond)
 MS_DECIMALS = 4
+#: the clocks a profile can be timed with (module docstring)
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "thread": time.thread_time}
 
 
 def block_inputs(model: nn.Sequential, x: torch.Tensor) -> list[torch.Tensor]:
@@ -100,10 +108,14 @@ def forward_flops(block: nn.Module, x: torch.Tensor) -> int:
 
 
 def time_block(
-    block: nn.Module, xs: Sequence[torch.Tensor], warmup: int, repeats: int
+    block: nn.Module,
+    xs: Sequence[torch.Tensor],
+    warmup: int,
+    repeats: int,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> list[tuple[list[float], list[float]]]:
     """Forward and backward milliseconds of ``block`` on each leaf input of ``xs`` (one
-    per batch size): per input, one entry per timed repeat.
+    per batch size), read from ``clock`` (seconds): per input, one entry per timed repeat.
 
     Round ``r`` runs forward then backward on every input in turn, and rounds
     ``0..warmup-1`` are not timed, so a burst of interference from other processes
@@ -121,17 +133,17 @@ def time_block(
         for r in range(warmup + repeats):
             for k, x in enumerate(xs):
                 x.grad = None
-                t0 = time.perf_counter()
+                t0 = clock()
                 out = block(x)
-                t1 = time.perf_counter()
+                t1 = clock()
                 grad = grads[k]
                 if grad is None:
                     grad = grads[k] = torch.randn(out.shape, generator=gen, dtype=out.dtype)
                 backward_ms = 0.0
                 if out.requires_grad:
-                    t2 = time.perf_counter()
+                    t2 = clock()
                     out.backward(grad)
-                    backward_ms = (time.perf_counter() - t2) * 1e3
+                    backward_ms = (clock() - t2) * 1e3
                 if r >= warmup:
                     out_samples[k][0].append((t1 - t0) * 1e3)
                     out_samples[k][1].append(backward_ms)
@@ -153,13 +165,22 @@ def median_and_spread(samples: Sequence[float]) -> tuple[float, float]:
     return statistics.median(samples), q3 - q1
 
 
-def _check_args(batch_sizes: Sequence[int], warmup: int, repeats: int) -> None:
+def _check_args(
+    batch_sizes: Sequence[int], warmup: int, repeats: int, clock: str, num_threads: int | None
+) -> None:
     if not batch_sizes or batch_sizes[0] < 1 or any(
         b <= a for a, b in pairwise(batch_sizes)
     ):
         raise ValueError(f"batch sizes {list(batch_sizes)} must be positive and increasing")
     if warmup < 0 or repeats < 1:
         raise ValueError(f"need warmup >= 0 and repeats >= 1, got {warmup} and {repeats}")
+    if clock not in CLOCKS:
+        raise ValueError(f"clock {clock!r} is not one of {sorted(CLOCKS)}")
+    if clock == "thread" and num_threads != 1:
+        raise ValueError(
+            f"clock 'thread' times one thread's CPU time; it needs num_threads=1, got "
+            f"{num_threads}"
+        )
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -178,6 +199,7 @@ def profile_model(
     num_threads: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     build: BuildSpec | None = None,
+    clock: str = "wall",
 ) -> ModelProfile:
     """Profile every block of ``model`` on this CPU; see the module docstring for the method.
 
@@ -195,12 +217,14 @@ def profile_model(
             of the timing pass (``total`` = 2 x blocks).
         build: how the executor rebuilds ``model`` (zoo name + sizes + seed, or
             ``module:callable`` + kwargs), stored in the profile so its plans can run.
+        clock: ``"wall"`` or ``"thread"`` (module docstring; ``"thread"`` needs
+            ``num_threads=1``).
 
     Cost: one sizes pass at the largest batch, one no-grad chain forward per batch size,
     then (warmup + repeats) forward+backward of every block at every batch size; memory
     holds every block's input at every batch size at once.
     """
-    _check_args(batch_sizes, warmup, repeats)
+    _check_args(batch_sizes, warmup, repeats, clock, num_threads)
     blocks = list(model.named_children())
     total = 2 * len(blocks)
     done = 0
@@ -238,7 +262,7 @@ def profile_model(
         inputs = [block_inputs(model, example_input_fn(b)) for b in batch_sizes]
         for i, (_, block) in enumerate(blocks):
             xs = [leaf_input(per_batch[i], i == 0) for per_batch in inputs]
-            timed = time_block(block, xs, warmup, repeats)
+            timed = time_block(block, xs, warmup, repeats, CLOCKS[clock])
             for pass_index, mid, spread in ((0, fwd_ms, fwd_spread), (1, bwd_ms, bwd_spread)):
                 stats = [median_and_spread(samples[pass_index]) for samples in timed]
                 mid.append([round(m, MS_DECIMALS) for m, _ in stats])
@@ -271,7 +295,8 @@ def profile_model(
         source={
             "kind": "measured",
             "detail": f"{host_detail(threads)}; warmup {warmup}, repeats {repeats}, "
-            "median and inter-quartile range",
+            "median and inter-quartile range"
+            + ("; thread CPU time" if clock == "thread" else ""),
             "date": now_iso(),
             "tool": "edgepipe profile",
         },

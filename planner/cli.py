@@ -226,7 +226,7 @@ def _print_plan(plan: Plan) -> None:
     idle = [d.id for d in plan.problem.cluster.devices if d.id not in plan.partition.used_devices()]
     if idle:
         out.print(f"idle devices: {', '.join(idle)}", highlight=False)
-    for note in grouped_assumptions(plan.problem.assumptions):
+    for note in grouped_assumptions(plan.assumptions):
         out.print(f"[dim]assumption: {note}[/dim]", highlight=False)
 
 

@@ -31,7 +31,7 @@ from planner.config import TrainingConfig
 from planner.cost import CostModel, PlanCost
 from planner.errors import PlanMismatchError
 from planner.partition import Partition, StageAssignment
-from planner.problem import Problem, make_problem
+from planner.problem import Problem, batch_range_notes, make_problem
 from planner.profile import ModelProfile
 from planner.replicas import Replica
 from planner.schema import load_document, validate, write_text_atomic
@@ -96,6 +96,12 @@ class Plan:
     changes: Changes | None = None
     migration: tuple[Transfer, ...] = ()
     migration_ms: float = 0.0
+
+    @property
+    def assumptions(self) -> tuple[str, ...]:
+        """The problem's assumptions plus this plan's batch-range notes
+        (:func:`planner.problem.batch_range_notes`)."""
+        return self.problem.assumptions + batch_range_notes(self.problem, self.partition)
 
 
 def check_partition(problem: Problem, partition: Partition) -> None:
@@ -322,7 +328,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             "dominant_step": cost.dominant_step,
             "peak_memory_fraction": cost.peak_memory_fraction,
         },
-        "assumptions": list(problem.assumptions),
+        "assumptions": list(plan.assumptions),
         "replicas": [
             {
                 "stage": r.stage,

@@ -6,7 +6,9 @@ the times of a reference type scaled by the ratio of effective throughputs,
 ``t(target) = t(ref) * effective_gflops(ref) / effective_gflops(target)`` with
 ``effective_gflops = peak_fp32_gflops * efficiency``. The reference is the timed type
 whose effective throughput is closest (in ratio) to the target's; ties by name. Every
-derivation is recorded in :attr:`Problem.assumptions` and so in the plan.
+derivation is recorded in :attr:`Problem.assumptions` and so in the plan; so is, per plan,
+every device type run outside the batch sizes its analytic curve was checked at
+(:func:`batch_range_notes`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass, replace
 from planner.cluster import Cluster, DeviceType, load_catalog
 from planner.config import TrainingConfig
 from planner.errors import InputError
+from planner.partition import Partition
 from planner.profile import ModelProfile, Timing
 
 
@@ -38,6 +41,7 @@ def _scaled(t: Timing, factor: float) -> Timing:
         forward_ms=scale(t.forward_ms),
         backward_ms=scale(t.backward_ms),
         source="derived",
+        valid_batch_range=t.valid_batch_range,
     )
 
 
@@ -97,3 +101,24 @@ def make_problem(
                 f"({timings[name].batch_sizes[0]}); other batch sizes scale proportionally"
             )
     return Problem(model, cluster, config, timings, tuple(assumptions))
+
+
+def batch_range_notes(problem: Problem, partition: Partition) -> tuple[str, ...]:
+    """One note per device type that ``partition`` runs on a number of samples per
+    micro-batch outside its timing's ``valid_batch_range``: there its analytic batch curve
+    is an extrapolation beyond the measurements it was fitted to (docs/profiles.md, "Analytic
+    batch curves"). A device's batch is its ``samples`` share of the micro-batch; devices
+    with no samples are skipped. O(devices)."""
+    type_of = {d.id: d.type for d in problem.cluster.devices}
+    outside: dict[str, tuple[tuple[int, int], set[int]]] = {}
+    for stage in partition.stages:
+        for device, samples in zip(stage.devices, stage.samples, strict=True):
+            kind = type_of[device]
+            valid = problem.timings[kind].valid_batch_range
+            if samples > 0 and valid is not None and not valid[0] <= samples <= valid[1]:
+                outside.setdefault(kind, (valid, set()))[1].add(samples)
+    return tuple(
+        f"times for {kind} at batch {', '.join(map(str, sorted(sizes)))} are extrapolated: "
+        f"its analytic batch curve was fitted to measurements at batch {lo}-{hi} only"
+        for kind, ((lo, hi), sizes) in sorted(outside.items())
+    )

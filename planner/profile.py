@@ -45,6 +45,10 @@ class Timing:
     """Forward/backward times of every block on one device type.
 
     ``forward_ms[b][j]`` is block ``b``'s forward time at ``batch_sizes[j]`` samples.
+    ``valid_batch_range`` (analytic timings): the smallest and largest batch size of the
+    measurements the batch curve was fitted to, and validated on where they allow it
+    (docs/profiles.md, "Analytic batch curves"); outside it the times are an
+    extrapolation, and a plan that runs a device there says so.
     """
 
     batch_sizes: tuple[int, ...]
@@ -54,6 +58,7 @@ class Timing:
     forward_spread_ms: tuple[tuple[float, ...], ...] | None = None
     backward_spread_ms: tuple[tuple[float, ...], ...] | None = None
     repeats: int | None = None
+    valid_batch_range: tuple[int, int] | None = None
 
 
 def batch_curve(batch_sizes: tuple[int, ...], times: np.ndarray, max_batch: int) -> np.ndarray:
@@ -167,6 +172,8 @@ class ModelProfile:
                 td["backward_spread_ms"] = [list(r) for r in t.backward_spread_ms]
             if t.repeats is not None:
                 td["repeats"] = t.repeats
+            if t.valid_batch_range is not None:
+                td["valid_batch_range"] = list(t.valid_batch_range)
             timings[type_name] = td
         out: dict[str, Any] = {
             "schema_version": 1,
@@ -251,4 +258,9 @@ def _timing_from_dict(t: dict[str, Any], n_blocks: int, source: str, path: str) 
         forward_spread_ms=opt("forward_spread_ms"),
         backward_spread_ms=opt("backward_spread_ms"),
         repeats=t.get("repeats"),
+        valid_batch_range=(
+            (t["valid_batch_range"][0], t["valid_batch_range"][1])
+            if "valid_batch_range" in t
+            else None
+        ),
     )

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from executor import zoo
-from executor.analytic import analytic_profile, analytic_timing, fixed_samples
+from executor.analytic import analytic_profile, analytic_timing
 from executor.models.transformer import SelfAttention
 from executor.probe import ProbeError, memory_bytes, probe_device, probe_link
 from executor.profiler import profile_model
@@ -197,6 +197,43 @@ def test_a_parameter_free_first_block_has_no_backward() -> None:
     profile = profile_model(model, lambda b: torch.randn(b, 4), [2], "cpu", repeats=2)
     assert profile.timings["cpu"].backward_ms[0] == (0.0,)
     assert profile.blocks[0].saved_bytes_per_sample == 0
+
+
+class Sleeper(nn.Module):
+    """A block that waits 30 ms in its forward without using the CPU (as if descheduled)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.03)
+        return self.lin(x)
+
+
+def test_the_thread_clock_leaves_out_time_the_thread_does_not_run() -> None:
+    # wall time counts the 30 ms sleep; the thread's CPU time does not (a Linear(4, 4) on
+    # 2 samples takes microseconds), so a descheduled thread is not billed for others' work
+    def forward_ms(clock: str) -> float:
+        profile = profile_model(
+            nn.Sequential(Sleeper()), lambda b: torch.randn(b, 4), [2], "cpu", warmup=0,
+            repeats=3, num_threads=1, clock=clock,
+        )
+        return profile.timings["cpu"].forward_ms[0][0]
+
+    assert forward_ms("wall") >= 30.0
+    assert forward_ms("thread") < 10.0
+
+
+def test_the_thread_clock_needs_one_thread_and_a_known_clock() -> None:
+    def run(**kwargs: object) -> None:
+        profile_model(nn.Sequential(nn.Linear(4, 4)), lambda b: torch.randn(b, 4), [2], "cpu",
+                      **kwargs)
+
+    with pytest.raises(ValueError, match="needs num_threads=1, got 2"):
+        run(clock="thread", num_threads=2)
+    with pytest.raises(ValueError, match="clock 'cpu' is not one of"):
+        run(clock="cpu", num_threads=1)
 
 
 # -- the profile as a document ----------------------------------------------------------------
@@ -396,12 +433,9 @@ def test_shipped_profiles_match_the_zoo_and_the_catalog(name: str) -> None:
     ]
     assert (measured.source["kind"], list(measured.timings)) == ("measured", ["host-cpu"])
     assert analytic.blocks == measured.blocks
-    # regenerate with `benchmarks/profile_zoo.py --analytic-only` when the catalog changes
-    catalog = load_catalog()
-    assert set(analytic.timings) == set(catalog)
-    fixed = fixed_samples(measured.timings["host-cpu"])
-    for type_name, timing in analytic.timings.items():
-        assert timing == analytic_timing(measured, catalog[type_name], fixed=fixed)
+    # regenerate with `benchmarks/profile_zoo.py --analytic-only` when the catalog changes;
+    # that the times are the fit's is checked in tests/test_analytic.py
+    assert set(analytic.timings) == set(load_catalog())
 
 
 @pytest.mark.parametrize("name", sorted(zoo.ZOO))
