@@ -93,6 +93,13 @@ def test_a_knot_that_would_make_time_fall_with_batch_is_refused():
     assert curve.at(1) <= curve.at(2)
 
 
+def test_a_knot_that_would_make_time_negative_is_refused():
+    # 1 ms at batch 1, then 3 + b from batch 2 up: the exact knot at 2 has slope 4 below
+    # it and t(0) = 3 - 3 x 2 = -3 ms; whatever is kept is non-negative from batch 0
+    curve = fit_curve((1, 2, 4, 8, 16), (1.0, 5.0, 7.0, 11.0, 19.0))
+    assert curve.at(0) >= 0 and curve.s - curve.c >= 0
+
+
 def test_three_sizes_get_a_line():
     # with a knot three points are always met exactly: no knot below four sizes
     line = fit_fixed_samples((1, 2, 4), (5.0, 8.0, 14.0))
