@@ -147,6 +147,16 @@ def test_the_validated_range_leaves_out_a_kernel_switch_at_large_batch():
     assert validated_range(t) == (1, 8)
 
 
+def test_the_longest_validated_run_wins_and_ties_go_to_smaller_batches():
+    # t = b at 1, 2, 4, then 40 + b at 8-64: both runs are exact lines, 4 to 64 is not
+    # (batch 4 held out is predicted at 44); the run of four sizes wins over three
+    low, high = (1.0, 2.0, 4.0), (48.0, 56.0, 72.0, 104.0)
+    t = Timing((1, 2, 4, 8, 16, 32, 64), (low + high,), (low + high,))
+    assert validated_range(t) == (8, 64)
+    tie = Timing((1, 2, 4, 8, 16, 32), (low + high[:3],), (low + high[:3],))
+    assert validated_range(tie) == (1, 4)
+
+
 def test_no_validated_range_with_too_few_sizes_or_none_on_a_line():
     assert validated_range(Timing((2, 4), ((1.0, 2.0),), ((2.0, 4.0),))) is None
     # a zigzag no curve predicts: 1, 9, 2, 12, 3 at 1, 2, 4, 8, 16
