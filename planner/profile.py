@@ -246,6 +246,13 @@ def _timing_from_dict(t: dict[str, Any], n_blocks: int, source: str, path: str) 
     if any(b <= a for a, b in itertools.pairwise(sizes)):
         raise InputError(source, f"{path}.batch_sizes", "batch sizes must be strictly increasing")
     n = len(sizes)
+    valid = t.get("valid_batch_range")
+    if valid is not None and valid[0] > valid[1]:
+        raise InputError(
+            source,
+            f"{path}.valid_batch_range",
+            f"{valid} runs backwards; give the smallest batch size first",
+        )
 
     def opt(key: str) -> tuple[tuple[float, ...], ...] | None:
         return _matrix(t[key], n_blocks, n, source, f"{path}.{key}") if key in t else None
@@ -258,9 +265,5 @@ def _timing_from_dict(t: dict[str, Any], n_blocks: int, source: str, path: str) 
         forward_spread_ms=opt("forward_spread_ms"),
         backward_spread_ms=opt("backward_spread_ms"),
         repeats=t.get("repeats"),
-        valid_batch_range=(
-            (t["valid_batch_range"][0], t["valid_batch_range"][1])
-            if "valid_batch_range" in t
-            else None
-        ),
+        valid_batch_range=None if valid is None else (valid[0], valid[1]),
     )

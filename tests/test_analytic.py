@@ -22,6 +22,7 @@ from executor.analytic import (
 )
 from planner.cluster import Cluster, Device, DeviceType, Network, load_catalog
 from planner.config import TrainingConfig
+from planner.errors import InputError
 from planner.partition import Partition, StageAssignment
 from planner.plan import SolverInfo, make_plan, plan_from_dict, plan_to_dict
 from planner.problem import make_problem
@@ -296,6 +297,14 @@ def test_a_plan_running_a_device_outside_the_validated_range_says_so():
     assert doc["assumptions"] == [note.format("1", "2-3")]
     assert plan_from_dict(doc).assumptions == (note.format("1", "2-3"),)
     assert _plan(_two_device_problem((2, 2)), (1, 3)).assumptions == (note.format("1, 3", "2-2"),)
+
+
+def test_a_backwards_validated_range_is_refused_with_one_line():
+    doc = _two_device_problem((2, 8)).model.to_dict()
+    assert doc["timings"]["t"]["valid_batch_range"] == [2, 8]
+    doc["timings"]["t"]["valid_batch_range"] = [8, 2]
+    with pytest.raises(InputError, match=r"valid_batch_range: \[8, 2\] runs backwards"):
+        ModelProfile.from_dict(doc, "m.json")
 
 
 def test_a_plan_inside_the_validated_range_or_on_measured_times_says_nothing():
