@@ -5,6 +5,7 @@ the fit did not see; plans that run a device outside the validated sizes say so.
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -185,6 +186,8 @@ def _worst_in_range(timing: Timing, lo: int, hi: int) -> float:
 #: measured transformer profiles (1, 2, 4, 8; 3 repeats)
 CURVES = [
     ("batch-curves/resnet18-cpu-b1-32.json", (1, 32)),
+    ("batch-curves/vgg16-cpu-b1-16.json", (1, 12)),
+    ("batch-curves/resnet50-cpu-b1-16.json", (2, 12)),
     ("batch-curves/mobilenetv2-cpu-b1-32.json", (2, 12)),
     ("batch-curves/efficientnet-b0-cpu-b1-32.json", (2, 12)),
     ("models/bert-base-cpu.json", (1, 8)),
@@ -202,7 +205,7 @@ def test_fitted_curve_predicts_every_held_out_batch_size_in_its_range(name, vali
     assert validated_range(timing) == valid
 
 
-@pytest.mark.parametrize(("name", "valid"), CURVES[:3])
+@pytest.mark.parametrize(("name", "valid"), CURVES[:5])
 def test_a_curve_without_the_fixed_cost_misses_held_out_sizes(name, valid, monkeypatch):
     # mutation: time proportional to batch (the weighted fit through the origin); the
     # same leave-one-out check over the same sizes fails on every CNN
@@ -253,6 +256,14 @@ def test_shipped_analytic_profiles_are_fitted_from_the_measured_ones(name):
     assert valid is not None
     assert {t.valid_batch_range for t in shipped.timings.values()} == {valid}
     assert shipped.build == measured.build
+
+
+@pytest.mark.parametrize("name", MEASURED)
+def test_shipped_analytic_times_are_non_negative_and_never_fall_with_batch(name):
+    # every block of every type (an embedding lookup counts no FLOPs: 0 ms)
+    for timing in ModelProfile.load(profile_path(f"models/{name}-analytic.json")).timings.values():
+        for row in timing.forward_ms + timing.backward_ms:
+            assert row[0] >= 0 and all(b >= a for a, b in pairwise(row))
 
 
 def test_fixed_cost_makes_small_batches_relatively_dearer():
