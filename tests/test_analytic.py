@@ -21,6 +21,7 @@ from executor.analytic import (
     held_out_errors,
     validated_range,
 )
+from planner.cli import main
 from planner.cluster import Cluster, Device, DeviceType, Network, load_catalog
 from planner.config import TrainingConfig
 from planner.errors import InputError
@@ -322,3 +323,15 @@ def test_a_plan_inside_the_validated_range_or_on_measured_times_says_nothing():
     assert _plan(_two_device_problem((2, 8)), (2, 2)).assumptions == ()
     assert _plan(_two_device_problem((1, 4)), (4,)).assumptions == ()
     assert _plan(_two_device_problem(None), (1, 3)).assumptions == ()
+
+
+def test_edgepipe_plan_prints_the_note_for_a_micro_batch_outside_the_range(tmp_path, capsys):
+    # mobilenetv2's analytic curve is validated at batch 2-12; micro-batch 1 is outside
+    argv = ["plan", "--model", "mobilenetv2-analytic", "--cluster", "orin-pair-2",
+            "--global-batch", "8", "--micro-batches", "1", "-o", str(tmp_path / "p.json")]
+    assert main(argv) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert (
+        "assumption: times for jetson-orin-nano at batch 1 are extrapolated: its analytic "
+        "batch curve was fitted to measurements at batch 2-12 only"
+    ) in text
