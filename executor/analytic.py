@@ -27,11 +27,12 @@ predicts the measurement (:func:`validated_range`): the widest run of consecutiv
 measured sizes in which every size, predicted from the fits to the others, has the
 model's summed forward and backward times within :data:`TOLERANCE`. Outside it (on this
 CPU batch 1 or 2 for some models, and from batch 16 for the depthwise-convolution
-models, where the math library switches kernels: docs/profiles.md) the line is
+models, where the math library switches kernels: docs/profiles.md) the curve is
 extrapolated, and the Timing's ``valid_batch_range`` makes every plan that runs a device
-there say so. The shipped analytic profiles are fitted from the ``host-cpu``
-profiles measured with ``edgepipe profile``; docs/profiles.md gives the fit's error on
-held-out batch sizes. Every such Timing is marked ``source: "analytic"``.
+there say so. The shipped analytic profiles are fitted from ``host-cpu`` measurements
+(``benchmarks/profile_zoo.py``: the CNNs' batch curves in ``profiles/raw/batch-curves/``,
+the transformers' measured profiles); docs/profiles.md gives the fit's error on held-out
+batch sizes. Every such Timing is marked ``source: "analytic"``.
 
 This module imports only the planner's types (no torch), so it also works on profiles
 imported from elsewhere, as long as their blocks carry ``forward_flops_per_sample``.
@@ -303,8 +304,9 @@ def analytic_profile(
     in ``device_types`` (e.g. ``planner.cluster.load_catalog()``) that has no timing yet;
     existing (measured or imported) timings are kept as they are. The per-block fixed
     costs are fitted from ``reference`` (a measured timing of the same blocks; default:
-    none, times proportional to batch) over its validated sizes (:func:`validated_range`).
-    The result's source is ``analytic`` and names
+    none, times proportional to batch) over its validated sizes (:func:`validated_range`;
+    where none validates, over all of them, and the source says so), which every timing
+    records as its ``valid_batch_range``. The result's source is ``analytic`` and names
     where the FLOPs and the batch curve came from. O(types x blocks x batch sizes)."""
     if reference is not None and len(reference.forward_ms) != profile.num_blocks:
         raise ValueError(
