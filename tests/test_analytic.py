@@ -259,6 +259,18 @@ def test_shipped_analytic_profiles_are_fitted_from_the_measured_ones(name):
     assert shipped.build == measured.build
 
 
+def test_an_analytic_profile_from_two_sizes_is_fitted_to_both_and_says_it_is_not_validated():
+    # leave-one-out needs three sizes: the curve is the line through both, its range theirs
+    profile = ModelProfile("m", {"kind": "measured"}, 4.0, (Block("b0", 0.0, 4.0, 4.0, 1e9),), {})
+    device = DeviceType("d", "d", 1e9, 1.0, 100.0, 0.5, "test", 1e3, {})
+    reference = Timing((2, 4), ((3.0, 5.0),), ((6.0, 10.0),))
+    out = analytic_profile(profile, {"d": device}, batch_sizes=(1, 2), reference=reference)
+    assert out.timings["d"].valid_batch_range == (2, 4)
+    assert "not validated" in out.source["detail"]
+    # 3, 5 at 2, 4: 1 ms fixed + 1 ms per sample, w = 1 sample: 20 ms/sample x (1 + b)
+    assert out.timings["d"].forward_ms == ((40.0, 60.0),)
+
+
 @pytest.mark.parametrize("name", MEASURED)
 def test_shipped_analytic_times_are_non_negative_and_never_fall_with_batch(name):
     # every block of every type (an embedding lookup counts no FLOPs: 0 ms)
