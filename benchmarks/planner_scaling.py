@@ -7,7 +7,10 @@ Cases (each run in a fresh process, so its peak resident memory is its own):
   "fast"/"slow" alternately; 1 Gbit/s switched network), global batch 64, every divisor
   of 64 as micro-batch candidate (seven DP runs);
 - PipeDream's shipped profiles on 16 identical Jetson Nanos and vgg16 on 64 (global
-  batch 32, the CLI defaults).
+  batch 32, the CLI defaults);
+- the densely branched NASNet-style graph of tests/synthetic.py (25 cells, 402 layers)
+  imported by the PipeDream importer (252 blocks: its lossless fusion) on 16 Orin Nanos,
+  global batch 64 (as benchmarks/import_pipedream_profiles.py).
 
 Targets on the 2-core development machine: 100 blocks x 16 mixed devices <= 2 s;
 64 identical devices <= 1 s; 512 devices of 8 types with 100 blocks <= 30 s and <= 2 GB;
@@ -32,12 +35,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from planner import api
-from planner.cluster import Cluster, Device, Network
+from planner.cluster import Cluster, Device, Network, load_catalog
 from planner.config import TrainingConfig
 from planner.dp import plan_dp
+from planner.importers.pipedream import parse_pipedream
 from planner.problem import Problem, make_problem
 from planner.profile import ModelProfile
-from tests.synthetic import device_type, random_problem
+from tests.synthetic import device_type, nasnet_like, random_problem
 
 #: name -> (blocks, devices, types, target seconds, target GiB)
 SYNTHETIC = {
@@ -86,6 +90,21 @@ def nanos(model: str, n_dev: int) -> Problem:
     return make_problem(profile, cluster, TrainingConfig(32))
 
 
+def nasnet(n_dev: int) -> Problem:
+    profile = parse_pipedream(nasnet_like(), "nasnet-like", batch_size=32, device_type="v100")
+    catalog = load_catalog()
+    kinds = {"jetson-orin-nano": catalog["jetson-orin-nano"], "v100": catalog["v100"]}
+    devices = tuple(Device(f"orin-{i}", "jetson-orin-nano") for i in range(n_dev))
+    cluster = Cluster(f"orin-{n_dev}", devices, Network(940.0, 0.2, False),
+                      {"jetson-orin-nano": kinds["jetson-orin-nano"]})  # fmt: skip
+    return make_problem(profile, cluster, TrainingConfig(64), catalog=kinds)
+
+
+def build(spec: tuple) -> Problem:
+    maker = {"synthetic": synthetic, "nanos": nanos, "nasnet": nasnet}[spec[0]]
+    return maker(*spec[1:])
+
+
 def cases() -> dict[str, tuple]:
     out: dict[str, tuple] = {
         name: (("synthetic", b, n, t), target_s, target_gb)
@@ -94,11 +113,12 @@ def cases() -> dict[str, tuple]:
     for model in PIPEDREAM:
         out[f"{model} x 16 nanos"] = (("nanos", model, 16), 0.5, None)
     out["pipedream-vgg16 x 64 nanos"] = (("nanos", "pipedream-vgg16", 64), 1.0, None)
+    out["nasnet-like (252 fused blocks) x 16 orin nanos"] = (("nasnet", 16), 5.0, None)
     return out
 
 
 def run_case(spec: tuple, repeat: int, time_limit: float, queue) -> None:
-    problem = synthetic(*spec[1:]) if spec[0] == "synthetic" else nanos(*spec[1:])
+    problem = build(spec)
     best = cpu = float("inf")
     result = None
     for _ in range(repeat):
