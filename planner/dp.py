@@ -114,6 +114,26 @@ fastest the one using fewest devices wins, then fewest stages, then the smallest
 plan that leaves devices free is worth more than one fewer stage: seen, 16-way data
 parallel chosen over a 4-device plan 0.04% slower).
 
+Pruning (bound U, per micro-batch size: ``RESCORE_MARGIN`` above the fastest exact
+figure of the sizes already searched, inf for the first). No answer whose DP value
+exceeds U is ever scored, so the search drops what cannot finish below it. D only grows
+along a chain (D' >= c0 + tau1 + D) and the root's D holds every stage's M c (D' >= M
+c0). The blocks [0, L-l) before a suffix on state r run on the n = N - |r| devices
+outside r in at most q = min(n, L - l) stages, each having a device with at least
+ceil(B / n) samples, so their c sum to at least b(r, l) = :meth:`_Tables.prefix_bound`
+(the summed least per-block time of any class at any such share) and the largest is at
+least b / q. Rules: a (state, l) cell with M b / q > U holds nothing; a candidate with
+D + b > U is dropped; a head with M c0 + b > U is never composed, so a head of l - l'
+blocks is composed only within the *head band* of the widest head any move keeps
+(gathered when at most ``BAND_USE`` of the slice l' = lo..hi). Nothing dropped could have
+been scored, but a front freed of a hopeless entry gives its slot to another, so the
+pruned search is not bit-identical to the unpruned one (tests/test_dp.py compares it
+with the unpruned DP's recorded plans).
+
+Rows in ranges: a head needs l' < l, so a level's rows l = p..L are composed in
+``ROW_CHUNKS`` ranges of equal height (from ``ROW_CHUNK_MIN`` rows), each over its own
+l' < l: about 5/8 of the rows x l' rectangle (the triangle l' < l is half), same results.
+
 Exactness: the DP value equals the cost model's closed form
 (:func:`planner.cost.pipeline_closed_form_ms`) of the reconstructed plan when every
 device of every group gets samples, on every topology except point-to-point groups of
@@ -133,8 +153,9 @@ always completes, so a plan is returned whenever one fits memory.
 Complexity per B, with S states, E moves, C distinct compositions and P = min(L, N,
 max_stages) levels (p0 of them after collapsing): C head tables, each Algorithm 1 over
 the O(L^2) block ranges (a closed form for one-class groups); P x E compositions of
-O(L^2 F) numpy work each (7 carried values per entry), one Pareto reduction per
-(level, state); then at most (number of B) + ``RESCORE`` exact evaluations (each
+O(L W F) numpy work each, W <= L the head band (L with no bound; about 5 L^2 / 8 over
+the row ranges), 7 carried values per entry, one Pareto reduction per (level, state,
+row range); then at most (number of B) + ``RESCORE`` exact evaluations (each
 O(A log A) events for A transfers and computations of the plan, planner.cost). The complete graph
 has S = prod_k (c_k + 1) states and E = prod_k (c_k + 1)(c_k + 2) / 2 moves at most;
 the ordered graph S <= 3 (N + 1) and E <= 3 (N + 1) min(B, N). Memory: the traceback,
