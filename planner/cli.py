@@ -1335,8 +1335,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _forget_handled_interrupts() -> None:
+    """Keep the exit status ours after a Ctrl-C that was caught.
+
+    CPython 3.11 and 3.12 set a flag whenever a KeyboardInterrupt leaves code run from a
+    string (``exec``/``eval``: dataclasses and namedtuples build their methods so, hundreds
+    of times while torch is imported), even if a caller catches it later; under
+    ``python -m`` the interpreter then ignores the status and kills itself with SIGINT at
+    exit. Every string ``exec`` clears that flag when it starts, so one empty one does;
+    later CPython sets the flag only for an interrupt nobody caught, and this is a no-op.
+    """
+    exec("pass", {})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command; returns the exit status (module docstring)."""
+    """Run one command; returns the exit status (module docstring).
+
+    Returning means nothing escaped, so any Ctrl-C on the way was handled (130, or the
+    one-line error of ``run``): :func:`_forget_handled_interrupts` before every return.
+    """
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # --help, --version (0) or a bad argument (2, printed)
@@ -1346,10 +1363,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except EdgepipeError as exc:
         message = f"[bold red]error:[/bold red] {escape(str(exc))}"
         err.print(message, highlight=False, soft_wrap=True)
-        return 2
+        status = 2
     except KeyboardInterrupt:
         err.print("interrupted; nothing was written", highlight=False, soft_wrap=True)
-        return 130
+        status = 130
+    _forget_handled_interrupts()
     return 0 if status is None else status
 
 
