@@ -120,8 +120,7 @@ def save(root: str | Path, step: int, module: nn.Sequential, optimizer: torch.op
          first: int, plan: Plan, rank: int, group: dist.ProcessGroup) -> Path:
     """Collective: save the run after ``step`` completed steps to ``root/step-<step>``
     (module docstring); every rank of the run calls it. Returns the directory."""
-    root = Path(root)
-    final, tmp = root / f"step-{step:08d}", root / f".step-{step:08d}.tmp"
+    final, tmp = _directories(root, step)
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -130,16 +129,28 @@ def save(root: str | Path, step: int, module: nn.Sequential, optimizer: torch.op
     dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp)), process_group=group)
     dist.barrier(group=group)
     if rank == 0:
-        record = {**training_record(plan), "step": step, "plan": plan.id}
-        (tmp / RECORD).write_text(json.dumps(record, indent=1) + "\n")
-        with open(tmp / MARKER, "w") as f:
-            f.write(f"{step}\n")
-            f.flush()
-            os.fsync(f.fileno())
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
+        _commit(tmp, final, {**training_record(plan), "step": step, "plan": plan.id})
     dist.barrier(group=group)
     return final
+
+
+def _directories(root: str | Path, step: int) -> tuple[Path, Path]:
+    """The committed directory of ``step`` under ``root`` and the ``.tmp`` one it is built
+    in (module docstring, "Atomic")."""
+    root = Path(root)
+    return root / f"step-{step:08d}", root / f".step-{step:08d}.tmp"
+
+
+def _commit(tmp: Path, final: Path, record: dict[str, Any]) -> None:
+    """Write ``record`` and the marker (synced to disk) into the complete ``tmp``, then
+    rename it to ``final``, replacing an older one: the checkpoint counts from the rename."""
+    (tmp / RECORD).write_text(json.dumps(record, indent=1) + "\n")
+    with open(tmp / MARKER, "w") as f:
+        f.write(f"{record['step']}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
 
 
 def folder(checkpoint_dir: str | None, out: str | None) -> Path:
@@ -164,7 +175,7 @@ def write_part(root: str | Path, step: int, device: str, part: bytes) -> Path:
     ``root/.step-<step>.tmp/parts/<device>.pt`` via a temporary name and ``os.replace``
     (a part on disk is whole); returns it. The checkpoint counts only once
     :func:`commit_parts` names the part."""
-    parts = Path(root) / f".step-{step:08d}.tmp" / PARTS
+    parts = _directories(root, step)[1] / PARTS
     parts.mkdir(parents=True, exist_ok=True)
     path, tmp = parts / f"{device}.pt", parts / f".{device}.pt.tmp"
     with open(tmp, "wb") as f:
@@ -178,20 +189,12 @@ def write_part(root: str | Path, step: int, device: str, part: bytes) -> Path:
 def commit_parts(root: str | Path, step: int, plan: Plan, devices: list[str]) -> Path:
     """Commit the checkpoint of ``step`` whose parts ``devices`` wrote (every rank of a
     generation of ``plan``, so every block): record, marker, rename. Returns it."""
-    root = Path(root)
-    final, tmp = root / f"step-{step:08d}", root / f".step-{step:08d}.tmp"
+    final, tmp = _directories(root, step)
     missing = [d for d in devices if not (tmp / PARTS / f"{d}.pt").is_file()]
     if missing:
         raise InputError(str(tmp), "", f"no checkpoint part of device(s) {missing}")
-    record = {**training_record(plan), "step": step, "plan": plan.id,
-              PARTS: sorted(set(devices))}
-    (tmp / RECORD).write_text(json.dumps(record, indent=1) + "\n")
-    with open(tmp / MARKER, "w") as f:
-        f.write(f"{step}\n")
-        f.flush()
-        os.fsync(f.fileno())
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
+    _commit(tmp, final, {**training_record(plan), "step": step, "plan": plan.id,
+                         PARTS: sorted(set(devices))})
     return final
 
 

@@ -22,6 +22,14 @@ from planner.plan import load_plan
 from planner.simulator import simulate
 
 SMALL = ["--model", "pipedream-alexnet", "--cluster", "orin-pair-2", "--global-batch", "8"]
+#: one Jetson Nano with 1 MB of memory: no model fits
+TINY_CLUSTER = {
+    "schema_version": 1,
+    "kind": "edgepipe.cluster",
+    "name": "tiny",
+    "devices": [{"id": "a", "type": "jetson-nano", "memory_bytes": 1e6}],
+    "network": {"bandwidth_mbps": 100, "latency_ms": 1},
+}
 
 
 @pytest.fixture(scope="module")
@@ -79,16 +87,8 @@ def test_missing_file_is_one_line_error_with_status_2(capsys):
 
 
 def test_infeasible_memory_is_reported_not_raised(tmp_path, capsys):
-    cluster = {
-        "schema_version": 1,
-        "kind": "edgepipe.cluster",
-        "name": "tiny",
-        "devices": [{"id": "a", "type": "jetson-nano", "memory_bytes": 1e6}],
-        "network": {"bandwidth_mbps": 100, "latency_ms": 1},
-    }
-    path = tmp_path / "tiny.json"
-    path.write_text(json.dumps(cluster))
-    assert main(["plan", "--model", "pipedream-vgg16", "--cluster", str(path)]) == 2
+    path = write_json(tmp_path / "tiny.json", TINY_CLUSTER)
+    assert main(["plan", "--model", "pipedream-vgg16", "--cluster", path]) == 2
     err = capsys.readouterr().err
     assert "memory" in err and "short by" in err
 
@@ -292,14 +292,7 @@ def test_explicit_flags_beat_the_config_file(tmp_path):
 
 
 def test_compare_exits_1_when_no_planner_finds_a_feasible_plan(tmp_path, capsys):
-    cluster = {
-        "schema_version": 1,
-        "kind": "edgepipe.cluster",
-        "name": "tiny",
-        "devices": [{"id": "a", "type": "jetson-nano", "memory_bytes": 1e6}],
-        "network": {"bandwidth_mbps": 100, "latency_ms": 1},
-    }
-    path = write_json(tmp_path / "tiny.json", cluster)
+    path = write_json(tmp_path / "tiny.json", TINY_CLUSTER)
     argv = ["compare", "--model", "pipedream-vgg16", "--cluster", path, "--planners", "dp,gpipe"]
     assert main(argv) == 1
     assert "no planner found a feasible plan" in capsys.readouterr().err
