@@ -18,7 +18,9 @@ import json
 import math
 import os
 import re
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -624,10 +626,37 @@ def _demo_run(outdir: Path, steps: int) -> None:
 
 
 @contextmanager
-def _needs_torch(command: str) -> Iterator[None]:
-    """Turn a missing torch (the ``executor`` extra) into a one-line error."""
+def _holding_ctrl_c() -> Iterator[None]:
+    """Hold a Ctrl-C (SIGINT) back while the block runs, then deliver it.
+
+    For the import of torch: a KeyboardInterrupt raised at an arbitrary point inside it
+    can abort the process from C++ (``terminate called after throwing an instance of
+    'pybind11::error_already_set'``, status -6), be lost in a callback that cannot raise
+    (the command then runs on), or leave CPython's unhandled-interrupt flag set
+    (:func:`_forget_handled_interrupts`). Held back, it arrives as an ordinary
+    KeyboardInterrupt once the import is done (or failed). In a thread other than the
+    main one, which receives no signals, the block just runs.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: received.append(signum))
     try:
         yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            signal.raise_signal(signal.SIGINT)  # to the handler before ours, as if now
+
+
+@contextmanager
+def _needs_torch(command: str) -> Iterator[None]:
+    """Turn a missing torch (the ``executor`` extra) into a one-line error; a Ctrl-C
+    during the import waits for its end (:func:`_holding_ctrl_c`)."""
+    try:
+        with _holding_ctrl_c():
+            yield
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] != "torch":
             raise
@@ -712,11 +741,13 @@ def cmd_probe(args: argparse.Namespace) -> None:
 
 
 def _executor(module: str) -> object:
-    """Import an executor module, turning a missing torch into an install hint."""
+    """Import an executor module, turning a missing torch into an install hint; a Ctrl-C
+    during the import waits for its end (:func:`_holding_ctrl_c`)."""
     import importlib
 
     try:
-        return importlib.import_module(module)
+        with _holding_ctrl_c():
+            return importlib.import_module(module)
     except ImportError as exc:
         if (exc.name or "").split(".")[0] == "torch":
             raise EdgepipeError(

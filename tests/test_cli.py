@@ -278,6 +278,17 @@ def test_ctrl_c_during_a_string_exec_still_exits_130(tmp_path):
     assert not out.exists()
 
 
+def test_a_ctrl_c_during_the_torch_import_arrives_once_the_import_is_done():
+    # a KeyboardInterrupt inside torch's import can abort the process from C++ (seen: -6,
+    # "terminate called after throwing ... pybind11::error_already_set"): held back
+    finished = False
+    with pytest.raises(KeyboardInterrupt), cli._holding_ctrl_c():
+        signal.raise_signal(signal.SIGINT)
+        finished = True
+    assert finished
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_explicit_flags_beat_the_config_file(tmp_path):
     config = {"schema_version": 1, "kind": "edgepipe.training_config", "global_batch": 16,
               "micro_batch_candidates": [2, 4], "schedule": "gpipe"}  # fmt: skip
