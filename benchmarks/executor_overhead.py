@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import statistics
+import sys
 import tempfile
 import time
 from datetime import timedelta
@@ -30,11 +31,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.local_cluster import identical_cpus
 from executor import data, zoo
 from executor.launch import launch
 from executor.profiler import profile_model
 from executor.worker import WorkerOptions
-from planner.cluster import Cluster
 from planner.config import TrainingConfig
 from planner.partition import Partition, StageAssignment
 from planner.plan import SolverInfo, make_plan, save_plan
@@ -47,26 +50,11 @@ MICRO, M = 4, 4  # micro-batch size and count: global batch 16
 LR = 0.01
 
 
-def _cluster(n: int) -> Cluster:
-    doc = {
-        "schema_version": 1, "kind": "edgepipe.cluster", "name": f"identical-{n}",
-        "device_types": {"host-cpu": {
-            "description": "this machine", "memory_bytes": 8 * 2**30, "usable_fraction": 0.9,
-            "peak_fp32_gflops": 100, "efficiency": 0.5,
-            "network": {"interface": "loopback", "bandwidth_mbps": 10000},
-            "sources": {"all": "benchmark figures"},
-        }},
-        "devices": [{"id": f"d{i}", "type": "host-cpu"} for i in range(n)],
-        "network": {"bandwidth_mbps": 10000, "latency_ms": 0.05},
-    }
-    return Cluster.from_dict(doc, "benchmark cluster", catalog={})
-
-
 def _plan(profile, stages, micro: int, m: int):
     n = sum(len(s[2]) for s in stages)
     cfg = TrainingConfig(global_batch=micro * m, micro_batch_candidates=(micro,),
                          optimizer="sgd", learning_rate=LR)
-    problem = make_problem(profile, _cluster(n), cfg, catalog={})
+    problem = make_problem(profile, identical_cpus(n), cfg, catalog={})
     assigned, dev = [], 0
     for first, end, samples in stages:
         ids = tuple(f"d{dev + k}" for k in range(len(samples)))

@@ -17,9 +17,14 @@ Store layout (every key under ``ctl/``):
                         ``interval_s``; the coordinator only reads it (``add(k, 0)``)
 ``ctl/fenced/<dev>``    the generation in which ``dev`` was declared dead; a fenced
                         worker that wakes up (e.g. after SIGSTOP) sees it and exits
-``ctl/seen/<g>/<dev>``  wall-clock time at which ``dev``'s heartbeat thread first saw
-                        the abort of generation g (written once; the coordinator
-                        reads it to tell how far an abort reached, and how fast)
+``ctl/seen/<g>/<dev>``  wall-clock time at which ``dev`` first saw the abort of
+                        generation g (its acknowledgement, written once; the
+                        coordinator reads it to tell how far an abort reached, how
+                        fast, and when every survivor has stopped the generation)
+``ctl/wake/<dev>``      set by the coordinator after every abort for each member (and
+                        by ``dev``'s own heartbeat thread when it stops): wakes
+                        ``dev``'s abort watcher, which deletes it and reads
+                        ``ctl/abort`` and its fence at once
 ======================  ==========================================================
 
 Failure classes (reference/fault-tolerance.md §2, lesson 2) and how each is detected:
@@ -34,9 +39,13 @@ Failure classes (reference/fault-tolerance.md §2, lesson 2) and how each is det
   planner's business (re-partitioning), not the detector's.
 
 Detection bound: a hang is declared between ``hang_timeout_s`` and
-``hang_timeout_s + poll_s`` after the device's last beat; an abort reaches every rank
-within one heartbeat interval (each beat also reads ``ctl/abort``), not only the failed
-device's neighbours (P3).
+``hang_timeout_s + poll_s`` after the device's last beat. An abort reaches every rank,
+not only the failed device's neighbours (P3), event-driven: each worker's abort watcher
+thread blocks in a store ``wait`` on its ``ctl/wake/<dev>`` key, which the coordinator
+sets right after ``ctl/abort``, so a live rank sees (and acknowledges) an abort within a
+few store round trips; every beat also reads ``ctl/abort``, so it is seen within one
+heartbeat interval even without the wake (a device that joined after the abort, a
+watcher that is gone).
 
 **Re-admission** (a device that was lost comes back, a fresh process under the same
 id): :meth:`Coordinator.readmit` gives it an **incarnation**, a generation number above
@@ -53,6 +62,7 @@ at its next check without writing anything, so the last checkpoint stays intact.
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -65,6 +75,10 @@ from torch.distributed import PrefixStore, Store, TCPStore
 from planner.errors import EdgepipeError
 
 FailureCause = Literal["crash", "hang"]
+#: the abort watcher's wait for its wake key: no timeout in practice (a timed-out store
+#: wait logs a warning and can stall its connection for a whole store timeout); an abort
+#: or the device's own stop wakes it, a lost coordinator ends it with a connection error
+_WATCH_FOREVER = timedelta(days=365)
 
 
 class GenerationAborted(EdgepipeError):
@@ -214,11 +228,15 @@ class Coordinator:
         return {d: float(self.store.get(k)) for d, k in keys.items() if self.store.check([k])}
 
     def abort(self, cause: str, fence: Iterable[str] = ()) -> None:
-        """Abort the current generation (every rank sees it at its next beat) and fence
-        the devices declared dead, so they can never act in a later generation."""
+        """Abort the current generation and fence the devices declared dead, so they
+        can never act in a later generation; then wake every member's abort watcher
+        (each sees the abort within a few store round trips, at the latest at its next
+        beat). Costs one store write per fenced device and per member."""
         for device in fence:
             self.store.set(f"ctl/fenced/{device}", str(self.generation))
         self.store.set("ctl/abort", f"{self.generation}:{cause}")
+        for device in self.members:  # after the abort: a woken watcher reads it
+            self.store.set(f"ctl/wake/{device}", str(self.generation))
 
     def is_fenced(self, device: str) -> bool:
         """Whether the current incarnation of ``device`` is fenced."""
@@ -242,14 +260,20 @@ def fenced_by(fence: bytes, incarnation: int) -> bool:
 
 
 class WorkerControl:
-    """A worker's side: a heartbeat thread that also watches for abort and fencing.
+    """A worker's side: a heartbeat thread, and an abort watcher thread that reacts to
+    the coordinator's abort and fencing as soon as they are written.
 
-    Start it once per process; it beats every ``interval_s`` on its own store
-    connection (a store client is not shared across threads). The training loop calls
-    :meth:`check` between actions and at commit points; it raises the first of
-    :class:`Fenced`, :class:`CoordinatorLost` or :class:`GenerationAborted` that
-    applies. ``incarnation``: that of a re-admitted device (module docstring). Cost:
-    one store round trip per interval (two while fenced).
+    Start it once per process. The heartbeat thread beats every ``interval_s`` and also
+    reads the abort and this device's fence (the fallback: every abort is seen within a
+    beat). The watcher blocks in a store ``wait`` on ``ctl/wake/<device>`` (module
+    docstring) and reads them as soon as it is woken. Each thread has its own store
+    connection (a store client is not shared across threads). Whichever thread sees an
+    abort first acknowledges it (``ctl/seen/<g>/<device>``, once) before recording it.
+    The training loop calls :meth:`check` between actions and at commit points; it
+    raises the first of :class:`Fenced`, :class:`CoordinatorLost` or
+    :class:`GenerationAborted` that applies; :meth:`wait` sleeps until that would
+    happen. ``incarnation``: that of a re-admitted device (module docstring). Cost:
+    one store round trip per interval (two while fenced), a few per abort.
     """
 
     def __init__(self, connect: Callable[[], Store], device: str, interval_s: float,
@@ -261,22 +285,39 @@ class WorkerControl:
         self.interval_s = interval_s
         self._connect = connect
         self._stop = threading.Event()
-        self._state = threading.Lock()
+        self._state = threading.Condition()
         self._aborted: tuple[int, str] | None = None
         self._fenced = False
         self._lost: str | None = None
+        self._wake_key = f"ctl/wake/{device}"
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{device}", daemon=True)
+        self._watcher: threading.Thread | None = None  # started by the heartbeat thread
 
     def start(self) -> WorkerControl:
+        """Start the heartbeat thread (it connects the watcher and starts it);
+        :meth:`stop` runs at interpreter exit at the latest."""
         self._thread.start()
+        atexit.register(self.stop)
         return self
 
     def stop(self) -> None:
-        """End the heartbeat thread (within one interval). Call it before the process
-        exits: a daemon thread inside a store call while the interpreter finalises is
-        torn down through a C++ frame, which aborts the whole process (SIGABRT)."""
+        """End both threads (the heartbeat at once, or after its store call; its last
+        act wakes the watcher). It must run before the interpreter finalises (it is
+        registered with :mod:`atexit`; call it earlier where the beats should stop
+        earlier): a daemon thread that returns from a store call while the interpreter
+        finalises is torn down through a C++ frame, which aborts the whole process
+        (SIGABRT). The watcher's connection is made before it starts, so a coordinator
+        that died closed it and the watcher has returned; only one whose coordinator
+        went silent (no FIN) cannot be woken and is left blocked (it never returns into
+        Python)."""
         self._stop.set()
         self._thread.join(timeout=10 * self.interval_s + 1.0)
+        if self._watcher is not None and self._watcher.is_alive():
+            self._watcher.join(timeout=10 * self.interval_s + 1.0)
+
+    def _stops(self, generation: int) -> bool:
+        aborted = self._aborted is not None and self._aborted[0] >= generation
+        return self._fenced or self._lost is not None or aborted
 
     def check(self, generation: int) -> None:
         """Raise if this worker must stop working on ``generation``."""
@@ -288,27 +329,59 @@ class WorkerControl:
             if self._aborted is not None and self._aborted[0] >= generation:
                 raise GenerationAborted(*self._aborted)
 
+    def wait(self, generation: int, timeout_s: float) -> None:
+        """Sleep ``timeout_s``, or less: return as soon as :meth:`check` of
+        ``generation`` would raise."""
+        with self._state:
+            self._state.wait_for(lambda: self._stops(generation), timeout_s)
+
+    def _observe(self, store: Store, fence_key: str) -> None:
+        """Read the abort and this device's fence and record them (waking
+        :meth:`wait`); an abort not seen before is acknowledged first, under the lock,
+        so nothing acts on an abort it has not acknowledged and it is acknowledged once.
+        The coordinator writes the fence before the abort, so read in the opposite
+        order: a worker that sees an abort also sees its fence."""
+        abort = store.get("ctl/abort").decode() if store.check(["ctl/abort"]) else None
+        fenced = store.check([fence_key]) and fenced_by(store.get(fence_key), self.incarnation)
+        with self._state:
+            self._fenced = self._fenced or fenced
+            if abort is not None:
+                g, cause = abort.split(":", 1)
+                if self._aborted != (int(g), cause):
+                    store.set(f"ctl/seen/{g}/{self.device}", repr(time.time()))
+                self._aborted = (int(g), cause)
+            self._state.notify_all()
+
     def _run(self) -> None:
         try:
             store = self._connect()
+            # the watcher's connection, made here: a store client blocked in its
+            # connection attempts could not be ended by stop()
+            self._watcher = threading.Thread(target=self._watch, args=(self._connect(),),
+                                             name=f"abort-watch-{self.device}", daemon=True)
+            self._watcher.start()
             key = f"ctl/hb/{self.device}"
             fence_key = f"ctl/fenced/{self.device}"
             while not self._stop.is_set():
                 store.add(key, 1)
-                # The coordinator writes the fence before the abort, so read in the
-                # opposite order: a worker that sees an abort also sees its fence.
-                abort = store.get("ctl/abort").decode() if store.check(["ctl/abort"]) else None
-                fenced = store.check([fence_key]) and fenced_by(store.get(fence_key),
-                                                                 self.incarnation)
-                if abort is not None:
-                    g, cause = abort.split(":", 1)
-                    if self._aborted != (int(g), cause):
-                        store.set(f"ctl/seen/{g}/{self.device}", repr(time.time()))
-                with self._state:
-                    self._fenced = self._fenced or fenced
-                    if abort is not None:
-                        self._aborted = (int(g), cause)
+                self._observe(store, fence_key)
                 self._stop.wait(self.interval_s)
+            store.set(self._wake_key, "stop")  # the watcher returns
         except Exception as err:  # any store failure means the coordinator is gone
             with self._state:
                 self._lost = str(err).splitlines()[0][:200]
+                self._state.notify_all()
+
+    def _watch(self, store: Store) -> None:
+        fence_key = f"ctl/fenced/{self.device}"
+        try:
+            while True:
+                store.wait([self._wake_key], _WATCH_FOREVER)
+                # delete before reading: a wake written after this is kept for the next
+                # wait, and every abort woken for before it is already in ctl/abort
+                store.delete_key(self._wake_key)
+                if self._stop.is_set():
+                    return
+                self._observe(store, fence_key)
+        except Exception:  # the coordinator is gone: the heartbeat thread reports it
+            return

@@ -25,17 +25,19 @@ The coordinator (the local launcher, or a cross-host coordinator process) runs o
   (:class:`executor.replication.Copies`). Metrics lines of steps are written when they
   become durable, so ``metrics.jsonl`` never holds a step that is later replayed.
 * **Recovery** (:meth:`Supervisor.recover`, called with the coordinator's failures):
-  abort generation ``g`` and fence the dead (every rank sees it within a heartbeat);
-  kill their processes (``kill`` callback); collect other deaths within
-  ``SETTLE_S``; take the last durable state (step ``d`` and the plan under which its
-  copies were placed: a generation that failed before its own start state was durable
-  hands on its parent's); look up the pre-computed plan for a single loss of that plan
-  (:func:`planner.replanning.precompute`), else :func:`planner.replan` with every device
-  lost since; open ``g + 1`` with the new plan's devices and publish it. An
-  :class:`~planner.errors.UnrecoverableError` (no copy of some block survives) or an
-  infeasible re-plan raises :class:`RecoveryFailed`: one line, within
-  ``hang_timeout + SETTLE_S`` plus the re-plan time of the failure; no worker writes
-  anything afterwards, so the last checkpoint stays as it was.
+  abort generation ``g`` and fence the dead; wait until every other member has
+  acknowledged the abort or died (event-driven, at most ``ABORT_SEEN_S``; the members
+  that die before acknowledging are lost in the same failure); kill the dead's
+  processes (``kill`` callback); take the last durable state (step ``d`` and the plan
+  under which its copies were placed: a generation that failed before its own start
+  state was durable hands on its parent's); look up the pre-computed plan for a single
+  loss of that plan (:func:`planner.replanning.precompute`), else
+  :func:`planner.replan` with every device lost since; open ``g + 1`` with the new
+  plan's devices and publish it. An :class:`~planner.errors.UnrecoverableError` (no
+  copy of some block survives) or an infeasible re-plan raises
+  :class:`RecoveryFailed`: one line, within ``hang_timeout + ABORT_SEEN_S`` plus the
+  re-plan time of the failure; no worker writes anything afterwards, so the last
+  checkpoint stays as it was.
 * A failure while a generation recovers (before its start state is durable) is
   recovered again from the same durable state and plan, with both devices lost; one
   after it uses the new generation's plan. Never a mix: every rank restores exactly the
@@ -60,7 +62,9 @@ generation commits its first step or fails): ``type`` ``"recovery"``, ``generati
 ``device`` (comma-separated when several), ``old_plan`` / ``new_plan`` (ids),
 ``replay_from_step`` (``d``), ``blocks_moved`` / ``bytes_moved`` (the migration, replica
 promotions on the device itself not counted), ``t_detect_s`` (fault to detection: exact
-when the fault was injected, else the device's heartbeat silence), ``t_replan_s``,
+when the fault was injected, else the device's heartbeat silence), ``t_abort_s``
+(detection to every other member's acknowledgement of the abort, or its death; 0 for a
+re-partitioning, which waits for none), ``t_replan_s``,
 ``t_rebuild_s`` (generation opened to every member's groups built), ``t_restore_s``
 (groups built to every member's state restored), ``t_first_commit_s`` (detection to
 the first commit of the new generation; null when it failed first).
@@ -89,10 +93,12 @@ from planner.errors import EdgepipeError, InfeasibleError, InputError, Unrecover
 from planner.plan import Plan, plan_to_dict, save_plan
 from planner.replanning import precompute, replan
 
-#: seconds after a failure in which further deaths count as the same failure
-SETTLE_S = 0.2
-#: seconds the survivors get to see an abort before the dead device is killed
+#: the longest the survivors get to acknowledge an abort before the dead are killed and
+#: the next generation opens (a live survivor's abort watcher answers within a few store
+#: round trips; only a hung, starved or unreachable one takes this long)
 ABORT_SEEN_S = 1.0
+#: seconds between two looks at the acknowledgements and exit statuses meanwhile
+ACK_POLL_S = 0.005
 
 
 class RecoveryFailed(EdgepipeError):
@@ -343,25 +349,39 @@ class Supervisor:
         dead = {f.device: f for f in failures}
         cause = failures[0].cause
         self.coordinator.abort(f"{','.join(dead)} {cause}", fence=list(dead))
-        deadline = time.monotonic() + ABORT_SEEN_S
-        others = [d for d in old.members if d not in dead]
-        while time.monotonic() < deadline and any(
-            self.alive(d) and d not in self.coordinator.abort_seen([d]) for d in others
-        ):
-            time.sleep(0.01)
+        self._await_acknowledgements(dead, [d for d in old.members if d not in dead])
+        t_abort = time.time() - detected_wall
         for device in dead:
             self.kill(device)
-        time.sleep(SETTLE_S)
-        for f in self.coordinator.poll():  # deaths that belong to the same failure
-            if f.device not in dead and f.cause == "crash":
-                dead[f.device] = f
-                self.coordinator.abort(f"{f.device} crash", fence=[f.device])
-                self.kill(f.device)
         self.lost += [d for d in dead if d not in self.lost]
         names = ",".join(dead)
         t_detect = max(self._detect_s(f, detected_wall) for f in dead.values())
         what = f"device {names} {'hung' if cause == 'hang' else 'crashed'}"
-        return self._next(cause, names, what, detected_wall, t_detect)
+        return self._next(cause, names, what, detected_wall, t_detect, t_abort)
+
+    def _await_acknowledgements(self, dead: dict[str, Failure], others: list[str]) -> None:
+        """Return once every one of ``others`` has acknowledged the abort
+        (``ctl/seen``) or exited, at most ``ABORT_SEEN_S`` after it. A member whose exit
+        status arrives meanwhile joins ``dead``, fenced: it died before it could
+        acknowledge, so it belongs to the same failure (two devices killed at once make
+        one recovery), while one that acknowledged was alive after the abort and any
+        later death of it is a failure of its own. A member declared hung meanwhile is
+        not grouped: its silence may be the load of the recovery itself, and the next
+        generation watches it afresh. No fixed wait: each look costs one store round
+        trip per member not yet settled, every ``ACK_POLL_S``."""
+        deadline = time.monotonic() + ABORT_SEEN_S
+        pending = list(others)
+        while True:
+            for f in self.coordinator.poll():
+                if f.device not in dead and f.cause == "crash":
+                    dead[f.device] = f
+                    self.coordinator.abort(f"{f.device} {f.cause}", fence=[f.device])
+            pending = [d for d in pending if d not in dead and self.alive(d)]
+            seen = self.coordinator.abort_seen(pending)
+            pending = [d for d in pending if d not in seen]
+            if not pending or time.monotonic() >= deadline:
+                return
+            time.sleep(ACK_POLL_S)
 
     def repartition(
         self, cause: str, device: str, *, slowed: Mapping[str, float] | None = None,
@@ -395,7 +415,8 @@ class Supervisor:
 
     def _next(
         self, cause: str, names: str, what: str, detected_wall: float, t_detect: float,
-        slowed: Mapping[str, float] | None = None, joined: Cluster | None = None,
+        t_abort: float = 0.0, slowed: Mapping[str, float] | None = None,
+        joined: Cluster | None = None,
     ) -> dict[str, Any]:
         """Re-plan from the last durable state and open the next generation."""
         old = self.gen
@@ -436,7 +457,8 @@ class Supervisor:
             "replay_from_step": d,
             "blocks_moved": sum(t["end"] - t["first"] for t in moved),
             "bytes_moved": sum(t["bytes"] for t in moved),
-            "t_detect_s": t_detect, "t_replan_s": t_replan, "t_rebuild_s": None,
+            "t_detect_s": t_detect, "t_abort_s": t_abort, "t_replan_s": t_replan,
+            "t_rebuild_s": None,
             "t_restore_s": None, "t_first_commit_s": None,
         }
         self._pending_event = event

@@ -567,7 +567,7 @@ class RecoveringWorker:
                     error_deadline = time.monotonic() + ERROR_ABORT_WAIT_S
                 elif time.monotonic() > error_deadline:
                     raise outcome["error"]
-            time.sleep(self.opts.heartbeat_s / 4)
+            self.control.wait(g, self.opts.heartbeat_s / 4)  # at once on an abort
 
 
 class _GenerationRun:

@@ -6,13 +6,21 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from executor.control import Coordinator, generation_store, host_store
+from executor.control import (
+    Coordinator,
+    GenerationAborted,
+    WorkerControl,
+    connect_store,
+    generation_store,
+    host_store,
+)
 from tests import control_workers
 from tests.control_workers import EXIT_ABORTED, EXIT_FENCED, EXIT_LOST, LOST_AFTER_S
 
@@ -121,6 +129,57 @@ def test_an_abort_reaches_every_rank_within_one_heartbeat(fleet: Fleet) -> None:
         assert fleet.procs[d].exitcode == EXIT_ABORTED
 
 
+def test_an_abort_wakes_every_rank_at_once_not_at_its_next_beat(fleet: Fleet) -> None:
+    # a 30 s heartbeat: after its first beat a rank can learn of the abort only from its
+    # wake key (the abort watcher), not from a beat within the test's bound
+    store = host_store(0, timeout_s=120)  # start-up of three torch processes under load
+    devices = ["first", "middle", "last"]
+    for d in devices:
+        fleet.start(d, control_workers.beat_and_check, store.port, d, 30.0)
+    store.wait([f"t/ready/{d}" for d in devices])
+    coordinator = Coordinator(store, devices, hang_timeout_s=120.0)
+    deadline = time.monotonic() + 60
+    while any(coordinator.beats(d) < 1 for d in devices):  # each beat once already
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    aborted = time.time()
+    coordinator.abort("last stage lost")
+    seen = [float(store.get(f"t/aborted/{d}")) for d in devices]  # blocks until each sees it
+    assert max(seen) - aborted < 5.0  # load slack; the next beat is ~30 s away
+    acknowledged = coordinator.abort_seen(devices)
+    assert sorted(acknowledged) == sorted(devices)
+    # each acknowledged before its main loop acted on the abort
+    assert all(acknowledged[d] <= t for d, t in zip(devices, seen, strict=True))
+
+
+def test_wait_returns_at_the_abort_and_stop_ends_both_threads_at_once() -> None:
+    store = host_store(0)
+    coordinator = Coordinator(store, ["me"], hang_timeout_s=120.0)
+    control = WorkerControl(lambda: connect_store("127.0.0.1", store.port), "me", 30.0).start()
+    try:
+        while coordinator.beats("me") < 1:
+            time.sleep(0.01)
+        start = time.monotonic()
+        control.wait(1, timeout_s=0.2)  # nothing to wait for: the whole timeout
+        assert time.monotonic() - start >= 0.2
+        threading.Timer(0.3, coordinator.abort, args=("test",)).start()
+        start = time.monotonic()
+        control.wait(1, timeout_s=20.0)
+        assert 0.3 <= time.monotonic() - start < 5.0  # woken by the abort, not the beat
+        with pytest.raises(GenerationAborted):
+            control.check(1)
+        control.check(2)  # a later generation is not aborted
+        start = time.monotonic()
+        control.wait(2, timeout_s=0.2)
+        assert time.monotonic() - start >= 0.2
+    finally:
+        start = time.monotonic()
+        control.stop()
+    assert time.monotonic() - start < 5.0  # not the 30 s beat: the last beat wakes the watcher
+    assert control._watcher is not None
+    assert not control._thread.is_alive() and not control._watcher.is_alive()
+
+
 def test_a_fenced_device_that_wakes_up_exits_instead_of_rejoining(fleet: Fleet) -> None:
     store = host_store(0)
     start_workers(fleet, store.port, ["a", "b"])
@@ -132,7 +191,7 @@ def test_a_fenced_device_that_wakes_up_exits_instead_of_rejoining(fleet: Fleet) 
     with pytest.raises(ValueError, match=r"\['a'\] are fenced"):
         coordinator.open_generation(["a", "b"])
     os.kill(fleet.procs["a"].pid, signal.SIGCONT)
-    fleet.procs["a"].join(timeout=5)
+    fleet.procs["a"].join(timeout=30)  # exiting (torch's teardown): 3 s under load
     assert fleet.procs["a"].exitcode == EXIT_FENCED
 
 
