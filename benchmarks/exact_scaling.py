@@ -12,8 +12,14 @@ program's own value of that plan, status, global bound and gap (both in the cost
 model's figure, valid because the programs relax it), wall time, programs closed / all
 and plans excluded by no-good cuts. Time limit per solve (default 60 s).
 
+``--bounds-only``: instead of the solve, the closed-form bounds alone, with no time
+limit (what the solver's bound phase reaches when it is not cut short): every program
+tested at the DP's figure, the others bisected to ``--tol``; per instance the programs
+pruned, the least bound of the rest (the gap the solver would report if it solved none
+of them) and the CPU seconds it took.
+
     .venv/bin/python benchmarks/exact_scaling.py [--time-limit 60] [--models ...]
-        [--devices 16,32,64] [--types 2,4] [--markdown out.md]
+        [--devices 16,32,64] [--types 2,4] [--markdown out.md] [--bounds-only --tol 0.01]
 """
 
 from __future__ import annotations
@@ -25,11 +31,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import numpy as np
+
 from planner import api
+from planner.classes import device_classes
 from planner.cluster import Cluster, Device, Network, load_catalog
 from planner.config import TrainingConfig
+from planner.cost import CostModel
 from planner.dp import plan_dp
-from planner.milp import plan_milp
+from planner.milp import CUTOFF_SLACK, plan_milp, program_bounds, quick_bound
+from planner.milp_formulation import Tables
 from planner.problem import Problem, make_problem
 from planner.profile import ModelProfile
 
@@ -54,6 +65,23 @@ def problem(model_name: str, n_devices: int, n_types: int) -> Problem:
     return make_problem(model, cluster, TrainingConfig(32), catalog=load_catalog())
 
 
+def closed_form(prob: Problem, incumbent: float, tol: float) -> tuple[int, int, float, float]:
+    """(programs pruned, programs, least bound of the others, CPU s) of the closed-form
+    bounds at ``incumbent`` (no time limit)."""
+    start = time.process_time()
+    sizes = prob.config.micro_batch_sizes()
+    tables = Tables(prob, CostModel(prob, max(sizes)), device_classes(prob))
+    max_p = min(prob.model.num_blocks, len(prob.cluster.devices))
+    ceiling = incumbent * (1 + CUTOFF_SLACK)
+    pruned, least = 0, incumbent
+    for b in sizes:
+        known = [0.0, *(quick_bound(tables, b, p) for p in range(1, max_p + 1))]
+        bounds = program_bounds(tables, b, max_p, ceiling, tol, np.array(known))
+        pruned += int((bounds[1:] >= ceiling).sum())
+        least = min(least, float(bounds[1:].min()))
+    return pruned, len(sizes) * max_p, least, time.process_time() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--time-limit", type=float, default=60.0)
@@ -61,7 +89,31 @@ def main() -> None:
     parser.add_argument("--devices", default="16,32,64")
     parser.add_argument("--types", default="2,4")
     parser.add_argument("--markdown", help="also write the table to this file")
+    parser.add_argument("--bounds-only", action="store_true", help="closed-form bounds only")
+    parser.add_argument("--tol", type=float, default=0.01, help="bisection tolerance")
     args = parser.parse_args()
+    if args.bounds_only:
+        lines = [
+            "| model | N | types | DP ms | pruned | least open bound ms | gap | CPU s |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        print("\n".join(lines), flush=True)
+        for model_name in args.models.split(","):
+            for n_devices in (int(n) for n in args.devices.split(",")):
+                for n_types in (int(t) for t in args.types.split(",")):
+                    prob = problem(model_name, n_devices, n_types)
+                    dp = plan_dp(prob, time_limit=args.time_limit).cost.iteration_ms
+                    pruned, total, least, cpu = closed_form(prob, dp, args.tol)
+                    gap = max(0.0, (dp - least) / dp)
+                    row = (
+                        f"| {model_name} | {n_devices} | {n_types} | {dp:.1f} | {pruned}/{total} "
+                        f"| {least:.1f} | {gap:.1%} | {cpu:.0f} |"
+                    )
+                    lines.append(row)
+                    print(row, flush=True)
+        if args.markdown:
+            Path(args.markdown).write_text("\n".join(lines) + "\n")
+        return
     head = (
         "| model | N | types | DP ms | DP s | exact ms | program ms | status | gap "
         "| bound ms | exact s | closed | excluded |"

@@ -18,15 +18,20 @@ excluded (a no-good cut) and the program solved again.
 Symmetry: devices with the same type, usable memory and slowdown and no per-pair link
 override are interchangeable (same times, memory and network figures), so they form a
 *class* k with ``count_k`` members and the program counts devices per (stage, class,
-samples) instead of naming them. A device with a per-pair link override is a class of
+samples) instead of naming them: a plan and every renaming of devices within their
+classes are one assignment of the decision variables (block cuts, counts, replica
+holder), so the search has no symmetric copies to break, and its size does not grow
+with the class counts. A device with a per-pair link override is a class of
 its own, which keeps every network figure a function of the classes involved.
 
 Decomposition: one program per (micro-batch size B, stage count P), P = 1 ..
 min(L, N, max_stages); with B and P fixed the micro-batch count M = G/B, the warm-ups
 K_p and the schedule's action order are constants. The DP's plan is the first
 incumbent and its (B, P) program comes first, the others in the order of their closed-form
-bound (the larger of :func:`quick_bound` and :func:`program_bounds`), which also prunes
-every program that cannot beat the incumbent; every program carries the incumbent's
+bound (the larger of :func:`quick_bound` and :func:`program_bounds`: within BOUND_SHARE
+of the time limit every micro-batch size's programs are tested at the incumbent, then
+the open ones' bounds bisected), which also prunes every program that cannot beat the
+incumbent; every program carries the incumbent's
 iteration time as an objective cutoff (valid: a program never prices a plan above the
 cost model), so one that cannot beat it is infeasible. Two programs run at a time (one
 solver thread each); a first pass gives every program a short slice (the easy ones
@@ -330,10 +335,7 @@ def plan_milp(
                 bounds = StageBounds(tables, b, max_p)
                 if bounds.stages:
                     searches.append((bounds, known[b], test_at(bounds, known[b], ceiling, tested)))
-        while time.perf_counter() < until and any(
-            [bisect_bounds(s, lo, hi, 1e-3, until, steps=1) for s, lo, hi in searches]
-        ):
-            pass
+        raise_least(searches, until)
     quick = {j: max(quick[j], float(known[j[0]][j[1]])) for j in jobs}
     jobs.sort(key=lambda j: (j != first, quick[j], j[0], j[1]))
     pruned = [
@@ -805,17 +807,17 @@ def bisect_bounds(
     rel_tol: float,
     deadline: float,
     steps: float = math.inf,
+    only: np.ndarray | bool = True,
 ) -> bool:
     """Bisection on T per P (entries 1..max_stages of ``lo`` / ``hi``, in place): ``lo``
     not feasible (a valid lower bound), ``hi`` feasible (NaN: no upper end, nothing to
-    bisect), until every open interval is within ``rel_tol`` of its ``hi``, ``steps``
-    passes are done or the ``deadline`` passes (then ``lo`` is where it stood). Returns
-    whether intervals are still open (False after a timeout)."""
+    bisect; ``only``: the entries to bisect), until every open interval is within
+    ``rel_tol`` of its ``hi``, ``steps`` passes are done or the ``deadline`` passes (then
+    ``lo`` is where it stood). Returns whether intervals are still open (False after a
+    timeout)."""
     done = 0
     while True:
-        with np.errstate(invalid="ignore"):  # NaN: nothing to bisect
-            sel = ~np.isnan(hi) & (hi - lo > rel_tol * hi)
-        sel[0] = False
+        sel = open_intervals(lo, hi, rel_tol) & only
         if not sel.any():
             return False
         if done >= steps:
@@ -830,6 +832,36 @@ def bisect_bounds(
         hi[idx[ok]] = mid[ok]
         lo[idx[~ok]] = mid[~ok]
         done += 1
+
+
+def open_intervals(lo: np.ndarray, hi: np.ndarray, rel_tol: float) -> np.ndarray:
+    """Entries P >= 1 whose bisection interval [lo, hi] is wider than ``rel_tol`` x hi."""
+    with np.errstate(invalid="ignore"):  # NaN: nothing to bisect
+        sel = ~np.isnan(hi) & (hi - lo > rel_tol * hi)
+    sel[0] = False
+    return sel
+
+
+def raise_least(
+    searches: list[tuple[StageBounds, np.ndarray, np.ndarray]], until: float, rel_tol: float = 1e-3
+) -> None:
+    """Bisection steps (:func:`bisect_bounds`, in place) where they lift the least open
+    bound over all micro-batch sizes (the global bound is the least of the open
+    programs'): each step bisects, in the size holding the least open ``lo``, every P
+    whose ``lo`` is at most the least of the other sizes', until ``until`` or no interval
+    is open."""
+    while time.perf_counter() < until:
+        least = [
+            (float(lo[sel].min()), i)
+            for i, (_, lo, hi) in enumerate(searches)
+            if (sel := open_intervals(lo, hi, rel_tol)).any()
+        ]
+        if not least:
+            return
+        value, i = min(least)
+        others = min((v for v, j in least if j != i), default=math.inf)
+        bounds, lo, hi = searches[i]
+        bisect_bounds(bounds, lo, hi, rel_tol, until, steps=1, only=lo <= max(value, others))
 
 
 def test_at(bounds: StageBounds, lo: np.ndarray, ceiling: float, deadline: float) -> np.ndarray:
