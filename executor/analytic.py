@@ -131,11 +131,13 @@ def fit_fixed_samples(
     return a, s, a / s if a and s else 0.0
 
 
-def fit_curve(batch_sizes: Sequence[int], times: Sequence[float]) -> Curve:
+def fit_curve(
+    batch_sizes: Sequence[int], times: Sequence[float], min_knot_sizes: int = MIN_KNOT_SIZES
+) -> Curve:
     """Fit one block's ``times`` at ``batch_sizes`` with a line or a line with a knot.
 
     Candidates: the line of :func:`fit_fixed_samples`; and, with at least
-    :data:`MIN_KNOT_SIZES` sizes, for every knot ``k`` at a measured size other than the
+    ``min_knot_sizes`` sizes, for every knot ``k`` at a measured size other than the
     smallest and the largest, ``t(b) = a + s b + c max(0, k - b)`` by least squares
     weighted by batch size (``sum_b b (t(b) - t_b)^2``, the normal equations of three
     unknowns, :func:`_solve3`), kept only if ``s >= 0``, ``s - c >= 0`` (non-decreasing on
@@ -149,7 +151,7 @@ def fit_curve(batch_sizes: Sequence[int], times: Sequence[float]) -> Curve:
         return sum(b * (curve.at(b) - t) ** 2 for b, t in zip(batch_sizes, times, strict=True))
 
     best_sse = sse(best)
-    if len(batch_sizes) < MIN_KNOT_SIZES:
+    if len(batch_sizes) < min_knot_sizes:
         return best
     for k in batch_sizes[1:-1]:
         rows = [(1.0, float(b), float(max(0, k - b))) for b in batch_sizes]
@@ -237,14 +239,16 @@ def fixed_samples(
 ) -> tuple[tuple[Curve, Curve], ...]:
     """Per block (forward, backward) curves in samples (:meth:`Curve.in_samples`) fitted
     from a measured timing at its batch sizes within ``batch_range`` (inclusive; default:
-    all)."""
+    all). A knot is tried only where leave-one-out over these sizes tried one too (its
+    fits saw one size fewer), so the curve is of the kind that was validated: four sizes
+    get a line. O(blocks x sizes^2)."""
     lo, hi = batch_range or (reference.batch_sizes[0], reference.batch_sizes[-1])
     keep = [i for i, b in enumerate(reference.batch_sizes) if lo <= b <= hi]
     sizes = [reference.batch_sizes[i] for i in keep]
     return tuple(
         (
-            fit_curve(sizes, [f[i] for i in keep]).in_samples(),
-            fit_curve(sizes, [b[i] for i in keep]).in_samples(),
+            fit_curve(sizes, [f[i] for i in keep], MIN_KNOT_SIZES + 1).in_samples(),
+            fit_curve(sizes, [b[i] for i in keep], MIN_KNOT_SIZES + 1).in_samples(),
         )
         for f, b in zip(reference.forward_ms, reference.backward_ms, strict=True)
     )

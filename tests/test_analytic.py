@@ -109,6 +109,19 @@ def test_three_sizes_get_a_line():
     assert fit_curve((1, 2, 4), (5.0, 8.0, 14.0)) == Curve(line[0], line[1])
 
 
+def test_the_shipped_fit_takes_a_knot_only_where_leave_one_out_could():
+    # 5, 8, 14, 18 at 1, 2, 4, 8 is exactly 10 + b - 2 max(0, 4 - b); fit_curve takes the
+    # knot from four sizes, but leave-one-out over four sizes fits three (no knot), so
+    # the curve that ships from them is the line that was validated
+    t = Timing((1, 2, 4, 8), ((5.0, 8.0, 14.0, 18.0),), ((5.0, 8.0, 14.0, 18.0),))
+    assert fit_curve(t.batch_sizes, t.forward_ms[0]).c == pytest.approx(-2.0)
+    ((fwd, bwd),) = fixed_samples(t)
+    assert fwd.c == bwd.c == 0.0
+    five = ((5.0, 8.0, 14.0, 18.0, 26.0),)
+    longer = Timing((1, 2, 4, 8, 16), five, five)
+    assert fixed_samples(longer)[0][0].c == pytest.approx(-2.0)  # -2 ms / 1 ms per sample
+
+
 def test_analytic_times_follow_the_curve_in_samples():
     # 100 GFLOP/s x 0.5 = 5e7 FLOP/ms: 1e9 FLOP/sample = 20 ms/sample forward
     profile = ModelProfile("m", {"kind": "measured"}, 4.0, (Block("b0", 0.0, 4.0, 4.0, 1e9),), {})
