@@ -38,6 +38,10 @@ ROOT = Path(__file__).resolve().parent.parent
 #: the default cache of the suites' exact results
 DEFAULT_PATH = ROOT / "benchmarks" / "results" / "exact_cpsat_60s.json"
 
+#: plans known for some instances from elsewhere (source named in each), part of the
+#: best known
+KNOWN_PATH = ROOT / "benchmarks" / "results" / "known_plans.json"
+
 
 def instance_hash(problem: Problem) -> str:
     """SHA-256 of the model profile, the cluster and the training config (what the
@@ -90,6 +94,20 @@ def rescored_ms(problem: Problem, entry: dict[str, Any]) -> float:
     cached ``best_ms`` unless the cost model changed since)."""
     cm = CostModel(problem, max(problem.config.micro_batch_sizes()))
     return cm.evaluate(partition_from_dict(entry["partition"])).iteration_ms
+
+
+def known_plans_ms(problem: Problem, label: str, path: Path = KNOWN_PATH) -> list[float]:
+    """Iteration times under this tree's cost model of the plans recorded for ``label`` in
+    the known-plans file (plans found outside the suite's runs, e.g. by an earlier DP),
+    those that fit memory only."""
+    if not path.exists():
+        return []
+    cm = CostModel(problem, max(problem.config.micro_batch_sizes()))
+    costs = [
+        cm.evaluate(partition_from_dict(k["partition"]))
+        for k in json.loads(path.read_text())["plans"].get(label, [])
+    ]
+    return [c.iteration_ms for c in costs if c.memory_ok]
 
 
 class ExactCache:
