@@ -186,6 +186,8 @@ def main() -> None:
             dp_ms, dp_s, dp_cpu = (
                 entry["dp"][k] for k in ("iteration_ms", "solve_time_s", "cpu_s")
             )
+            if entry["dp"].get("status", "complete") != "complete":
+                timed_out.append(label)
         else:
             start, start_cpu = time.perf_counter(), time.process_time()
             dp = plan_dp(problem)
