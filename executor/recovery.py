@@ -426,6 +426,11 @@ class Supervisor:
         # first generation's start state was durable): go on under the base plan itself,
         # whose copies every member holds (no migration)
         unchanged = not lost and not slowed and joined is None
+        if joined is None and set(lost) >= {dev.id for dev in base.problem.cluster.devices}:
+            raise RecoveryFailed(
+                f"{what} at generation {old.number}; cannot recover: every device of the "
+                "run is lost; resume from the last checkpoint (--resume) once devices are "
+                "back", names, cause)
         start = time.perf_counter()
         try:
             ready = base if unchanged else None

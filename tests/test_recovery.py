@@ -236,6 +236,16 @@ def test_losing_a_stage_and_its_replica_holder_fails_loudly_within_bounded_time(
     assert took < 60, took
 
 
+def test_losing_every_device_at_once_fails_loudly_within_bounded_time(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(RecoveryFailed) as caught:
+        run(tmp_path, [(0, 3, [2]), (3, 6, [2])], "d0:1:optimizer,d1:1:optimizer")
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "every device of the run is lost" in message
+    assert time.monotonic() - start < 60
+
+
 @pytest.mark.slow
 def test_edgepipe_run_recovers_by_default_and_no_recover_stops_naming_the_device(
     tmp_path, capsys
