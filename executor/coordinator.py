@@ -75,6 +75,7 @@ from executor import checkpoint, storeblob
 from executor.control import Coordinator, Failure, connect_store, generation_store, host_store
 from executor.joins import JoinRequests, read_join, register
 from executor.layout import RankLayout, check_runnable
+from planner.cli import add_coordinate_arguments
 from planner.errors import EdgepipeError, InputError
 from planner.plan import load_plan
 
@@ -393,36 +394,10 @@ def _linger(coordinator: Coordinator, devices: list[str]) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The flags of ``python -m executor.coordinator`` (``edgepipe coordinate`` has the
-    same, typed by the CLI)."""
+    """The flags of ``python -m executor.coordinator``: those of ``edgepipe coordinate``."""
     p = argparse.ArgumentParser(prog="python -m executor.coordinator",
                                 description=__doc__.split("\n\n")[0])
-    p.add_argument("plan", help="the plan every worker runs (same file on every host)")
-    p.add_argument("--port", type=int, default=29500,
-                   help="port of the run's store on this host (workers: --coordinator "
-                   "THIS_HOST:PORT)")
-    p.add_argument("--hang-timeout", type=float, default=HANG_TIMEOUT_S,
-                   help="seconds without a heartbeat after which a device is declared dead")
-    p.add_argument("--start-timeout", type=float, default=START_TIMEOUT_S,
-                   help="seconds a worker may take to send its first heartbeat")
-    p.add_argument("--recover", action="store_true",
-                   help="recover in-process from a lost device (needs --steps)")
-    p.add_argument("--steps", type=int, help="with --recover: the workers' --steps")
-    p.add_argument("--out", help="with --recover: metrics, re-planned plans and checkpoints "
-                   "(a folder on this host; the workers need not see it)")
-    p.add_argument("--deterministic", action="store_true",
-                   help="with --recover: the workers run --deterministic")
-    p.add_argument("--checkpoint-every", type=int, default=0,
-                   help="with --recover: commit a checkpoint every N steps on this host "
-                   "(the workers send their parts through the store)")
-    p.add_argument("--checkpoint-dir", help="with --recover: where (default OUT/checkpoints)")
-    p.add_argument("--resume", help="with --recover: start from this checkpoint (or the "
-                   "newest in this folder); it travels to the workers through the store")
-    p.add_argument("--emulate", action="store_true",
-                   help="with --recover: the workers run --emulate; watch for devices slower "
-                   "than the plan predicts and re-partition off them")
-    p.add_argument("--time-scale", type=float, default=1.0,
-                   help="with --emulate: the workers' --time-scale")
+    add_coordinate_arguments(p)
     return p
 
 

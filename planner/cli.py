@@ -948,6 +948,37 @@ def cmd_report(args: argparse.Namespace) -> None:
 
 
 # -- argument types: each parses one value or raises a one-line ArgumentTypeError -------
+def add_coordinate_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of ``edgepipe coordinate``, also those of ``python -m
+    executor.coordinator`` (the torchrun recipe, docs/executor.md)."""
+    p.add_argument("plan", help="the plan every worker runs (same file on every host)")
+    p.add_argument("--port", type=positive_int, default=29500,
+                   help="port of the run's store here (workers: --coordinator HOST:PORT)")
+    p.add_argument("--hang-timeout", type=positive_float, default=10.0,
+                   help="seconds without a heartbeat after which a device is declared dead")
+    p.add_argument("--start-timeout", type=positive_float, default=120.0,
+                   help="seconds a worker may take to send its first heartbeat")
+    p.add_argument("--recover", action="store_true",
+                   help="recover in-process from a lost device or host (needs --steps)")
+    p.add_argument("--steps", type=positive_int, help="with --recover: the workers' --steps")
+    p.add_argument("--out", help="with --recover: metrics, re-planned plans and checkpoints "
+                   "(a folder on this host, the workers need not see it; default: the "
+                   "plan's folder)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="with --recover: the workers run --deterministic")
+    p.add_argument("--checkpoint-every", type=positive_int, default=0,
+                   help="with --recover: commit a checkpoint every N steps on this host "
+                   "(the workers send their parts through the store)")
+    p.add_argument("--checkpoint-dir", help="with --recover: where (default OUT/checkpoints)")
+    p.add_argument("--resume", help="with --recover: start from this checkpoint (or the "
+                   "newest in this folder); it reaches the workers through the store")
+    p.add_argument("--emulate", action="store_true",
+                   help="with --recover: the workers run --emulate; devices slower than "
+                   "the plan predicts for 3 steps are re-partitioned off")
+    p.add_argument("--time-scale", type=positive_float, default=1.0,
+                   help="with --emulate: the workers' --time-scale")
+
+
 def positive_int(text: str) -> int:
     """A whole number >= 1."""
     try:
@@ -1308,32 +1339,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="host the control plane of a multi-host torchrun job (docs/executor.md, "
         "Across hosts)",
     )
-    p.add_argument("plan", help="the plan every worker runs (same file on every host)")
-    p.add_argument("--port", type=positive_int, default=29500,
-                   help="port of the run's store here (workers: --coordinator HOST:PORT)")
-    p.add_argument("--hang-timeout", type=positive_float, default=10.0,
-                   help="seconds without a heartbeat after which a device is declared dead")
-    p.add_argument("--start-timeout", type=positive_float, default=120.0,
-                   help="seconds a worker may take to send its first heartbeat")
-    p.add_argument("--recover", action="store_true",
-                   help="recover in-process from a lost device or host (needs --steps)")
-    p.add_argument("--steps", type=positive_int, help="with --recover: the workers' --steps")
-    p.add_argument("--out", help="with --recover: metrics, re-planned plans and checkpoints "
-                   "(a folder on this host, the workers need not see it; default: the "
-                   "plan's folder)")
-    p.add_argument("--deterministic", action="store_true",
-                   help="with --recover: the workers run --deterministic")
-    p.add_argument("--checkpoint-every", type=positive_int, default=0,
-                   help="with --recover: commit a checkpoint every N steps on this host "
-                   "(the workers send their parts through the store)")
-    p.add_argument("--checkpoint-dir", help="with --recover: where (default OUT/checkpoints)")
-    p.add_argument("--resume", help="with --recover: start from this checkpoint (or the "
-                   "newest in this folder); it reaches the workers through the store")
-    p.add_argument("--emulate", action="store_true",
-                   help="with --recover: the workers run --emulate; devices slower than "
-                   "the plan predicts for 3 steps are re-partitioned off")
-    p.add_argument("--time-scale", type=positive_float, default=1.0,
-                   help="with --emulate: the workers' --time-scale")
+    add_coordinate_arguments(p)
     p.set_defaults(func=cmd_coordinate)
 
     p = sub.add_parser(
