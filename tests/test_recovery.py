@@ -79,21 +79,26 @@ def run(tmp_path: Path, stages, faults: str = "", steps: int = STEPS, joins=(),
     plan = make_test_plan(model_profile or profile(), stages, 2, 2,
                           optimizer=cfg.pop("optimizer", "adam"), learning_rate=0.01, **cfg)
     path = write_plan(plan, tmp_path)
+    return plan, launch_reaped(
+        WorkerOptions(str(path), steps, str(tmp_path), deterministic=True,
+                      timeout_s=GLOO_TIMEOUT_S, save_weights=True, faults=faults),
+        joins=joins)
+
+
+def launch_reaped(options: WorkerOptions, **kw):
+    """:func:`executor.launch.launch` ``options`` (``kw``: its other arguments) with the
+    tests' hang timeout and heartbeat; SIGKILL and reap every child it started, also
+    when the launch raises."""
     pids: list[int] = []
     try:
-        result = launch(
-            WorkerOptions(str(path), steps, str(tmp_path), deterministic=True,
-                          timeout_s=GLOO_TIMEOUT_S, save_weights=True, faults=faults),
-            on_start=lambda ranks: pids.extend(r["pid"] for r in ranks),
-            hang_timeout_s=HANG_S, heartbeat_s=BEAT_S, joins=joins,
-        )
+        return launch(options, on_start=lambda ranks: pids.extend(r["pid"] for r in ranks),
+                      hang_timeout_s=HANG_S, heartbeat_s=BEAT_S, **kw)
     finally:
         for pid in pids:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
         for pid in pids:
             with_timeout_reap(pid)
-    return plan, result
 
 
 def with_timeout_reap(pid: int) -> None:

@@ -6,26 +6,21 @@ intact and loadable. Real processes over gloo, real signals, real files."""
 
 from __future__ import annotations
 
-import os
-import signal
 from pathlib import Path
 
 import pytest
 
 from executor import checkpoint
-from executor.launch import launch
 from executor.recovery import RecoveryFailed
 from executor.worker import WorkerOptions
-from tests.executor_helpers import alive, make_test_plan, write_plan
+from tests.executor_helpers import make_test_plan, write_plan
 from tests.test_recovery import (
-    BEAT_S,
     GLOO_TIMEOUT_S,
-    HANG_S,
     THREE_STAGES,
     assert_final_state_is_the_references,
+    launch_reaped,
     profile,
     reference,
-    with_timeout_reap,
 )
 
 OTHER = [(0, 4, [1, 1]), (4, 6, [2])]
@@ -36,21 +31,10 @@ def run(tmp_path: Path, name: str, stages, steps: int, faults: str = "",
     """Run a 2-micro-batch Adam plan of ``stages`` in ``tmp_path/name``; reap every child."""
     plan = make_test_plan(profile(), stages, 2, 2, optimizer="adam", learning_rate=0.01)
     path = write_plan(plan, tmp_path, f"{name}.json")
-    pids: list[int] = []
-    try:
-        result = launch(
-            WorkerOptions(str(path), steps, str(tmp_path / name), deterministic=True,
-                          timeout_s=GLOO_TIMEOUT_S, save_weights=True, faults=faults, **kw),
-            on_start=lambda ranks: pids.extend(r["pid"] for r in ranks),
-            hang_timeout_s=HANG_S, heartbeat_s=BEAT_S, recover=recover,
-        )
-    finally:
-        for pid in pids:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
-        for pid in pids:
-            with_timeout_reap(pid)
-    return plan, result
+    return plan, launch_reaped(
+        WorkerOptions(str(path), steps, str(tmp_path / name), deterministic=True,
+                      timeout_s=GLOO_TIMEOUT_S, save_weights=True, faults=faults, **kw),
+        recover=recover)
 
 
 @pytest.mark.slow
