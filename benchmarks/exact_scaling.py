@@ -82,6 +82,42 @@ def closed_form(prob: Problem, incumbent: float, tol: float) -> tuple[int, int, 
     return pruned, len(sizes) * max_p, least, time.process_time() - start
 
 
+BOUNDS_HEAD = (
+    "| model | N | types | DP ms | pruned | least open bound ms | gap | CPU s |",
+    "|---|---:|---:|---:|---:|---:|---:|---:|",
+)
+SOLVED_HEAD = (
+    "| model | N | types | DP ms | DP s | exact ms | program ms | status | gap "
+    "| bound ms | exact s | closed | excluded |",
+    "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|",
+)
+
+
+def bounds_row(prob: Problem, args: argparse.Namespace) -> str:
+    """The cells after (model, N, types) of one ``--bounds-only`` row."""
+    dp = plan_dp(prob, time_limit=args.time_limit).cost.iteration_ms
+    pruned, total, least, cpu = closed_form(prob, dp, args.tol)
+    gap = max(0.0, (dp - least) / dp)
+    return f"{dp:.1f} | {pruned}/{total} | {least:.1f} | {gap:.1%} | {cpu:.0f}"
+
+
+def solved_row(prob: Problem, args: argparse.Namespace) -> str:
+    """The cells after (model, N, types) of one row of the DP and the exact solver."""
+    start = time.perf_counter()
+    dp = plan_dp(prob, time_limit=args.time_limit)
+    dp_s = time.perf_counter() - start
+    r = plan_milp(prob, time_limit=args.time_limit, warm_start=dp.partition)
+    closed = sum(s.closed for s in r.subproblems)
+    gap = "-" if r.gap is None else f"{r.gap:.1%}"
+    bound = "-" if r.bound_ms is None else f"{r.bound_ms:.1f}"
+    program = "-" if r.program_ms is None else f"{r.program_ms:.1f}"
+    return (
+        f"{dp.cost.iteration_ms:.1f} | {dp_s:.1f} | {r.cost.iteration_ms:.1f} | {program} "
+        f"| {r.status} | {gap} | {bound} | {r.solve_time_s:.0f} "
+        f"| {closed}/{len(r.subproblems)} | {sum(s.excluded for s in r.subproblems)}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--time-limit", type=float, default=60.0)
@@ -92,54 +128,15 @@ def main() -> None:
     parser.add_argument("--bounds-only", action="store_true", help="closed-form bounds only")
     parser.add_argument("--tol", type=float, default=0.01, help="bisection tolerance")
     args = parser.parse_args()
-    if args.bounds_only:
-        lines = [
-            "| model | N | types | DP ms | pruned | least open bound ms | gap | CPU s |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        print("\n".join(lines), flush=True)
-        for model_name in args.models.split(","):
-            for n_devices in (int(n) for n in args.devices.split(",")):
-                for n_types in (int(t) for t in args.types.split(",")):
-                    prob = problem(model_name, n_devices, n_types)
-                    dp = plan_dp(prob, time_limit=args.time_limit).cost.iteration_ms
-                    pruned, total, least, cpu = closed_form(prob, dp, args.tol)
-                    gap = max(0.0, (dp - least) / dp)
-                    row = (
-                        f"| {model_name} | {n_devices} | {n_types} | {dp:.1f} | {pruned}/{total} "
-                        f"| {least:.1f} | {gap:.1%} | {cpu:.0f} |"
-                    )
-                    lines.append(row)
-                    print(row, flush=True)
-        if args.markdown:
-            Path(args.markdown).write_text("\n".join(lines) + "\n")
-        return
-    head = (
-        "| model | N | types | DP ms | DP s | exact ms | program ms | status | gap "
-        "| bound ms | exact s | closed | excluded |"
-    )
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+    row = bounds_row if args.bounds_only else solved_row
+    lines = list(BOUNDS_HEAD if args.bounds_only else SOLVED_HEAD)
     print("\n".join(lines), flush=True)
     for model_name in args.models.split(","):
         for n_devices in (int(n) for n in args.devices.split(",")):
             for n_types in (int(t) for t in args.types.split(",")):
-                prob = problem(model_name, n_devices, n_types)
-                start = time.perf_counter()
-                dp = plan_dp(prob, time_limit=args.time_limit)
-                dp_s = time.perf_counter() - start
-                r = plan_milp(prob, time_limit=args.time_limit, warm_start=dp.partition)
-                closed = sum(s.closed for s in r.subproblems)
-                gap = "-" if r.gap is None else f"{r.gap:.1%}"
-                bound = "-" if r.bound_ms is None else f"{r.bound_ms:.1f}"
-                program = "-" if r.program_ms is None else f"{r.program_ms:.1f}"
-                row = (
-                    f"| {model_name} | {n_devices} | {n_types} | {dp.cost.iteration_ms:.1f} "
-                    f"| {dp_s:.1f} | {r.cost.iteration_ms:.1f} | {program} | {r.status} "
-                    f"| {gap} | {bound} | {r.solve_time_s:.0f} | {closed}/{len(r.subproblems)} "
-                    f"| {sum(s.excluded for s in r.subproblems)} |"
-                )
-                lines.append(row)
-                print(row, flush=True)
+                cells = row(problem(model_name, n_devices, n_types), args)
+                lines.append(f"| {model_name} | {n_devices} | {n_types} | {cells} |")
+                print(lines[-1], flush=True)
     if args.markdown:
         Path(args.markdown).write_text("\n".join(lines) + "\n")
 

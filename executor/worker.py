@@ -849,15 +849,19 @@ def spawned(opts: WorkerOptions, endpoint: Endpoint) -> None:
     except BaseException:
         traceback.print_exc()
         status = EXIT_FAILED
+    _leave_if_recovering(opts, status)
+    sys.exit(status)
+
+
+def _leave_if_recovering(opts: WorkerOptions, status: int) -> None:
+    """End a recovering worker's process with ``status`` now, without finalising the
+    interpreter: a training thread abandoned by a recovery may still be blocked in a
+    gloo op (P6), and finalising under it aborts the process (SIGABRT, "terminate
+    called without an active exception"); every file this rank wrote is closed."""
     if opts.recover:
-        # a training thread abandoned by a recovery may still be blocked in a gloo op
-        # (P6): finalising the interpreter under it aborts the process (SIGABRT,
-        # "terminate called without an active exception"), so leave without it; every
-        # file this rank wrote is closed
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)
-    sys.exit(status)
 
 
 def endpoint_from_env() -> Endpoint:
@@ -938,12 +942,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         traceback.print_exc()
         status = EXIT_FAILED
-    if opts.recover:
-        # as in spawned(): an abandoned training thread may be blocked in a gloo op (P6),
-        # and finalising the interpreter under it aborts the process (SIGABRT)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(status)
+    _leave_if_recovering(opts, status)
     return status
 
 

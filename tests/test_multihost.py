@@ -431,6 +431,15 @@ def assert_checkpoint_is_the_references(ckpt: Path, plan, want) -> None:
         assert torch.equal(optimizer.state[param]["momentum_buffer"], expected), (ckpt.name, k)
 
 
+def one_stage_per_host():
+    """The tiny gpt2's profile and a momentum plan of three single-device stages (one per
+    host of a three-host job)."""
+    profile = profile_of(GPT2, lambda b: zoo.example_input("gpt2-small", b, **GPT2.sizes),
+                         name="gpt2-small")
+    return profile, make_test_plan(profile, [(0, 2, [2]), (2, 4, [2]), (4, 6, [2])], 2, 2,
+                                   optimizer="momentum")
+
+
 @pytest.mark.slow
 def test_a_recovering_run_across_hosts_without_a_shared_folder_checkpoints_through_a_host_loss_and_resumes(  # noqa: E501
     tmp_path: Path,
@@ -440,10 +449,7 @@ def test_a_recovering_run_across_hosts_without_a_shared_folder_checkpoints_throu
     # ring replica on host 0) and the run goes on, bit-identical; every host sees only
     # its own folder, so the re-planned plan and every checkpoint part went through the
     # store, and the checkpoints are committed on the coordinator's host
-    profile = profile_of(GPT2, lambda b: zoo.example_input("gpt2-small", b, **GPT2.sizes),
-                         name="gpt2-small")
-    plan = make_test_plan(profile, [(0, 2, [2]), (2, 4, [2]), (4, 6, [2])], 2, 2,
-                          optimizer="momentum")
+    profile, plan = one_stage_per_host()
     steps = 6
     with netns.Hosts(3, rate_mbit=100) as hosts:
         job = RecoveringJob(tmp_path, hosts, write_plan(plan, tmp_path), "a", steps)
@@ -489,10 +495,7 @@ def test_a_recovering_run_across_hosts_without_a_shared_folder_checkpoints_throu
 def test_the_other_hosts_recover_when_every_process_of_a_host_is_killed(tmp_path: Path) -> None:
     # as above, but host 2's processes are SIGKILLed (its neighbour, host 1, sees closed
     # connections before the coordinator's verdict, and waits for it)
-    profile = profile_of(GPT2, lambda b: zoo.example_input("gpt2-small", b, **GPT2.sizes),
-                         name="gpt2-small")
-    plan = make_test_plan(profile, [(0, 2, [2]), (2, 4, [2]), (4, 6, [2])], 2, 2,
-                          optimizer="momentum")
+    _, plan = one_stage_per_host()
     steps = 5
     with netns.Hosts(3, rate_mbit=100) as hosts:
         job = RecoveringJob(tmp_path, hosts, write_plan(plan, tmp_path), "k", steps)
