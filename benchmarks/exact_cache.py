@@ -11,7 +11,8 @@ An entry holds: the instance's hash (model, cluster and training config), the so
 settings (backend, time limit, programs run side by side, threads per program), the
 best plan found (iteration time and partition), its lower bound and status, the solve
 time, the warm start it was given (the DP's plan of that commit, whose figures are kept
-too), the commit and whether the tree was modified, the UTC time and the load average.
+too), the commit and whether the tree was modified, the UTC time, the load average and
+how many CPUs the process could run on (``taskset`` confines a run to fewer).
 An entry whose hash or settings differ from the current ones is stale and solved again.
 The file is rewritten atomically after every instance.
 """
@@ -43,14 +44,37 @@ DEFAULT_PATH = ROOT / "benchmarks" / "results" / "exact_cpsat_60s.json"
 KNOWN_PATH = ROOT / "benchmarks" / "results" / "known_plans.json"
 
 
+#: optional fields added to the domain types after entries were first cached: unset
+#: (None) they are left out of the hash, so an instance that does not use them keeps
+#: the hash it had before they existed (``Timing.valid_batch_range``, 3bc0d22)
+LATER_OPTIONAL_FIELDS = frozenset({"valid_batch_range"})
+
+
+def _without_later_unset(value: Any) -> Any:
+    """``value`` (``dataclasses.asdict`` output) without the keys of
+    :data:`LATER_OPTIONAL_FIELDS` whose value is None, at any depth."""
+    if isinstance(value, dict):
+        return {
+            k: _without_later_unset(v)
+            for k, v in value.items()
+            if not (k in LATER_OPTIONAL_FIELDS and v is None)
+        }
+    if isinstance(value, list | tuple):
+        return [_without_later_unset(v) for v in value]
+    return value
+
+
 def instance_hash(problem: Problem) -> str:
     """SHA-256 of the model profile, the cluster and the training config (what the
-    planners read; the derived timings follow from them)."""
-    doc = {
-        "model": dataclasses.asdict(problem.model),
-        "cluster": dataclasses.asdict(problem.cluster),
-        "config": dataclasses.asdict(problem.config),
-    }
+    planners read; the derived timings follow from them), leaving out unset
+    :data:`LATER_OPTIONAL_FIELDS`."""
+    doc = _without_later_unset(
+        {
+            "model": dataclasses.asdict(problem.model),
+            "cluster": dataclasses.asdict(problem.cluster),
+            "config": dataclasses.asdict(problem.config),
+        }
+    )
     text = json.dumps(doc, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -155,6 +179,7 @@ class ExactCache:
             "commit": self.commit,
             "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+            "cpus_allowed": len(os.sched_getaffinity(0)),
         }
         self._write(label, entry)
         return entry

@@ -1,0 +1,54 @@
+"""The exact-result cache's instance key (benchmarks/exact_cache.py): an entry stays
+valid while the instance is the same, and only then."""
+
+import dataclasses
+import hashlib
+import json
+
+from benchmarks.exact_cache import instance_hash
+from planner.problem import make_problem
+from tests.synthetic import random_problem
+
+
+def with_timing(problem, **changes):
+    model = problem.model
+    timings = {k: dataclasses.replace(t, **changes) for k, t in model.timings.items()}
+    return make_problem(
+        dataclasses.replace(model, timings=timings), problem.cluster, problem.config
+    )
+
+
+def hash_of_doc_without_valid_range(problem) -> str:
+    """The key as it was computed before ``Timing.valid_batch_range`` existed: the
+    same documents, the timings without that key."""
+    model = dataclasses.asdict(problem.model)
+    for timing in model["timings"].values():
+        del timing["valid_batch_range"]
+    doc = {
+        "model": model,
+        "cluster": dataclasses.asdict(problem.cluster),
+        "config": dataclasses.asdict(problem.config),
+    }
+    text = json.dumps(doc, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def test_an_unset_later_field_keeps_the_key_entries_were_cached_under():
+    problem = random_problem(4, 2, seed=3)
+    assert all(t.valid_batch_range is None for t in problem.model.timings.values())
+    assert instance_hash(problem) == hash_of_doc_without_valid_range(problem)
+
+
+def test_a_set_valid_batch_range_is_another_instance():
+    problem = random_problem(4, 2, seed=3)
+    assert instance_hash(with_timing(problem, valid_batch_range=(1, 8))) != instance_hash(problem)
+    assert instance_hash(with_timing(problem, valid_batch_range=(1, 8))) != instance_hash(
+        with_timing(problem, valid_batch_range=(1, 16))
+    )
+
+
+def test_changed_times_are_another_instance():
+    problem = random_problem(4, 2, seed=3)
+    timing = next(iter(problem.model.timings.values()))
+    slower = tuple(tuple(2 * x for x in row) for row in timing.forward_ms)
+    assert instance_hash(with_timing(problem, forward_ms=slower)) != instance_hash(problem)
