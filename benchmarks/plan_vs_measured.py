@@ -3,8 +3,10 @@
 The demo cluster (``jetson-testbed-6``: six Jetsons on one shared 100 Mbit/s Wi-Fi
 channel) and ResNet-18 at 64 x 64 (``resnet18-analytic``: analytic Jetson times, a zoo
 build spec). Plans: the DP, the exact solver (CP-SAT, warm-started from the DP) and the
-pipeline baselines. Each runs ``--steps`` steps with ``edgepipe run --emulate`` at one
-time scale ``k`` of its own (from this machine's measured profile ``resnet18-cpu``, see
+pipeline baselines. Each runs ``--steps`` steps with ``edgepipe run --emulate
+--no-recover`` (a device that looks slow or lost under load stops the run instead of
+re-partitioning it mid-measurement) at one time scale ``k`` of its own (from this
+machine's measured profile ``resnet18-cpu``, see
 :func:`executor.emulation.time_scale_for`), so each device computes for ``k x`` its
 profiled time and every transfer takes ``k x`` its link time on the shared channel;
 measured times are divided by ``k`` back into the devices' milliseconds. ``k`` is
@@ -66,12 +68,14 @@ def main() -> None:
         started = time.perf_counter()
         # calibrate: 3 steps at the profile's scale, then the scale this machine needs now
         first_k = time_scale_for(plan, host, margin=args.margin)
+        # recover=False: a run measures the plan it was given; with launch's default a
+        # replicating plan re-partitions when the load makes a device look slow or lost
         launch(WorkerOptions(str(path), 3, str(out / f"{name}-calibration"), emulate=True,
-                             time_scale=first_k, timeout_s=300))
+                             time_scale=first_k, timeout_s=300), recover=False)
         k = calibrated_time_scale(plan, read_reports(out / f"{name}-calibration"),
                                   margin=args.margin)
         launch(WorkerOptions(str(path), args.steps, str(out / name), emulate=True,
-                             time_scale=k, timeout_s=300))
+                             time_scale=k, timeout_s=300), recover=False)
         report = build_report(out / name)  # the plan as run, re-scored on load
         overruns = sum(1 for _ in [report.overrun_warning] if report.overrun_warning)
         rows.append((name, report.plan, report.iteration_measured_ms / k, overruns,
