@@ -10,7 +10,8 @@ A spec is ``DEVICE:STEP:PHASE[:SIGNAL]``, several separated by commas
   ``backward`` (after its first backward), ``optimizer`` (the coordinator committed the
   step; before this device applies its optimizer step: every other device may already
   have applied it), ``replication`` (its replica sends of the state after the step are
-  posted, not yet acknowledged; STEP counts the steps whose state is replicated minus
+  posted, not yet acknowledged; on a standby holding a one-device plan's replica:
+  received, not yet acknowledged; STEP counts the steps whose state is replicated minus
   one), ``restore`` (a recovery generation's process groups are built, its state not yet
   restored; STEP is the step it replays from, ``*`` any);
 * ``SIGNAL`` ``KILL`` (default: a crash) or ``STOP`` (a hang: no FIN, no heartbeat).

@@ -30,6 +30,16 @@ the interpreter's shutdown can outlast a hang timeout) or exited 0 is no longer 
 for hangs, only for its exit status. ``hang_timeout_s=None`` runs without a control
 plane (exit codes only).
 
+**Standbys** (a recovering run of a plan of one stage on one device, whose replica no
+other stage can hold; :func:`planner.plan.replica_standbys`): the launcher also starts a
+:class:`~executor.worker.RecoveringWorker` for each idle device of the cluster that can
+hold the replica (``standbys`` caps how many, best first). Each is a member of every
+generation (a spare: it beats, acknowledges every replication point), the first holds
+the replica; when the serving device is lost the re-plan runs on the survivors and the
+holder supplies the state; when the holder is lost the next standby takes the replica
+over (none left: the run goes on unreplicated, the recovery event's ``warning`` says
+so). ``ranks.json`` gains a line (rank ``null``, ``"role": "standby"``) per standby.
+
 **Joins** (``joins``, ``edgepipe run --emulate-join FILE@STEP``; a recovering run only):
 :class:`executor.joins.JoinSchedule` starts each joining device's process (a
 :class:`~executor.worker.RecoveringWorker` with ``WorkerOptions.device``) and has the
@@ -66,7 +76,7 @@ from executor.slowdown import SlowdownWatch
 from executor.stage import check_build
 from executor.worker import Endpoint, WorkerOptions, spawned
 from planner.errors import EdgepipeError, InputError
-from planner.plan import Plan, load_plan
+from planner.plan import Plan, load_plan, replica_standbys
 
 POLL_S = 0.02
 GRACE_S = 2.0
@@ -173,6 +183,7 @@ def launch(
     heartbeat_s: float = HEARTBEAT_S,
     recover: bool | None = None,
     joins: Sequence[EmulatedJoin] = (),
+    standbys: int | None = None,
 ) -> RunResult:
     """Run the plan of ``opts`` here, one process per plan device (module docstring).
 
@@ -183,7 +194,9 @@ def launch(
     join mid-run (module docstring, "Joins"; needs recovery). Raises
     :class:`RunFailed` when a worker dies or hangs (without recovery),
     :class:`~executor.recovery.RecoveryFailed` when recovery is impossible, any other
-    :class:`~planner.errors.EdgepipeError` when the plan is refused.
+    :class:`~planner.errors.EdgepipeError` when the plan is refused. ``standbys``: at
+    most this many standby processes for a one-device plan (module docstring, "Standbys";
+    None: one per idle device that can hold its replica, 0: none).
     """
     if hang_timeout_s is not None and not hang_timeout_s > 2 * heartbeat_s > 0:
         raise InputError(
@@ -195,6 +208,7 @@ def launch(
     layout = preflight(opts)
     plan = load_plan(opts.plan)
     recovering = recovers(opts, plan, hang_timeout_s, recover)
+    spares = replica_standbys(plan)[:standbys] if recovering else ()
     if joins:
         if not recovering:
             raise InputError(FLAG, "", "a device can join only a run that recovers "
@@ -217,7 +231,7 @@ def launch(
     coordinator = None
     if hang_timeout_s is not None:
         coordinator = Coordinator(
-            store, [i.device for i in layout.ranks], hang_timeout_s,
+            store, [i.device for i in layout.ranks] + list(spares), hang_timeout_s,
             exited=lambda: [d for d, p in current.items() if p.exitcode not in (None, 0)],
             start_timeout_s=max(START_TIMEOUT_S, opts.timeout_s),
         )
@@ -255,20 +269,21 @@ def launch(
             slowdown=SlowdownWatch(opts.time_scale) if opts.emulate else None,
         )
 
-        def spawn(device: str, incarnation: int) -> Any:
+        def spawn(device: str, incarnation: int, role: str = "join") -> Any:
             n = len(procs)
             endpoint = Endpoint(n, layout.world_size, "127.0.0.1", store.port,
                                 local_rank=n, local_world_size=n + 1)
             proc = ctx.Process(
                 target=spawned, args=(replace(opts, device=device, incarnation=incarnation),
                                       endpoint),
-                name=f"edgepipe-{device}-join", daemon=True,
+                name=f"edgepipe-{device}-{role}", daemon=True,
             )
             proc.start()
             procs.append(proc)
             current[device] = proc
-            ranks.append({"rank": None, "device": device, "stage": None, "pid": proc.pid,
-                          "incarnation": incarnation})
+            line = {"rank": None, "device": device, "stage": None, "pid": proc.pid,
+                    "incarnation": incarnation}
+            ranks.append(line if role == "join" else {**line, "role": role})
             if out is not None:
                 (out / "ranks.json").write_text(json.dumps(ranks, indent=1) + "\n")
             return proc
@@ -290,6 +305,8 @@ def launch(
             proc.start()
             procs.append(proc)
             current[info.device] = proc
+        for device in spares:
+            spawn(device, 0, "standby")
         ranks[:0] = [
             {"rank": i.rank, "device": i.device, "stage": i.stage, "pid": p.pid}
             for i, p in zip(layout.ranks, procs[:layout.world_size], strict=True)

@@ -67,7 +67,9 @@ when the fault was injected, else the device's heartbeat silence), ``t_abort_s``
 re-partitioning, which waits for none), ``t_replan_s``,
 ``t_rebuild_s`` (generation opened to every member's groups built), ``t_restore_s``
 (groups built to every member's state restored), ``t_first_commit_s`` (detection to
-the first commit of the new generation; null when it failed first).
+the first commit of the new generation; null when it failed first); ``warning``, only
+when the new plan leaves a stage without a replica although it replicates (the loss of a
+one-device plan's last standby: :func:`unreplicated`).
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,8 +92,9 @@ from executor.metrics import MetricsWriter
 from executor.slowdown import SlowdownWatch
 from planner.cluster import Cluster
 from planner.errors import EdgepipeError, InfeasibleError, InputError, UnrecoverableError
-from planner.plan import Plan, plan_to_dict, save_plan
+from planner.plan import Plan, plan_to_dict, replica_placement, save_plan
 from planner.replanning import precompute, replan
+from planner.replicas import NONE
 
 #: the longest the survivors get to acknowledge an abort before the dead are killed and
 #: the next generation opens (a live survivor's abort watcher answers within a few store
@@ -154,6 +157,31 @@ def replication_points(resume: int, steps: int, interval: int) -> list[int]:
     if steps > resume:
         points.append(steps)
     return points
+
+
+def unreplicated(plan: Plan, members: Sequence[str]) -> str | None:
+    """One line naming the stages of ``plan`` whose state no other member will hold
+    although the plan replicates: no device can hold the replica (kind ``none``) or its
+    holder runs no process in the generation (``members``); None when every stage is
+    covered. O(P)."""
+    if plan.problem.config.replication_interval == 0:
+        return None
+    bare = [r for r in replica_placement(plan)
+            if r.kind == NONE or not set(r.holders) & set(members)]
+    if not bare:
+        return None
+    stages = plan.partition.stages
+    what = "; ".join(f"stage {r.stage} (blocks [{r.first}, {r.end})) on "
+                     f"{', '.join(stages[r.stage].devices)}" for r in bare)
+    return (f"the run goes on unreplicated: no device left can hold the replica of {what}; "
+            "losing it now stops the run")
+
+
+def _relies_on(plan: Plan, devices: Sequence[str]) -> bool:
+    """Whether ``plan`` gives any of ``devices`` blocks or a ring replica."""
+    used = set(plan.partition.used_devices())
+    used.update(h for r in replica_placement(plan) if r.kind != NONE for h in r.holders)
+    return bool(used & set(devices))
 
 
 class Supervisor:
@@ -253,16 +281,20 @@ class Supervisor:
         if self.finished:
             return True
         end = self.steps if self.held is None else max(self.held, gen.resume)
-        while gen.next_commit < end and gen.all_wrote(f"vote/{gen.next_commit}"):
-            gen.store.set(f"commit/{gen.next_commit}", repr(time.time()))
-            gen.next_commit += 1
-            if self._pending_event is not None and self._pending_event["generation"] == gen.number:
-                self._finish_event(time.time())
-        while gen.points and gen.all_wrote(f"repl/{gen.points[0]}"):
+        # a point is durable once every member acknowledged it (spares included: one
+        # may hold a one-device plan's replica); a step commits only once every point
+        # up to it is durable (the voters' votes imply their own acknowledgements)
+        while gen.points and gen.all_wrote(f"repl/{gen.points[0]}", everyone=True):
             n = gen.points.pop(0)
             gen.durable = n
             self.base = (gen.plan, n, False)
             self._write_metrics(gen, n)
+        while (gen.next_commit < end and not (gen.points and gen.points[0] <= gen.next_commit)
+               and gen.all_wrote(f"vote/{gen.next_commit}")):
+            gen.store.set(f"commit/{gen.next_commit}", repr(time.time()))
+            gen.next_commit += 1
+            if self._pending_event is not None and self._pending_event["generation"] == gen.number:
+                self._finish_event(time.time())
         # after the repl keys: a rank writes its ckpt key before any later repl key
         while self.checkpoints and gen.all_wrote(f"ckpt/{self.checkpoints[0]}"):
             self._commit_checkpoint(gen, self.checkpoints.pop(0))
@@ -431,19 +463,32 @@ class Supervisor:
                 f"{what} at generation {old.number}; cannot recover: every device of the "
                 "run is lost; resume from the last checkpoint (--resume) once devices are "
                 "back", names, cause)
+        # devices of the cluster that run no process (idle ones the launcher started
+        # nothing for): a plan that gives one of them blocks or a replica is re-planned
+        # with them lost too
+        absent = [x.id for x in base.problem.cluster.devices
+                  if x.id not in self.devices and x.id not in lost]
         start = time.perf_counter()
+        note = ""
         try:
             ready = base if unchanged else None
             if len(lost) == 1 and not slowed and joined is None:
                 ready = self._precomputed.get(base.id, {}).get(lost[0])
-            if isinstance(ready, EdgepipeError):
+            if isinstance(ready, EdgepipeError) and not absent:
                 raise ready
-            new = ready if isinstance(ready, Plan) else replan(
-                base, lost=lost, slowed=slowed, joined=joined)
+            new = ready if isinstance(ready, Plan) else None
+            if new is None and not isinstance(ready, EdgepipeError):
+                new = replan(base, lost=lost, slowed=slowed, joined=joined)
+            if new is None or (absent and _relies_on(new, absent)):
+                note = f" ({', '.join(absent)} run(s) no process)"
+                if joined is None and len(lost) + len(absent) == len(base.problem.cluster.devices):
+                    raise UnrecoverableError(
+                        "no device that runs a process is left", (), tuple(lost))
+                new = replan(base, lost=lost + absent, slowed=slowed, joined=joined)
         except (UnrecoverableError, InfeasibleError) as exc:
             raise RecoveryFailed(
                 f"{what} at generation {old.number}; cannot recover: "
-                f"{str(exc).splitlines()[0]}", names, cause,
+                f"{str(exc).splitlines()[0]}{note}", names, cause,
             ) from None
         t_replan = time.perf_counter() - start
         path = self.plans_dir / f"{new.id}.json"
@@ -453,7 +498,8 @@ class Supervisor:
             {"to": t.to, "source": t.source, "first": t.first, "end": t.end,
              "bytes": t.bytes} for t in new.migration
         ]
-        g = self.coordinator.open_generation(self.members_of(new))
+        members = self.members_of(new)
+        g = self.coordinator.open_generation(members)
         self.gen = self._open(g, new, str(path), d, fresh=fresh, migration=migration)
         moved = [t for t in migration if t["source"] != t["to"]]
         event = {
@@ -466,6 +512,8 @@ class Supervisor:
             "t_rebuild_s": None,
             "t_restore_s": None, "t_first_commit_s": None,
         }
+        if (warning := unreplicated(new, members)) is not None:
+            event["warning"] = warning
         self._pending_event = event
         self._detected_wall = detected_wall
         return event

@@ -62,6 +62,7 @@ from executor.faults import Injector
 from executor.faults import parse as parse_faults
 from executor.layout import RankInfo, RankLayout, check_runnable
 from executor.metrics import MetricsWriter, rank_payload
+from executor.recovery import replication_points
 from executor.replication import (
     MIGRATION_TAG,
     REPLICA_TAG,
@@ -596,10 +597,10 @@ class _GenerationRun:
         if self.g in self.w.dead:
             raise GenerationAborted(self.g, "abandoned")
 
-    def _wait_key(self, key: str) -> None:
+    def _wait_key(self, key: str, poll_s: float = 0.001) -> None:
         while not self.store.check([key]):
             self.check()
-            time.sleep(0.001)
+            time.sleep(poll_s)
 
     def _stamp(self, key: str) -> None:
         self.store.set(f"{key}/{self.rank}", repr(time.time()))
@@ -614,14 +615,32 @@ class _GenerationRun:
             self._train()
 
     def _spare(self) -> None:
-        """A survivor the plan does not use: serve the migration from its copies, then
-        wait for the end of the run (or the generation)."""
+        """A member the plan does not use (a survivor left idle, or a standby of a
+        one-device plan: executor/launch.py): serve the migration from its copies, then
+        acknowledge every replication point of the generation, receiving first the
+        replicas it holds (a one-device plan's, placed on an idle device), and wait for
+        the end of the run (or the generation).
+
+        The coordinator commits no step before every earlier point is durable (every
+        member acknowledged it), and an owner posts point n only after the commit of
+        step n - 1; so when point n arrives the point before it is durable and is
+        promoted here, as the training ranks promote at each commit."""
         self._stamp("rebuilt")
         d = int(self.record["resume"])
         if not self.record["fresh"]:
             self._restore(d, 0, 0)
         self._stamp("restored")
-        self._wait_key("exit")
+        previous = None
+        for n in replication_points(d, self.opts.steps, self.interval):
+            got = self._receive_held(n)
+            if got:  # a holder: received, not acknowledged yet
+                self.w.faults.at(n - 1, "replication")
+            if got and previous is not None:
+                self.w.copies.promote(self.g, previous)
+            self.w.copies.add(self.g, got)
+            previous = n
+            self.store.set(f"repl/{n}/{self.rank}", "1")
+        self._wait_key("exit", poll_s=0.02)
         self.w.finished = True
 
     def _train(self) -> None:
@@ -762,14 +781,21 @@ class _GenerationRun:
             if self.plan.partition.stages[r.stage].devices == (me,):
                 out.send(self.pg, rank_of[r.holders[0]], own, REPLICA_TAG)
         self.w.faults.at(n - 1, "replication")
+        self.w.copies.add(self.g, self._receive_held(n))
+        out.wait()
+
+    def _receive_held(self, n: int) -> dict[int, BlockState]:
+        """The ring replicas of state ``n`` this device holds, from their owners."""
+        rank_of = {dev: r for r, dev in enumerate(self.members)}
+        held: dict[int, BlockState] = {}
         for r in self.replicas:
-            if r.holders[0] == me:
+            if r.holders[0] == self.w.device_id:
                 owner = self.plan.partition.stages[r.stage].devices[0]
                 got = receive(self.pg, rank_of[owner], REPLICA_TAG)
                 if {s.step for s in got.values()} != {n}:
                     raise RuntimeError(f"replica of stage {r.stage} is not of step {n}")
-                self.w.copies.add(self.g, got)
-        out.wait()
+                held.update(got)
+        return held
 
     def _save(self) -> None:
         assert self.me is not None

@@ -818,6 +818,8 @@ def cmd_run(args: argparse.Namespace) -> None:
             f"runs {e['new_plan']} from step {e['replay_from_step']}, first commit "
             f"{_s(e['t_first_commit_s'])} after detection"
         )
+        if e.get("warning"):
+            err.print(f"warning: {e['warning']}", highlight=False)
     walls = sorted(m["wall_ms"] for m in result.metrics)
     predicted = plan.cost.iteration_ms * (args.time_scale if args.emulate else 1.0)
     out.print(
@@ -940,6 +942,9 @@ def cmd_report(args: argparse.Namespace) -> None:
         err.print(f"warning: {report.overrun_warning}", highlight=False)
     if report.recoveries:
         print_table(recovery_table(report), lambda: recovery_lines(report))
+    for r in report.recoveries:
+        if r.warning:
+            err.print(f"warning: recovery {r.generation}: {r.warning}", highlight=False)
     chart = Path(args.output) if args.output else Path(args.run_dir) / "report.png"
     draw_report(report, args.run_dir, chart)
     whole = ", the whole run with its recoveries below" if report.recoveries else ""

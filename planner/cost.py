@@ -89,7 +89,7 @@ from planner.cluster import Cluster, Topology
 from planner.partition import Partition, StageAssignment
 from planner.problem import Problem
 from planner.profile import Timing, batch_curve
-from planner.replicas import Replica, placement, ring_load
+from planner.replicas import Replica, placement, refusal, ring_load, standbys
 from planner.schedule import Schedule, build, compute_actions, compute_order
 from planner.steps import Step, StepChain
 
@@ -609,10 +609,24 @@ class CostModel:
     def replicas(self, partition: Partition) -> tuple[Replica, ...]:
         """Where each stage's state is replicated (:func:`planner.replicas.placement` with
         the config's interval and :meth:`replica_bytes`)."""
-        cluster = self.problem.cluster
-        budget = {d.id: float(self.budget[i]) for i, d in enumerate(cluster.devices)}
-        interval = self.problem.config.replication_interval
-        return placement(partition, budget, interval, self.replica_bytes)
+        return placement(partition, self._budgets(), self.problem.config.replication_interval,
+                         self.replica_bytes)
+
+    def replica_standbys(self, partition: Partition) -> tuple[str, ...]:
+        """The idle devices able to hold a one-device plan's replica, best first
+        (:func:`planner.replicas.standbys`)."""
+        return standbys(partition, self._budgets(), self.problem.config.replication_interval,
+                        self.replica_bytes)
+
+    def replica_refusal(self, partition: Partition) -> str | None:
+        """Why a one-device plan has no replica although it has idle devices
+        (:func:`planner.replicas.refusal`), else None."""
+        return refusal(partition, self._budgets(), self.problem.config.replication_interval,
+                       self.replica_bytes)
+
+    def _budgets(self) -> dict[str, float]:
+        """Usable memory of every device of the cluster, by id, in cluster order."""
+        return {d.id: float(self.budget[i]) for i, d in enumerate(self.problem.cluster.devices)}
 
     def replica_memory(self, partition: Partition) -> dict[str, float]:
         """Bytes of ring replicas each device holds under ``partition``."""

@@ -100,8 +100,12 @@ class Plan:
     @property
     def assumptions(self) -> tuple[str, ...]:
         """The problem's assumptions plus this plan's batch-range notes
-        (:func:`planner.problem.batch_range_notes`)."""
-        return self.problem.assumptions + batch_range_notes(self.problem, self.partition)
+        (:func:`planner.problem.batch_range_notes`) and, for a one-device plan whose
+        replica no idle device can hold, why (:func:`planner.replicas.refusal`)."""
+        refused = CostModel(self.problem, self.partition.micro_batch_size).replica_refusal(
+            self.partition)
+        return (self.problem.assumptions + batch_range_notes(self.problem, self.partition)
+                + ((refused,) if refused else ()))
 
 
 def check_partition(problem: Problem, partition: Partition) -> None:
@@ -345,6 +349,13 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
 def replica_placement(plan: Plan) -> tuple[Replica, ...]:
     """Where each stage's committed state is replicated (:mod:`planner.replicas`)."""
     return CostModel(plan.problem, plan.partition.micro_batch_size).replicas(plan.partition)
+
+
+def replica_standbys(plan: Plan) -> tuple[str, ...]:
+    """The idle devices that can hold a one-device plan's replica, best first; the first
+    holds it (:func:`planner.replicas.standbys`). Empty for every other plan."""
+    return CostModel(plan.problem, plan.partition.micro_batch_size).replica_standbys(
+        plan.partition)
 
 
 def _lineage_dict(plan: Plan) -> dict[str, Any]:

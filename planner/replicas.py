@@ -15,7 +15,12 @@ live on at least one device other than each of its owners.
   state in memory (:meth:`planner.cost.CostModel.replica_bytes`).
 - A plan of one stage on one device has no next stage: its replica goes to the idle
   device with the most usable memory among those that can hold it (ties: the one listed
-  first in the cluster), which pays the same memory; with no such device, none.
+  first in the cluster), which pays the same memory; with no such device, none. An idle
+  device whose usable memory is below the replica's size is never chosen
+  (:func:`standbys`); :func:`refusal` says so in one line when that leaves none. The
+  other fitting idle devices are the **standbys**: the executor runs a process on each
+  (executor/launch.py), so that the loss of the holder re-places the replica on the next
+  one.
 - ``replication_interval = 0`` turns ring replication off (DP peers still cover their
   stages, since that copy is free).
 
@@ -74,16 +79,59 @@ def placement(
             out.append(Replica(q, stage.first, stage.end, NONE, ()))
             continue
         if len(stages) == 1:
-            need = size(stage.first, stage.end)
-            idle = [d for d in budget if d not in stage.devices and budget[d] >= need]
-            holder = max(idle, key=lambda d: (budget[d], -idle.index(d)), default=None)
-            kind, holders = (RING, (holder,)) if holder is not None else (NONE, ())
+            fit = standbys(partition, budget, interval, size)
+            kind, holders = (RING, fit[:1]) if fit else (NONE, ())
             out.append(Replica(q, stage.first, stage.end, kind, holders))
             continue
         ring = stages[(q + 1) % len(stages)].devices
         holder = max(ring, key=lambda d: (budget[d], -ring.index(d)))
         out.append(Replica(q, stage.first, stage.end, RING, (holder,)))
     return tuple(out)
+
+
+def standbys(
+    partition: Partition,
+    budget: Mapping[str, float],
+    interval: int,
+    size: Callable[[int, int], float],
+) -> tuple[str, ...]:
+    """The idle devices that can hold the replica of a plan of one stage on one device,
+    best first: most usable memory, ties in cluster order (the first is the holder).
+    Empty for every other plan and with ``interval`` 0. Arguments as :func:`placement`'s.
+    O(devices log devices)."""
+    stages = partition.stages
+    if len(stages) != 1 or len(stages[0].devices) != 1 or interval == 0:
+        return ()
+    need = size(stages[0].first, stages[0].end)
+    order = list(budget)
+    idle = [d for d in order if d not in stages[0].devices and budget[d] >= need]
+    return tuple(sorted(idle, key=lambda d: (-budget[d], order.index(d))))
+
+
+def refusal(
+    partition: Partition,
+    budget: Mapping[str, float],
+    interval: int,
+    size: Callable[[int, int], float],
+) -> str | None:
+    """One line when a plan of one stage on one device has idle devices but none can
+    hold its replica (each is refused: its usable memory is below the replica's size),
+    else None. Arguments as :func:`placement`'s. O(devices)."""
+    stages = partition.stages
+    if len(stages) != 1 or len(stages[0].devices) != 1 or interval == 0:
+        return None
+    (owner,) = stages[0].devices
+    idle = [d for d in budget if d != owner]
+    if not idle or standbys(partition, budget, interval, size):
+        return None
+    gib = 2**30
+    need = size(stages[0].first, stages[0].end)
+    best = max(idle, key=lambda d: budget[d])
+    return (f"stage 0 (blocks [{stages[0].first}, {stages[0].end})) is not replicated: its "
+            f"weights and optimizer state take {need / gib:.3f} GiB ({need:.0f} bytes) and "
+            f"no idle device can hold them (the largest, {best}, has "
+            f"{budget[best] / gib:.3f} GiB usable, {budget[best]:.0f} bytes); losing {owner} "
+            "stops the run")
 
 
 def ring_load(replicas: tuple[Replica, ...]) -> dict[str, list[Replica]]:

@@ -99,6 +99,8 @@ class RecoveryEvent:
     t_rebuild_s: float | None
     t_restore_s: float | None
     t_first_commit_s: float | None
+    #: the new plan leaves a stage unreplicated (optional key of the line)
+    warning: str | None = None
 
     @property
     def num_blocks(self) -> int:
@@ -117,7 +119,7 @@ class RecoveryEvent:
         if not isinstance(blocks, int):
             blocks = tuple((int(a), int(b)) for a, b in blocks)
         values = {k: line[k] for k in RECOVERY_KEYS}
-        return cls(**{**values, "blocks_moved": blocks})
+        return cls(**{**values, "blocks_moved": blocks}, warning=line.get("warning"))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,187 @@
+"""A plan of one stage on one device keeps its replica on an idle device (issue 8 item 3:
+"every stage's weights and optimizer state exist in the memory of at least one other
+device"), and recovers from the loss of either (item 4).
+
+The plan runs the 4-block GPT-2-shaped toy model of ``tests.test_recovery`` on ``d0``
+alone; the cluster's other devices are idle. The launcher runs a standby process on
+each idle device that can hold the replica (executor/launch.py, "Standbys"); the first
+(``d1``, ties in cluster order) holds it. Real processes over gloo, real SIGKILLs (the
+victim signals itself, :mod:`executor.faults`), deterministic mode: every run ends
+with per-step losses, samples, final weights and Adam state ``torch.equal`` to the
+single-process reference trainer (``tests/reference_trainer.py``; the checks are
+``tests.test_recovery``'s). Every child is reaped by PID whatever happens.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from executor.recovery import RecoveryFailed
+from executor.worker import WorkerOptions
+from planner.cluster import Cluster
+from planner.config import TrainingConfig
+from planner.cost import CostModel
+from planner.partition import Partition, StageAssignment
+from planner.plan import SolverInfo, load_plan, make_plan, plan_to_dict, replica_standbys
+from planner.problem import make_problem
+from planner.replicas import placement, refusal, standbys
+from tests.executor_helpers import cluster, write_plan
+from tests.test_recovery import (
+    GLOO_TIMEOUT_S,
+    assert_matches_reference,
+    launch_reaped,
+    profile,
+)
+
+STEPS = 4
+
+
+def one_device_plan(devices: int, memory_bytes: float = 8 * 2**30):
+    """The toy model on ``d0`` alone, in a cluster of ``devices`` identical devices
+    (2 micro-batches of 2, Adam, lr 0.01: the settings ``tests.test_recovery`` uses)."""
+    config = TrainingConfig(global_batch=4, micro_batch_candidates=(2,), optimizer="adam",
+                            learning_rate=0.01)
+    problem = make_problem(profile(), cluster(devices, memory_bytes), config, catalog={})
+    blocks = problem.model.num_blocks
+    partition = Partition(2, 2, (StageAssignment(0, blocks, ("d0",), (2,)),))
+    return make_plan(problem, partition, SolverInfo("hand"))
+
+
+def run(tmp_path: Path, devices: int, faults: str = "", steps: int = STEPS, **kw):
+    plan = one_device_plan(devices)
+    path = write_plan(plan, tmp_path)
+    return plan, launch_reaped(
+        WorkerOptions(str(path), steps, str(tmp_path), deterministic=True,
+                      timeout_s=GLOO_TIMEOUT_S, save_weights=True, faults=faults), **kw)
+
+
+def plan_of(tmp_path: Path, event: dict):
+    return load_plan(tmp_path / "plans" / f"{event['new_plan']}.json")
+
+
+# -- the planner's side: who holds the replica, and who cannot -------------------------
+def test_a_one_device_plan_names_its_idle_holder_and_the_standbys_after_it():
+    plan = one_device_plan(3)
+    assert replica_standbys(plan) == ("d1", "d2")
+    (replica,) = plan_to_dict(plan)["replicas"]
+    assert (replica["kind"], replica["holders"]) == ("ring", ["d1"])
+
+
+def test_an_idle_device_too_small_for_the_replica_is_refused_with_one_line():
+    plan = one_device_plan(2)
+    cm = CostModel(plan.problem, 2)
+    need = cm.replica_bytes(0, plan.problem.model.num_blocks)
+    # the idle device d1 has exactly one byte too little; d0 runs the stage either way
+    budget = {"d0": 8 * 2**30, "d1": need - 1}
+
+    assert standbys(plan.partition, budget, 1, cm.replica_bytes) == ()
+    (replica,) = placement(plan.partition, budget, 1, cm.replica_bytes)
+    assert (replica.kind, replica.holders) == ("none", ())
+    note = refusal(plan.partition, budget, 1, cm.replica_bytes)
+    assert note == (
+        f"stage 0 (blocks [0, 6)) is not replicated: its weights and optimizer state take "
+        f"0.000 GiB ({need:.0f} bytes) and no idle device can hold them (the largest, d1, "
+        f"has 0.000 GiB usable, {need - 1:.0f} bytes); losing d0 stops the run")
+    # one byte more and d1 holds it; no idle device at all is no refusal
+    assert standbys(plan.partition, {**budget, "d1": need}, 1, cm.replica_bytes) == ("d1",)
+    assert refusal(plan.partition, {"d0": 8 * 2**30}, 1, cm.replica_bytes) is None
+    # with replication off nothing is refused either
+    assert refusal(plan.partition, budget, 0, cm.replica_bytes) is None
+
+
+def test_a_plan_whose_idle_devices_are_all_too_small_says_so_in_its_assumptions():
+    plan = one_device_plan(2)
+    assert plan.assumptions == ()  # d1 can hold the replica: nothing to say
+    need = CostModel(plan.problem, 2).replica_bytes(0, plan.problem.model.num_blocks)
+    doc = cluster(2).to_dict()
+    doc["device_types"]["tiny"] = {**doc["device_types"]["host-cpu"],
+                                   "memory_bytes": need, "usable_fraction": 0.5}
+    doc["devices"][1]["type"] = "tiny"
+    small = Cluster.from_dict(doc, "test cluster", catalog={})
+    problem = make_problem(profile(), small, plan.problem.config, catalog={})
+    tight = make_plan(problem, plan.partition, SolverInfo("hand"))
+    assert replica_standbys(tight) == ()
+    # after the problem's own notes (the tiny type's derived times)
+    *problem_notes, note = tight.assumptions
+    assert tuple(problem_notes) == problem.assumptions
+    assert note.startswith("stage 0 (blocks [0, 6)) is not replicated") and "d1" in note
+    assert plan_to_dict(tight)["assumptions"][-1] == note
+    assert plan_to_dict(tight)["replicas"][0]["kind"] == "none"
+
+
+# -- the executor's side ---------------------------------------------------------------
+def test_without_a_standby_the_loss_of_the_only_device_fails_loudly(tmp_path):
+    # standbys=0: nobody holds the replica (what the launcher did before standbys); the
+    # idle devices run no process, so no plan may use them
+    with pytest.raises(RecoveryFailed, match=(
+            r"^device d0 crashed at generation 1; cannot recover: no device that runs a "
+            r"process is left \(d1, d2 run\(s\) no process\)$")):
+        run(tmp_path, 3, "d0:1:forward", standbys=0)
+
+
+@pytest.mark.slow
+def test_a_one_device_run_without_failure_replicates_to_its_standby(tmp_path):
+    plan, result = run(tmp_path, 3)
+    assert result.events == []
+    assert_matches_reference(tmp_path, plan, result, STEPS)
+    ranks = json.loads((tmp_path / "ranks.json").read_text())
+    assert [(r["device"], r["rank"], r.get("role")) for r in ranks] == [
+        ("d0", 0, None), ("d1", None, "standby"), ("d2", None, "standby")]
+
+
+def test_sigkill_of_the_only_device_recovers_from_the_standby_bit_identically(tmp_path):
+    plan, result = run(tmp_path, 3, "d0:2:forward")
+    assert_matches_reference(tmp_path, plan, result, STEPS)
+    (event,) = result.events
+    assert (event["cause"], event["device"], event["replay_from_step"]) == ("crash", "d0", 2)
+    new = plan_of(tmp_path, event)
+    assert "d0" not in new.partition.used_devices()
+    # every block of the new plan comes from d1, the holder of the replica
+    assert {t.source for t in new.migration} == {"d1"}
+    assert all(t.from_replica for t in new.migration)
+    assert [m["generation"] for m in result.metrics] == [1, 1, 2, 2]
+    assert "warning" not in event
+
+
+@pytest.mark.slow
+def test_sigkill_of_the_holder_moves_the_replica_to_the_next_standby(tmp_path):
+    # d1 is killed with the replica of the state after step 2 received, not acknowledged:
+    # that state is not durable, the run replays step 2 with d2 as the holder; then d0
+    # dies, and only d2 has its state
+    plan, result = run(tmp_path, 3, "d1:1:replication,d0:3:forward")
+    assert_matches_reference(tmp_path, plan, result, STEPS)
+    first, second = result.events
+    assert (first["device"], first["replay_from_step"]) == ("d1", 1)
+    after_holder = plan_of(tmp_path, first)
+    assert after_holder.partition == plan.partition  # d0 serves on, nothing moves
+    (replica,) = plan_to_dict(after_holder)["replicas"]
+    assert replica["holders"] == ["d2"]
+    assert (second["device"], second["replay_from_step"]) == ("d0", 3)
+    last = plan_of(tmp_path, second)
+    assert last.partition.used_devices() == ["d2"]
+    assert {t.source for t in last.migration} == {"d2"}
+    # d2 now serves alone: nothing is left to hold its replica
+    assert "unreplicated" in second["warning"]
+
+
+@pytest.mark.slow
+def test_the_holder_lost_with_no_standby_left_goes_on_unreplicated_with_a_warning(tmp_path):
+    plan, result = run(tmp_path, 2, "d1:1:replication")
+    assert_matches_reference(tmp_path, plan, result, STEPS)
+    (event,) = result.events
+    assert event["device"] == "d1"
+    assert event["warning"] == (
+        "the run goes on unreplicated: no device left can hold the replica of stage 0 "
+        "(blocks [0, 6)) on d0; losing it now stops the run")
+
+
+def test_a_standby_is_started_only_for_a_recovering_run(tmp_path):
+    plan = one_device_plan(2)
+    path = write_plan(plan, tmp_path)
+    launch_reaped(WorkerOptions(str(path), 1, str(tmp_path), deterministic=True,
+                                timeout_s=GLOO_TIMEOUT_S), recover=False)
+    ranks = json.loads((tmp_path / "ranks.json").read_text())
+    assert [r["device"] for r in ranks] == ["d0"]
