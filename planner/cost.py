@@ -80,17 +80,20 @@ takes the most loaded channel plus the largest latency (:func:`migration_ms`).
 from __future__ import annotations
 
 import heapq
+from collections import deque
+from collections.abc import Hashable
 from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 
+from planner import schedule as schedule_module
 from planner.cluster import Cluster, Topology
 from planner.partition import Partition, StageAssignment
 from planner.problem import Problem
 from planner.profile import Timing, batch_curve
 from planner.replicas import Replica, placement, refusal, ring_load, standbys
-from planner.schedule import Schedule, build, compute_actions, compute_order
+from planner.schedule import ActionType, Schedule, compute_actions, compute_order
 from planner.steps import Step, StepChain
 
 
@@ -189,6 +192,14 @@ def migration_ms(transfers: list[tuple[str, str, float, float]], topology: Topol
     return max((ms for _, ms in loads), default=0.0) + max((m[3] for m in moves), default=0.0)
 
 
+@lru_cache(maxsize=256)
+def build(name: str, warmups: tuple[int, ...], num_micro_batches: int) -> Schedule:
+    """The plan's schedule, :func:`planner.schedule.build`, cached per (name, warm-ups,
+    M): a schedule is immutable and building one is O(P x M) objects, which a planner
+    evaluating thousands of plans of the same shape would rebuild each time."""
+    return schedule_module.build(name, warmups, num_micro_batches)  # type: ignore[arg-type]
+
+
 def closed_form_latency(chain: StepChain) -> tuple[float, int]:
     """Asteroid's HPP-Round latency and dominant step (module docstring; Eqs. 4-6, 11).
 
@@ -223,42 +234,48 @@ def schedule_makespan(chain: StepChain) -> float:
 
     with F(s, m) depending on F(s-1, m), B(s, m) on B(s+1, m) (on the last step on
     F(S-1, m)); the round ends when the last action or all-reduce ends. Actions are
-    resolved in sweeps over the steps; each sweep settles at least one action, so it is
-    O(S x M) actions x O(sweeps), a few per micro-batch in practice.
+    taken in a topological order (:func:`_topological`, cached per warm-ups and M), so
+    it is O(S x M).
 
     Raises:
         ValueError: the warm-ups make the schedule deadlock.
     """
-    actions = chain_schedule(chain)
     n_steps, m = len(chain.steps), chain.num_micro_batches
+    order = _chain_order(tuple(step.warmup for step in chain.steps), m)
     last = n_steps - 1
-    f_end: list[list[float | None]] = [[None] * m for _ in range(n_steps)]
-    b_end: list[list[float | None]] = [[None] * m for _ in range(n_steps)]
+    f_end = [[0.0] * m for _ in range(n_steps)]
+    b_end = [[0.0] * m for _ in range(n_steps)]
     free = [0.0] * n_steps
-    pos = [0] * n_steps
-    remaining = sum(len(a) for a in actions)
-    while remaining:
-        progress = False
-        for s, step in enumerate(chain.steps):
-            while pos[s] < len(actions[s]):
-                kind, mb = actions[s][pos[s]]
-                if kind == "F":
-                    dep = f_end[s - 1][mb] if s > 0 else 0.0
-                else:
-                    dep = b_end[s + 1][mb] if s < last else f_end[s][mb]
-                if dep is None:
-                    break
-                end = max(free[s], dep) + (step.forward_ms if kind == "F" else step.backward_ms)
-                (f_end if kind == "F" else b_end)[s][mb] = end
-                free[s] = end
-                pos[s] += 1
-                remaining -= 1
-                progress = True
-        if not progress:
-            raise ValueError(
-                "the schedule's warm-ups deadlock; warm-ups must not grow along the chain"
-            )
+    forward_ms = [step.forward_ms for step in chain.steps]
+    backward_ms = [step.backward_ms for step in chain.steps]
+    for s, forward, mb in order:
+        if forward:
+            dep = f_end[s - 1][mb] if s > 0 else 0.0
+            end = max(free[s], dep) + forward_ms[s]
+            f_end[s][mb] = end
+        else:
+            dep = b_end[s + 1][mb] if s < last else f_end[s][mb]
+            end = max(free[s], dep) + backward_ms[s]
+            b_end[s][mb] = end
+        free[s] = end
     return max(free[s] + step.allreduce_ms for s, step in enumerate(chain.steps))
+
+
+@lru_cache(maxsize=256)
+def _chain_order(warmups: tuple[int, ...], num_micro_batches: int) -> list[tuple[int, bool, int]]:
+    """:func:`_topological` order of the chain's steps with these warm-ups (the lanes of
+    :func:`chain_schedule`). Raises ValueError if the warm-ups deadlock."""
+    order = _topological(
+        [
+            [(kind == "F", mb) for kind, mb in compute_order(num_micro_batches, w)]
+            for w in warmups
+        ]
+    )
+    if order is None:
+        raise ValueError(
+            "the schedule's warm-ups deadlock; warm-ups must not grow along the chain"
+        )
+    return order
 
 
 def reslice_pieces(
@@ -360,7 +377,7 @@ def channels(src: str, dst: str, topology: Topology) -> tuple[str, ...]:
     return (f"{src}->{dst}",)
 
 
-def fair_shares(held: list[tuple[str, ...]]) -> list[float]:
+def fair_shares(held: list[tuple[Hashable, ...]]) -> list[float]:
     """Max-min fair rates of transfers in progress at once, transfer i holding the
     channels ``held[i]``: each channel gives out at most one ms of channel time per ms,
     a transfer progresses at a fraction x_i <= 1 of its own pair rate, and no x_i can
@@ -369,9 +386,14 @@ def fair_shares(held: list[tuple[str, ...]]) -> list[float]:
     freeze the transfers on full channels, repeat).
 
     A channel used by one transfer never limits it, so when no channel is held twice
-    (point-to-point pairs one transfer each) every x is 1, and on one medium with n
-    transfers every x is min(1, 1/n); otherwise O(T C) per level, at most T levels.
+    (point-to-point pairs one transfer each) every x is 1; on one medium with n
+    transfers every x is min(1, 1/n); when one channel alone is held k > 1 times (a
+    port sending two pieces) its transfers get 1/k and the others 1 (the first level of
+    the filling, computed as it would compute it); otherwise O(T C) per level, at most T
+    levels. Channels are any hashable names (the simulation numbers them).
     """
+    if held and len(held[0]) == 1 and held.count(held[0]) == len(held):  # one channel
+        return [1.0 / len(held)] * len(held)
     users: dict[str, list[int]] = {}
     for i, chs in enumerate(held):
         for ch in chs:
@@ -382,6 +404,11 @@ def fair_shares(held: list[tuple[str, ...]]) -> list[float]:
         return x
     if len(users) == 1:
         return [1.0 / len(held)] * len(held)
+    if len(contended) == 1:  # one channel shared: its k users get 1/k, the rest 1
+        (ids,) = contended.values()
+        for i in ids:
+            x[i] = 1.0 / len(ids)
+        return x
     residual = dict.fromkeys(contended, 1.0)
     active = {ch: len(ids) for ch, ids in contended.items()}
     level, frozen = 0.0, [False] * len(held)
@@ -415,7 +442,198 @@ def round_makespan(
     topology: Topology,
 ) -> float:
     """Iteration time of one round: every device runs its stage's schedule on its own
-    slice, and every transfer shares its channels fairly with those in progress beside it.
+    slice, and every transfer shares its channels fairly with those in progress beside it
+    (the semantics, inputs and errors: :func:`fair_sharing_makespan`).
+
+    Point to point no two transfers ever hold one channel at once (every ordered pair
+    is its own channel and carries its messages one at a time), so no transfer is ever
+    slowed and the round is the longest path through the actions
+    (:func:`longest_path_makespan`: one pass in topological order, no event queue). On a
+    switch or a shared medium the fair-sharing event simulation runs.
+    """
+    if topology == "point_to_point":
+        return longest_path_makespan(schedule, devices, links, rings)
+    return fair_sharing_makespan(schedule, devices, links, rings, topology)
+
+
+def _stage_order(schedule: Schedule) -> tuple[list[list[tuple[bool, int]]], list | None]:
+    """Per stage its forwards and backwards as ``(is forward, micro-batch)`` in schedule
+    order, and every stage's actions in an order where each comes after what it waits for
+    (:func:`_topological`; None if the schedule deadlocks). Every device of a stage runs
+    the stage's actions and waits only for devices of the neighbouring stages, so the
+    order is topological for every device's actions too. Cached per schedule object
+    (schedules are immutable; the entry keeps its schedule alive, so its id is not
+    reused while cached)."""
+    hit = _STAGE_ORDERS.get(id(schedule))
+    if hit is not None and hit[0] is schedule:
+        return hit[1], hit[2]
+    lanes = [
+        [(a.type is ActionType.F, a.micro_batch) for a in compute_actions(actions)]
+        for actions in schedule
+    ]
+    order = _topological(lanes)  # type: ignore[arg-type]
+    if len(_STAGE_ORDERS) >= 64:
+        _STAGE_ORDERS.clear()
+    _STAGE_ORDERS[id(schedule)] = (schedule, lanes, order)
+    return lanes, order  # type: ignore[return-value]
+
+
+_DEADLOCK = "the schedule deadlocks: a device waits for a transfer never sent"
+
+
+def _topological(lanes: list[list[tuple[bool, int]]]) -> list[tuple[int, bool, int]] | None:
+    """Lanes p = 0..P-1 (stages or chain steps), each a list of ``(is forward,
+    micro-batch)`` run in order; ``F m`` of lane p waits for ``F m`` of lane p-1 and
+    ``B m`` for ``B m`` of lane p+1. Returns every action as ``(lane, is forward,
+    micro-batch)`` in an order that respects both, or None if none exists (a deadlock).
+    Worklist: a lane advances while its next action's dependency is done and wakes the
+    lane that waits for what it did; O(actions)."""
+    last = len(lanes) - 1
+    pos = [0] * len(lanes)
+    done: list[tuple[set, set]] = [(set(), set()) for _ in lanes]  # forwards, backwards
+    order: list[tuple[int, bool, int]] = []
+    work = list(range(len(lanes)))
+    while work:
+        p = work.pop()
+        lane = lanes[p]
+        while pos[p] < len(lane):
+            forward, m = lane[pos[p]]
+            if forward and p > 0 and m not in done[p - 1][0]:
+                break
+            if not forward and p < last and m not in done[p + 1][1]:
+                break
+            done[p][0 if forward else 1].add(m)
+            order.append((p, forward, m))
+            pos[p] += 1
+            if forward and p < last:
+                work.append(p + 1)
+            elif not forward and p > 0:
+                work.append(p - 1)
+    if any(pos[p] < len(lane) for p, lane in enumerate(lanes)):
+        return None
+    return order
+
+
+_STAGE_ORDERS: dict[int, tuple[Schedule, list, list | None]] = {}
+
+
+def longest_path_makespan(
+    schedule: Schedule,
+    devices: list[list[tuple[str, float, float]]],
+    links: list[BoundaryCost],
+    rings: list[RingCost],
+) -> float:
+    """The round of :func:`fair_sharing_makespan` (inputs as there) when every transfer
+    runs at its pair's full rate, as it does point to point, where no two transfers ever
+    hold one channel: each time is then the latest of what it waits for plus its
+    duration, a longest path through the actions, with no event queue:
+
+        compute of device d:  start = max(end of d's previous action, delivery of the
+                              last piece it waits for), end = start + t_f(d) or t_b(d)
+        transfer i -> j posted at t (when its sender's action ends):
+                              start = max(t, end of the pair's previous message),
+                              end = start + ms, delivered end + latency
+        ring step k of member r: posted when every member has ended its last action
+                              (k = 0), else when r has received step k-1 from r-1
+
+    Devices' actions are taken in :func:`_stage_order`, each ring after its stage's last
+    action. The round ends with the last compute end or delivery.
+
+    Complexity: O(P x M) for the order (cached per schedule), then O(M x (devices +
+    pieces) + sum_p g_p^2), one pass.
+
+    Raises:
+        ValueError: the schedule deadlocks.
+    """
+    _, order = _stage_order(schedule)
+    if order is None:
+        raise ValueError(_DEADLOCK)
+    index: dict[str, int] = {}
+    f_ms: list[float] = []
+    b_ms: list[float] = []
+    members: list[list[int]] = []
+    for devs in devices:
+        members.append([])
+        for d, f, b in devs:
+            index[d] = len(f_ms)
+            members[-1].append(len(f_ms))
+            f_ms.append(f)
+            b_ms.append(b)
+    n = len(f_ms)
+    m_count = 1 + max((m for _, _, m in order), default=0)
+    # per device and is-forward, per micro-batch: the latest delivery of its pieces
+    arrival = ([[0.0] * m_count for _ in range(n)], [[0.0] * m_count for _ in range(n)])
+    pairs: dict[tuple[int, int], int] = {}
+    # per device and is-forward: its pieces (pair, ms, latency, the receiver's arrivals)
+    sends: tuple[list[list], list[list]] = ([[] for _ in range(n)], [[] for _ in range(n)])
+    for link in links:
+        for forward, pieces in ((1, link.forward), (0, link.backward)):
+            for x in pieces:
+                src, dst = index[x.src], index[x.dst]
+                pair = pairs.setdefault((src, dst), len(pairs))
+                sends[forward][src].append((pair, x.ms, x.latency_ms, arrival[forward][dst]))
+    ring_pairs = [
+        [pairs.setdefault((index[x.src], index[x.dst]), len(pairs)) for x in r.chunks]
+        for r in rings
+    ]
+    free = [0.0] * n
+    pair_end = [0.0] * len(pairs)
+    for p, forward, m in order:
+        ms_of = f_ms if forward else b_ms
+        out = sends[forward]
+        waits = arrival[forward]
+        for d in members[p]:
+            t = free[d]
+            ready = waits[d][m]
+            t = (ready if ready > t else t) + ms_of[d]
+            free[d] = t
+            for pair, ms, lat, got in out[d]:
+                start = pair_end[pair]
+                stop = (t if t > start else start) + ms
+                pair_end[pair] = stop
+                if stop + lat > got[m]:
+                    got[m] = stop + lat
+    end = max(free, default=0.0)
+    for per_device in arrival:
+        for got in per_device:
+            end = max(end, *got)
+    for p, ring in enumerate(rings):
+        g = len(ring.chunks)
+        if g == 0:
+            continue
+        posted = [max(free[d] for d in members[p])] * g
+        for _ in range(2 * (g - 1)):
+            delivered = [0.0] * g
+            for r, x in enumerate(ring.chunks):
+                pair = ring_pairs[p][r]
+                stop = max(posted[r], pair_end[pair]) + x.ms
+                pair_end[pair] = stop
+                delivered[(r + 1) % g] = stop + x.latency_ms
+            posted = delivered
+            end = max(end, *delivered)
+    return end
+
+
+def _channel_ids(src: int, dst: int, topology: Topology) -> tuple[int, ...]:
+    """:func:`channels` of a transfer between devices numbered ``src`` and ``dst``, as
+    numbers: the medium 0; a device's uplink 2 x index + 1, its downlink 2 x index + 2;
+    a pair's own channel (point to point) is never shared and has none."""
+    if topology == "shared_medium":
+        return (0,)
+    if topology == "switched":
+        return (2 * src + 1, 2 * dst + 2)
+    return ()
+
+
+def fair_sharing_makespan(
+    schedule: Schedule,
+    devices: list[list[tuple[str, float, float]]],
+    links: list[BoundaryCost],
+    rings: list[RingCost],
+    topology: Topology,
+) -> float:
+    """Iteration time of one round as a fluid event simulation (what
+    :func:`round_makespan` computes; it runs this where a channel is shared).
 
     Inputs: ``schedule`` (per stage its actions, :mod:`planner.schedule`); per stage
     ``devices[p]``, each device's id and its forward and backward ms for its samples
@@ -444,109 +662,209 @@ def round_makespan(
     Raises:
         ValueError: the schedule deadlocks.
     """
-    num_stages = len(schedule)
-    orders = [compute_actions(actions) for actions in schedule]
-    last = num_stages - 1
-    stage_of = {d: p for p, devs in enumerate(devices) for d, _, _ in devs}
-    time = {(d, "F"): f for devs in devices for d, f, _ in devs}
-    time.update({(d, "B"): b for devs in devices for d, _, b in devs})
-    sends: dict[tuple[str, str], list[Piece]] = {}  # (device, F|B) -> its pieces
-    need: dict[tuple[str, str], int] = {}  # (device, F|B) -> pieces it waits for
+    lanes, _ = _stage_order(schedule)
+    last = len(lanes) - 1
+    index: dict[str, int] = {}
+    stage_of: list[int] = []
+    dur: list[tuple[float, float]] = []  # per device: (B ms, F ms), indexed by is-forward
+    for p, devs in enumerate(devices):
+        for d, f, b in devs:
+            index[d] = len(dur)
+            stage_of.append(p)
+            dur.append((b, f))
+    n = len(dur)
+    m_count = 1 + max((m for lane in lanes for _, m in lane), default=0)
+    pairs: dict[tuple[int, int], int] = {}
+    chans: list[tuple[int, ...]] = []  # per pair: the channels its transfers hold
+
+    def pair_of(src: str, dst: str) -> int:
+        key = (index[src], index[dst])
+        if key not in pairs:
+            pairs[key] = len(chans)
+            chans.append(_channel_ids(key[0], key[1], topology) or (-1 - len(chans),))
+        return pairs[key]
+
+    # per device and is-forward: its pieces (pair, ms, latency, receiver)
+    sends: list[tuple[list, list]] = [([], []) for _ in range(n)]
+    need = [[0, 0] for _ in range(n)]
     for link in links:
-        for kind, pieces in (("F", link.forward), ("B", link.backward)):
+        for forward, pieces in ((1, link.forward), (0, link.backward)):
             for x in pieces:
-                sends.setdefault((x.src, kind), []).append(x)
-                need[(x.dst, kind)] = need.get((x.dst, kind), 0) + 1
-    got: dict[tuple[str, str, int], int] = {}
-    pos = dict.fromkeys(stage_of, 0)
-    busy = dict.fromkeys(stage_of, False)
-    joined = [0] * num_stages
-    received = [[0] * len(r.chunks) for r in rings]
-    events: list[tuple[float, int, str, tuple]] = []
-    queues: dict[tuple[str, str], list[list]] = {}  # pair -> [[ms left, piece, tag, channels]]
+                dst = index[x.dst]
+                sender = sends[index[x.src]][forward]
+                sender.append((pair_of(x.src, x.dst), x.ms, x.latency_ms, dst))
+                need[dst][forward] += 1
+    ring_chunks = [
+        [(pair_of(x.src, x.dst), x.ms, x.latency_ms) for x in ring.chunks] for ring in rings
+    ]
+    # per device and is-forward, per micro-batch: pieces whose last byte has left, and
+    # the latest delivery among them
+    got = [([0] * m_count, [0] * m_count) for _ in range(n)]
+    ready = [([0.0] * m_count, [0.0] * m_count) for _ in range(n)]
+    pos = [0] * n  # the next action not yet scheduled
+    done = [0] * n  # actions ended
+    free = [0.0] * n  # end of the last action scheduled
+    joined = [0] * len(rings)
+    received = [[0] * len(r) for r in ring_chunks]
+    # events: (time, seq, kind, a, b, c); kind 0: device a ends action (b: forward, c:
+    # micro-batch); kind 1: member b of stage a's ring receives a chunk
+    events: list[tuple[float, int, int, int, int, int]] = []
     seq = 0
+    # a transfer: [channel ms left at since, since, rate, version, channels, queue,
+    # latency, tag, id]; tag (0, receiver, forward, m) a piece, (1, stage, member, 0) a
+    # ring chunk
+    queues: list[deque[list]] = [deque() for _ in chans]  # per pair: transfers in order
+    holders: dict[int, set[int]] = {ch: set() for held in chans for ch in held}
+    held_by: dict[int, list] = {}  # id -> transfer, of those in progress
+    ends: list[tuple[float, int, int]] = []  # (end, id, version); stale once re-rated
+    dirty: set[int] = set()  # channels whose transfers in progress changed
+    shared = topology == "shared_medium"
+    in_flight = serial = 0
     now = end = 0.0
-    changed = True  # the transfers at the heads of their pairs changed: new rates
+    push, pop = heapq.heappush, heapq.heappop
+    inf = float("inf")
 
-    def at(when: float, what: str, data: tuple) -> None:
+    def post(pair: int, ms: float, lat: float, tag: tuple[int, int, int, int]) -> None:
+        nonlocal in_flight, serial
+        queue = queues[pair]
+        x = [ms, now, 0.0, 0, chans[pair], queue, lat, tag, serial]
+        serial += 1
+        queue.append(x)
+        in_flight += 1
+        if len(queue) == 1:
+            begin(x)
+
+    def begin(x: list) -> None:  # x reaches the head of its pair: it holds its channels
+        x[1] = now
+        key = x[8]
+        held_by[key] = x
+        alone = True
+        for ch in x[4]:
+            held = holders[ch]
+            if held:
+                alone = False
+                dirty.add(ch)
+            held.add(key)
+        if alone:  # nothing shares its channels: full rate until something joins
+            x[2] = 1.0
+            x[3] += 1
+            push(ends, (now + x[0], key, x[3]))
+
+    def schedule(d: int) -> None:  # every action of d whose inputs are all on their way
         nonlocal seq
-        heapq.heappush(events, (when, seq, what, data))
-        seq += 1
+        lane = lanes[stage_of[d]]
+        k = pos[d]
+        while k < len(lane):
+            forward, m = lane[k]
+            if got[d][forward][m] < need[d][forward]:
+                break
+            t = free[d]
+            arrive = ready[d][forward][m]
+            free[d] = (arrive if arrive > t else t) + dur[d][forward]
+            push(events, (free[d], seq, 0, d, forward, m))
+            seq += 1
+            k += 1
+        pos[d] = k
 
-    def post(piece: Piece, tag: tuple) -> None:
-        nonlocal changed
-        queue = queues.setdefault((piece.src, piece.dst), [])
-        queue.append([piece.ms, piece, tag, channels(piece.src, piece.dst, topology), 0.0, 0.0])
-        changed = changed or len(queue) == 1
-
-    def start(d: str) -> None:
-        p = stage_of[d]
-        if busy[d] or pos[d] == len(orders[p]):
-            return
-        action = orders[p][pos[d]]
-        kind, m = action.type.value, action.micro_batch
-        if got.get((d, kind, m), 0) < need.get((d, kind), 0):
-            return
-        busy[d] = True
-        at(now + time[(d, kind)], "done", (d, kind, m))
-
-    def handle(what: str, data: tuple) -> None:
-        nonlocal end
-        end = max(end, now)
-        if what == "done":
-            d, kind, m = data
-            p = stage_of[d]
-            busy[d] = False
-            pos[d] += 1
-            if (kind == "F" and p < last) or (kind == "B" and p > 0):
-                for x in sends.get((d, kind), ()):
-                    post(x, ("arrive", x.dst, kind, m))
-            if pos[d] == len(orders[p]) and rings[p].chunks:
-                joined[p] += 1
-                if joined[p] == len(rings[p].chunks):
-                    for r, x in enumerate(rings[p].chunks):
-                        post(x, ("ring", p, (r + 1) % len(rings[p].chunks)))
-            start(d)
-        elif what == "ring":
-            p, r = data
-            received[p][r] += 1
-            chunks = rings[p].chunks
-            if received[p][r] < 2 * (len(chunks) - 1):
-                post(chunks[r], ("ring", p, (r + 1) % len(chunks)))
+    def rerate(changed: list[int]) -> None:  # new fair shares around changed channels
+        if shared:  # one channel: everything in progress shares it
+            group = [held_by[key] for key in holders[0]]
+        else:  # the connected transfers and channels around the changed ones
+            todo, seen, group = changed, set(changed), []
+            members: set[int] = set()
+            while todo:
+                for key in holders[todo.pop()]:
+                    if key not in members:
+                        members.add(key)
+                        x = held_by[key]
+                        group.append(x)
+                        for ch in x[4]:
+                            if ch not in seen:
+                                seen.add(ch)
+                                todo.append(ch)
+        shares = fair_shares([x[4] for x in group]) if len(group) > 1 else [1.0]
+        for x, share in zip(group, shares, strict=False):
+            x[0] -= (now - x[1]) * x[2]
+            x[1], x[2] = now, share
+            x[3] += 1
+        if shared:  # every transfer in progress is re-rated: a new heap
+            ends[:] = [(now + x[0] / x[2], x[8], x[3]) for x in group]
+            heapq.heapify(ends)
         else:
-            d, kind, m = data
-            got[(d, kind, m)] = got.get((d, kind, m), 0) + 1
-            start(d)
+            for x in group:
+                push(ends, (now + x[0] / x[2], x[8], x[3]))
 
-    for d in stage_of:
-        start(d)
-    heads: list[list] = []  # [ms left at ``since``, piece, tag, channels, rate, end]
-    since, first_end = 0.0, np.inf
-    while events or queues:
-        if changed:  # settle progress at the old rates, then share anew
-            for h in heads:
-                h[0] -= (now - since) * h[4]
-            heads = [q[0] for q in queues.values()]
-            for h, x in zip(heads, fair_shares([h[3] for h in heads]), strict=True):
-                h[4:] = [x, now + h[0] / x]
-            since, changed = now, False
-            first_end = min((h[5] for h in heads), default=np.inf)
-        now = min(events[0][0] if events else np.inf, first_end)
+    for d in range(n):
+        schedule(d)
+    while events or in_flight:
+        if dirty:
+            rerate(list(dirty))
+            dirty.clear()
+        while ends:  # drop entries of ended or re-rated transfers
+            x = held_by.get(ends[0][1])
+            if x is not None and x[3] == ends[0][2]:
+                break
+            pop(ends)
+        first_end = ends[0][0] if ends else inf
+        now = events[0][0] if events else inf
+        if first_end < now:
+            now = first_end
+        limit = now + _EPS * (now if now > 1.0 else 1.0)
         if first_end <= now:
-            for h in heads:
-                if h[5] <= now + _EPS * max(1.0, now):
-                    piece, tag = h[1], h[2]
-                    queue = queues[(piece.src, piece.dst)]
-                    queue.pop(0)
-                    if not queue:
-                        del queues[(piece.src, piece.dst)]
-                    changed = True
-                    at(now + piece.latency_ms, tag[0], tag[1:])
-        while events and events[0][0] <= now + _EPS * max(1.0, now):
-            _, _, what, data = heapq.heappop(events)
-            handle(what, data)
-    if any(pos[d] < len(orders[stage_of[d]]) for d in stage_of):
-        raise ValueError("the schedule deadlocks: a device waits for a transfer never sent")
+            while ends and ends[0][0] <= limit:
+                _, key, ver = pop(ends)
+                x = held_by.get(key)
+                if x is None or ver != x[3]:
+                    continue
+                del held_by[key]
+                in_flight -= 1
+                queue = x[5]
+                queue.popleft()
+                for ch in x[4]:
+                    held = holders[ch]
+                    held.discard(key)
+                    if held:
+                        dirty.add(ch)
+                if queue:
+                    begin(queue[0])
+                kind, a, b, c = x[7]
+                arrive = now + x[6]
+                if kind == 0:  # a piece for device a's action (b, c)
+                    if arrive > end:
+                        end = arrive
+                    count = got[a][b]
+                    count[c] += 1
+                    if arrive > ready[a][b][c]:
+                        ready[a][b][c] = arrive
+                    if count[c] == need[a][b]:
+                        schedule(a)
+                else:  # a ring chunk for member b of stage a
+                    push(events, (arrive, seq, 1, a, b, 0))
+                    seq += 1
+        while events and events[0][0] <= limit:
+            _, _, kind, a, b, c = pop(events)
+            if now > end:
+                end = now
+            if kind == 0:  # device a ended its action (b: forward, c: micro-batch)
+                p = stage_of[a]
+                done[a] += 1
+                if (b and p < last) or (not b and p > 0):
+                    for pair, ms, lat, dst in sends[a][b]:
+                        post(pair, ms, lat, (0, dst, b, c))
+                chunks = ring_chunks[p]
+                if chunks and done[a] == len(lanes[p]):
+                    joined[p] += 1
+                    if joined[p] == len(chunks):
+                        for r, (pair, ms, lat) in enumerate(chunks):
+                            post(pair, ms, lat, (1, p, (r + 1) % len(chunks), 0))
+            else:  # member b of stage a's ring received a chunk
+                received[a][b] += 1
+                chunks = ring_chunks[a]
+                if received[a][b] < 2 * (len(chunks) - 1):
+                    pair, ms, lat = chunks[b]
+                    post(pair, ms, lat, (1, a, (b + 1) % len(chunks), 0))
+    if any(done[d] < len(lanes[stage_of[d]]) for d in range(n)):
+        raise ValueError(_DEADLOCK)
     return end
 
 
@@ -768,7 +1086,7 @@ class CostModel:
         topology = cluster.network.kind
         chain = StepChain(tuple(steps), m, topology)
         closed, dominant = closed_form_latency(chain)
-        warmups = [s.warmup for s in stage_costs]
+        warmups = tuple(s.warmup for s in stage_costs)
         total = round_makespan(
             build(config.schedule, warmups, m),  # type: ignore[arg-type]
             [
