@@ -28,6 +28,7 @@ from planner.partition import Partition, StageAssignment
 from planner.plan import SolverInfo, load_plan, make_plan, plan_to_dict, replica_standbys
 from planner.problem import make_problem
 from planner.replicas import placement, refusal, standbys
+from planner.report import RECOVERY_KEYS, RecoveryEvent
 from tests.executor_helpers import cluster, write_plan
 from tests.test_recovery import (
     GLOO_TIMEOUT_S,
@@ -176,6 +177,27 @@ def test_the_holder_lost_with_no_standby_left_goes_on_unreplicated_with_a_warnin
     assert event["warning"] == (
         "the run goes on unreplicated: no device left can hold the replica of stage 0 "
         "(blocks [0, 6)) on d0; losing it now stops the run")
+
+
+@pytest.mark.slow
+def test_a_sigstopped_holder_is_declared_hung_and_replaced_by_the_next_standby(tmp_path):
+    plan, result = run(tmp_path, 3, "d1:1:replication:STOP")
+    assert_matches_reference(tmp_path, plan, result, STEPS)
+    (event,) = result.events
+    assert (event["cause"], event["device"], event["replay_from_step"]) == ("hang", "d1", 1)
+    (replica,) = plan_to_dict(plan_of(tmp_path, event))["replicas"]
+    assert replica["holders"] == ["d2"]
+
+
+def test_the_report_reads_a_recovery_warning():
+    line = {k: 0 for k in RECOVERY_KEYS} | {
+        "cause": "crash", "device": "d1", "old_plan": "a", "new_plan": "b",
+        "warning": "the run goes on unreplicated"}
+    assert RecoveryEvent.from_line(line, "metrics.jsonl").warning == (
+        "the run goes on unreplicated")
+    assert RecoveryEvent.from_line({**line, "warning": None}, "m").warning is None
+    del line["warning"]  # lines written before warnings, and runs without one
+    assert RecoveryEvent.from_line(line, "metrics.jsonl").warning is None
 
 
 def test_a_standby_is_started_only_for_a_recovering_run(tmp_path):
