@@ -790,6 +790,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         result = launch.launch(  # type: ignore[attr-defined]
             opts, hang_timeout_s=args.hang_timeout, heartbeat_s=args.heartbeat,
             recover=False if args.no_recover else None, joins=joins,
+            standbys=args.standbys,
         )
     except KeyboardInterrupt:
         raise EdgepipeError("interrupted: every worker was stopped") from None
@@ -992,6 +993,17 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{excerpt(text, 40)!r} is not a whole number") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """A whole number >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{excerpt(text, 40)!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
     return value
 
 
@@ -1331,6 +1343,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_float,
         default=0.5,
         help="seconds between a worker's heartbeats (under half of --hang-timeout)",
+    )
+    p.add_argument(
+        "--standbys",
+        type=non_negative_int,
+        metavar="N",
+        help="a plan of one stage on one device: run at most N standby processes on idle "
+        "devices that can hold its replica (default: all of them; 0: none, unreplicated; "
+        "docs/fault-tolerance.md, Standbys)",
     )
     p.add_argument(
         "--resume",

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from executor.recovery import RecoveryFailed
 from executor.worker import WorkerOptions
+from planner.cli import main
 from planner.cluster import Cluster
 from planner.config import TrainingConfig
 from planner.cost import CostModel
@@ -29,9 +29,11 @@ from planner.plan import SolverInfo, load_plan, make_plan, plan_to_dict, replica
 from planner.problem import make_problem
 from planner.replicas import placement, refusal, standbys
 from planner.report import RECOVERY_KEYS, RecoveryEvent
-from tests.executor_helpers import cluster, write_plan
+from tests.executor_helpers import alive, cluster, write_plan
 from tests.test_recovery import (
+    BEAT_S,
     GLOO_TIMEOUT_S,
+    HANG_S,
     assert_matches_reference,
     launch_reaped,
     profile,
@@ -114,13 +116,20 @@ def test_a_plan_whose_idle_devices_are_all_too_small_says_so_in_its_assumptions(
 
 
 # -- the executor's side ---------------------------------------------------------------
-def test_without_a_standby_the_loss_of_the_only_device_fails_loudly(tmp_path):
-    # standbys=0: nobody holds the replica (what the launcher did before standbys); the
-    # idle devices run no process, so no plan may use them
-    with pytest.raises(RecoveryFailed, match=(
-            r"^device d0 crashed at generation 1; cannot recover: no device that runs a "
-            r"process is left \(d1, d2 run\(s\) no process\)$")):
-        run(tmp_path, 3, "d0:1:forward", standbys=0)
+def test_without_a_standby_the_loss_of_the_only_device_fails_in_one_line(tmp_path, capsys):
+    # --standbys 0: nobody holds the replica (what the launcher did before standbys); the
+    # idle devices run no process, so no re-plan may use them
+    path = write_plan(one_device_plan(3), tmp_path)
+    assert main(["run", str(path), "--out", str(tmp_path), "--steps", "2", "--standbys", "0",
+                 "--deterministic", "--hang-timeout", str(HANG_S), "--heartbeat",
+                 str(BEAT_S), "--timeout", str(GLOO_TIMEOUT_S),
+                 "--inject", "d0:1:forward"]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "device d0 crashed at generation 1; cannot recover: no device that runs a process "
+        "is left (d1, d2 run(s) no process)")
+    ranks = json.loads((tmp_path / "ranks.json").read_text())
+    assert [r["device"] for r in ranks] == ["d0"]
+    assert not any(alive(r["pid"]) for r in ranks)
 
 
 @pytest.mark.slow
