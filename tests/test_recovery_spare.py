@@ -42,19 +42,21 @@ from tests.test_recovery import (
 STEPS = 4
 
 
-def one_device_plan(devices: int, memory_bytes: float = 8 * 2**30):
+def one_device_plan(devices: int, memory_bytes: float = 8 * 2**30, **config_fields):
     """The toy model on ``d0`` alone, in a cluster of ``devices`` identical devices
-    (2 micro-batches of 2, Adam, lr 0.01: the settings ``tests.test_recovery`` uses)."""
+    (2 micro-batches of 2, Adam, lr 0.01: the settings ``tests.test_recovery`` uses;
+    ``config_fields``: other training-config fields)."""
     config = TrainingConfig(global_batch=4, micro_batch_candidates=(2,), optimizer="adam",
-                            learning_rate=0.01)
+                            learning_rate=0.01, **config_fields)
     problem = make_problem(profile(), cluster(devices, memory_bytes), config, catalog={})
     blocks = problem.model.num_blocks
     partition = Partition(2, 2, (StageAssignment(0, blocks, ("d0",), (2,)),))
     return make_plan(problem, partition, SolverInfo("hand"))
 
 
-def run(tmp_path: Path, devices: int, faults: str = "", steps: int = STEPS, **kw):
-    plan = one_device_plan(devices)
+def run(tmp_path: Path, devices: int, faults: str = "", steps: int = STEPS,
+        interval: int = 1, **kw):
+    plan = one_device_plan(devices, replication_interval=interval)
     path = write_plan(plan, tmp_path)
     return plan, launch_reaped(
         WorkerOptions(str(path), steps, str(tmp_path), deterministic=True,
@@ -154,6 +156,17 @@ def test_sigkill_of_the_only_device_recovers_from_the_standby_bit_identically(tm
     assert all(t.from_replica for t in new.migration)
     assert [m["generation"] for m in result.metrics] == [1, 1, 2, 2]
     assert "warning" not in event
+
+
+@pytest.mark.slow
+def test_with_replication_every_second_step_the_holder_serves_its_older_state(tmp_path):
+    # interval 2: the holder gets the states with 0, 2 and 4 steps applied (and the last);
+    # d0 dies in step 3, so the run replays steps 2 and 3 from the state with 2 applied
+    plan, result = run(tmp_path, 3, "d0:3:forward", steps=5, interval=2)
+    assert_matches_reference(tmp_path, plan, result, 5)
+    (event,) = result.events
+    assert (event["device"], event["replay_from_step"]) == ("d0", 2)
+    assert {t.source for t in plan_of(tmp_path, event).migration} == {"d1"}
 
 
 @pytest.mark.slow
