@@ -31,7 +31,13 @@ Model: gpt2-small at a toy size (6 blocks), a 3-stage pipeline (one device per s
 identical CPU devices, gloo), SGD, a checkpoint every ``--checkpoint-every`` steps; the
 middle device is SIGKILLed once ``--fail-at`` steps are committed.
 
-    .venv/bin/python benchmarks/recovery.py [--fail-at 6] [--checkpoint-every 4] [--repeats 3]
+    .venv/bin/python benchmarks/recovery.py [--fail-at 6] [--checkpoint-every 4] [--pairs 4]
+
+**Paired runs.** The machine is shared, and its load changes within seconds, so a ratio
+of medians (or of runs minutes apart) can pair one kind's quiet run with the other's
+burst. Each pair runs the two back to back, the first alternating between pairs; the
+ratio is taken per pair, and every pair's ratio, phases and load average (before and
+after each half) are printed.
 """
 
 from __future__ import annotations
@@ -70,6 +76,8 @@ MICRO, M = 2, 3
 LOST = "d1"
 #: the gloo timeout of the runs (a crash is seen by exit status long before it)
 TIMEOUT_S = 60.0
+#: the phase the target is on
+TOTAL = "total: failure to first commit"
 
 
 def three_stage_plan() -> Plan:
@@ -173,7 +181,7 @@ def restart_baseline(plan: Plan, folder: Path, fail_at: int, every: int) -> dict
         "re-plan": replanned - start,
         "restart to first commit": watcher.first - restarted,
         "redo": watcher.nth - watcher.first,
-        "total: failure to first commit": watcher.first - killer.killed_at,
+        TOTAL: watcher.first - killer.killed_at,
         "total: back at the failed step": watcher.nth - killer.killed_at,
         "steps redone": float(reached - resume_from),
         "stages after": float(new.partition.num_stages),
@@ -198,46 +206,65 @@ def in_process(plan: Plan, folder: Path, fail_at: int) -> dict[str, float]:
         "restore": event["t_restore_s"],
         "first step (start replica, compute, commit)":
             event["t_first_commit_s"] - sum(event[k] for k in phases),
-        "total: failure to first commit": event["t_detect_s"] + event["t_first_commit_s"],
+        TOTAL: event["t_detect_s"] + event["t_first_commit_s"],
         "steps redone": float(fail_at - event["replay_from_step"]),
     }
+
+
+def paired_runs(plan: Plan, tmp: Path, pairs: int, fail_at: int, every: int) -> list[dict]:
+    """``pairs`` pairs of an in-process recovery and a restart baseline, back to back,
+    the first of each pair alternating (in-process first in pair 1), so that a load
+    change between pairs moves both halves of a pair alike and any order effect
+    cancels. Each half records the 1-minute load average before and after it."""
+    out = []
+    for r in range(pairs):
+        order = ("in-process", "restart") if r % 2 == 0 else ("restart", "in-process")
+        pair: dict = {"first": order[0]}
+        for kind in order:
+            before = os.getloadavg()[0]
+            folder = tmp / f"{kind}-{r}"
+            pair[kind] = (in_process(plan, folder, fail_at) if kind == "in-process"
+                          else restart_baseline(plan, folder, fail_at, every))
+            pair[f"load {kind}"] = (before, os.getloadavg()[0])
+        pair["ratio"] = pair["restart"][TOTAL] / pair["in-process"][TOTAL]
+        out.append(pair)
+    return out
+
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--fail-at", type=int, default=6, help="steps committed before the kill")
     p.add_argument("--checkpoint-every", type=int, default=4)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--pairs", type=int, default=4)
     args = p.parse_args()
     plan = three_stage_plan()
-    runs: dict[str, list[dict[str, float]]] = {"in-process": [], "restart": []}
     with tempfile.TemporaryDirectory() as tmp:
-        for r in range(args.repeats):  # alternating: a load burst hits both alike
-            runs["in-process"].append(in_process(plan, Path(tmp) / f"inproc-{r}",
-                                                 args.fail_at))
-            runs["restart"].append(restart_baseline(plan, Path(tmp) / f"restart-{r}",
-                                                    args.fail_at, args.checkpoint_every))
+        pairs = paired_runs(plan, Path(tmp), args.pairs, args.fail_at, args.checkpoint_every)
     print(f"{plan.id}: gpt2-small {BUILD.sizes}, 3 stages on 3 local processes (gloo), "
           f"{LOST} SIGKILLed in step {args.fail_at}; restart: checkpoint every "
-          f"{args.checkpoint_every}; medians of {args.repeats} alternating runs")
-    phases = list(dict.fromkeys([*runs["in-process"][0], *runs["restart"][0]]))
-    med = {k: {p: statistics.median(x[p] for x in v) for p in phases if p in v[0]}
-           for k, v in runs.items()}
-    print(f"{'phase (s)':<32} {'in-process':>11} {'restart all':>12}")
-    for phase in phases:
-        cells = [f"{med[k][phase]:.3f}" if phase in med[k] else "-" for k in runs]
-        print(f"{phase:<32} {cells[0]:>11} {cells[1]:>12}")
-    total = "total: failure to first commit"
-    ratios = [b[total] / a[total] for a, b in zip(runs["in-process"], runs["restart"],
-                                                  strict=True)]
-    print(f"restart / in-process, failure to first commit: median "
-          f"{statistics.median(ratios):.1f}x (per run: "
-          f"{', '.join(f'{x:.1f}' for x in ratios)}; lowest {min(ratios):.1f}x; "
-          "target >= 20x in every run)")
-    for k, v in runs.items():
-        print(f"{k}, failure to first commit per run (s): "
-              f"{', '.join(f'{x[total]:.3f}' for x in v)}")
-    print(json.dumps(runs))
+          f"{args.checkpoint_every}; {args.pairs} pairs, each an in-process recovery and a "
+          "restart back to back (the first alternating)")
+    print(f"{'pair':>4} {'first':>10} {'load in-process':>16} {'load restart':>13} "
+          f"{'in-process s':>12} {'restart s':>10} {'ratio':>7}")
+    for n, pair in enumerate(pairs, 1):
+        loads = [f"{a:.1f}-{b:.1f}" for a, b in (pair["load in-process"],
+                                                  pair["load restart"])]
+        print(f"{n:>4} {pair['first']:>10} {loads[0]:>16} {loads[1]:>13} "
+              f"{pair['in-process'][TOTAL]:>12.3f} {pair['restart'][TOTAL]:>10.3f} "
+              f"{pair['ratio']:>6.1f}x")
+    ratios = [pair["ratio"] for pair in pairs]
+    print(f"restart / in-process, failure to first commit, per pair: median "
+          f"{statistics.median(ratios):.1f}x, lowest {min(ratios):.1f}x (target >= 20x in "
+          f"every pair: {'met' if min(ratios) >= 20 else 'NOT met'})")
+    print(f"{'phase (s)':<44} {'median':>7}  per pair")
+    for kind in ("in-process", "restart"):
+        print(kind)
+        for phase in pairs[0][kind]:
+            values = [pair[kind][phase] for pair in pairs]
+            print(f"  {phase:<42} {statistics.median(values):>7.3f}  "
+                  f"{', '.join(f'{v:.3f}' for v in values)}")
+    print(json.dumps(pairs))
 
 
 if __name__ == "__main__":

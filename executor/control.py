@@ -144,9 +144,11 @@ class Coordinator:
         exited: optional callback naming the devices whose process has exited (the
             local launcher passes one; across hosts there is none).
         clock: monotonic seconds (a parameter for tests of the timing rules).
-        start_timeout_s: silence allowed to a device that has not beaten yet in this
-            generation (process start-up: interpreter, torch import, plan load);
-            default ``hang_timeout_s``.
+        start_timeout_s: silence allowed to a device that has never beaten (process
+            start-up: interpreter, torch import, plan load); default ``hang_timeout_s``.
+            A device that beat before a generation opened (a survivor, a joined device,
+            which is admitted only once it beats) gets ``hang_timeout_s`` in it, so one
+            that hangs right after the open is declared within that.
 
     State: per device the heartbeat count at the generation's start, the last count
     seen and when it last moved. Every :meth:`poll` costs one store round trip per
@@ -167,7 +169,6 @@ class Coordinator:
         self.store = store
         self.hang_timeout_s = hang_timeout_s
         self.start_timeout_s = hang_timeout_s if start_timeout_s is None else start_timeout_s
-        self._opened: dict[str, int] = {}
         #: each re-admitted device's incarnation (module docstring; absent: 0)
         self.incarnations: dict[str, int] = {}
         self._exited = exited
@@ -187,7 +188,6 @@ class Coordinator:
         self.members = members
         now = self._clock()
         self._seen = {d: (self.beats(d), now) for d in members}
-        self._opened = {d: count for d, (count, _) in self._seen.items()}
         self.store.set("ctl/generation", str(self.generation))
         return self.generation
 
@@ -209,9 +209,7 @@ class Coordinator:
             current = self.beats(device)
             if current != count:
                 self._seen[device] = (current, now)
-            elif now - since >= (
-                self.hang_timeout_s if current != self._opened[device] else self.start_timeout_s
-            ):
+            elif now - since >= (self.hang_timeout_s if current else self.start_timeout_s):
                 failures.append(Failure(device, "hang", now, now - since))
         return failures
 
@@ -233,10 +231,15 @@ class Coordinator:
         (each sees the abort within a few store round trips, at the latest at its next
         beat). Costs one store write per fenced device and per member."""
         for device in fence:
-            self.store.set(f"ctl/fenced/{device}", str(self.generation))
+            self.fence(device)
         self.store.set("ctl/abort", f"{self.generation}:{cause}")
         for device in self.members:  # after the abort: a woken watcher reads it
             self.store.set(f"ctl/wake/{device}", str(self.generation))
+
+    def fence(self, device: str) -> None:
+        """Fence ``device`` in the current generation without aborting it (also a
+        device that is no member: a joiner dropped before it was admitted)."""
+        self.store.set(f"ctl/fenced/{device}", str(self.generation))
 
     def is_fenced(self, device: str) -> bool:
         """Whether the current incarnation of ``device`` is fenced."""

@@ -13,7 +13,10 @@ A spec is ``DEVICE:STEP:PHASE[:SIGNAL]``, several separated by commas
   posted, not yet acknowledged; on a standby holding a one-device plan's replica:
   received, not yet acknowledged; STEP counts the steps whose state is replicated minus
   one), ``restore`` (a recovery generation's process groups are built, its state not yet
-  restored; STEP is the step it replays from, ``*`` any);
+  restored; STEP is the step it replays from, ``*`` any), ``join`` (a joining device's
+  process is up, connected to the store and, across hosts, registered, before its first
+  heartbeat: KILL is a joiner that exits before it is admitted, STOP one that never
+  beats; STEP must be ``*``, a joiner has this point once);
 * ``SIGNAL`` ``KILL`` (default: a crash) or ``STOP`` (a hang: no FIN, no heartbeat).
 
 The device signals itself (``os.kill(os.getpid(), ...)``) after writing the wall-clock
@@ -33,7 +36,7 @@ from torch.distributed import Store
 
 from planner.errors import InputError
 
-PHASES = ("forward", "backward", "optimizer", "replication", "restore")
+PHASES = ("forward", "backward", "optimizer", "replication", "restore", "join")
 SIGNALS = {"KILL": signal.SIGKILL, "STOP": signal.SIGSTOP}
 
 
@@ -53,10 +56,11 @@ def parse(spec: str) -> tuple[Fault, ...]:
         parts = item.split(":")
         if len(parts) not in (3, 4) or parts[2] not in PHASES or (
             len(parts) == 4 and parts[3] not in SIGNALS
-        ) or not (parts[1] == "*" or parts[1].isdigit()):
+        ) or not (parts[1] == "*" or (parts[1].isdigit() and parts[2] != "join")):
             raise InputError(
                 "--inject", item, f"expected DEVICE:STEP:PHASE[:SIGNAL] with STEP a number "
-                f"or *, PHASE one of {', '.join(PHASES)}, SIGNAL one of {', '.join(SIGNALS)}"
+                f"or * (* for join), PHASE one of {', '.join(PHASES)}, SIGNAL one of "
+                f"{', '.join(SIGNALS)}"
             )
         step = None if parts[1] == "*" else int(parts[1])
         out.append(Fault(parts[0], step, parts[2], parts[3] if len(parts) == 4 else "KILL"))

@@ -10,7 +10,7 @@ device of the file is either **new** (an id the plan's cluster does not have) or
 STEP``), which comes back as a fresh process with nothing in memory.
 
 Protocol (:class:`JoinSchedule`, polled by the launcher between its other duties; one
-join at a time, in step order):
+join (one ``--emulate-join`` file, any number of devices) at a time, in step order):
 
 1. The :class:`~executor.recovery.Supervisor` holds commits from ``STEP`` on
    (:meth:`~executor.recovery.Supervisor.hold`), so the run waits at that boundary.
@@ -28,9 +28,16 @@ join at a time, in step order):
    receives its blocks and their optimizer state from their current holders (the
    migration) before its first step. A joined device the re-plan leaves idle is a spare.
 
-Bounded waits: a joining process that exits before it is admitted, or does not beat
-within ``start_timeout_s`` of its start, stops the run with one line
-(:class:`JoinFailed`).
+**Failed joins** (:class:`JoinFailed`; training goes on): a joining process that exits
+before it is admitted, or does not beat within ``start_timeout_s`` of its start (it is
+then SIGKILLed), or a rejoin whose device still serves at the boundary (its fault did
+not take it out) drops that join: its processes are stopped, the hold is released, the
+run goes on under its current plan, bit for bit as without the join, and one line
+(``join of e at step 2 (--emulate-join e.json@2) failed: joining device 'e' exited with
+status -9 before it was admitted; the run goes on without it``) goes to
+``metrics.jsonl`` (``"type": "join_failed"``: ``device``, ``step``, ``detected_at``,
+``reason``) and ``edgepipe run``'s stderr. A join is an offer of capacity: refusing it
+costs the run nothing, while stopping would turn a flaky newcomer into an outage.
 
 **Across hosts** (``edgepipe coordinate --recover``; :class:`JoinRequests`): a device
 that shows up is started by hand, outside the torchrun job, as ``python -m
@@ -43,9 +50,19 @@ counter ``ctl/join/next``) and waits for the coordinator's reply
 lost earlier) or a one-line refusal (the id serves the run; the document names not one
 device or does not validate). The coordinator then holds commits at the next step
 boundary (or at STEP, when later), waits until the run stands there and the device
-beats, and re-partitions (cause ``join``), as above. One join is admitted at a time; a
-registered device that does not beat within ``start_timeout_s`` is dropped and the run
-goes on without it.
+beats, and re-partitions (cause ``join``), as above. Every registered device due at
+that boundary (its STEP at or before it) is admitted in the one re-partition, once each
+beats (:func:`merged`: one re-plan with all of them). A registered device that does not
+beat within ``start_timeout_s`` is dropped with one ``join_failed`` line and fenced (its
+process exits should it wake up; registering again re-admits it); the run goes on.
+
+**A second process under a serving device's id** is refused with one line, the serving
+one untouched: a registration proves only that some process claims the id, not that
+the serving one is gone, so fencing on that claim would let a mistaken duplicate (a
+start command run twice, a wrong file) kill a healthy device and force a recovery. A
+device that really restarted is declared lost by the control plane within the hang
+timeout (its old process is silent or gone); then the new process registers and is
+re-admitted. Locally the same holds for an emulated rejoin (``JoinSchedule``).
 """
 
 from __future__ import annotations
@@ -53,7 +70,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from torch.distributed import Store
@@ -68,7 +85,8 @@ FLAG = "--emulate-join"
 
 
 class JoinFailed(EdgepipeError):
-    """A joining device could not be admitted; ``device`` names it."""
+    """A joining device could not be admitted; ``device`` names it. Recorded, not
+    raised (module docstring, "Failed joins"): the run goes on without it."""
 
     def __init__(self, message: str, device: str) -> None:
         self.device = device
@@ -138,6 +156,10 @@ class _Entrant:
     started: float = 0.0
 
 
+#: ``metrics.jsonl`` line of a join that failed (module docstring, "Failed joins")
+FAILED = "join_failed"
+
+
 @dataclass
 class JoinSchedule:
     """The launcher's side of the joins (module docstring).
@@ -146,9 +168,11 @@ class JoinSchedule:
         joins: the joins, any order.
         supervisor: the run's supervisor.
         spawn: ``spawn(device, incarnation)`` starts a joining process (returns it:
-            ``exitcode`` is None while it runs).
+            ``exitcode`` is None while it runs; ``kill()`` and ``join()`` end it).
         gone: ``gone(device)`` whether the device's previous process has exited.
         start_timeout_s: how long a joining process may take to beat.
+
+    ``failures``: the joins that failed (:class:`JoinFailed`, one line each), in order.
     """
 
     joins: list[EmulatedJoin]
@@ -156,6 +180,7 @@ class JoinSchedule:
     spawn: Callable[[str, int], Any]
     gone: Callable[[str], bool]
     start_timeout_s: float
+    failures: list[JoinFailed] = field(default_factory=list)
     _entrants: list[_Entrant] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -167,8 +192,10 @@ class JoinSchedule:
         self.supervisor.hold(self.joins[0].step if self.joins else None)
 
     def poll(self) -> None:
-        """Start what can start; admit the current join once the run stands at its
-        boundary and every entrant beats. Raises :class:`JoinFailed`."""
+        """Start what can start; drop the current join as soon as one of its processes
+        exits or stays silent past the start time-out, or, at the boundary, names a
+        device that still serves (:meth:`_fail`); admit it once the run stands at its
+        boundary and every entrant beats."""
         if not self.joins:
             return
         join, sup = self.joins[0], self.supervisor
@@ -182,24 +209,49 @@ class JoinSchedule:
                 e.beats_at_start = coordinator.beats(e.device)
                 e.started = time.monotonic()
                 e.proc = self.spawn(e.device, incarnation)
+        silent = []
+        for e in self._entrants:
+            if e.proc is None:
+                continue
+            if e.proc.exitcode is not None:
+                return self._fail(f"joining device {e.device!r} exited with status "
+                                  f"{e.proc.exitcode} before it was admitted", e.device)
+            if coordinator.beats(e.device) == e.beats_at_start:
+                if time.monotonic() - e.started > self.start_timeout_s:
+                    return self._fail(f"joining device {e.device!r} sent no heartbeat "
+                                      f"within {self.start_timeout_s:g} s of its start "
+                                      "(its process was killed)", e.device)
+                silent.append(e)
         if not sup.at_boundary():
             return
         for e in self._entrants:
             if e.proc is None:
-                raise JoinFailed(
-                    f"device {e.device!r} still serves the run at the step boundary "
-                    f"{join.step} ({FLAG} {join.path}@{join.step}): it was not lost "
-                    "before, so it cannot rejoin", e.device)
-            if e.proc.exitcode is not None:
-                raise JoinFailed(f"joining device {e.device!r} exited with status "
-                                 f"{e.proc.exitcode} before it was admitted", e.device)
-            if coordinator.beats(e.device) == e.beats_at_start:
-                if time.monotonic() - e.started > self.start_timeout_s:
-                    raise JoinFailed(f"joining device {e.device!r} sent no heartbeat within "
-                                     f"{self.start_timeout_s:g} s of its start", e.device)
-                return
+                return self._fail(f"device {e.device!r} still serves the run at the step "
+                                  f"boundary {join.step}: it was not lost before, so it "
+                                  "cannot rejoin", e.device)
+        if silent:
+            return
         sup.repartition("join", ",".join(join.devices), joined=join.cluster)
         self.joins.pop(0)
+        self._next()
+
+    def _fail(self, reason: str, device: str) -> None:
+        """Drop the current join: stop its processes, record one line (``failures`` and
+        a ``join_failed`` line in ``metrics.jsonl``) and release the hold, so the run
+        goes on under its current plan (or holds at the next join's step)."""
+        join = self.joins.pop(0)
+        for e in self._entrants:
+            if e.proc is not None and e.proc.exitcode is None:
+                e.proc.kill()  # SIGKILL also ends a SIGSTOPped process
+                e.proc.join()
+        failure = JoinFailed(f"join of {','.join(join.devices)} at step {join.step} "
+                             f"({FLAG} {join.path}@{join.step}) failed: {reason}; the run "
+                             "goes on without it", device)
+        self.failures.append(failure)
+        if self.supervisor.writer is not None:
+            self.supervisor.writer.write_event({
+                "type": FAILED, "device": ",".join(join.devices), "step": join.step,
+                "detected_at": time.time(), "reason": str(failure)})
         self._next()
 
 
@@ -246,48 +298,92 @@ def register(store: Store, document: dict, timeout_s: float, step: int | None = 
     return int(reply["incarnation"])
 
 
+def merged(clusters: Sequence[Cluster]) -> Cluster:
+    """One cluster document's worth of joining devices from several single-device
+    registrations: their devices in order, every type and link (the network defaults
+    are ignored by the re-plan, which keeps the run's)."""
+    first = clusters[0]
+    return replace(
+        first, name=",".join(d.id for c in clusters for d in c.devices),
+        devices=tuple(d for c in clusters for d in c.devices),
+        device_types={k: v for c in clusters for k, v in c.device_types.items()},
+        network=replace(first.network,
+                        links=tuple(ln for c in clusters for ln in c.network.links)))
+
+
 @dataclass
 class JoinRequests:
     """The cross-host coordinator's side of registrations (module docstring, "Across
-    hosts"). ``poll`` costs one store round trip, two more per pending join."""
+    hosts"). ``poll`` costs one store round trip, one more per pending join.
+
+    ``failures``: the registrations dropped (:class:`JoinFailed`, one line each)."""
 
     store: Store
     supervisor: Supervisor
     plan: Plan
     start_timeout_s: float
+    failures: list[JoinFailed] = field(default_factory=list)
     _next: int = 0
     #: registered, not yet admitted: (devices, earliest step, the entrant)
     _pending: list[tuple[Cluster, int, _Entrant]] = field(default_factory=list)
 
     def poll(self) -> dict[str, Any] | None:
-        """Answer new registrations; admit the first pending one at the step boundary
-        once it beats. Returns the recovery event of an admission (else None)."""
+        """Answer new registrations; drop the ones silent past the start time-out; at
+        the held step boundary admit every pending device due there (registered for
+        that step or earlier) in one re-partition, once each of them beats. Returns the
+        recovery event of an admission (else None)."""
         while self.store.check([f"ctl/join/{self._next}"]):
             key = f"ctl/join/{self._next}"
             self._next += 1
             try:
                 reply: dict[str, Any] = {"incarnation": self._accept(key)}
             except (InputError, ValueError) as exc:
-                reply = {"refused": str(exc).splitlines()[0]}
+                # the worker names the flag itself (register)
+                own = isinstance(exc, InputError) and exc.source == "--join"
+                reply = {"refused": (exc.problem if own else str(exc)).splitlines()[0]}
             self.store.set(f"{key}/reply", json.dumps(reply))
-        if not self._pending:
-            return None
         sup = self.supervisor
-        cluster, step, entrant = self._pending[0]
-        if sup.held is None:
-            sup.hold(max(sup.gen.next_commit, step))
-        if sup.coordinator.beats(entrant.device) == entrant.beats_at_start:
-            if time.monotonic() - entrant.started > self.start_timeout_s:
-                self._pending.pop(0)  # never started: the run goes on without it
+        beating = set()
+        for item in list(self._pending):
+            entrant = item[2]
+            if sup.coordinator.beats(entrant.device) != entrant.beats_at_start:
+                beating.add(entrant.device)
+            elif time.monotonic() - entrant.started > self.start_timeout_s:
+                self._drop(item)
+        if not self._pending:
+            if sup.held is not None:
                 sup.hold(None)
             return None
-        if not sup.at_boundary():
+        if sup.held is None:
+            sup.hold(max(sup.gen.next_commit, self._pending[0][1]))
+        held = max(sup.held, sup.gen.resume)
+        due = [item for item in self._pending if item[1] <= held]
+        if not due or any(e.device not in beating for _, _, e in due) or not sup.at_boundary():
             return None
-        self._pending.pop(0)
-        return sup.repartition("join", entrant.device, joined=cluster)
+        for item in due:
+            self._pending.remove(item)
+        return sup.repartition("join", ",".join(e.device for _, _, e in due),
+                               joined=merged([c for c, _, _ in due]))
+
+    def _drop(self, item: tuple[Cluster, int, _Entrant]) -> None:
+        """A registered device that never beat: the run goes on without it. It is
+        fenced, so its process exits should it wake up; it may register again (it is
+        then re-admitted, :meth:`_accept`)."""
+        self._pending.remove(item)
+        device, sup = item[2].device, self.supervisor
+        sup.coordinator.fence(device)
+        failure = JoinFailed(f"join of {device} failed: it registered but sent no heartbeat "
+                             f"within {self.start_timeout_s:g} s (--start-timeout); the run "
+                             "goes on without it", device)
+        self.failures.append(failure)
+        if sup.writer is not None:
+            sup.writer.write_event({"type": FAILED, "device": device, "step": item[1],
+                                    "detected_at": time.time(), "reason": str(failure)})
+        sup.hold(None)  # the next poll holds again for whichever join is still pending
 
     def _accept(self, key: str) -> int:
-        """Check one registration; returns the incarnation (readmits a lost device)."""
+        """Check one registration; returns the incarnation (readmits a device lost, or
+        dropped, earlier)."""
         catalog = {**load_catalog(), **self.plan.problem.cluster.device_types}
         request = json.loads(self.store.get(key))
         cluster = Cluster.from_dict(request["cluster"], key, catalog=catalog)
@@ -298,9 +394,16 @@ class JoinRequests:
         device = cluster.devices[0].id
         waiting = {e.device for _, _, e in self._pending}
         if device in waiting or (device in sup.devices and device not in sup.lost):
-            raise InputError("--join", "", f"device {device!r} already serves the run; a "
-                             "joining device is new, or one lost earlier")
-        incarnation = sup.readmit(device) if device in sup.devices else 0
+            raise InputError("--join", "", f"device {device!r} already serves the run (or "
+                             "waits to join it): a second process under its id is refused "
+                             "while the first lives; stop that one, or let the coordinator "
+                             "declare it lost (--hang-timeout), then start this one again")
+        if device in sup.devices:
+            incarnation = sup.readmit(device)
+        elif sup.coordinator.is_fenced(device):  # dropped before: a fresh incarnation
+            incarnation = sup.coordinator.readmit(device)
+        else:
+            incarnation = 0
         self._pending.append((cluster, int(request["step"] or 0),
                               _Entrant(device, None, sup.coordinator.beats(device),
                                        time.monotonic())))

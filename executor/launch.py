@@ -45,7 +45,10 @@ so). ``ranks.json`` gains a line (rank ``null``, ``"role": "standby"``) per stan
 :class:`~executor.worker.RecoveringWorker` with ``WorkerOptions.device``) and has the
 Supervisor admit it at the step boundary; the launcher then tracks the device's newest
 process (a rejoined device's old one is gone), and ``ranks.json`` gains a line (rank
-``null``) per joining process.
+``null``) per joining process. A join that fails (its process exits or stays silent
+before it is admitted, or a rejoining device still serves) is dropped with one
+``join_failed`` line in ``metrics.jsonl`` (:attr:`RunResult.join_failures`) and the run
+goes on.
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ from executor import checkpoint, data
 from executor.checkpoint import check_resume
 from executor.control import Coordinator, Failure, generation_store
 from executor.faults import parse as parse_faults
+from executor.joins import FAILED as JOIN_FAILED
 from executor.joins import FLAG, EmulatedJoin, JoinSchedule, check_joins
 from executor.layout import RankLayout, check_runnable
 from executor.metrics import MetricsWriter, read_jsonl
@@ -117,11 +121,15 @@ class RunResult:
     out_dir: Path
     metrics: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
+    #: the ``join_failed`` lines: joins dropped while the run went on (executor/joins.py)
+    join_failures: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def read(cls, out: Path | None) -> RunResult:
         lines = read_jsonl(out / "metrics.jsonl") if out is not None else []
-        return cls(out, [m for m in lines if "type" not in m], [m for m in lines if "type" in m])
+        return cls(out, [m for m in lines if "type" not in m],
+                   [m for m in lines if m.get("type") == "recovery"],
+                   [m for m in lines if m.get("type") == JOIN_FAILED])
 
     @property
     def losses(self) -> list[float]:
@@ -184,6 +192,7 @@ def launch(
     recover: bool | None = None,
     joins: Sequence[EmulatedJoin] = (),
     standbys: int | None = None,
+    join_timeout_s: float | None = None,
 ) -> RunResult:
     """Run the plan of ``opts`` here, one process per plan device (module docstring).
 
@@ -191,7 +200,9 @@ def launch(
     started. ``hang_timeout_s`` (None: no control plane) must exceed twice
     ``heartbeat_s``. ``recover`` (:func:`recovers`): recover from a lost or hung device
     in-process (:mod:`executor.recovery`) instead of stopping. ``joins``: devices that
-    join mid-run (module docstring, "Joins"; needs recovery). Raises
+    join mid-run (module docstring, "Joins"; needs recovery); ``join_timeout_s``: how
+    long a joining process may take to beat (default: the start time-out,
+    max(``START_TIMEOUT_S``, the gloo timeout)), or its join is dropped. Raises
     :class:`RunFailed` when a worker dies or hangs (without recovery),
     :class:`~executor.recovery.RecoveryFailed` when recovery is impossible, any other
     :class:`~planner.errors.EdgepipeError` when the plan is refused. ``standbys``: at
@@ -292,7 +303,8 @@ def launch(
             schedule = JoinSchedule(
                 list(joins), supervisor, spawn,
                 gone=lambda d: current[d].exitcode is not None,
-                start_timeout_s=max(START_TIMEOUT_S, opts.timeout_s),
+                start_timeout_s=(max(START_TIMEOUT_S, opts.timeout_s)
+                                 if join_timeout_s is None else join_timeout_s),
             )
     try:
         for info in layout.ranks:

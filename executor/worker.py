@@ -484,11 +484,13 @@ class RecoveringWorker:
         self.device, _ = _device(endpoint)
         self.rows = load_rows(plan, opts)
         self.store = self._connect()
+        self.faults = Injector(self.device_id, parse_faults(opts.faults), self.store)
+        if self.joining:
+            self.faults.at(0, "join")  # before its first heartbeat (executor/faults.py)
         self.control = WorkerControl(self._control_store, self.device_id,
                                      opts.heartbeat_s, opts.incarnation).start()
         self.dead: set[int] = set()
         self.copies = Copies(lambda g: g not in self.dead)
-        self.faults = Injector(self.device_id, parse_faults(opts.faults), self.store)
         self.finished = False
 
     def _connect(self) -> dist.TCPStore:

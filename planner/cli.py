@@ -812,6 +812,8 @@ def cmd_run(args: argparse.Namespace) -> None:
             "-" if sps is None else f"{sps:.1f}",
         )
     out.print(table)
+    for failed in result.join_failures:
+        err.print(f"warning: {failed['reason']}", highlight=False, soft_wrap=True, markup=False)
     for e in result.events:
         what = "re-partitioned for" if e["cause"] in ("slow", "join") else "recovered from"
         out.print(

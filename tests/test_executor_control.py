@@ -141,6 +141,19 @@ def test_start_up_silence_gets_the_start_timeout_and_a_retired_device_is_not_wat
     assert [(f.device, f.silent_s) for f in coordinator.poll()] == [("a", 5.0), ("b", 5.0)]
 
 
+def test_a_device_that_beat_before_a_generation_opened_gets_the_hang_timeout_in_it():
+    # a joined device is admitted only once it beats (a survivor beat in the generation
+    # before): hung right after the open, it is declared within the hang timeout, while
+    # a device that never beat still gets the start timeout
+    store, clock = host_store(0), Clock()
+    coordinator = Coordinator(store, ["a"], hang_timeout_s=1.0, clock=clock,
+                              start_timeout_s=5.0)
+    store.add("ctl/hb/e", 3)  # e beat while it waited to join
+    coordinator.open_generation(["a", "e"])  # t = 100; e then falls silent
+    clock.now += 1.0
+    assert [(f.device, f.cause) for f in coordinator.poll()] == [("e", "hang")]
+
+
 def slowed_plan(profile, slowdowns):
     """Two stages of one device each, one micro-batch of 6, on devices of one CPU type
     with these slowdowns; links far faster than compute (the time scale stretches them

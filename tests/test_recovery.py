@@ -72,17 +72,17 @@ def reference(plan, steps: int):
 
 
 def run(tmp_path: Path, stages, faults: str = "", steps: int = STEPS, joins=(),
-        model_profile=None, **cfg):
+        model_profile=None, join_timeout_s: float | None = None, **cfg):
     """Run a 2-micro-batch plan of ``stages`` (of ``model_profile``, default
-    :func:`profile`) with ``faults`` (and ``joins``: :class:`executor.joins.EmulatedJoin`);
-    reap every child."""
+    :func:`profile`) with ``faults`` (and ``joins``: :class:`executor.joins.EmulatedJoin`,
+    ``join_timeout_s``: :func:`executor.launch.launch`'s); reap every child."""
     plan = make_test_plan(model_profile or profile(), stages, 2, 2,
                           optimizer=cfg.pop("optimizer", "adam"), learning_rate=0.01, **cfg)
     path = write_plan(plan, tmp_path)
     return plan, launch_reaped(
         WorkerOptions(str(path), steps, str(tmp_path), deterministic=True,
                       timeout_s=GLOO_TIMEOUT_S, save_weights=True, faults=faults),
-        joins=joins)
+        joins=joins, join_timeout_s=join_timeout_s)
 
 
 def launch_reaped(options: WorkerOptions, **kw):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -25,6 +26,8 @@ from pathlib import Path
 import pytest
 
 from executor.control import Coordinator, Failure, connect_store, host_store
+from executor.faults import Fault
+from executor.faults import parse as parse_faults
 from executor.joins import EmulatedJoin, JoinRequests, register
 from executor.launch import RunResult
 from executor.layout import RankLayout
@@ -186,6 +189,92 @@ def test_a_joined_device_lost_while_it_restores_leaves_the_run_on_its_old_plan(t
     assert_every_process_reaped(tmp_path)
 
 
+# -- joins that fail at run time: dropped with one line, the run goes on ----------------
+
+#: how long the never-beating joiner gets (the default, max(120 s, --timeout), is for
+#: real start-ups under load)
+JOIN_TIMEOUT_S = 20.0
+
+
+def assert_one_join_failed(result, device: str, step: int, reason: str) -> None:
+    (failed,) = result.join_failures
+    assert (failed["device"], failed["step"]) == (device, step)
+    text = failed["reason"]
+    assert "\n" not in text and reason in text, text
+    assert text.startswith(f"join of {device} at step {step} (--emulate-join ")
+    assert text.endswith("; the run goes on without it")
+
+
+@pytest.mark.slow
+def test_a_joiner_that_exits_before_it_is_admitted_is_dropped_and_the_run_goes_on(tmp_path):
+    # e's process kills itself once it is up, before its first heartbeat: the join is
+    # dropped, the hold released, nothing aborted; every step runs the first plan
+    plan, result = run_joining(tmp_path, [join_at(tmp_path, 2, "e")], "e:*:join")
+    assert_matches_reference(tmp_path, plan, result)
+    assert result.events == []
+    assert_one_join_failed(result, "e", 2,
+                           "joining device 'e' exited with status -9 before it was admitted")
+    assert [m["generation"] for m in result.metrics] == [1, 1, 1, 1]
+    assert_every_process_reaped(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_joiner_that_never_beats_is_killed_and_dropped_and_the_run_goes_on(tmp_path):
+    # e's process stops itself (SIGSTOP) before its first heartbeat: the run holds at
+    # step 2 until the join time-out, then kills e and goes on under the first plan
+    plan, result = run_joining(tmp_path, [join_at(tmp_path, 2, "e")], "e:*:join:STOP",
+                               join_timeout_s=JOIN_TIMEOUT_S)
+    assert_matches_reference(tmp_path, plan, result)
+    assert result.events == []
+    assert_one_join_failed(result, "e", 2, "joining device 'e' sent no heartbeat within "
+                           f"{JOIN_TIMEOUT_S:g} s of its start (its process was killed)")
+    assert [m["generation"] for m in result.metrics] == [1, 1, 1, 1]
+    assert_every_process_reaped(tmp_path)
+
+
+def test_a_rejoin_of_a_device_that_still_serves_at_the_boundary_is_refused_and_the_run_goes_on(
+    tmp_path
+):
+    # d1's fault (the restore of a recovery generation that replays from step 1) never
+    # fires, as nothing fails: at the boundary 3 d1 still serves. Its rejoin is refused
+    # with one line; no second d1 process starts, nothing is aborted or fenced
+    plan, result = run_joining(tmp_path, [join_at(tmp_path, 3, "d1")], "d1:1:restore")
+    assert_matches_reference(tmp_path, plan, result)
+    assert result.events == []
+    assert_one_join_failed(result, "d1", 3, "device 'd1' still serves the run at the step "
+                           "boundary 3: it was not lost before, so it cannot rejoin")
+    ranks = json.loads((tmp_path / "ranks.json").read_text())
+    assert [r["device"] for r in ranks].count("d1") == 1
+    assert [m["generation"] for m in result.metrics] == [1, 1, 1, 1]
+    assert_every_process_reaped(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_joined_device_that_hangs_while_its_blocks_are_sent_leaves_the_run_on_its_old_plan(
+    tmp_path
+):
+    # e is admitted at step 2 and stops (SIGSTOP) once generation 2's groups are built,
+    # while its blocks are on their way: declared hung within the hang timeout (not the
+    # start time-out: it beat before it was admitted), fenced and killed; generation 3
+    # goes on under the first plan from step 2
+    plan, result = run_joining(tmp_path, [join_at(tmp_path, 2, "e")], "e:*:restore:STOP")
+    assert_matches_reference(tmp_path, plan, result)
+    joined, lost = result.events
+    assert (joined["cause"], joined["device"], joined["t_first_commit_s"]) == ("join", "e", None)
+    assert (lost["cause"], lost["device"], lost["replay_from_step"]) == ("hang", "e", 2)
+    assert lost["t_detect_s"] < 2 * HANG_S
+    assert (lost["new_plan"], lost["blocks_moved"]) == (plan.id, 0)
+    assert [m["generation"] for m in result.metrics] == [1, 1, 3, 3]
+    assert result.join_failures == []
+    assert_every_process_reaped(tmp_path)
+
+
+def test_the_join_fault_point_takes_any_step_only():
+    assert parse_faults("e:*:join:STOP") == (Fault("e", None, "join", "STOP"),)
+    with pytest.raises(InputError, match=r"STEP a number or \* \(\* for join\)"):
+        parse_faults("e:2:join")
+
+
 # -- refused before any process starts -------------------------------------------------
 
 
@@ -276,7 +365,7 @@ class Registrations:
 
     def __init__(self, tmp_path: Path, start_timeout_s: float = 60) -> None:
         plan = the_plan()
-        path = write_plan(plan, tmp_path)
+        self.path = path = write_plan(plan, tmp_path)
         self.store = host_store(0)
         devices = [r.device for r in RankLayout.from_plan(plan).ranks]
         self.coordinator = Coordinator(self.store, devices, HANG_S)
@@ -308,8 +397,9 @@ class Registrations:
 def test_a_registration_is_answered_with_an_incarnation_or_a_one_line_refusal(tmp_path):
     reg = Registrations(tmp_path)
     assert reg.register(join_doc("e")) == 0  # a new device
-    with pytest.raises(InputError, match="device 'd1' already serves the run"):
+    with pytest.raises(InputError) as caught:
         reg.register(join_doc("d1"))
+    assert str(caught.value).startswith("--join: device 'd1' already serves the run")
     with pytest.raises(InputError, match="device 'e' already serves the run"):
         reg.register(join_doc("e"))  # registered, waiting to be admitted
     with pytest.raises(InputError, match="names 2 devices"):
@@ -359,7 +449,109 @@ def test_a_registered_device_that_never_beats_is_dropped_and_the_run_goes_on(tmp
     time.sleep(0.6)
     assert reg.requests.poll() is None
     assert sup.held is None and sup.gen.number == 1  # released; e was never admitted
-    assert reg.register(join_doc("e")) == 0  # it may register again
+    (failure,) = reg.requests.failures
+    assert str(failure) == ("join of e failed: it registered but sent no heartbeat within "
+                            "0.5 s (--start-timeout); the run goes on without it")
+    # fenced: its process exits should it wake up; registering again re-admits it under
+    # a fresh incarnation, which that fence does not stop
+    assert reg.coordinator.is_fenced("e")
+    assert reg.register(join_doc("e")) == 2
+    assert not reg.coordinator.is_fenced("e")
+
+
+def test_devices_registered_for_one_boundary_are_admitted_together_in_one_re_partition(
+    tmp_path
+):
+    reg = Registrations(tmp_path)
+    sup, gen = reg.supervisor, reg.supervisor.gen
+    for rank in range(gen.world):
+        gen.store.set(f"repl/0/{rank}", "1")
+    sup.poll()  # the start state is durable: the run stands at step 0
+    assert reg.register(join_doc("e")) == 0
+    assert reg.register(join_doc("f")) == 0
+    reg.store.add("ctl/hb/e", 1)
+    assert reg.requests.poll() is None and sup.gen is gen  # f has not beaten yet
+    reg.store.add("ctl/hb/f", 1)
+    event = reg.requests.poll()
+    assert event is not None and (event["device"], event["replay_from_step"]) == ("e,f", 0)
+    assert sup.gen.number == 2 and {"e", "f"} <= set(sup.gen.members)
+    new = plan_after(tmp_path, event)
+    assert new.changes is not None and new.changes.joined == ("e", "f")
+
+
+def joining_worker(reg: Registrations, tmp_path: Path, device: str) -> subprocess.Popen:
+    """A real ``python -m executor.worker --join`` process of ``device`` against the
+    Registrations' store, with the settings a recovering coordinator publishes."""
+    reg.store.set("ctl/recover", json.dumps({"steps": 4, "checkpoint_every": 0, "resume": 0,
+                                             "emulate": False, "time_scale": None}))
+    doc = tmp_path / f"{device}.json"
+    doc.write_text(json.dumps(join_doc(device)))
+    return subprocess.Popen(
+        [sys.executable, "-m", "executor.worker", str(reg.path), "--steps", "4",
+         "--coordinator", f"127.0.0.1:{reg.store.port}", "--join", str(doc),
+         "--timeout", str(GLOO_TIMEOUT_S), "--heartbeat", str(BEAT_S)],
+        cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+
+
+def until(condition, proc: subprocess.Popen, what: str, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"{what}: never happened (worker status {proc.poll()}: "
+                        f"{proc.communicate()[1][-2000:] if proc.poll() is not None else ''})")
+        time.sleep(0.02)
+
+
+def reaped(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()  # SIGKILL also ends a SIGSTOPped process
+    proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_a_second_worker_under_a_serving_id_is_refused_with_one_line_and_exits_2(tmp_path):
+    reg = Registrations(tmp_path)
+    proc = joining_worker(reg, tmp_path, "d1")  # d1 serves generation 1
+    try:
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:
+            reg.requests.poll()
+            time.sleep(0.02)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        reaped(proc)
+    assert proc.returncode == 2, err[-2000:]
+    assert err.strip() == ("error: --join: device 'd1' already serves the run (or waits to "
+                           "join it): a second process under its id is refused while the "
+                           "first lives; stop that one, or let the coordinator declare it "
+                           "lost (--hang-timeout), then start this one again")
+    assert reg.supervisor.gen.number == 1 and not reg.coordinator.is_fenced("d1")
+
+
+@pytest.mark.slow
+def test_a_registered_worker_that_hangs_before_it_beats_is_dropped_and_exits_when_it_wakes(
+    tmp_path
+):
+    # the worker registers and is SIGSTOPped before the coordinator answers, so it never
+    # beats: dropped after the start time-out (one line), fenced; woken up (SIGCONT) it
+    # sees the fence and exits with one line instead of touching the run
+    reg = Registrations(tmp_path, start_timeout_s=1.0)
+    proc = joining_worker(reg, tmp_path, "e")
+    try:
+        until(lambda: reg.store.check(["ctl/join/0"]), proc, "the registration")
+        os.kill(proc.pid, signal.SIGSTOP)
+        until(lambda: reg.requests.poll() is None and bool(reg.requests.failures), proc,
+              "the drop", timeout_s=30)
+        assert reg.supervisor.held is None and reg.supervisor.gen.number == 1
+        os.kill(proc.pid, signal.SIGCONT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        reaped(proc)
+    (failure,) = reg.requests.failures
+    assert "join of e failed: it registered but sent no heartbeat within 1 s" in str(failure)
+    assert proc.returncode == 2, err[-2000:]
+    assert err.strip() == "error: device e was declared dead; it must exit"
 
 
 needs_namespaces = pytest.mark.skipif(
