@@ -249,13 +249,14 @@ def schedule_makespan(chain: StepChain) -> float:
     forward_ms = [step.forward_ms for step in chain.steps]
     backward_ms = [step.backward_ms for step in chain.steps]
     for s, forward, mb in order:
+        end = free[s]
         if forward:
             dep = f_end[s - 1][mb] if s > 0 else 0.0
-            end = max(free[s], dep) + forward_ms[s]
+            end = (dep if dep > end else end) + forward_ms[s]
             f_end[s][mb] = end
         else:
             dep = b_end[s + 1][mb] if s < last else f_end[s][mb]
-            end = max(free[s], dep) + backward_ms[s]
+            end = (dep if dep > end else end) + backward_ms[s]
             b_end[s][mb] = end
         free[s] = end
     return max(free[s] + step.allreduce_ms for s, step in enumerate(chain.steps))
@@ -489,26 +490,35 @@ def _topological(lanes: list[list[tuple[bool, int]]]) -> list[tuple[int, bool, i
     Worklist: a lane advances while its next action's dependency is done and wakes the
     lane that waits for what it did; O(actions)."""
     last = len(lanes) - 1
+    m_count = 1 + max((m for lane in lanes for _, m in lane), default=0)
+    done = [(bytearray(m_count), bytearray(m_count)) for _ in lanes]  # backward, forward
     pos = [0] * len(lanes)
-    done: list[tuple[set, set]] = [(set(), set()) for _ in lanes]  # forwards, backwards
     order: list[tuple[int, bool, int]] = []
     work = list(range(len(lanes)))
-    while work:
+    while work:  # a lane runs as far as it can, then wakes the lanes that wait for it
         p = work.pop()
-        lane = lanes[p]
-        while pos[p] < len(lane):
-            forward, m = lane[pos[p]]
-            if forward and p > 0 and m not in done[p - 1][0]:
-                break
-            if not forward and p < last and m not in done[p + 1][1]:
-                break
-            done[p][0 if forward else 1].add(m)
+        lane, k = lanes[p], pos[p]
+        before = done[p - 1][1] if p > 0 else None
+        after = done[p + 1][0] if p < last else None
+        mine_b, mine_f = done[p]
+        sent_f = sent_b = False
+        while k < len(lane):
+            forward, m = lane[k]
+            if forward:
+                if before is not None and not before[m]:
+                    break
+                mine_f[m] = sent_f = True
+            else:
+                if after is not None and not after[m]:
+                    break
+                mine_b[m] = sent_b = True
             order.append((p, forward, m))
-            pos[p] += 1
-            if forward and p < last:
-                work.append(p + 1)
-            elif not forward and p > 0:
-                work.append(p - 1)
+            k += 1
+        pos[p] = k
+        if sent_f and p < last:
+            work.append(p + 1)
+        if sent_b and p > 0:
+            work.append(p - 1)
     if any(pos[p] < len(lane) for p, lane in enumerate(lanes)):
         return None
     return order
