@@ -457,26 +457,28 @@ def round_makespan(
     return fair_sharing_makespan(schedule, devices, links, rings, topology)
 
 
-def _stage_order(schedule: Schedule) -> tuple[list[list[tuple[bool, int]]], list | None]:
+def _stage_order(schedule: Schedule) -> tuple[list[list[tuple[bool, int]]], list | None, int]:
     """Per stage its forwards and backwards as ``(is forward, micro-batch)`` in schedule
-    order, and every stage's actions in an order where each comes after what it waits for
-    (:func:`_topological`; None if the schedule deadlocks). Every device of a stage runs
+    order, every stage's actions in an order where each comes after what it waits for
+    (:func:`_topological`; None if the schedule deadlocks), and 1 + the largest
+    micro-batch number. Every device of a stage runs
     the stage's actions and waits only for devices of the neighbouring stages, so the
     order is topological for every device's actions too. Cached per schedule object
     (schedules are immutable; the entry keeps its schedule alive, so its id is not
     reused while cached)."""
     hit = _STAGE_ORDERS.get(id(schedule))
     if hit is not None and hit[0] is schedule:
-        return hit[1], hit[2]
+        return hit[1], hit[2], hit[3]
     lanes = [
         [(a.type is ActionType.F, a.micro_batch) for a in compute_actions(actions)]
         for actions in schedule
     ]
     order = _topological(lanes)  # type: ignore[arg-type]
+    m_count = 1 + max((m for lane in lanes for _, m in lane), default=0)
     if len(_STAGE_ORDERS) >= 64:
         _STAGE_ORDERS.clear()
-    _STAGE_ORDERS[id(schedule)] = (schedule, lanes, order)
-    return lanes, order  # type: ignore[return-value]
+    _STAGE_ORDERS[id(schedule)] = (schedule, lanes, order, m_count)
+    return lanes, order, m_count  # type: ignore[return-value]
 
 
 _DEADLOCK = "the schedule deadlocks: a device waits for a transfer never sent"
@@ -524,7 +526,7 @@ def _topological(lanes: list[list[tuple[bool, int]]]) -> list[tuple[int, bool, i
     return order
 
 
-_STAGE_ORDERS: dict[int, tuple[Schedule, list, list | None]] = {}
+_STAGE_ORDERS: dict[int, tuple[Schedule, list, list | None, int]] = {}
 
 
 def longest_path_makespan(
@@ -555,7 +557,7 @@ def longest_path_makespan(
     Raises:
         ValueError: the schedule deadlocks.
     """
-    _, order = _stage_order(schedule)
+    order, m_count = _stage_order(schedule)[1:]
     if order is None:
         raise ValueError(_DEADLOCK)
     index: dict[str, int] = {}
@@ -570,7 +572,6 @@ def longest_path_makespan(
             f_ms.append(f)
             b_ms.append(b)
     n = len(f_ms)
-    m_count = 1 + max((m for _, _, m in order), default=0)
     # per device and is-forward, per micro-batch: the latest delivery of its pieces
     arrival = ([[0.0] * m_count for _ in range(n)], [[0.0] * m_count for _ in range(n)])
     pairs: dict[tuple[int, int], int] = {}
@@ -672,7 +673,7 @@ def fair_sharing_makespan(
     Raises:
         ValueError: the schedule deadlocks.
     """
-    lanes, _ = _stage_order(schedule)
+    lanes, _, m_count = _stage_order(schedule)
     last = len(lanes) - 1
     index: dict[str, int] = {}
     stage_of: list[int] = []
@@ -683,7 +684,6 @@ def fair_sharing_makespan(
             stage_of.append(p)
             dur.append((b, f))
     n = len(dur)
-    m_count = 1 + max((m for lane in lanes for _, m in lane), default=0)
     pairs: dict[tuple[int, int], int] = {}
     chans: list[tuple[int, ...]] = []  # per pair: the channels its transfers hold
 
@@ -1025,9 +1025,13 @@ class CostModel:
         """One direction of the chain's link step at block boundary ``cut`` (after block
         ``cut - 1``): the whole micro-batch over the slowest pair (the closed form's and
         the exact solver's link, module docstring)."""
-        sub = np.ix_(group_a, group_b)
-        bw = float(self.bw[sub].min())
-        lat = float(self.lat[sub].max())
+        if len(group_a) == 1 and len(group_b) == 1:  # one pair: no sub-table
+            bw = float(self.bw[group_a[0], group_b[0]])
+            lat = float(self.lat[group_a[0], group_b[0]])
+        else:
+            sub = np.ix_(group_a, group_b)
+            bw = float(self.bw[sub].min())
+            lat = float(self.lat[sub].max())
         return float(transfer_ms(micro_batch * float(self.boundary[cut - 1]), bw, lat))
 
     # -- whole partitions --------------------------------------------------------------------
