@@ -134,3 +134,12 @@ def test_equal_schedules_built_apart_give_the_same_round():
     assert longest_path_makespan(again, devices, links, rings) == 34.0
     gpipe = build("gpipe", [3, 3, 3], 3)
     assert longest_path_makespan(gpipe, devices, links, rings) != 34.0
+
+
+def test_one_shared_port_slows_only_the_transfers_on_it():
+    # a sends to b and c (a's uplink held twice), d sends to e alone: 1/2, 1/2, 1
+    held = [("a up", "b down"), ("a up", "c down"), ("d up", "e down")]
+    assert cost_module.fair_shares(held) == [0.5, 0.5, 1.0]
+    # three on a's uplink, one elsewhere: 1/3 each and 1
+    held = [("a up", "b down"), ("a up", "c down"), ("a up", "d down"), ("e up", "f down")]
+    assert cost_module.fair_shares(held) == [1 / 3, 1 / 3, 1 / 3, 1.0]
