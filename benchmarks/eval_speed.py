@@ -10,7 +10,12 @@ both alike; the table gives evaluations per second (process time, best of
 ``--repeat``), their ratio, and the largest relative difference of the round time
 (iteration_ms) between the two.
 
-    .venv/bin/python benchmarks/eval_speed.py --before 615ec89 [--repeat 5]
+    .venv/bin/python benchmarks/eval_speed.py --before 615ec89 [--repeat 5] [--plan-time]
+
+``--plan-time`` also times the DP's whole planning of each case (process time) with
+``CostModel.evaluate`` as it was at ``--before`` (the old method patched onto the
+current class: it calls the same per-stage methods, whose figures did not change) and as
+it is, alternately, twice each, best of two.
 """
 
 from __future__ import annotations
@@ -76,11 +81,25 @@ def per_second(model, partition: Partition, repeat: int, budget_s: float) -> flo
     return 1.0 / best
 
 
+def planning_s(problem: Problem, evaluate) -> float:
+    """Process seconds of one DP planning of ``problem`` with ``evaluate`` as
+    CostModel.evaluate."""
+    current = after.CostModel.evaluate
+    after.CostModel.evaluate = evaluate  # type: ignore[method-assign]
+    try:
+        start = time.process_time()
+        plan_dp(problem, time_limit=300)
+        return time.process_time() - start
+    finally:
+        after.CostModel.evaluate = current  # type: ignore[method-assign]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", required=True, help="git revision of the old cost model")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--budget", type=float, default=0.2, help="seconds per timed batch")
+    parser.add_argument("--plan-time", action="store_true", help="also time the DP's planning")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         before = load_before(args.before, Path(tmp))
@@ -105,6 +124,17 @@ def main() -> None:
                       f"{rates['old']:.1f} | {rates['new']:.1f} | "
                       f"{rates['new'] / rates['old']:.1f}x | {abs(b - a) / a:.1e} |",
                       flush=True)  # fmt: skip
+        if args.plan_time:
+            print("\n| plan | DP planning, evaluate before (s) | after (s) | ratio |\n"
+                  "|---|---|---|---|")
+            for name, (blocks, devices, types) in CASES.items():
+                base = planner_scaling.synthetic(blocks, devices, types)
+                times = {"old": float("inf"), "new": float("inf")}
+                for _ in range(2):
+                    times["old"] = min(times["old"], planning_s(base, before.CostModel.evaluate))
+                    times["new"] = min(times["new"], planning_s(base, after.CostModel.evaluate))
+                print(f"| {devices} devices, {name.split()[1]} | {times['old']:.2f} | "
+                      f"{times['new']:.2f} | {times['old'] / times['new']:.2f}x |", flush=True)
 
 
 if __name__ == "__main__":
