@@ -228,6 +228,14 @@ ROW_CHUNK_MIN = 48
 #: fraction of the slice: gathering costs more per element than slicing
 BAND_USE = 0.75
 
+#: the relaxed lower bound (:meth:`_Tables.relaxed`) tracks the suffix's stage count p
+#: (whose warm-up K(p) its memory check and bubble read) while pc x L^2 N sqrt(B) / 2
+#: stays within this; beyond, p >= pc share K(pc)'s memory and K(P)'s bubble
+RELAX_WORK = 3e7
+RELAX_LEVELS = 4
+#: above this work the relaxed bound takes its weak O(N L) form (:meth:`_Tables.relaxed`)
+RELAX_MAX = 2e8
+
 #: default wall-clock limit of one DP run, seconds
 DEFAULT_TIME_LIMIT = 60.0
 
@@ -296,6 +304,17 @@ class _Graph:
     kind: str
 
 
+@dataclass(frozen=True)
+class _Relaxed:
+    """The relaxed lower bounds of :meth:`_Tables.relaxed`: F, E (prefixes) indexed
+    [blocks, devices], G, Q (suffixes) [p - 1, blocks, devices]."""
+
+    f: np.ndarray
+    e: np.ndarray
+    g: np.ndarray
+    q: np.ndarray
+
+
 class _Tables:
     """Per-class block tables and the head evaluations of compositions (cached)."""
 
@@ -338,7 +357,7 @@ class _Tables:
         self.comp_id: dict[tuple[int, ...], int] = {}
         self._base: dict[tuple[int, int], tuple[np.ndarray, ...]] = {}
         self._tables: dict[tuple[int, int, int], tuple[np.ndarray, ...]] = {}
-        self._prefix: dict[int, np.ndarray] = {}
+        self._prefix: dict[tuple[int, str], np.ndarray] = {}
 
     def comp(self, g: tuple[int, ...]) -> int:
         if g not in self.comp_id:
@@ -494,11 +513,153 @@ class _Tables:
         devices (default all): the prefix sum of each block's least time on any class at
         any batch >= ceil(B / devices) (some device of a stage holds at least that share,
         and its time bounds the stage's E_f + E_b). O(K L max_batch), cached per share."""
-        share = -(-batch // (devices or sum(self.counts)))
-        if share not in self._prefix:
-            per_block = np.diff(self.fb, axis=1)[:, :, share:].min(axis=(0, 2))
-            self._prefix[share] = np.concatenate([[0.0], np.cumsum(per_block)])
-        return self._prefix[share]
+        return self._share_prefix(-(-batch // (devices or sum(self.counts))))
+
+    def relaxed(self, batch: int, m: int, warmups: list[int], in_flight: list[int]) -> _Relaxed:
+        """Lower bounds from a relaxed plan space (module docstring, pruning), on at most n
+        devices of the N (``warmups``: K(1), .., K(pc), the heads' warm-ups by the
+        number of stages from the end, the last one standing for every p >= pc):
+
+        * F[j, n]: the least summed c + tau of stages holding blocks [0, j) with a suffix
+          after them, plus the first stage's all-reduce T_a (D' >= c0 + tau1 + D, and
+          the root's X >= its head's T_a);
+        * E[j, n]: the least max over those stages of (what the stages before it add)
+          + M c, plus that T_a (the root's D holds each stage's M c shifted);
+        * G[p, l, n]: the least D of a suffix of the last l blocks in p stages (pc: p >=
+          pc), by the recurrence D' >= max(M c0, c0 + tau1 + (M - 1) o, c0 + tau1 + D);
+        * Q[p, l, n]: the least max over its stages s of D_s + T_a^s (the root's D + X
+          is at least that: X >= T_a^s - PB_s and D >= PB_s + D_s).
+
+        Relaxation: a stage on g devices has one with at least s = ceil(B / g) samples,
+        so its c is at least the summed least time of its blocks on any class at any
+        batch >= s, it fits memory only if Eq. 3 holds for s samples on the largest
+        memory at its warm-up (a prefix stage: K(2)), and its T_a is at least the ring's
+        over g devices on the fastest pair; a boundary's occupancy is at least its bytes
+        per sample x (s on a switch, the sender's busiest port; ceil(B / N) point to
+        point; B on a shared medium) / the fastest pair's bandwidth, its latency the
+        least pair's. Only the least g of each share matters (fewer devices leave more
+        to the rest). Exact DPs over (blocks, devices) of that relaxation (min of a max
+        taken term by term, which only lowers it): O(pc L^2 N sqrt(B)) numpy work."""
+        big_l, n_dev = self.n_blk, sum(self.counts)
+        cm = self.cm
+        shares = sorted({-(-batch // g) for g in range(1, min(batch, n_dev) + 1)})
+        if len(warmups) * (big_l + 1) ** 2 * (n_dev + 1) * len(shares) / 2 > RELAX_MAX:
+            return self._relaxed_cheap(batch, m)
+        need = np.array([-(-batch // s) for s in shares])  # least devices of each share
+        blocks = np.arange(big_l + 1)
+        first, end = blocks[:, None], blocks[None, :]
+        static = cm.state_factor * (cm.param_prefix[end] - cm.param_prefix[first])
+        saved = cm.saved_prefix[end] - cm.saved_prefix[first]
+        grad = np.where(first < end, cm.param_prefix[end] - cm.param_prefix[first], 0.0)
+        budget = float(self.budget.max())
+        pairs = np.isfinite(self.bw)
+        bw_max = float(self.bw[pairs].max()) if pairs.any() else INF
+        lat_min = float(self.lat[pairs].min()) if pairs.any() else 0.0
+        per_sample = np.concatenate([[0.0], cm.boundary[: big_l - 1], [0.0]])  # by cut
+        n_s, depth = len(shares), len(warmups)
+        # [warm-up, share, first, end]: stage c where it fits memory (inf elsewhere)
+        c_tab = np.full((depth, n_s, big_l + 1, big_l + 1), INF)
+        ef = np.zeros((n_s, big_l + 1, big_l + 1))  # least E_f and E_b alone
+        eb = np.zeros((n_s, big_l + 1, big_l + 1))
+        ta = np.zeros((n_s, big_l + 1, big_l + 1))
+        occ = np.zeros((n_s, big_l + 1))  # [share, cut]
+        link = {"switched": None, "shared_medium": batch}.get(self.topology, -(-batch // n_dev))
+        for i, s in enumerate(shares):
+            cum = self._share_prefix(s)
+            c = np.where(first < end, cum[end] - cum[first], INF)
+            cum = self._share_prefix(s, "f")
+            ef[i] = np.where(first < end, cum[end] - cum[first], INF)
+            cum = self._share_prefix(s, "b")
+            eb[i] = np.where(first < end, cum[end] - cum[first], INF)
+            for k, warm in enumerate(warmups):
+                fits = samples_that_fit(budget, static, warm, saved, batch) >= s
+                c_tab[k, i] = np.where(fits, c, INF)
+            ta[i] = ring_allreduce_ms(grad, need[i], bw_max, lat_min, self.cm.shared_medium)
+            occ[i] = per_sample * (s if link is None else link) / bw_max
+        tau = 2 * (occ + lat_min)
+        tau[:, [0, big_l]] = 0.0
+        # shift[share, n] = n - need[share], or the inf pad column when negative
+        shift = np.arange(n_dev + 1)[None, :] - need[:, None]
+        shift = np.where(shift >= 0, shift, n_dev + 1)
+        width = n_dev + 2
+        f_tab = np.full((big_l + 1, width), INF)
+        e_tab = np.full((big_l + 1, width), INF)
+        f_tab[0, : n_dev + 1] = e_tab[0, : n_dev + 1] = 0.0  # nothing before the suffix
+        mid = c_tab[min(1, depth - 1)]
+        ok = np.where(shift <= n_dev, 0.0, INF)  # (share, n): enough devices
+        for j in range(1, big_l + 1):
+            c0 = mid[:, 0, j][:, None]  # (share, 1): the first stage [0, j)
+            t0 = ta[:, 0, j][:, None]
+            f_first = (c0 + tau[:, j][:, None] + t0 + ok).min(axis=0)
+            e_first = (m * c0 + t0 + ok).min(axis=0)
+            f_tab[j, : n_dev + 1], e_tab[j, : n_dev + 1] = f_first, e_first
+            if j > 1:
+                f_sub = f_tab[1:j][:, shift]  # (i, share, n)
+                e_sub = e_tab[1:j][:, shift]
+                c = mid[:, 1:j, j].T[:, :, None]  # (i, share, 1)
+                step = c + tau[:, j][None, :, None]
+                f_tab[j, : n_dev + 1] = np.minimum(f_first, (f_sub + step).min(axis=(0, 1)))
+                e_tab[j, : n_dev + 1] = np.minimum(
+                    e_first, np.maximum(e_sub, f_sub + m * c).min(axis=(0, 1))
+                )
+        g_tab, q_tab, s_tab = (np.full((depth + 1, big_l + 1, width), INF) for _ in range(3))
+        for suffix in range(1, big_l + 1):
+            head = big_l - suffix  # the suffix's first block
+            c = c_tab[0, :, head, big_l][:, None]
+            s_tab[1, suffix, : n_dev + 1] = (c + ok).min(axis=0)
+            g_tab[1, suffix, : n_dev + 1] = (m * c + ok).min(axis=0)
+            q_tab[1, suffix, : n_dev + 1] = (m * c + ta[:, head, big_l][:, None] + ok).min(axis=0)
+            if suffix == 1:
+                continue
+            cuts = big_l - np.arange(1, suffix)  # first block of the sub-suffix, l' = 1..l-1
+            t = tau[:, cuts].T[:, :, None]  # (l', share, 1)
+            o = occ[:, cuts].T[:, :, None]
+            t_a = ta[:, head, cuts].T[:, :, None]
+            f0 = ef[:, head, cuts].T[:, :, None]
+            b0 = eb[:, head, cuts].T[:, :, None]
+            for p in range(2, depth + 1):
+                c = c_tab[p - 1][:, head, cuts].T[:, :, None]
+                g_sub, q_sub, s_sub = (v[p - 1, 1:suffix] for v in (g_tab, q_tab, s_tab))
+                if p == depth:  # p >= pc: the sub-suffix has p - 1 or more stages
+                    g_sub, q_sub, s_sub = (
+                        np.minimum(w, v[p, 1:suffix])
+                        for w, v in ((g_sub, g_tab), (q_sub, q_tab), (s_sub, s_tab))
+                    )
+                s_new = c + t + s_sub[:, shift]
+                # the head's bubble: M c0 + tau1 + S - (k - 1) E_f0 with k <= M in flight
+                bubble = (m - in_flight[p - 1] + 1) * f0 + m * b0 + t + s_sub[:, shift]
+                d = np.maximum(
+                    np.maximum(m * c, c + t + (m - 1) * o),
+                    np.maximum(c + t + g_sub[:, shift], np.where(np.isfinite(c), bubble, INF)),
+                )
+                s_tab[p, suffix, : n_dev + 1] = s_new.min(axis=(0, 1))
+                g_tab[p, suffix, : n_dev + 1] = d.min(axis=(0, 1))
+                q = np.maximum(d + t_a, f0 + o + lat_min + q_sub[:, shift])
+                q_tab[p, suffix, : n_dev + 1] = q.min(axis=(0, 1))
+        return _Relaxed(f_tab[:, :-1], e_tab[:, :-1], g_tab[1:, :, :-1], q_tab[1:, :, :-1])
+
+    def _relaxed_cheap(self, batch: int, m: int) -> _Relaxed:
+        """The relaxed bounds' weak form, O(N L) (beyond ``RELAX_MAX``): F[j, n] the
+        blocks' least times at share ceil(B / n) (:meth:`prefix_bound`), E[j, n] M times
+        the largest of at most min(n, j) stages summing to it, G = Q = 0."""
+        big_l, n_dev = self.n_blk, sum(self.counts)
+        f_tab = np.full((big_l + 1, n_dev + 1), INF)
+        f_tab[0] = 0.0
+        for n in range(1, n_dev + 1):
+            f_tab[:, n] = self.prefix_bound(batch, n)
+        stages = np.maximum(np.minimum(np.arange(big_l + 1)[:, None], np.arange(n_dev + 1)), 1)
+        zeros = np.zeros((1, big_l + 1, n_dev + 1))
+        return _Relaxed(f_tab, m * f_tab / stages, zeros, zeros)
+
+    def _share_prefix(self, share: int, part: str = "fb") -> np.ndarray:
+        """(L + 1,) prefix sums of each block's least c = E_f + E_b (``part`` "fb"), E_f
+        ("f") or E_b ("b") on any class at any batch >= ``share`` (cached)."""
+        key = (share, part)
+        if key not in self._prefix:
+            table = {"fb": self.fb, "f": self.fwd, "b": self.bwd}[part]
+            per_block = np.diff(table, axis=1)[:, :, share:].min(axis=(0, 2))
+            self._prefix[key] = np.concatenate([[0.0], np.cumsum(per_block)])
+        return self._prefix[key]
 
     # -- the state graph -----------------------------------------------------------------
     def useful(self, g: tuple[int, ...], batch: int) -> bool:
@@ -705,33 +866,53 @@ class _BatchSearch:
         self.per_sample = tables.cm.boundary[np.clip(cut - 1, 0, big_l - 1)]
         #: in-flight micro-batches of the head of an n-stage suffix (n = 0..P + 1)
         self.k_of = np.array([self.warmup(min(n, self.max_p)) for n in range(self.max_p + 2)])
+        self.relaxed = tables.relaxed(self.batch, self.m, *self._relaxed_warmups())
         self.before = self._before()
         self._layout = (0, 1, False)
 
     def _before(self) -> np.ndarray:
         """(states, L + 1): for a suffix of l blocks on devices drawn from state r, a lower
         bound on what the blocks before it add to the DP value of a complete plan, or inf
-        where no such plan can stay within the bound (module docstring, pruning). The
-        blocks before it run on the n = N - |r| devices outside r, in at most
-        q = min(n, L - l) stages: their stages' c sum to at least b =
-        :meth:`_Tables.prefix_bound` (L - l blocks, n devices), which the root's D adds
-        to the suffix's (D' >= c0 + tau1 + D), and the largest of them is at least b / q,
-        which the root's D holds M times (D' >= M c0)."""
-        t = self.t
+        where no such plan can stay within the bound (module docstring, pruning): the
+        blocks before it run on the n = N - |r| devices outside r and add at least
+        F[L - l, n] (:meth:`_Tables.relaxed`); the cell holds nothing when the root's
+        D + X must exceed the bound: E[L - l, n], F[L - l, n] + G[l, |r|] or Q[l, |r|]
+        (least over the stage counts p) above it."""
+        t, relaxed = self.t, self.relaxed
         big_l, n_dev = t.n_blk, sum(t.counts)
         rows = np.arange(big_l + 1)
+        g_least, q_least = relaxed.g.min(axis=0), relaxed.q.min(axis=0)
         out = np.full((len(self.sizes), big_l + 1), INF)
         for size in np.unique(self.sizes):
             n_pre = n_dev - int(size)
-            here = np.zeros(big_l + 1)
-            if n_pre > 0:
-                here = t.prefix_bound(self.batch, n_pre)[big_l - rows]
-                stages = np.maximum(np.minimum(n_pre, big_l - rows), 1)
-                here = np.where(self.m * here / stages <= self.bound, here, INF)
-            else:
-                here = np.where(rows == big_l, 0.0, INF)
-            out[self.sizes == size] = here
+            here = relaxed.f[big_l - rows, n_pre]
+            least = np.maximum(
+                np.maximum(relaxed.e[big_l - rows, n_pre], q_least[rows, size]),
+                here + g_least[rows, size],
+            )
+            out[self.sizes == size] = np.where(least <= self.bound, here, INF)
         return out
+
+    def root_bound(self) -> float:
+        """A lower bound on the DP value D + X of every plan at this micro-batch size
+        (Q of all L blocks on all N devices, :meth:`_Tables.relaxed`)."""
+        return float(self.relaxed.q[:, -1, -1].min())
+
+    def _relaxed_warmups(self) -> tuple[list[int], list[int]]:
+        """Warm-ups K(1..pc) of the relaxed bound's suffix levels and the in-flight
+        micro-batches min(K, M) its bubble term may assume per level (the last level
+        stands for every p >= pc: K(P)). pc: up to where K stops growing, within
+        ``RELAX_WORK`` (at least 2)."""
+        t = self.t
+        n_dev = sum(t.counts)
+        shares = len({-(-self.batch // g) for g in range(1, min(self.batch, n_dev) + 1)})
+        work = (t.n_blk + 1) ** 2 * (n_dev + 1) * shares / 2
+        grows = [p for p in range(2, self.max_p + 1) if self.warmup(p) > self.warmup(p - 1)]
+        pc = max(2, min(max(grows, default=1), int(RELAX_WORK // work), RELAX_LEVELS))
+        warmups = [self.warmup(min(p, self.max_p)) for p in range(1, pc + 1)]
+        in_flight = [min(k, self.m) for k in warmups]
+        in_flight[-1] = min(self.warmup(self.max_p), self.m)
+        return warmups, in_flight
 
     def warmup(self, p: int) -> int:
         """K of the head of a p-stage suffix: stage P-p of P, the same for every P."""
@@ -823,8 +1004,8 @@ class _BatchSearch:
         chunks = self._chunks(p)
         self._pending = []
         for s in states:
-            if self.sizes[s] < p:
-                continue
+            if self.sizes[s] < p or not np.isfinite(self.before[s, p:]).any():
+                continue  # too few devices, or no plan through this state within the bound
             if not only_root and time.perf_counter() > self.deadline:
                 raise _Timeout
             moves = [e for e in graph.out[s] if graph.edges[e][1] >= 0]
@@ -1279,6 +1460,8 @@ def best_plan(
         # no answer whose DP value exceeds the fastest figure by RESCORE_MARGIN is ever
         # re-scored, so the search drops what cannot finish below that
         search = _BatchSearch(tables, graph, batch, deadline, tick, fastest * (1 + RESCORE_MARGIN))
+        if search.root_bound() > search.bound:
+            continue  # no answer at this micro-batch size could be re-scored
         try:
             answers = search.run()
         except _Timeout:

@@ -364,3 +364,40 @@ def test_pruning_by_the_bound_loses_no_plan_the_unpruned_dp_found(name):
     result = plan_dp(build())
     assert result.status == "complete"
     assert result.cost.iteration_ms <= before * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("seed", range(0, 24, 2))
+def test_relaxed_bounds_never_exceed_any_plans_closed_form(seed):
+    # every memory-feasible plan of the full space (the oracle's enumeration), split at
+    # every stage boundary into a prefix and a suffix of p stages: the relaxed tables
+    # (planner.dp._Tables.relaxed) the search prunes by stay at or below its closed form
+    from planner.classes import device_classes
+    from planner.dp import _BatchSearch, _Tables, device_orders
+    from tests.oracles import all_partitions
+
+    problem = tiny(seed)
+    sizes = problem.config.micro_batch_sizes()
+    cm = CostModel(problem, max(sizes))
+    classes = device_classes(problem)
+    tables = _Tables(problem, cm, classes)
+    big_l, n_dev = problem.model.num_blocks, len(problem.cluster.devices)
+    checked = 0
+    for batch in sizes:
+        graph = tables.graph(batch, device_orders(problem, classes))
+        relaxed = _BatchSearch(tables, graph, batch, time.perf_counter() + 60, lambda: None).relaxed
+        levels = relaxed.g.shape[0]
+        for part in all_partitions(problem, batch):
+            if not cm.evaluate(part).memory_ok:
+                continue
+            value = pipeline_closed_form_ms(cm, part) * (1 + 1e-9)
+            checked += 1
+            assert relaxed.q[:, big_l, n_dev].min() <= value
+            for k, stage in enumerate(part.stages):
+                j = stage.first
+                n_pre = sum(len(s.devices) for s in part.stages[:k])
+                n_suf = sum(len(s.devices) for s in part.stages[k:])
+                p = min(len(part.stages) - k, levels) - 1
+                assert relaxed.e[j, n_pre] <= value
+                assert relaxed.f[j, n_pre] + relaxed.g[p, big_l - j, n_suf] <= value
+                assert relaxed.q[p, big_l - j, n_suf] <= value
+    assert checked or not np.isfinite(brute_force_best(problem)[0])
