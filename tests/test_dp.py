@@ -366,8 +366,17 @@ def test_pruning_by_the_bound_loses_no_plan_the_unpruned_dp_found(name):
     assert result.cost.iteration_ms <= before * (1 + 1e-9)
 
 
-@pytest.mark.parametrize("seed", range(0, 24, 2))
-def test_relaxed_bounds_never_exceed_any_plans_closed_form(seed):
+def memory_bound(seed: int):
+    """4 blocks on 3 devices whose memory makes the stages' warm-ups bind."""
+    return random_problem(4, 3, seed=seed, global_batch=8, candidates=(2, 4),
+                          memory=(4e7, 2e7))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("build", "seed"),
+    [(tiny, seed) for seed in range(0, 24, 2)] + [(memory_bound, seed) for seed in range(3)],
+)
+def test_relaxed_bounds_never_exceed_any_plans_closed_form(build, seed):
     # every memory-feasible plan of the full space (the oracle's enumeration), split at
     # every stage boundary into a prefix and a suffix of p stages: the relaxed tables
     # (planner.dp._Tables.relaxed) the search prunes by stay at or below its closed form
@@ -375,7 +384,7 @@ def test_relaxed_bounds_never_exceed_any_plans_closed_form(seed):
     from planner.dp import _BatchSearch, _Tables, device_orders
     from tests.oracles import all_partitions
 
-    problem = tiny(seed)
+    problem = build(seed)
     sizes = problem.config.micro_batch_sizes()
     cm = CostModel(problem, max(sizes))
     classes = device_classes(problem)
