@@ -726,6 +726,30 @@ class _Tables:
         return _Graph(states, edges, out, "ordered")
 
 
+def relaxed_bounds(tables: _Tables, batch: int) -> _Relaxed:
+    """The relaxed lower bounds (:meth:`_Tables.relaxed`) at micro-batch ``batch``, with
+    the warm-ups K(1..pc) of its suffix levels and the in-flight micro-batches min(K, M)
+    its bubble term may assume per level (the last level stands for every p >= pc:
+    K(P)). pc: up to where K stops growing, within ``RELAX_WORK`` and ``RELAX_LEVELS``
+    (at least 2)."""
+    config = tables.problem.config
+    n_dev = sum(tables.counts)
+    m = config.global_batch // batch
+    max_p = min(tables.n_blk, n_dev, config.max_stages or n_dev)
+
+    def warmup(p: int) -> int:
+        return config.warmup_depth(max_p - min(p, max_p), max_p, m)
+
+    shares = len({-(-batch // g) for g in range(1, min(batch, n_dev) + 1)})
+    work = (tables.n_blk + 1) ** 2 * (n_dev + 1) * shares / 2
+    grows = [p for p in range(2, max_p + 1) if warmup(p) > warmup(p - 1)]
+    pc = max(2, min(max(grows, default=1), int(RELAX_WORK // work), RELAX_LEVELS))
+    warmups = [warmup(p) for p in range(1, pc + 1)]
+    in_flight = [min(k, m) for k in warmups]
+    in_flight[-1] = min(warmup(max_p), m)
+    return tables.relaxed(batch, m, warmups, in_flight)
+
+
 def _pareto(
     d: np.ndarray, x: np.ndarray, carry: np.ndarray, keep: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -846,6 +870,7 @@ class _BatchSearch:
         deadline: float,
         tick: Callable,
         bound: float = INF,
+        relaxed: _Relaxed | None = None,
     ) -> None:
         self.t, self.g, self.batch, self.deadline, self.tick = tables, graph, batch, deadline, tick
         self.bound = bound
@@ -866,7 +891,7 @@ class _BatchSearch:
         self.per_sample = tables.cm.boundary[np.clip(cut - 1, 0, big_l - 1)]
         #: in-flight micro-batches of the head of an n-stage suffix (n = 0..P + 1)
         self.k_of = np.array([self.warmup(min(n, self.max_p)) for n in range(self.max_p + 2)])
-        self.relaxed = tables.relaxed(self.batch, self.m, *self._relaxed_warmups())
+        self.relaxed = relaxed or relaxed_bounds(tables, batch)
         self.before = self._before()
         self._layout = (0, 1, False)
 
@@ -892,27 +917,6 @@ class _BatchSearch:
             )
             out[self.sizes == size] = np.where(least <= self.bound, here, INF)
         return out
-
-    def root_bound(self) -> float:
-        """A lower bound on the DP value D + X of every plan at this micro-batch size
-        (Q of all L blocks on all N devices, :meth:`_Tables.relaxed`)."""
-        return float(self.relaxed.q[:, -1, -1].min())
-
-    def _relaxed_warmups(self) -> tuple[list[int], list[int]]:
-        """Warm-ups K(1..pc) of the relaxed bound's suffix levels and the in-flight
-        micro-batches min(K, M) its bubble term may assume per level (the last level
-        stands for every p >= pc: K(P)). pc: up to where K stops growing, within
-        ``RELAX_WORK`` (at least 2)."""
-        t = self.t
-        n_dev = sum(t.counts)
-        shares = len({-(-self.batch // g) for g in range(1, min(self.batch, n_dev) + 1)})
-        work = (t.n_blk + 1) ** 2 * (n_dev + 1) * shares / 2
-        grows = [p for p in range(2, self.max_p + 1) if self.warmup(p) > self.warmup(p - 1)]
-        pc = max(2, min(max(grows, default=1), int(RELAX_WORK // work), RELAX_LEVELS))
-        warmups = [self.warmup(min(p, self.max_p)) for p in range(1, pc + 1)]
-        in_flight = [min(k, self.m) for k in warmups]
-        in_flight[-1] = min(self.warmup(self.max_p), self.m)
-        return warmups, in_flight
 
     def warmup(self, p: int) -> int:
         """K of the head of a p-stage suffix: stage P-p of P, the same for every P."""
@@ -1450,18 +1454,23 @@ def best_plan(
 
     status, kind = "complete", ""
     bounds = {b: tables.lower_bound(b, per_batch_levels) for b in sizes}
-    for i, batch in enumerate(sorted(sizes, key=lambda b: (bounds[b], b))):
+    # micro-batch sizes in order of the relaxed bound on their DP values: the likeliest
+    # first, so that its figure prunes the others' searches (or skips them)
+    relaxed = {b: relaxed_bounds(tables, b) for b in sizes}
+    roots = {b: float(relaxed[b].q[:, -1, -1].min()) for b in sizes}
+    for i, batch in enumerate(sorted(sizes, key=lambda b: (roots[b], b))):
         fastest = min((c.iteration_ms for c, _, _ in found), default=INF)
         if bounds[batch] > fastest * (1 + TIE_TOLERANCE):
             continue  # no plan at this micro-batch size can win or tie
+        # no answer whose DP value exceeds the fastest figure by RESCORE_MARGIN is ever
+        # re-scored, so the search drops what cannot finish below that
+        if roots[batch] > fastest * (1 + RESCORE_MARGIN):
+            continue  # no answer at this micro-batch size could be re-scored
         tables.clear()
         graph = tables.graph(batch, orders)
         kind = graph.kind
-        # no answer whose DP value exceeds the fastest figure by RESCORE_MARGIN is ever
-        # re-scored, so the search drops what cannot finish below that
-        search = _BatchSearch(tables, graph, batch, deadline, tick, fastest * (1 + RESCORE_MARGIN))
-        if search.root_bound() > search.bound:
-            continue  # no answer at this micro-batch size could be re-scored
+        search = _BatchSearch(tables, graph, batch, deadline, tick,
+                              fastest * (1 + RESCORE_MARGIN), relaxed[batch])  # fmt: skip
         try:
             answers = search.run()
         except _Timeout:
