@@ -116,19 +116,33 @@ parallel chosen over a 4-device plan 0.04% slower).
 
 Pruning (bound U, per micro-batch size: ``RESCORE_MARGIN`` above the fastest exact
 figure of the sizes already searched, inf for the first). No answer whose DP value
-exceeds U is ever scored, so the search drops what cannot finish below it. D only grows
-along a chain (D' >= c0 + tau1 + D) and the root's D holds every stage's M c (D' >= M
-c0). The blocks [0, L-l) before a suffix on state r run on the n = N - |r| devices
-outside r in at most q = min(n, L - l) stages, each having a device with at least
-ceil(B / n) samples, so their c sum to at least b(r, l) = :meth:`_Tables.prefix_bound`
-(the summed least per-block time of any class at any such share) and the largest is at
-least b / q. Rules: a (state, l) cell with M b / q > U holds nothing; a candidate with
-D + b > U is dropped; a head with M c0 + b > U is never composed, so a head of l - l'
-blocks is composed only within the *head band* of the widest head any move keeps
-(gathered when at most ``BAND_USE`` of the slice l' = lo..hi). Nothing dropped could have
-been scored, but a front freed of a hopeless entry gives its slot to another, so the
-pruned search is not bit-identical to the unpruned one (tests/test_dp.py compares it
-with the unpruned DP's recorded plans).
+exceeds U is ever scored, so the search drops what cannot finish below it. The bounds
+come from a relaxed plan space (:meth:`_Tables.relaxed`) solved exactly by small DPs
+over (blocks, devices used): a stage on g devices has one with at least s = ceil(B / g)
+samples, so its c is at least its blocks' least time on any class at any batch >= s
+(E_f, E_b alike), it fits only if Eq. 3 holds for s samples on the largest memory at its
+warm-up K(p) (a stage before a suffix: K(2)), its all-reduce is at least the ring's over
+g devices on the fastest pair, and a boundary's occupancy at least its bytes x (s on a
+switch, ceil(B / N) point to point, B on a shared medium) / the fastest pair's rate.
+Along a chain D' >= max(M c0, c0 + tau1 + (M - 1) o, c0 + tau1 + D, (M - k + 1) E_f0 +
+M E_b0 + tau1 + S) (the last: the head's bubble with k = min(K, M) in flight), and the
+root's D + X >= D_s + T_a^s + (the E_f and one-way links before stage s) for every
+stage s (X >= T_a^s - PB_s). The tables: F[j, n], the least summed c + tau of stages
+holding blocks [0, j) on at most n devices plus the first stage's T_a; E[j, n], the
+least max over them of (what comes before) + M c; G[p, l, n], the least D of a suffix
+of l blocks in p stages (p >= pc merged: ``RELAX_LEVELS``, ``RELAX_WORK``); Q[p, l, n],
+the least max over its stages of the D_s + T_a^s term (each a min of maxima taken term
+by term, which only lowers it). Rules: micro-batch sizes are searched in order of Q(L,
+N) and a size whose Q(L, N) > U is skipped; a (state r, l) cell, with n = N - |r|
+devices before it, holds nothing when E[L-l, n], F[L-l, n] + G[l, |r|] or Q[l, |r|]
+(least over p) exceeds U, and a state whose cells all do is not searched; a candidate
+with D + F[L-l, n] > U is dropped; a head with M c0 + F > U is never composed, so a head
+of l - l' blocks is composed only within the *head band* of the widest head any move
+keeps (gathered when at most ``BAND_USE`` of the slice l' = lo..hi). Nothing dropped
+could have been scored, but a front freed of a hopeless entry gives its slot to
+another, so the pruned search is not bit-identical to the unpruned one
+(tests/test_dp.py compares it with the unpruned DP's recorded plans, and checks every
+table against the closed form of every plan of small instances).
 
 Rows in ranges: a head needs l' < l, so a level's rows l = p..L are composed in
 ``ROW_CHUNKS`` ranges of equal height (from ``ROW_CHUNK_MIN`` rows), each over its own
@@ -151,7 +165,9 @@ completed (status ``timed_out``); the first level (single-stage plans, O(moves) 
 always completes, so a plan is returned whenever one fits memory.
 
 Complexity per B, with S states, E moves, C distinct compositions and P = min(L, N,
-max_stages) levels (p0 of them after collapsing): C head tables, each Algorithm 1 over
+max_stages) levels (p0 of them after collapsing): the relaxed bounds, O(pc L^2 N
+sqrt(B)) numpy work (pc <= ``RELAX_LEVELS``; an O(N L) weak form beyond
+``RELAX_MAX``); C head tables, each Algorithm 1 over
 the O(L^2) block ranges (a closed form for one-class groups); P x E compositions of
 O(L W F) numpy work each, W <= L the head band (L with no bound; about 5 L^2 / 8 over
 the row ranges), 7 carried values per entry, one Pareto reduction per (level, state,
