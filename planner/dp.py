@@ -133,7 +133,9 @@ least max over them of (what comes before) + M c; G[p, l, n], the least D of a s
 of l blocks in p stages (p >= pc merged: ``RELAX_LEVELS``, ``RELAX_WORK``); Q[p, l, n],
 the least max over its stages of the D_s + T_a^s term (each a min of maxima taken term
 by term, which only lowers it). Rules: micro-batch sizes are searched in order of Q(L,
-N) and a size whose Q(L, N) > U is skipped; a (state r, l) cell, with n = N - |r|
+N) (after the one of least :meth:`_Tables.lower_bound`, a small size whose search is
+cheap, so that a plan comes early also under a time limit) and a size whose Q(L, N) > U
+is skipped; a (state r, l) cell, with n = N - |r|
 devices before it, holds nothing when E[L-l, n], F[L-l, n] + G[l, |r|] or Q[l, |r|]
 (least over p) exceeds U, and a state whose cells all do is not searched; a candidate
 with D + F[L-l, n] > U is dropped; a head with M c0 + F > U is never composed, so a head
@@ -1470,11 +1472,15 @@ def best_plan(
 
     status, kind = "complete", ""
     bounds = {b: tables.lower_bound(b, per_batch_levels) for b in sizes}
-    # micro-batch sizes in order of the relaxed bound on their DP values: the likeliest
-    # first, so that its figure prunes the others' searches (or skips them)
+    # micro-batch sizes: first the one of least lower bound on the exact figure (a small
+    # size, whose search is cheap: a first plan early, also under a time limit), then in
+    # order of the relaxed bound on their DP values, so that the likeliest figures come
+    # early and prune the later searches (or skip them)
     relaxed = {b: relaxed_bounds(tables, b) for b in sizes}
     roots = {b: float(relaxed[b].q[:, -1, -1].min()) for b in sizes}
-    for i, batch in enumerate(sorted(sizes, key=lambda b: (roots[b], b))):
+    first = min(sizes, key=lambda b: (bounds[b], b))
+    order = [first, *sorted((b for b in sizes if b != first), key=lambda b: (roots[b], b))]
+    for i, batch in enumerate(order):
         fastest = min((c.iteration_ms for c, _, _ in found), default=INF)
         if bounds[batch] > fastest * (1 + TIE_TOLERANCE):
             continue  # no plan at this micro-batch size can win or tie
