@@ -141,6 +141,7 @@ def run_case(spec: tuple, repeat: int, time_limit: float, queue) -> None:
             result.partition.num_stages,
             len(result.partition.used_devices()),
             result.partition.micro_batch_size,
+            result.cost.iteration_ms,
         )
     )
 
@@ -155,8 +156,8 @@ def main() -> None:
 
     lines = [
         "| case | blocks | devices | types | wall (s) | CPU (s) | peak RSS (GiB) | status "
-        "| graph | stages | devices used | micro-batch | target (on CPU time) |",
-        "|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---|",
+        "| graph | stages | devices used | micro-batch | iteration (ms) | target (on CPU time) |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---|",
     ]
     print(lines[0], flush=True)
     ctx = multiprocessing.get_context("spawn")
@@ -169,7 +170,7 @@ def main() -> None:
         proc.start()
         row = queue.get()
         proc.join()
-        blocks, n_dev, types, secs, cpu, gib, status, graph, stages, used, batch = row
+        blocks, n_dev, types, secs, cpu, gib, status, graph, stages, used, batch, ms = row
         verdict = ""
         if target_s is not None:
             ok = status == "complete" and cpu <= target_s
@@ -179,7 +180,7 @@ def main() -> None:
         lines.append(
             f"| {name} | {blocks} | {n_dev} | {types} | {secs:.3f} | {cpu:.3f} | {gib:.2f} | "
             f"{status} | "
-            f"{graph} | {stages} | {used} | {batch} | {verdict} |"
+            f"{graph} | {stages} | {used} | {batch} | {ms:.1f} | {verdict} |"
         )
         print(lines[-1], flush=True)
     if args.markdown:
