@@ -185,7 +185,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -1476,17 +1476,26 @@ def best_plan(
     # size, whose search is cheap: a first plan early, also under a time limit), then in
     # order of the relaxed bound on their DP values, so that the likeliest figures come
     # early and prune the later searches (or skip them)
-    relaxed = {b: relaxed_bounds(tables, b) for b in sizes}
-    roots = {b: float(relaxed[b].q[:, -1, -1].min()) for b in sizes}
-    first = min(sizes, key=lambda b: (bounds[b], b))
-    order = [first, *sorted((b for b in sizes if b != first), key=lambda b: (roots[b], b))]
-    for i, batch in enumerate(order):
+    relaxed: dict[int, _Relaxed] = {}
+
+    def root(b: int) -> float:
+        return float(relaxed[b].q[:, -1, -1].min())
+
+    def micro_batches() -> Iterator[int]:
+        first = min(sizes, key=lambda b: (bounds[b], b))
+        relaxed[first] = relaxed_bounds(tables, first)
+        yield first
+        rest = [b for b in sizes if b != first]  # their bounds after the first search
+        relaxed.update({b: relaxed_bounds(tables, b) for b in rest})
+        yield from sorted(rest, key=lambda b: (root(b), b))
+
+    for i, batch in enumerate(micro_batches()):
         fastest = min((c.iteration_ms for c, _, _ in found), default=INF)
         if bounds[batch] > fastest * (1 + TIE_TOLERANCE):
             continue  # no plan at this micro-batch size can win or tie
         # no answer whose DP value exceeds the fastest figure by RESCORE_MARGIN is ever
         # re-scored, so the search drops what cannot finish below that
-        if roots[batch] > fastest * (1 + RESCORE_MARGIN):
+        if root(batch) > fastest * (1 + RESCORE_MARGIN):
             continue  # no answer at this micro-batch size could be re-scored
         tables.clear()
         graph = tables.graph(batch, orders)
