@@ -111,9 +111,11 @@ class RunStopped(EdgepipeError):
 
 @dataclass(frozen=True)
 class Stopped:
-    """What :func:`coordinate` returns for a run that finished: the generation."""
+    """What :func:`coordinate` returns for a run that finished: the generation, and
+    the one-line reasons of the joins that were dropped (:mod:`executor.joins`)."""
 
     generation: int
+    join_failures: tuple[str, ...] = ()
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -347,7 +349,7 @@ def supervise(
     finally:
         if supervisor.writer is not None:
             supervisor.writer.close()
-    return Stopped(supervisor.gen.number)
+    return Stopped(supervisor.gen.number, tuple(str(f) for f in joins.failures))
 
 
 def _stop(store: Store, coordinator: Coordinator, layout: RankLayout,
@@ -441,6 +443,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except EdgepipeError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
+    for reason in done.join_failures:
+        print(f"warning: {reason}", file=sys.stderr)
     print(f"every worker finished (generation {done.generation})", file=sys.stderr)
     return 0
 
