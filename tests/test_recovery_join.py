@@ -232,6 +232,7 @@ def test_a_joiner_that_never_beats_is_killed_and_dropped_and_the_run_goes_on(tmp
     assert_every_process_reaped(tmp_path)
 
 
+@pytest.mark.slow
 def test_a_rejoin_of_a_device_that_still_serves_at_the_boundary_is_refused_and_the_run_goes_on(
     tmp_path
 ):
