@@ -234,16 +234,29 @@ def test_a_joiner_that_never_beats_is_killed_and_dropped_and_the_run_goes_on(tmp
 
 @pytest.mark.slow
 def test_a_rejoin_of_a_device_that_still_serves_at_the_boundary_is_refused_and_the_run_goes_on(
-    tmp_path
+    tmp_path, capsys
 ):
     # d1's fault (the restore of a recovery generation that replays from step 1) never
     # fires, as nothing fails: at the boundary 3 d1 still serves. Its rejoin is refused
-    # with one line; no second d1 process starts, nothing is aborted or fenced
-    plan, result = run_joining(tmp_path, [join_at(tmp_path, 3, "d1")], "d1:1:restore")
+    # with one line, which `edgepipe run` prints; no second d1 process starts, nothing
+    # is aborted or fenced
+    plan = the_plan()
+    path = write_plan(plan, tmp_path)
+    join = join_at(tmp_path, 3, "d1")
+    capsys.readouterr()
+    code = main(["run", str(path), "--steps", "4", "--out", str(tmp_path), "--deterministic",
+                 "--save-weights", "--hang-timeout", str(HANG_S), "--heartbeat", str(BEAT_S),
+                 "--timeout", str(GLOO_TIMEOUT_S), "--inject", "d1:1:restore",
+                 "--emulate-join", f"{join.path}@3"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    result = RunResult.read(tmp_path)
     assert_matches_reference(tmp_path, plan, result)
     assert result.events == []
     assert_one_join_failed(result, "d1", 3, "device 'd1' still serves the run at the step "
                            "boundary 3: it was not lost before, so it cannot rejoin")
+    warnings = [line for line in err.splitlines() if line.startswith("warning: ")]
+    assert warnings == [f"warning: {result.join_failures[0]['reason']}"]
     ranks = json.loads((tmp_path / "ranks.json").read_text())
     assert [r["device"] for r in ranks].count("d1") == 1
     assert [m["generation"] for m in result.metrics] == [1, 1, 1, 1]
