@@ -23,6 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.markdown_table import emit
 from planner.cost import CostModel, pipeline_closed_form_ms
 from planner.simulator import simulate
 from tests.synthetic import random_plans
@@ -87,10 +88,7 @@ def main() -> None:
         f"({time.perf_counter() - start:.0f} s wall; process time: cost model "
         f"{spent['cost']:.1f} s, simulator {spent['sim']:.1f} s)",
     ]
-    print("\n".join(lines))
-    if args.markdown:
-        with open(args.markdown, "w") as fh:
-            fh.write("\n".join(lines) + "\n")
+    emit(lines, args.markdown)
 
 
 if __name__ == "__main__":

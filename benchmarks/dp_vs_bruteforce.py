@@ -21,6 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.markdown_table import emit
 from planner.dp import plan_dp
 from tests.oracles import brute_force_best
 from tests.synthetic import random_problem
@@ -63,10 +64,7 @@ def main() -> None:
         f"{gaps_arr.mean():.2%} | {gaps_arr.max():.2%} | {np.median(dp_times) * 1e3:.1f} ms | "
         f"{np.median(bf_times):.2f} s |",
     ]
-    print("\n".join(lines))
-    if args.markdown:
-        with open(args.markdown, "w") as fh:
-            fh.write("\n".join(lines) + "\n")
+    emit(lines, args.markdown)
 
 
 if __name__ == "__main__":

@@ -987,26 +987,27 @@ def add_coordinate_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --emulate: the workers' --time-scale")
 
 
-def positive_int(text: str) -> int:
-    """A whole number >= 1."""
+def _whole_number_at_least(text: str, least: int) -> int:
+    """``text`` as a whole number >= ``least``; else an ``argparse.ArgumentTypeError``
+    saying which (not a whole number, or below ``least``), which argparse reports in one
+    line naming the flag."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{excerpt(text, 40)!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """A whole number >= 1."""
+    return _whole_number_at_least(text, 1)
 
 
 def non_negative_int(text: str) -> int:
     """A whole number >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{excerpt(text, 40)!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
-    return value
+    return _whole_number_at_least(text, 0)
 
 
 def positive_float(text: str) -> float:

@@ -77,6 +77,28 @@ def random_problem(
     return make_problem(model, cluster, config, catalog=types)
 
 
+def knob_mix_problem(
+    rng: np.random.Generator, blocks: int, devices: int, seed: int, links: tuple[Link, ...]
+) -> Problem:
+    """A tiny :func:`random_problem` (global batch 4, micro-batch candidates 2 and 4) whose
+    knobs follow ``seed`` and ``rng``: memory budgets that bind or not and the bandwidth
+    drawn from ``rng`` (in that order), a shared network for odd seeds, the classic
+    warm-up for ``seed % 4`` in {2, 3}, GPipe for seeds divisible by 5 (1F1B otherwise)."""
+    return random_problem(
+        blocks,
+        devices,
+        seed=seed,
+        global_batch=4,
+        candidates=(2, 4),
+        memory=(float(rng.choice([8e9, 6e7])), float(rng.choice([4e9, 3e7]))),
+        bandwidth_mbps=float(rng.choice([1e2, 1e3, 1e4])),
+        shared=bool(seed % 2),
+        warmup=("asteroid", "classic")[seed % 4 // 2],
+        schedule="gpipe" if seed % 5 == 0 else "1f1b",
+        links=links,
+    )
+
+
 def random_partition(problem: Problem, rng: np.random.Generator) -> Partition:
     """A random valid partition of ``problem``: random micro-batch candidate, stage count,
     block cuts, device groups (some devices may stay idle) and positive sample splits."""

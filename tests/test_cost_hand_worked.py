@@ -110,20 +110,26 @@ def test_memory_under_each_warm_up_rule(schedule, warmup, global_batch, depths):
     assert [s.memory_bytes[0] for s in stages] == expected
 
 
-def test_a_block_larger_than_every_device_is_short_by_the_exact_bytes():
-    cl = cluster(Device("A", "t", memory_bytes=2500.0), Device("B", "t", memory_bytes=2000.0))
+def memory_refusal(a_bytes: float, b_bytes: float) -> InfeasibleError:
+    """What solving the model on devices A and B of ``a_bytes`` and ``b_bytes`` raises,
+    checked to be a refusal for memory."""
+    cl = cluster(Device("A", "t", memory_bytes=a_bytes), Device("B", "t", memory_bytes=b_bytes))
     with pytest.raises(InfeasibleError) as info:
         api.solve(problem(cl, TrainingConfig(2, (1,))))
+    assert info.value.constraint == "memory"
+    return info.value
+
+
+def test_a_block_larger_than_every_device_is_short_by_the_exact_bytes():
+    error = memory_refusal(2500.0, 2000.0)
     # block b0 alone: 3 x 1000 = 3000 bytes of state; the largest device has 2500
-    assert info.value.constraint == "memory" and info.value.shortfall == 500.0
-    assert "block 0 (b0) alone needs" in str(info.value)
+    assert error.shortfall == 500.0
+    assert "block 0 (b0) alone needs" in str(error)
 
 
 def test_a_model_larger_than_all_devices_together_is_short_by_the_exact_bytes():
-    cl = cluster(Device("A", "t", memory_bytes=9100.0), Device("B", "t", memory_bytes=8800.0))
-    with pytest.raises(InfeasibleError) as info:
-        api.solve(problem(cl, TrainingConfig(2, (1,))))
+    error = memory_refusal(9100.0, 8800.0)
     # every block fits one device (9000 <= 9100), the model's 3 x 6000 = 18000 bytes of
     # state do not fit 9100 + 8800 = 17900
-    assert info.value.constraint == "memory" and info.value.shortfall == 100.0
-    assert "all devices together" in str(info.value)
+    assert error.shortfall == 100.0
+    assert "all devices together" in str(error)

@@ -27,7 +27,7 @@ from planner.partition import Partition, StageAssignment
 from planner.problem import make_problem
 from planner.profile import ModelProfile
 from tests.oracles import brute_force_best
-from tests.synthetic import device_type, random_problem
+from tests.synthetic import device_type, knob_mix_problem, random_problem
 
 
 def tiny(seed: int):
@@ -37,18 +37,8 @@ def tiny(seed: int):
     rng = np.random.default_rng(1000 + seed)
     n_dev = int(rng.integers(2, 5))
     links = (Link("d0", "d1", bandwidth_mbps=40.0, latency_ms=4.0),) if seed % 3 == 0 else ()
-    problem = random_problem(
-        int(rng.integers(2, 7)),
-        n_dev,
-        seed=seed,
-        global_batch=4,
-        candidates=(2, 4),
-        memory=(float(rng.choice([8e9, 6e7])), float(rng.choice([4e9, 3e7]))),
-        bandwidth_mbps=float(rng.choice([1e2, 1e3, 1e4])),
-        shared=bool(seed % 2),
-        warmup=("asteroid", "classic")[seed % 4 // 2],
-        schedule="gpipe" if seed % 5 == 0 else "1f1b",
-        links=links if n_dev >= 2 else (),
+    problem = knob_mix_problem(
+        rng, int(rng.integers(2, 7)), n_dev, seed, links if n_dev >= 2 else ()
     )
     if seed % 4 == 1:  # one device runs 1.7x slower than its type
         cl = problem.cluster

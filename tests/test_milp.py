@@ -31,7 +31,7 @@ from planner.problem import make_problem
 from planner.profile import Block, ModelProfile, Timing
 from planner.schema import validate
 from tests.oracles import all_partitions, brute_force_best
-from tests.synthetic import device_type, random_problem
+from tests.synthetic import device_type, knob_mix_problem, random_problem
 
 
 def tiny(seed: int):
@@ -43,19 +43,7 @@ def tiny(seed: int):
     links = ()
     if seed % 3 == 0 and devices >= 3:
         links = (Link("d0", "d1", bandwidth_mbps=50.0, latency_ms=3.0),)
-    return random_problem(
-        int(rng.integers(2, 6)),
-        devices,
-        seed=seed,
-        global_batch=4,
-        candidates=(2, 4),
-        memory=(float(rng.choice([8e9, 6e7])), float(rng.choice([4e9, 3e7]))),
-        bandwidth_mbps=float(rng.choice([1e2, 1e3, 1e4])),
-        shared=bool(seed % 2),
-        warmup=("asteroid", "classic")[seed % 4 // 2],
-        schedule="gpipe" if seed % 5 == 0 else "1f1b",
-        links=links,
-    )
+    return knob_mix_problem(rng, int(rng.integers(2, 6)), devices, seed, links)
 
 
 @pytest.mark.parametrize("seed", range(12))

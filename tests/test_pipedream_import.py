@@ -41,20 +41,28 @@ def node(nid: str, desc: str, f: float, b: float, act: float, par: float) -> str
     )
 
 
+def graph_text(nodes: list[str], edges: list[tuple[str, str]]) -> str:
+    """A graph.txt: the ``nodes`` lines (:func:`node`), then a tab-indented
+    ``src -- dst`` line per edge, in order."""
+    return "\n".join([*nodes, *(f"\t{src} -- {dst}" for src, dst in edges)])
+
+
 #: Input -> conv -> {left, right} -> add: a residual-style diamond, profiled at batch 4.
-DIAMOND = "\n".join(
+DIAMOND = graph_text(
     [
         node("node1", "Input", 9.0, 0.0, 12.0, 0.0),
         node("node2", "Conv2d(3, 8, kernel_size=(3, 3))", 1.0, 2.0, 40.0, 100.0),
         node("node3", "Conv2d(8, 8, kernel_size=(1, 1))", 0.5, 1.0, 20.0, 10.0),
         node("node4", "ReLU(inplace)", 0.25, 0.5, 8.0, 0.0),
         node("node5", "Add(inplace)", 0.125, 0.25, 40.0, 6.0),
-        "\tnode1 -- node2",
-        "\tnode2 -- node3",
-        "\tnode2 -- node4",
-        "\tnode3 -- node5",
-        "\tnode4 -- node5",
-    ]
+    ],
+    [
+        ("node1", "node2"),
+        ("node2", "node3"),
+        ("node2", "node4"),
+        ("node3", "node5"),
+        ("node4", "node5"),
+    ],
 )
 
 
@@ -105,7 +113,7 @@ def test_diamond_offers_a_boundary_between_every_layer_with_crossing_sums() -> N
 
 #: an encoder-decoder whose skip connections span the whole graph: e1 feeds d1 (the last
 #: layer), e2 feeds d2; no single node separates it, so dominator cuts give one block
-SPANNING = "\n".join(
+SPANNING = graph_text(
     [
         node("in", "Input", 0, 0, 8, 0),
         node("e1", "Conv2d()", 2, 4, 16, 1e8),
@@ -113,14 +121,16 @@ SPANNING = "\n".join(
         node("mid", "Conv2d()", 2, 4, 4, 1e8),
         node("d2", "Upsample()", 2, 4, 8, 1e8),
         node("d1", "Upsample()", 2, 4, 16, 1e8),
-        "\tin -- e1",
-        "\te1 -- e2",
-        "\te2 -- mid",
-        "\tmid -- d2",
-        "\te2 -- d2",
-        "\td2 -- d1",
-        "\te1 -- d1",
-    ]
+    ],
+    [
+        ("in", "e1"),
+        ("e1", "e2"),
+        ("e2", "mid"),
+        ("mid", "d2"),
+        ("e2", "d2"),
+        ("d2", "d1"),
+        ("e1", "d1"),
+    ],
 )
 
 
@@ -166,16 +176,14 @@ def test_a_block_holding_most_of_the_time_is_reported() -> None:
 
 
 def test_pure_chain_gives_one_block_per_layer() -> None:
-    text = "\n".join(
+    text = graph_text(
         [
             node("n0", "Input", 0, 0, 8, 0),
             node("n1", "Linear(2, 2)", 1, 2, 16, 24),
             node("n2", "ReLU()", 0.5, 0.5, 16, 0),
             node("n3", "Linear(2, 1)", 1, 1, 8, 12),
-            "\tn0 -- n1",
-            "\tn1 -- n2",
-            "\tn2 -- n3",
-        ]
+        ],
+        [("n0", "n1"), ("n1", "n2"), ("n2", "n3")],
     )
     p = parse_pipedream(text, "chain", batch_size=8)
     assert [b.members for b in p.blocks] == [("n1",), ("n2",), ("n3",)]
@@ -184,14 +192,13 @@ def test_pure_chain_gives_one_block_per_layer() -> None:
 
 
 def test_outputs_nothing_consumes_cross_no_boundary() -> None:
-    text = "\n".join(
+    text = graph_text(
         [
             node("a", "Conv2d()", 1, 1, 16, 4),
             node("b", "Linear()", 1, 1, 8, 2),  # main head: a sink
             node("c", "Linear()", 1, 1, 4, 2),  # auxiliary head
-            "\ta -- b",
-            "\ta -- c",
-        ]
+        ],
+        [("a", "b"), ("a", "c")],
     )
     p = parse_pipedream(text, "two-heads", batch_size=4)
     assert [b.members for b in p.blocks] == [("a",), ("b",), ("c",)]
@@ -200,18 +207,22 @@ def test_outputs_nothing_consumes_cross_no_boundary() -> None:
     assert p.input_bytes_per_sample == 0.0  # no Input node
 
 
-def test_a_node_that_costs_nothing_joins_the_side_with_fewer_bytes() -> None:
-    text = "\n".join(
+def two_sources(z_bytes: float) -> str:
+    """Two 4-byte embeddings ``x`` and ``y`` added by ``z`` (no time, no parameters,
+    ``z_bytes`` of output), which the linear layer ``w`` reads."""
+    return graph_text(
         [
             node("x", "Embedding()", 1, 1, 4, 8),
             node("y", "Embedding()", 1, 1, 4, 8),
-            node("z", "Add()", 0, 0, 4, 0),  # no time, no parameters
+            node("z", "Add()", 0, 0, z_bytes, 0),
             node("w", "Linear()", 1, 1, 4, 8),
-            "\tx -- z",
-            "\ty -- z",
-            "\tz -- w",
-        ]
+        ],
+        [("x", "z"), ("y", "z"), ("z", "w")],
     )
+
+
+def test_a_node_that_costs_nothing_joins_the_side_with_fewer_bytes() -> None:
+    text = two_sources(z_bytes=4)  # z: no time, no parameters
     p = parse_pipedream(text, "two-sources", batch_size=1)
     # before z: x's 4 + y's 4 = 8 bytes cross; after z: z's 4, so z joins y's block
     assert [b.members for b in p.blocks] == [("x",), ("y", "z"), ("w",)]
@@ -220,18 +231,15 @@ def test_a_node_that_costs_nothing_joins_the_side_with_fewer_bytes() -> None:
 
 def test_input_edges_do_not_pin_the_graph_together() -> None:
     # a second Input feeding a late layer must not fuse everything before it
-    text = "\n".join(
+    text = graph_text(
         [
             node("i0", "Input0", 0, 0, 4, 0),
             node("i1", "Input1", 0, 0, 12, 0),
             node("a", "Linear()", 1, 1, 4, 1),
             node("b", "Linear()", 1, 1, 4, 1),
             node("c", "Attention()", 1, 1, 4, 1),
-            "\ti0 -- a",
-            "\ta -- b",
-            "\tb -- c",
-            "\ti1 -- c",
-        ]
+        ],
+        [("i0", "a"), ("a", "b"), ("b", "c"), ("i1", "c")],
     )
     p = parse_pipedream(text, "inputs", batch_size=4)
     assert [b.members for b in p.blocks] == [("a",), ("b",), ("c",)]
@@ -502,17 +510,7 @@ def test_shipped_profiles_round_trip_without_the_data(model: str) -> None:
 
 
 def test_a_free_layers_saved_bytes_are_charged_to_the_layer_that_reads_it() -> None:
-    text = "\n".join(
-        [
-            node("x", "Embedding()", 1, 1, 4, 8),
-            node("y", "Embedding()", 1, 1, 4, 8),
-            node("z", "Add()", 0, 0, 6, 0),  # free: no time, no parameters, w reads it
-            node("w", "Linear()", 1, 1, 4, 8),
-            "\tx -- z",
-            "\ty -- z",
-            "\tz -- w",
-        ]
-    )
+    text = two_sources(z_bytes=6)  # z is free (no time, no parameters) and w reads it
     p = parse_pipedream(text, "two-sources", batch_size=1)
     # z joins y's block (6 bytes cross after z, 8 before), but its 6 bytes are held by
     # w, which reads them: on whichever side of a cut z lands, w's stage keeps them
@@ -521,19 +519,15 @@ def test_a_free_layers_saved_bytes_are_charged_to_the_layer_that_reads_it() -> N
 
 
 def test_a_run_of_free_layers_keeps_only_its_cheapest_boundary() -> None:
-    text = "\n".join(
+    text = graph_text(
         [
             node("pool", "MaxPool2d()", 1, 1, 40, 0),
             node("size", "Size(0)", 0, 0, 1, 0),  # free, read by view
             node("view", "View(-1)", 0, 0, 40, 0),  # free, read by fc
             node("drop", "Dropout()", 0, 0, 40, 0),  # free, read by fc
             node("fc", "Linear()", 2, 2, 8, 16),
-            "\tpool -- size",
-            "\tpool -- view",
-            "\tsize -- view",
-            "\tview -- drop",
-            "\tdrop -- fc",
-        ]
+        ],
+        [("pool", "size"), ("pool", "view"), ("size", "view"), ("view", "drop"), ("drop", "fc")],
     )
     p = parse_pipedream(text, "flatten", batch_size=1)
     # boundaries next to the run size, view, drop: after pool 40 (pool read by size and
@@ -545,16 +539,14 @@ def test_a_run_of_free_layers_keeps_only_its_cheapest_boundary() -> None:
 
 
 def test_a_free_layer_whose_output_nothing_reads_pins_its_boundaries() -> None:
-    text = "\n".join(
+    text = graph_text(
         [
             node("a", "LSTM()", 1, 1, 16, 4),
             node("h", "Getitem(1)", 0, 0, 8, 0),  # an unused tuple output: a sink
             node("b", "Linear()", 1, 1, 8, 2),
             node("c", "Linear()", 1, 1, 4, 2),
-            "\ta -- h",
-            "\ta -- b",
-            "\tb -- c",
-        ]
+        ],
+        [("a", "h"), ("a", "b"), ("b", "c")],
     )
     p = parse_pipedream(text, "tuple", batch_size=4)
     # h costs nothing but keeps its own bytes, so it is not free: nothing fuses
@@ -577,7 +569,7 @@ def _random_dag(rng: random.Random, layers: int) -> tuple[str, list[tuple[str, s
         if i:
             for j in sorted(set(rng.sample(range(i), min(i, rng.randint(1, 2))))):
                 edges.append((f"n{j}", f"n{i}"))
-    text = "\n".join(lines + [f"\t{a} -- {b}" for a, b in edges])
+    text = graph_text(lines, edges)
     return text, edges
 
 
