@@ -44,13 +44,14 @@ figures, all-reduce, the closed-form boundary :func:`~planner.cost.boundary_occu
 and :func:`~planner.cost.link_period_ms`, memory - all come from :mod:`planner.cost`):
 for the suffix plan putting the last l blocks into stages on devices drawn from r, not
 one number but a front of entries (D, X; S, Y, N, FREE, TAIL). The round time is
-``D + X``, D = max over steps i of ``C_i + (M - 1) pi_i + tau_i + w_i`` (traversal
-tau: a stage's E_f + E_b, a link's 2 (occupancy + latency); steady-state period pi: a
+``D + X``, D = max over steps i of ``C_i + max((M - 1) pi_i + tau_i + w_i, W_i)``
+(traversal tau: a stage's E_f + E_b, a link's 2 (occupancy + latency); steady-state
+period pi: a
 stage's E_f + E_b, a link's :func:`~planner.cost.link_period_ms`: its occupancy point to
 point, plus the next boundary's occupancy on a switch (a stage's ports carry both its
 boundaries), twice it plus every later boundary's medium time on a shared medium; w_i
-the warm-up bubble of a stage), X = max_s (T_a^s - PB_s). S is the suffix's summed
-traversal, O what the suffix adds to the period of the link before it
+the warm-up bubble and W_i the warm-up window of a stage), X = max_s (T_a^s - PB_s). S
+is the suffix's summed traversal, O what the suffix adds to the period of the link before it
 (:func:`~planner.cost.link_downstream_ms`), Y the largest per-device samples of its
 head group (a switch's busiest port carries max(Y_a, Y_b) samples of a boundary, a
 point-to-point piece at most min(Y_a, Y_b), a shared medium all B), N its stage
@@ -59,6 +60,7 @@ E_b, E_f0, E_b0, T_a0, samples Y0, warm-up K = K(N + 1)) and the link to the ent
 (occupancy o from Y0 and Y, latency lam, tau1 = 2 (o + lam), period pi1) gives exactly
 
     D' = max(M c0 + max(0, tau1 + S - (min(K, M) - 1) E_f0),   (head; its bubble)
+             ceil(M / min(K, M)) (c0 + tau1 + S),              (head; its window)
              c0 + tau1 + (M - 1) pi1(o, O),                    (the link)
              c0 + tau1 + D)                                    (the suffix, shifted)
     X' = max(T_a0, X - E_b0 - (o + lam))   S' = c0 + tau1 + S   O' = downstream(o, O)
@@ -68,11 +70,17 @@ non-decreasing in D, X, S and O. The bubble: the head's first backward waits for
 micro-batch's round trip downstream (tau1 + S) while the head runs only K forwards; with
 few micro-batches this is what the older closed form (Asteroid's, half-duplex links,
 no bubble: ``PlanCost.closed_form_ms``) missed, misranking plans by up to 25%
-(docs/planners.md). Fronts hold ``FRONT`` entries Pareto-optimal in (D, X, S): the least
-D + X, the least S, the least X, then the next least D + X. Y, N, FREE, TAIL are carried,
-not compared, so the recurrence is a heuristic where a dropped entry would have priced
-its link (Y) or fit a replica (FREE, TAIL) better; the re-scoring by the exact makespan
-decides.
+(docs/planners.md). The window: 1F1B starts the head's forward of micro-batch j + K only
+after its backward of j, a round trip c0 + tau1 + S after that forward began, so its M
+micro-batches take ceil(M / K) round trips at least (without it the closed form priced
+a plan of pipedream-resnet18 on orin-pair-2 at 298 ms that the schedule runs in 353, and
+the DP missed the optimum by 2.64%). Fronts hold ``FRONT`` entries (:func:`_pareto`):
+the least D + X, the least S, the least X (Pareto points in (D, X, S)), then the least
+D among the entries whose head group has fewer samples per device (Y) than the first
+pick's, when no pick so far has (it prices its link lower), else the next least D + X.
+Y, N, FREE, TAIL are carried, not compared, so the recurrence is a heuristic where a
+dropped entry would have priced its link (Y) or fit a replica (FREE, TAIL) better; the
+re-scoring by the exact makespan decides.
 
 Ring replicas (:mod:`planner.replicas`, ``replication_interval`` > 0): a stage run by one
 device sends its replica, (1 + k_opt) W bytes (:meth:`CostModel.replica_bytes`), to the
@@ -769,33 +777,51 @@ def relaxed_bounds(tables: _Tables, batch: int) -> _Relaxed:
 
 
 def _pareto(
-    d: np.ndarray, x: np.ndarray, carry: np.ndarray, keep: int
+    d: np.ndarray, x: np.ndarray, carry: np.ndarray, y: np.ndarray, keep: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per row, indices of ``keep`` candidates Pareto-optimal in (D, X, S), and whether
-    each slot holds one (rows with fewer Pareto points are padded). Picks in turn: least
-    D + X; least S; least X; then least D + X again. S and X get a slot of their own
-    because a later head adds the suffix's traversal S to its warm-up bubble and hides X
-    behind its own backward time (recurrence in the module docstring): a suffix that
-    ranks low by D + X can win after composition.
+    """Per row, indices of ``keep`` candidates of the front, and whether each slot holds
+    one (rows with fewer candidates alive are padded). Picks in turn: least D + X; least
+    S; least X; least D among the candidates whose Y is below the first pick's, when
+    none of the picks so far has such a Y (else, or if there is none, least D + X);
+    then least D + X again. S and X get a slot of their own because a later head adds
+    the suffix's traversal S to its warm-up bubble and hides X behind its own backward
+    time (recurrence in the module docstring): a suffix that ranks low by D + X can win
+    after composition. The fourth slot keeps a suffix whose head group takes fewer
+    samples per device (Y) in the front: it prices the link before it lower (a switch's
+    busiest port carries max(Y_a, Y_b) samples), which D + X, S and X do not see. Such a
+    group has more devices, so a larger all-reduce T_a in X, which the stages before it
+    often hide (X' = max(T_a0, X - E_b0 - ...)), hence D as its key. Seen:
+    pipedream-resnet18 on the 6-device Ethernet testbed, 8.96% above the best known plan
+    while that plan's two-Nano suffix (Y = 2 against the Xavier NX's 4, the least D of
+    its cell, 13th by D + X) had no slot.
 
     Selection by repeated argmin: take the alive candidate of least key (ties: least D),
-    then drop every candidate it dominates (itself included). No alive candidate
-    dominates a pick (it would have a lower or equal key), so every pick is a Pareto
-    point. O(keep x rows x candidates).
+    then drop every candidate it dominates in (D, X, S) (itself included). No alive
+    candidate dominates a pick by the keys D + X, S or X (it would have a lower or
+    equal key), so those picks are Pareto points in (D, X, S); the fourth is the least
+    D of its subset. O(keep x rows x candidates).
     """
     total = d + x
     alive = np.isfinite(total) & np.isfinite(carry)
     rows = np.arange(len(d))
     chosen = np.zeros((len(d), keep), dtype=np.int64)
     valid = np.zeros((len(d), keep), dtype=bool)
+    y_first = np.full((len(d), 1), -INF)
+    y_kept = np.zeros((len(d), 1), dtype=bool)  # a pick has fewer samples than the first
     for j in range(keep):
         key = {1: carry, 2: x}.get(j, total) if keep > 3 else total
+        if j == 3:
+            fewer = alive & (y < y_first) & ~y_kept
+            key = np.where(fewer.any(axis=1, keepdims=True), np.where(fewer, d, INF), total)
         least = np.where(alive, key, INF).min(axis=1, keepdims=True)
         pick = np.argmin(np.where(alive & (key == least), d, INF), axis=1)
         found = alive[rows, pick]
         chosen[:, j], valid[:, j] = pick, found
         if not found.any():
             break
+        if j == 0:
+            y_first = y[rows, pick][:, None]
+        y_kept |= (y[rows, pick][:, None] < y_first) & found[:, None]
         dominated = (
             (d >= d[rows, pick][:, None])
             & (x >= x[rows, pick][:, None])
@@ -1074,12 +1100,15 @@ class _BatchSearch:
                                     part[0].shape[1], lo, f, band))  # fmt: skip
         for e in skips:
             sub = graph.edges[e][2]
-            parts.append(tuple(v[sub, r0:r1] for v in (level.d, level.x, level.s, level.o)))
+            values = (level.d, level.x, level.s, level.o, level.y)
+            parts.append(tuple(v[sub, r0:r1] for v in values))
             meta.append(_Source("skip", [e], True, FRONT, 0, FRONT))
         if not parts:
             return
-        d, x, carry_s, carry_o = (np.concatenate([q[i] for q in parts], axis=1) for i in range(4))
-        chosen, ok = _pareto(d, np.where(np.isfinite(d), x, INF), carry_s, FRONT)
+        d, x, carry_s, carry_o, cand_y = (
+            np.concatenate([q[i] for q in parts], axis=1) for i in range(5)
+        )
+        chosen, ok = _pareto(d, np.where(np.isfinite(d), x, INF), carry_s, cand_y, FRONT)
         at = (s, slice(r0, r1))
         level.d[at] = np.where(ok, d[rows, chosen], INF)
         level.x[at] = np.where(ok, x[rows, chosen], INF)
@@ -1215,8 +1244,8 @@ class _BatchSearch:
     def _moves(
         self, moves: list[int], p: int, warm: int, front: _Level | None, r0: int, r1: int
     ) -> tuple[np.ndarray, ...] | None:
-        """(D, X) candidates of rows l = r0..r1-1 from ``moves`` and their carried S and O
-        (None when no head fits those rows),
+        """(D, X) candidates of rows l = r0..r1-1 from ``moves``, their carried S and O and
+        their head's Y (None when no head fits those rows),
         ring replicas checked and candidates beyond the bound dropped (module
         docstring). The layout (first l', slots per l', band) goes to ``self._layout``:
         heads alone (``front`` None) flattened per row as (move,), else composed onto
@@ -1234,7 +1263,8 @@ class _BatchSearch:
             x = np.stack([h[2][r0:r1, 0] for h in heads], axis=1)
             self._layout = (0, 1, False)
             d = np.where(m * c0 + before[:, None] <= self.bound, m * c0, INF)
-            return d, x, c0, np.zeros_like(c0)
+            y = np.stack([h[3][r0:r1, 0] for h in heads], axis=1)
+            return d, x, c0, np.zeros_like(c0), y
         subs = [graph.edges[e][2] for e in moves]
         finite = np.isfinite(front.d[subs])  # (T, l', F)
         lps = np.flatnonzero(finite.any(axis=(0, 2)))
@@ -1302,10 +1332,12 @@ class _BatchSearch:
             tau1 = 2 * one_way
             rest = tau1 + sub_s
             ef0 = c0 - eb0
-            bubble = np.maximum(0.0, rest - (self.k_of[sub_n + 1] - 1) * ef0)
+            k0 = self.k_of[sub_n + 1]
+            bubble = np.maximum(0.0, rest - (k0 - 1) * ef0)
+            window = -(-m // np.minimum(k0, m)) * (c0 + rest)
             d_new = np.maximum(
                 np.maximum(
-                    m * c0 + bubble,
+                    np.maximum(m * c0 + bubble, window),
                     c0 + tau1 + (m - 1) * link_period_ms(occ, sub_o, t.topology),
                 ),
                 c0 + tau1 + sub_d,
@@ -1332,7 +1364,7 @@ class _BatchSearch:
         self._layout = (lo, f, band)
         return tuple(
             np.moveaxis(np.broadcast_to(v, d_new.shape), 1, 0).reshape(n_l, -1)
-            for v in (d_new, x_new, s_new, o_new)
+            for v in (d_new, x_new, s_new, o_new, y0)
         )
 
     def reconstruct(self, answer: tuple) -> Partition:
