@@ -936,6 +936,9 @@ class _BatchSearch:
         #: in-flight micro-batches of the head of an n-stage suffix (n = 0..P + 1)
         self.k_of = np.array([self.warmup(min(n, self.max_p)) for n in range(self.max_p + 2)])
         self.relaxed = relaxed or relaxed_bounds(tables, batch)
+        #: round trips in the warm-up window of the head of an (n+1)-stage suffix (module
+        #: docstring): ceil(M / min(K, M))
+        self.rounds_of = -(-self.m // np.minimum(self.k_of[1:], self.m))
         self.before = self._before()
         self._layout = (0, 1, False)
 
@@ -1332,18 +1335,16 @@ class _BatchSearch:
             tau1 = 2 * one_way
             rest = tau1 + sub_s
             ef0 = c0 - eb0
-            k0 = self.k_of[sub_n + 1]
-            bubble = np.maximum(0.0, rest - (k0 - 1) * ef0)
-            window = -(-m // np.minimum(k0, m)) * (c0 + rest)
+            bubble = np.maximum(0.0, rest - (self.k_of[sub_n + 1] - 1) * ef0)
+            s_new = c0 + rest
             d_new = np.maximum(
                 np.maximum(
-                    np.maximum(m * c0 + bubble, window),
+                    np.maximum(m * c0 + bubble, self.rounds_of[sub_n] * s_new),
                     c0 + tau1 + (m - 1) * link_period_ms(occ, sub_o, t.topology),
                 ),
                 c0 + tau1 + sub_d,
             )
             x_new = np.maximum(ta0, sub_x - eb0 - one_way)
-            s_new = c0 + rest
             o_new = link_downstream_ms(occ, sub_o, t.topology)
         # ring replicas (planner.replicas): a one-device head's replica goes to the
         # entry's head holder; a complete plan's (row l = L) first stage holds the
