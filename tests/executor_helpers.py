@@ -11,7 +11,7 @@ import os
 from collections.abc import Sequence
 from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -25,6 +25,9 @@ from planner.partition import Partition, StageAssignment
 from planner.plan import Plan, SolverInfo, make_plan, save_plan
 from planner.problem import make_problem
 from planner.profile import BuildSpec, ModelProfile
+
+if TYPE_CHECKING:
+    from tests.reference_trainer import Result
 
 MLP_IN, MLP_CLASSES = 6, 3
 
@@ -147,6 +150,28 @@ def write_plan(plan: Plan, folder: Path, name: str = "plan.json") -> Path:
     path = folder / name
     save_plan(plan, path)
     return path
+
+
+def assert_saved_state_equals(out: Path, build: BuildSpec, want: Result) -> None:
+    """Every rank's saved weights and optimizer state (``out/weights/rank*.pt``) are
+    ``torch.equal`` to the reference trainer's ``want``, and together they cover every
+    parameter of ``build``'s model. A stage's parameters are a contiguous run of the
+    model's, so its optimizer state number ``i`` is the model's ``first + i``."""
+    params = [n for n, _ in zoo.build_model(build.zoo, seed=build.seed, **build.sizes)
+              .named_parameters()]
+    seen: set[str] = set()
+    for saved in sorted((out / "weights").glob("rank*.pt")):
+        rank = torch.load(saved)
+        for key, value in rank["model"].items():
+            assert torch.equal(value, want.state[key]), f"{saved.name}: {key}"
+            seen.add(key)
+        first = params.index(next(k for k in rank["model"] if k in params))
+        for local, state in rank["optimizer"]["state"].items():
+            expected = want.optimizer["state"][first + local]
+            assert state.keys() == expected.keys()
+            for k in state:
+                assert torch.equal(torch.as_tensor(state[k]), torch.as_tensor(expected[k])), k
+    assert seen == set(want.state)
 
 
 def alive(pid: int) -> bool:

@@ -124,6 +124,13 @@ def step_sample_ids(step: int, global_batch: int, num_samples: int, seed: int) -
     return [int(i) for i in order[k * global_batch : (k + 1) * global_batch]]
 
 
+def sample_ids_per_step(
+    steps: int, global_batch: int, num_samples: int, seed: int
+) -> list[list[int]]:
+    """:func:`step_sample_ids` of steps 0 .. ``steps`` - 1, in step order."""
+    return [step_sample_ids(t, global_batch, num_samples, seed) for t in range(steps)]
+
+
 def _one(dataset: SampleDataset, index: int) -> tuple[torch.Tensor, torch.Tensor]:
     x, y = dataset[index]
     return x.unsqueeze(0), y.unsqueeze(0)
@@ -166,10 +173,8 @@ def train(
     params = [p for p in net.parameters() if p.requires_grad]
     opt = optimizer.build(params)
     losses: list[float] = []
-    ids_per_step: list[list[int]] = []
-    for t in range(steps):
-        ids = step_sample_ids(t, global_batch, len(dataset), data_seed)
-        ids_per_step.append(ids)
+    ids_per_step = sample_ids_per_step(steps, global_batch, len(dataset), data_seed)
+    for ids in ids_per_step:
         opt.zero_grad(set_to_none=True)
         if deterministic:
             acc: list[torch.Tensor | None] = [None] * len(params)
@@ -284,10 +289,8 @@ def train_split(
 
     mods = [_stage_modules(net, s) for s in stages]
     losses: list[float] = []
-    ids_per_step: list[list[int]] = []
-    for t in range(steps):
-        ids = step_sample_ids(t, global_batch, len(dataset), data_seed)
-        ids_per_step.append(ids)
+    ids_per_step = sample_ids_per_step(steps, global_batch, len(dataset), data_seed)
+    for ids in ids_per_step:
         opt.zero_grad(set_to_none=True)
         step_loss = 0.0
         for m in range(global_batch // micro_batch):

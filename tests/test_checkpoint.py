@@ -8,7 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from executor import checkpoint, data, zoo
 from executor.launch import launch
@@ -17,7 +16,7 @@ from planner.errors import InputError
 from planner.plan import load_plan
 from planner.profile import BuildSpec
 from tests import reference_trainer as ref
-from tests.executor_helpers import make_test_plan, profile_of, write_plan
+from tests.executor_helpers import assert_saved_state_equals, make_test_plan, profile_of, write_plan
 
 GPT2 = BuildSpec(
     zoo="gpt2-small",
@@ -63,21 +62,7 @@ def test_saved_under_one_plan_resumed_under_another_is_bit_identical(tmp_path: P
     )
     assert first.losses + second.losses == reference.losses
     assert [m["step"] for m in second.metrics] == [2, 3]
-    params = [n for n, _ in zoo.build_model(GPT2.zoo, seed=GPT2.seed, **GPT2.sizes)
-              .named_parameters()]
-    seen = set()
-    for saved_rank in sorted((tmp_path / "b" / "weights").glob("rank*.pt")):
-        rank = torch.load(saved_rank)
-        for key, value in rank["model"].items():
-            assert torch.equal(value, reference.state[key]), key
-            seen.add(key)
-        offset = params.index(next(k for k in rank["model"] if k in params))
-        for local, state in rank["optimizer"]["state"].items():
-            want = reference.optimizer["state"][offset + local]
-            assert state.keys() == want.keys()
-            for k in state:
-                assert torch.equal(torch.as_tensor(state[k]), torch.as_tensor(want[k])), k
-    assert seen == set(reference.state)
+    assert_saved_state_equals(tmp_path / "b", GPT2, reference)
 
 
 def test_an_uncommitted_checkpoint_is_never_resumed(tmp_path: Path) -> None:

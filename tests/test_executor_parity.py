@@ -20,7 +20,7 @@ from executor.metrics import read_jsonl
 from executor.worker import WorkerOptions
 from planner.profile import BuildSpec
 from tests import reference_trainer as ref
-from tests.executor_helpers import make_test_plan, profile_of, write_plan
+from tests.executor_helpers import assert_saved_state_equals, make_test_plan, profile_of, write_plan
 
 STEPS = 3
 
@@ -73,23 +73,7 @@ def run_and_compare(tmp_path: Path, build: BuildSpec, stages, micro_batch, micro
         data_seed=config.seed,
     )
     assert result.losses == reference.losses
-    names = list(reference.state)
-    params = [n for n, _ in zoo.build_model(build.zoo, seed=build.seed, **build.sizes)
-              .named_parameters()]
-    seen: set[str] = set()
-    for saved in sorted((tmp_path / "weights").glob("rank*.pt")):
-        rank = torch.load(saved)
-        for key, value in rank["model"].items():
-            assert torch.equal(value, reference.state[key]), f"{saved.name}: {key}"
-            seen.add(key)
-        # optimizer state: the stage's parameters are a contiguous run of the model's
-        first = params.index(next(k for k in rank["model"] if k in params))
-        for local, state in rank["optimizer"]["state"].items():
-            want = reference.optimizer["state"][first + local]
-            assert state.keys() == want.keys()
-            for k in state:
-                assert torch.equal(torch.as_tensor(state[k]), torch.as_tensor(want[k])), k
-    assert seen == set(names)
+    assert_saved_state_equals(tmp_path, build, reference)
     return result
 
 

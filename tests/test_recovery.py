@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from executor import data, zoo
 from executor.launch import launch
@@ -28,7 +27,13 @@ from planner.cli import main
 from planner.plan import load_plan
 from planner.profile import BuildSpec
 from tests import reference_trainer as ref
-from tests.executor_helpers import alive, make_test_plan, profile_of, write_plan
+from tests.executor_helpers import (
+    alive,
+    assert_saved_state_equals,
+    make_test_plan,
+    profile_of,
+    write_plan,
+)
 
 GPT2 = BuildSpec(
     zoo="gpt2-small",
@@ -123,22 +128,8 @@ def assert_matches_reference(tmp_path: Path, plan, result, steps: int = STEPS) -
 
 def assert_final_state_is_the_references(out: Path, want) -> None:
     """Every rank's saved weights and optimizer state (``out/weights``) equal the
-    reference's, and together they cover every parameter."""
-    params = [n for n, _ in zoo.build_model(GPT2.zoo, seed=GPT2.seed, **GPT2.sizes)
-              .named_parameters()]
-    seen: set[str] = set()
-    for saved in sorted((out / "weights").glob("rank*.pt")):
-        rank = torch.load(saved)
-        for key, value in rank["model"].items():
-            assert torch.equal(value, want.state[key]), f"{saved.name}: {key}"
-            seen.add(key)
-        first = params.index(next(k for k in rank["model"] if k in params))
-        for local, state in rank["optimizer"]["state"].items():
-            expected = want.optimizer["state"][first + local]
-            assert state.keys() == expected.keys()
-            for k in state:
-                assert torch.equal(torch.as_tensor(state[k]), torch.as_tensor(expected[k])), k
-    assert seen == set(want.state)
+    reference's, and together they cover every parameter of :data:`GPT2`."""
+    assert_saved_state_equals(out, GPT2, want)
 
 
 THREE_STAGES = [(0, 2, [2]), (2, 4, [2]), (4, 6, [1, 1])]

@@ -15,6 +15,7 @@ fused projection (the same parameter count as three separate ones).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -121,6 +122,27 @@ class LMHead(nn.Module):
         return self.proj(self.ln(x))
 
 
+def _stack(
+    embed: Callable[[], nn.Module],
+    head: Callable[[], nn.Module],
+    layers: int,
+    hidden: int,
+    heads: int,
+    ffn: int | None,
+    **style: bool | str | float,
+) -> list[BlockSpec]:
+    """A transformer's blocks: ``embed``, then ``layers`` :class:`TransformerLayer` blocks
+    of ``hidden`` width, ``heads`` heads and ``ffn`` (default 4 x hidden) feed-forward
+    width in ``style`` (its keyword arguments), named layer0 .. layer<layers-1>, then
+    ``head``; each a builder of its module."""
+    layer = partial(TransformerLayer, hidden, heads, ffn or 4 * hidden, **style)
+    return [
+        ("embed", embed),
+        *((f"layer{i}", layer) for i in range(layers)),
+        ("head", head),
+    ]
+
+
 def bert(
     *,
     layers: int,
@@ -131,30 +153,18 @@ def bert(
     max_positions: int,
     num_classes: int,
 ) -> list[BlockSpec]:
-    """BERT-style encoder for sequence classification; ``ffn`` defaults to 4 x hidden.
-    Blocks: embed, layer0 .. layer<layers-1>, head."""
-    layer = partial(
-        TransformerLayer, hidden, heads, ffn or 4 * hidden,
-        pre_norm=False, causal=False, gelu="none", eps=1e-12,
-    )
-    return [
-        ("embed", partial(Embeddings, vocab, hidden, max_positions, bert=True)),
-        *((f"layer{i}", layer) for i in range(layers)),
-        ("head", partial(ClassifierHead, hidden, num_classes)),
-    ]
+    """BERT-style encoder for sequence classification (blocks: :func:`_stack`)."""
+    embed = partial(Embeddings, vocab, hidden, max_positions, bert=True)
+    head = partial(ClassifierHead, hidden, num_classes)
+    return _stack(embed, head, layers, hidden, heads, ffn,
+                  pre_norm=False, causal=False, gelu="none", eps=1e-12)
 
 
 def gpt2(
     *, layers: int, hidden: int, heads: int, ffn: int | None, vocab: int, max_positions: int
 ) -> list[BlockSpec]:
-    """GPT-2-style decoder for next-token prediction; ``ffn`` defaults to 4 x hidden.
-    Blocks: embed, layer0 .. layer<layers-1>, head."""
-    layer = partial(
-        TransformerLayer, hidden, heads, ffn or 4 * hidden,
-        pre_norm=True, causal=True, gelu="tanh", eps=1e-5,
-    )
-    return [
-        ("embed", partial(Embeddings, vocab, hidden, max_positions, bert=False)),
-        *((f"layer{i}", layer) for i in range(layers)),
-        ("head", partial(LMHead, hidden, vocab)),
-    ]
+    """GPT-2-style decoder for next-token prediction (blocks: :func:`_stack`)."""
+    embed = partial(Embeddings, vocab, hidden, max_positions, bert=False)
+    head = partial(LMHead, hidden, vocab)
+    return _stack(embed, head, layers, hidden, heads, ffn,
+                  pre_norm=True, causal=True, gelu="tanh", eps=1e-5)
