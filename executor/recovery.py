@@ -404,11 +404,14 @@ class Supervisor:
         deadline = time.monotonic() + ABORT_SEEN_S
         pending = list(others)
         while True:
+            # read before the poll, so that a member that crashed is among its failures
+            # (grouped) before it leaves ``pending``, never only seen exited after it
+            gone = [d for d in pending if not self.alive(d)]
             for f in self.coordinator.poll():
                 if f.device not in dead and f.cause == "crash":
                     dead[f.device] = f
                     self.coordinator.abort(f"{f.device} {f.cause}", fence=[f.device])
-            pending = [d for d in pending if d not in dead and self.alive(d)]
+            pending = [d for d in pending if d not in dead and d not in gone]
             seen = self.coordinator.abort_seen(pending)
             pending = [d for d in pending if d not in seen]
             if not pending or time.monotonic() >= deadline:
