@@ -394,10 +394,10 @@ class Supervisor:
     def _await_acknowledgements(self, dead: dict[str, Failure], others: list[str]) -> None:
         """Return once every one of ``others`` has acknowledged the abort
         (``ctl/seen``) or exited, at most ``ABORT_SEEN_S`` after it. A member whose exit
-        status arrives meanwhile joins ``dead``, fenced: it died before it could
-        acknowledge, so it belongs to the same failure (two devices killed at once make
-        one recovery), while one that acknowledged was alive after the abort and any
-        later death of it is a failure of its own. A member declared hung meanwhile is
+        status arrives meanwhile joins ``dead``, fenced, whether or not it acknowledged
+        first: the re-plan has not run yet, so it belongs to the same failure (two
+        devices killed at once make one recovery) rather than to a generation opened
+        with a dead member. A member declared hung meanwhile is
         not grouped: its silence may be the load of the recovery itself, and the next
         generation watches it afresh. No fixed wait: each look costs one store round
         trip per member not yet settled, every ``ACK_POLL_S``."""
