@@ -227,7 +227,21 @@ def test_profile_without_torch_says_which_extra_to_install(monkeypatch, tmp_path
     assert not list(tmp_path.iterdir())
 
 
-def test_ctrl_c_exits_130_and_leaves_nothing_half_written(tmp_path):
+@pytest.fixture
+def ctrl_c_delivered():
+    """SIGINT handled as Python's default for the test and the children it starts.
+
+    A shell without job control starts a background job (`pytest ... &`) with SIGINT
+    ignored, and an ignored signal stays ignored across exec: then no Ctrl-C reaches the
+    CLI, as POSIX wants for background jobs, and these tests would test nothing. A handled
+    signal is reset to its default across exec, so the children get a Ctrl-C again.
+    """
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_exits_130_and_leaves_nothing_half_written(tmp_path, ctrl_c_delivered):
     out = tmp_path / "r18.json"
     cmd = [sys.executable, "-m", "planner.cli", "profile", "--model", "resnet18", "--size",
            "resolution=32", "--batch-sizes", "2,4", "--repeats", "100000", "--threads", "1",
@@ -264,7 +278,7 @@ def model():
 """
 
 
-def test_ctrl_c_during_a_string_exec_still_exits_130(tmp_path):
+def test_ctrl_c_during_a_string_exec_still_exits_130(tmp_path, ctrl_c_delivered):
     # CPython 3.11 marks a KeyboardInterrupt leaving a string exec() as unhandled even when
     # the CLI catches it; under `python -m` the interpreter then killed itself with SIGINT
     # after printing our line (returncode -2, the flake of the Ctrl-C test above)
@@ -278,7 +292,9 @@ def test_ctrl_c_during_a_string_exec_still_exits_130(tmp_path):
     assert not out.exists()
 
 
-def test_a_ctrl_c_during_the_torch_import_arrives_once_the_import_is_done():
+def test_a_ctrl_c_during_the_torch_import_arrives_once_the_import_is_done(
+    ctrl_c_delivered,
+):
     # a KeyboardInterrupt inside torch's import can abort the process from C++ (seen: -6,
     # "terminate called after throwing ... pybind11::error_already_set"): held back
     finished = False
