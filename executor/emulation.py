@@ -234,6 +234,8 @@ class EmulatedCompute(ComputeHook):
         self.shared_medium, self.store, self.report = shared_medium, store, report
         self.slowdown = slowdown  # (from step, factor on the budgets), by step
         self.step = first_step
+        #: actions that overran their budget in the last finished step
+        self.step_overruns = 0
         self._reset()
 
     def factor(self) -> float:
@@ -287,6 +289,7 @@ class EmulatedCompute(ComputeHook):
             }
             self.report.write(json.dumps(line) + "\n")
             self.report.flush()
+        self.step_overruns = self.overruns
         self.step += 1
         self._reset()
 

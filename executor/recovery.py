@@ -354,8 +354,9 @@ class Supervisor:
             keys = [f"metrics/{step}/{r}" for r in range(gen.voters)]
             payloads = [json.loads(gen.store.get(k)) for k in keys]
             if self.slowdown is not None:
-                self.slowdown.observe(gen.plan, step, {
-                    d: p["compute_ms"] for d, p in zip(gen.members, payloads, strict=False)})
+                members = list(zip(gen.members, payloads, strict=False))
+                self.slowdown.observe(gen.plan, step, {d: p["compute_ms"] for d, p in members},
+                                      {d for d, p in members if p.get("overruns")})
             samples = dict(s for p in payloads for s in p.get("samples", []))
             if self.writer is not None:
                 self.writer.write_step(step, payloads, {

@@ -18,13 +18,20 @@ Inputs:
     * per step ``t``: ``measured_ms[d]``, the step's F + B time of ``d``
       (``compute_ms`` of metrics.jsonl, docs/executor.md). Waits for neighbours,
       transfers, all-reduce and the optimizer step are not in it, so a slow device
-      does not make the devices around it look slow.
+      does not make the devices around it look slow;
+    * per step, the devices whose figure is *no evidence*: in an emulated run, those
+      whose real compute overran an emulated budget in that step (``overruns`` of
+      executor/emulation.py). Their figure measures this machine (its load), not the
+      emulated device, which by construction runs at its budgets; on a loaded host
+      the fastest device, whose budgets are the smallest, overruns first and would
+      otherwise be declared slowed and re-partitioned for the host's load.
 
 State per device: the current *streak* - the ratios ``r = measured / expected`` of
 the consecutive latest steps that were all slow (``r > threshold``) or all fast
 (``r < 1 / threshold``) - and whether the device was already declared.
 
 Recurrence, for each step ``t >= warmup_steps`` and device ``d`` not yet declared:
+    no evidence -> the streak is left as it is (neither extended nor cleared);
     ``r = measured / expected``;
     slow if ``r > threshold``, fast if ``r < 1 / threshold``, else neither;
     neither -> the streak is cleared;
@@ -52,7 +59,7 @@ Complexity: O(devices) per step; state O(devices x consecutive).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -123,9 +130,11 @@ class SlowdownDetector:
         self.policy = policy or SlowdownPolicy()
         self._tracks = {d: _Track() for d in self.expected}
 
-    def observe(self, step: int, measured_ms: Mapping[str, float]) -> list[Slowdown]:
-        """Feed step ``step``'s measured compute of every device; returns the devices
-        declared at this step (usually none), in the plan's device order."""
+    def observe(self, step: int, measured_ms: Mapping[str, float],
+                no_evidence: Collection[str] = ()) -> list[Slowdown]:
+        """Feed step ``step``'s measured compute of every device; ``no_evidence``: the
+        devices whose figure of this step does not count (module docstring). Returns
+        the devices declared at this step (usually none), in the plan's device order."""
         missing = set(self.expected) - set(measured_ms)
         if missing:
             raise ValueError(f"step {step} has no compute figure for {sorted(missing)}")
@@ -135,7 +144,7 @@ class SlowdownDetector:
         declared = []
         for device, expected in self.expected.items():
             track = self._tracks[device]
-            if track.declared:
+            if track.declared or device in no_evidence:
                 continue
             ratio = measured_ms[device] / expected
             direction: Direction | None = (
@@ -175,9 +184,11 @@ class SlowdownWatch:
         self._pending: dict[str, float] = {}
         self.declared: list[Slowdown] = []
 
-    def observe(self, plan: Plan, step: int, compute_ms: Mapping[str, float]) -> None:
+    def observe(self, plan: Plan, step: int, compute_ms: Mapping[str, float],
+                overran: Collection[str] = ()) -> None:
         """Step ``step`` under ``plan`` is durable; ``compute_ms``: every used device's
-        measured F + B time of it. Steps count from the plan's first (its warm-up)."""
+        measured F + B time of it; ``overran``: the devices whose emulation overran a
+        budget in it (no evidence). Steps count from the plan's first (its warm-up)."""
         if plan.id != self._plan_id:
             self._plan_id = plan.id
             self._detector = SlowdownDetector(expected_compute_ms(plan, self.time_scale),
@@ -185,7 +196,7 @@ class SlowdownWatch:
             self._first_step = step
         assert self._detector is not None
         mine = {d: compute_ms[d] for d in self._detector.expected}
-        for found in self._detector.observe(step - self._first_step, mine):
+        for found in self._detector.observe(step - self._first_step, mine, overran):
             self.declared.append(found)
             self._pending[found.device] = found.factor
 

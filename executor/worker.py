@@ -725,6 +725,8 @@ class _GenerationRun:
                 replication_ms = (time.perf_counter() - start) * 1e3
             payload = rank_payload(record, self.w.device)
             payload["replication_ms"] = replication_ms
+            if emulation is not None:  # the slowdown watch's evidence rule
+                payload["overruns"] = emulation.hook.step_overruns
             if first:
                 payload["samples"] = [[self.layout.positions(self.rank)[k], int(i)]
                                       for k, i in enumerate(np.concatenate(mine))]

@@ -101,6 +101,26 @@ def test_two_devices_slowed_together_are_declared_together() -> None:
                         Slowdown("b", 4.0, 3, (4.0, 4.0, 4.0))]
 
 
+def test_a_step_whose_emulation_overran_neither_extends_nor_clears_the_streak() -> None:
+    detector = SlowdownDetector(EXPECTED)
+    assert feed(detector, [10, 30, 30]) == []
+    # step 3 overran (this machine was loaded): its 10 ms neither clears nor extends
+    assert detector.observe(3, {"a": 10.0, "b": 20.0}, no_evidence={"a"}) == []
+    assert detector.streak("a") == (3.0, 3.0)
+    assert detector.observe(4, {"a": 40.0, "b": 20.0}) == [
+        Slowdown("a", 3.0, 4, (3.0, 3.0, 4.0))
+    ]
+
+
+def test_a_device_whose_emulation_overruns_every_step_is_never_declared() -> None:
+    detector = SlowdownDetector(EXPECTED)
+    # the fastest device on a loaded host: 10x its tiny budget, every step an overrun
+    declared = [detector.observe(t, {"a": 100.0, "b": 20.0}, no_evidence={"a"})
+                for t in range(8)]
+    assert declared == [[]] * 8
+    assert detector.streak("a") == ()
+
+
 def test_a_stricter_policy() -> None:
     policy = SlowdownPolicy(threshold=2.0, consecutive=2, warmup_steps=0)
     detector = SlowdownDetector(EXPECTED, policy)
@@ -176,6 +196,19 @@ def test_from_its_step_on_a_slowed_device_budgets_its_slowdown_over_the_plans() 
     assert Emulation.for_rank(plan, 0, None, 1.0, None, slow[:1]).hook.factor() == 1.0  # type: ignore[arg-type]
 
 
+def test_the_emulation_counts_the_overruns_of_the_step_it_finished() -> None:
+    profile = profile_of(MLP, lambda b: torch.randn(b, MLP_IN))
+    plan = emulated_plan(profile, [(0, 2, [2]), (2, 4, [2])], 2, 2, [1.0, 1.0])
+    hook = Emulation.for_rank(plan, 1, None, 1e-3, None).hook  # type: ignore[arg-type]
+    counts = []
+    for real_seconds in (60.0, 0.0):  # step 0: F and B both over budget; step 1: within
+        for kind in (ActionType.F, ActionType.B):
+            hook.after_compute(Action(1, kind, 0), real_seconds=real_seconds)
+        hook.after_reduce(Action(1, ActionType.REDUCE_GRAD), real_seconds=0.0)
+        counts.append(hook.step_overruns)
+    assert counts == [2, 0]
+
+
 def test_several_slowdowns_of_one_device_each_apply_from_its_step_on() -> None:
     profile = profile_of(MLP, lambda b: torch.randn(b, MLP_IN))
     plan = emulated_plan(profile, [(0, 2, [2]), (2, 4, [2])], 2, 2, [1.0, 1.0])
@@ -234,3 +267,26 @@ def test_a_device_slowed_three_times_is_repartitioned_at_a_step_boundary_never_f
     assert work(new, "d1") < work(plan, "d1")  # work moved off the slowed device
     assert [m["plan_id"] for m in result.metrics] == [plan.id] * 4 + [new.id] * 3
     assert_matches_reference(tmp_path, plan, result, steps)
+
+
+@pytest.mark.slow
+def test_a_host_too_loaded_for_the_emulation_repartitions_nothing(tmp_path) -> None:
+    from executor.launch import launch
+    from executor.worker import WorkerOptions
+    from tests.test_recovery import GLOO_TIMEOUT_S
+
+    # time scale 1e-4: every budget is far below real compute, as for the fastest device
+    # on a loaded host; every device overruns every step, which is no slowdown evidence
+    profile = profile_of(MLP, lambda b: torch.randn(b, MLP_IN))
+    plan = emulated_plan(profile, [(0, 2, [2]), (2, 4, [2])], 2, 2, [1.0, 1.0])
+    result = launch(
+        WorkerOptions(str(write_plan(plan, tmp_path)), 6, str(tmp_path), deterministic=True,
+                      emulate=True, time_scale=1e-4, timeout_s=GLOO_TIMEOUT_S,
+                      dataset="tests.executor_helpers:mlp_dataset"),
+        hang_timeout_s=10.0, heartbeat_s=0.1,
+    )
+    lines = [json.loads(line) for f in sorted((tmp_path / "emulation").iterdir())
+             for line in f.read_text().splitlines()]
+    assert lines and all(line["overruns"] > 0 for line in lines)
+    assert result.events == []
+    assert [m["plan_id"] for m in result.metrics] == [plan.id] * 6
