@@ -61,6 +61,13 @@ if TYPE_CHECKING:
 out = Console()
 err = Console(stderr=True)
 
+
+def _warn(text: str) -> None:
+    """Print ``warning: text`` to stderr as one line, whatever the terminal's width, and
+    verbatim (no markup: ``[0, 6)`` and device ids stay as written)."""
+    err.print(f"warning: {text}", highlight=False, soft_wrap=True, markup=False)
+
+
 GIB = 2**30
 
 
@@ -540,7 +547,7 @@ def cmd_import_pipedream(args: argparse.Namespace) -> None:
     write_text_atomic(args.output, json.dumps(profile.to_dict(), indent=1) + "\n")
     warning = swallowing_block(profile)
     if warning:
-        err.print(f"warning: {warning}", highlight=False)
+        _warn(warning)
     out.print(f"wrote {args.output}: {profile.name}, {profile.num_blocks} blocks")
 
 
@@ -622,7 +629,7 @@ def _demo_run(outdir: Path, steps: int) -> None:
         highlight=False,
     )
     if report.overrun_warning:
-        err.print(f"warning: {report.overrun_warning}", highlight=False)
+        _warn(report.overrun_warning)
 
 
 @contextmanager
@@ -813,7 +820,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         )
     out.print(table)
     for failed in result.join_failures:
-        err.print(f"warning: {failed['reason']}", highlight=False, soft_wrap=True, markup=False)
+        _warn(failed["reason"])
     for e in result.events:
         what = "re-partitioned for" if e["cause"] in ("slow", "join") else "recovered from"
         out.print(
@@ -822,7 +829,7 @@ def cmd_run(args: argparse.Namespace) -> None:
             f"{_s(e['t_first_commit_s'])} after detection"
         )
         if e.get("warning"):
-            err.print(f"warning: {e['warning']}", highlight=False)
+            _warn(e["warning"])
     walls = sorted(m["wall_ms"] for m in result.metrics)
     predicted = plan.cost.iteration_ms * (args.time_scale if args.emulate else 1.0)
     out.print(
@@ -834,7 +841,7 @@ def cmd_run(args: argparse.Namespace) -> None:
 
         warning = emulation_overruns(args.out)
         if warning:
-            err.print(f"warning: {warning}", highlight=False)
+            _warn(warning)
 
 
 def _emulated_slowdowns(args: argparse.Namespace) -> tuple:
@@ -942,12 +949,12 @@ def cmd_report(args: argparse.Namespace) -> None:
             highlight=False,
         )
     if report.overrun_warning:
-        err.print(f"warning: {report.overrun_warning}", highlight=False)
+        _warn(report.overrun_warning)
     if report.recoveries:
         print_table(recovery_table(report), lambda: recovery_lines(report))
     for r in report.recoveries:
         if r.warning:
-            err.print(f"warning: recovery {r.generation}: {r.warning}", highlight=False)
+            _warn(f"recovery {r.generation}: {r.warning}")
     chart = Path(args.output) if args.output else Path(args.run_dir) / "report.png"
     draw_report(report, args.run_dir, chart)
     whole = ", the whole run with its recoveries below" if report.recoveries else ""

@@ -154,3 +154,24 @@ def test_a_recovery_that_never_committed_shows_its_missing_phases_as_dashes(
                           env={"COLUMNS": "80", "PATH": ""})
     assert done.returncode == 0, done.stderr
     assert "rebuild 0.250 s, restore - s, first commit - s" in " ".join(done.stdout.split())
+
+
+def test_every_warning_of_the_report_command_is_one_line_at_any_width(tmp_path: Path) -> None:
+    # the recovery's warning (the loss of a one-device plan's last standby) and the
+    # emulation's overruns, each longer than the 60 columns of the terminal: one line
+    # each on stderr, word for word, the brackets of "[0, 6)" kept
+    unreplicated = ("the run goes on unreplicated: no device left can hold the replica of "
+                    "stage 0 (blocks [0, 6)) on d0; losing it now stops the run")
+    write_run(tmp_path, time_scale=1.0, overruns=3)
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({**RECOVERY, "warning": unreplicated}) + "\n")
+    done = subprocess.run([sys.executable, "-m", "planner.cli", "report", str(tmp_path)],
+                          capture_output=True, text=True, cwd=REPO, timeout=120,
+                          env={"COLUMNS": "60", "PATH": ""})
+    assert done.returncode == 0, done.stderr
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("warning: ")]
+    assert warnings == [
+        "warning: real compute exceeded the emulated budget on orin-1 3x (worst +2.5 ms): "
+        "those devices ran at this machine's speed, not the plan's; raise --time-scale",
+        f"warning: recovery 2: {unreplicated}",
+    ]
