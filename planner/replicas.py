@@ -103,9 +103,9 @@ def standbys(
     if len(stages) != 1 or len(stages[0].devices) != 1 or interval == 0:
         return ()
     need = size(stages[0].first, stages[0].end)
-    order = list(budget)
+    order = {d: i for i, d in enumerate(budget)}
     idle = [d for d in order if d not in stages[0].devices and budget[d] >= need]
-    return tuple(sorted(idle, key=lambda d: (-budget[d], order.index(d))))
+    return tuple(sorted(idle, key=lambda d: (-budget[d], order[d])))
 
 
 def refusal(
