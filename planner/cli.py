@@ -56,6 +56,7 @@ from planner.schema import (
 from planner.simulator import simulate
 
 if TYPE_CHECKING:
+    from executor.coordinator import Stopped
     from planner.report import RunReport
 
 out = Console()
@@ -867,7 +868,14 @@ def cmd_coordinate(args: argparse.Namespace) -> None:
     coordinator = _executor("executor.coordinator")
     err.print(f"coordinating {args.plan}: store on port {args.port}; start each host's "
               f"workers with --coordinator <this host>:{args.port}", highlight=False)
-    done = coordinator.run(args)  # type: ignore[attr-defined]
+    _coordinated(coordinator.run(args))  # type: ignore[attr-defined]
+
+
+def _coordinated(done: Stopped) -> None:
+    """What ``edgepipe coordinate`` prints of a run that finished: a warning line per
+    dropped join (executor/joins.py, "Failed joins"), then the last generation."""
+    for reason in done.join_failures:
+        _warn(reason)
     err.print(f"every worker finished (generation {done.generation})", highlight=False)
 
 

@@ -415,3 +415,16 @@ def test_validate_runs_the_semantic_checks_plan_runs(doc, message, tmp_path, cap
     path = write_json(tmp_path / "doc.json", doc)
     assert main(["validate", path]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_finished_coordinate_run_prints_each_dropped_join_as_one_warning_line(capsys):
+    # what edgepipe coordinate prints once the run finished (coordinator.run's Stopped):
+    # every join_failed reason on its own line, as python -m executor.coordinator does
+    from executor.coordinator import Stopped
+    from planner.cli import _coordinated
+
+    reason = ("join of e failed: it registered but sent no heartbeat within 120 s "
+              "(--start-timeout); the run goes on without it")
+    _coordinated(Stopped(3, (reason,)))
+    assert capsys.readouterr().err.splitlines() == [
+        f"warning: {reason}", "every worker finished (generation 3)"]
