@@ -207,7 +207,8 @@ def launch(
     :class:`~executor.recovery.RecoveryFailed` when recovery is impossible, any other
     :class:`~planner.errors.EdgepipeError` when the plan is refused. ``standbys``: at
     most this many standby processes for a one-device plan (module docstring, "Standbys";
-    None: one per idle device that can hold its replica, 0: none).
+    None: one per idle device that can hold its replica, 0: none; 1 or more in a run that
+    does not recover is an :class:`InputError`).
     """
     if hang_timeout_s is not None and not hang_timeout_s > 2 * heartbeat_s > 0:
         raise InputError(
@@ -219,6 +220,11 @@ def launch(
     layout = preflight(opts)
     plan = load_plan(opts.plan)
     recovering = recovers(opts, plan, hang_timeout_s, recover)
+    if standbys and not recovering:
+        raise InputError("--standbys", str(standbys), "standby processes hold a one-device "
+                         "plan's replica for in-process recovery, which this run does not "
+                         "do (--no-recover, no control plane or replication_interval 0); "
+                         "drop --standbys")
     spares = replica_standbys(plan)[:standbys] if recovering else ()
     if joins:
         if not recovering:

@@ -134,6 +134,20 @@ def test_without_a_standby_the_loss_of_the_only_device_fails_in_one_line(tmp_pat
     assert not any(alive(r["pid"]) for r in ranks)
 
 
+def test_standbys_asked_of_a_run_that_does_not_recover_are_refused_in_one_line(
+    tmp_path, capsys
+):
+    # --no-recover: nothing would use a standby; refused before any process starts
+    path = write_plan(one_device_plan(3), tmp_path)
+    assert main(["run", str(path), "--out", str(tmp_path), "--steps", "1", "--no-recover",
+                 "--standbys", "2"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: --standbys: 2: standby processes hold a one-device plan's replica for "
+        "in-process recovery, which this run does not do (--no-recover, no control plane "
+        "or replication_interval 0); drop --standbys")
+    assert not (tmp_path / "ranks.json").exists()
+
+
 @pytest.mark.slow
 def test_a_one_device_run_without_failure_replicates_to_its_standby(tmp_path):
     plan, result = run(tmp_path, 3)
