@@ -75,9 +75,16 @@ after its backward of j, a round trip c0 + tau1 + S after that forward began, so
 micro-batches take ceil(M / K) round trips at least (without it the closed form priced
 a plan of pipedream-resnet18 on orin-pair-2 at 298 ms that the schedule runs in 353, and
 the DP missed the optimum by 2.64%). Fronts hold ``FRONT`` entries (:func:`_pareto`):
-the least D + X, the least S, the least X (Pareto points in (D, X, S)), then the least
+the least D + X', the least S, the least X' (Pareto points in (D, X', S)), then the least
 D among the entries whose head group has fewer samples per device (Y) than the first
-pick's, when no pick so far has (it prices its link lower), else the next least D + X.
+pick's, when no pick so far has (it prices its link lower), else the next least D + X'.
+X' = max(X, H) with H a lower bound on the backward traversal of the stages before the
+cell's suffix (:meth:`_BatchSearch._hidden`): the suffix's X reaches the root as X - PB
+<= X - H, and the root's X is at least its first stage's T_a >= 0, so X below H never
+shows and entries equal in X' are equal at the root. Comparing X itself ranked a suffix
+of wide stages (large all-reduces that the stages before it hide) below 1-device ones
+and dropped it from fronts of 4: on 100 blocks x 64 identical devices the DP returned
+1777 ms where a 32 x 2-device pipeline runs in 1762 (with X': 1583).
 Y, N, FREE, TAIL are carried, not compared, so the recurrence is a heuristic where a
 dropped entry would have priced its link (Y) or fit a replica (FREE, TAIL) better; the
 re-scoring by the exact makespan decides.
@@ -780,7 +787,8 @@ def _pareto(
     d: np.ndarray, x: np.ndarray, carry: np.ndarray, y: np.ndarray, keep: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per row, indices of ``keep`` candidates of the front, and whether each slot holds
-    one (rows with fewer candidates alive are padded). Picks in turn: least D + X; least
+    one (rows with fewer candidates alive are padded); ``x`` is the compared X' = max(X,
+    H) of the module docstring. Picks in turn: least D + X; least
     S; least X; least D among the candidates whose Y is below the first pick's, when
     none of the picks so far has such a Y (else, or if there is none, least D + X);
     then least D + X again. S and X get a slot of their own because a later head adds
@@ -940,6 +948,7 @@ class _BatchSearch:
         #: docstring): ceil(M / min(K, M))
         self.rounds_of = -(-self.m // np.minimum(self.k_of[1:], self.m))
         self.before = self._before()
+        self.hidden = self._hidden()
         self._layout = (0, 1, False)
 
     def _before(self) -> np.ndarray:
@@ -963,6 +972,24 @@ class _BatchSearch:
                 here + g_least[rows, size],
             )
             out[self.sizes == size] = np.where(least <= self.bound, here, INF)
+        return out
+
+    def _hidden(self) -> np.ndarray:
+        """(states, L + 1): for a suffix of l blocks on devices drawn from state r, a lower
+        bound on the backward traversal PB of the stages before it (the blocks [0, L - l)
+        on the n = N - |r| devices outside r, each stage with one device of at least
+        ceil(B / n) samples: their least backward times at such a share,
+        :meth:`_Tables._share_prefix`; 0 when n = 0). An entry's X enters the root's X
+        as X - PB <= X - hidden, and the root's X is at least its first stage's
+        T_a >= 0, so X below ``hidden`` never shows: fronts compare max(X, hidden)."""
+        t = self.t
+        big_l, n_dev = t.n_blk, sum(t.counts)
+        out = np.zeros((len(self.sizes), big_l + 1))
+        for size in np.unique(self.sizes):
+            n_pre = n_dev - int(size)
+            if n_pre > 0:
+                cum = t._share_prefix(-(-self.batch // n_pre), "b")
+                out[self.sizes == size] = cum[big_l - np.arange(big_l + 1)]
         return out
 
     def warmup(self, p: int) -> int:
@@ -1111,7 +1138,8 @@ class _BatchSearch:
         d, x, carry_s, carry_o, cand_y = (
             np.concatenate([q[i] for q in parts], axis=1) for i in range(5)
         )
-        chosen, ok = _pareto(d, np.where(np.isfinite(d), x, INF), carry_s, cand_y, FRONT)
+        x_seen = np.maximum(x, self.hidden[s, r0:r1][:, None])
+        chosen, ok = _pareto(d, np.where(np.isfinite(d), x_seen, INF), carry_s, cand_y, FRONT)
         at = (s, slice(r0, r1))
         level.d[at] = np.where(ok, d[rows, chosen], INF)
         level.x[at] = np.where(ok, x[rows, chosen], INF)

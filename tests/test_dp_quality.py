@@ -9,13 +9,14 @@ import json
 import pytest
 
 from planner import api
-from planner.cluster import Cluster
+from planner.cluster import Cluster, Device
 from planner.config import TrainingConfig
 from planner.cost import CostModel, pipeline_closed_form_ms
 from planner.dp import plan_dp
 from planner.partition import Partition, StageAssignment
-from planner.problem import make_problem
+from planner.problem import Problem, make_problem
 from planner.profile import ModelProfile
+from tests.synthetic import random_problem
 
 #: a limit no run of these instances reaches even on a loaded machine (about 3 s of CPU)
 NO_TIMEOUT = 600.0
@@ -80,3 +81,36 @@ def test_dp_finds_the_proven_optimum_on_two_orins():
     assert cm.evaluate(optimum).iteration_ms == pytest.approx(344.167, abs=1e-3)
     result = plan_dp(cm.problem, time_limit=NO_TIMEOUT)
     assert result.cost.iteration_ms <= 344.167 + 1e-3
+
+
+def identical_devices(blocks: int, devices: int, seed: int) -> Problem:
+    """``blocks`` random blocks (tests.synthetic) on ``devices`` identical "fast" devices on
+    a gigabit switch (0.5 ms latency), global batch 32, every micro-batch dividing it."""
+    base = random_problem(blocks, 2, seed=seed, global_batch=32, candidates=None,
+                          bandwidth_mbps=1000.0, latency_ms=0.5, shared=False)  # fmt: skip
+    fast = base.cluster.device_types["fast"]
+    cluster = Cluster("identical", tuple(Device(f"d{i}", "fast") for i in range(devices)),
+                      base.cluster.network, {"fast": fast})  # fmt: skip
+    return make_problem(base.model, cluster, base.config, catalog={"fast": fast})
+
+
+def test_dp_keeps_wide_stages_whose_all_reduce_the_stages_before_hide():
+    # 12 blocks on 8 identical devices: the plan below ends in three 2-device stages whose
+    # all-reduces (the X of the suffix) the backward passes of the stages before them hide
+    # (the root's X is max_s T_a^s - PB_s); the fronts ranked suffixes by D + X, so a
+    # suffix with such a large X lost its slot to 1-device stages and the DP returned
+    # 505.937 ms (4.6% above). The fronts now compare X only above the least backward
+    # time that any prefix on the devices left adds
+    problem = identical_devices(12, 8, seed=7)
+    known = Partition(4, 8, (StageAssignment(0, 1, ("d0",), (4,)),
+                             StageAssignment(1, 3, ("d1",), (4,)),
+                             StageAssignment(3, 8, ("d2", "d3"), (2, 2)),
+                             StageAssignment(8, 10, ("d4", "d5"), (2, 2)),
+                             StageAssignment(10, 12, ("d6", "d7"), (2, 2))))  # fmt: skip
+    cost = CostModel(problem).evaluate(known)
+    assert cost.memory_ok
+    assert cost.iteration_ms == pytest.approx(483.808, abs=1e-3)
+    assert [s.allreduce_ms > 0 for s in cost.stages] == [False, False, True, True, True]
+    result = plan_dp(problem, time_limit=NO_TIMEOUT)
+    assert result.status == "complete"
+    assert result.cost.iteration_ms <= 483.808 + 1e-3
