@@ -46,6 +46,17 @@ What the coordinator does (docs/executor.md, "Across hosts"):
   ``--emulate --time-scale S`` (the workers' emulation) the Supervisor's
   :class:`~executor.slowdown.SlowdownWatch` reads every durable step's compute from the
   workers' metrics keys and the coordinator re-partitions off a device it declares slow.
+* **Standbys** (``--recover --standbys N``; a plan of one stage on one device, whose
+  replica no other stage can hold): the first N of the plan's standbys
+  (:func:`planner.plan.replica_standbys`, best first) are members of every generation
+  from the first on, as the local launcher's are (executor/launch.py, "Standbys"); the
+  coordinator publishes them in ``ctl/recover`` and waits for each to beat like any
+  worker. Each runs outside the torchrun job, on its own host, as ``python -m
+  executor.worker plan.json --steps N --coordinator HOST:PORT --standby DEV``
+  (:func:`join` refuses a device the coordinator does not expect, and a second process
+  under a standby's id). The first holds the replica; when the serving device or its
+  host is lost the Supervisor re-plans onto the survivors, the holder supplies the
+  state and the next standby takes the replica over.
 * **Its own loss** is the run's single point of failure (with ``--recover`` its host
   also holds the checkpoints): the workers' heartbeats fail,
   each stops at its next check with ``CoordinatorLost`` (or on its next store call),
@@ -77,7 +88,7 @@ from executor.joins import JoinRequests, read_join, register
 from executor.layout import RankLayout, check_runnable
 from planner.cli import add_coordinate_arguments
 from planner.errors import EdgepipeError, InputError
-from planner.plan import load_plan
+from planner.plan import Plan, load_plan, replica_standbys
 
 if TYPE_CHECKING:  # the worker imports this module
     from executor.worker import Endpoint, WorkerOptions
@@ -147,15 +158,20 @@ def join(opts: WorkerOptions, endpoint: Endpoint, address: str
         raise InputError("--coordinator", "", str(exc)) from None
     plan = load_plan(opts.plan)
     joining, join_step = read_join(opts.join, plan) if opts.join else (None, None)
+    standby = None if joining is not None else opts.device  # --standby DEV
     device = (joining["devices"][0]["id"] if joining is not None
-              else RankLayout.from_plan(plan).ranks[endpoint.rank].device)
+              else standby or RankLayout.from_plan(plan).ranks[endpoint.rank].device)
     try:
         store = connect_store(host, port, timeout_s=opts.timeout_s)
         store.wait(["ctl/generation"])
         generation = int(store.get("ctl/generation"))
-        store.set(f"ctl/host/{device}", local_address(host, port))
         recover = (json.loads(store.get("ctl/recover")) if store.check(["ctl/recover"])
                    else None)
+        if standby is not None:
+            _check_standby(store, standby, recover)
+        store.set(f"ctl/host/{device}", local_address(host, port))
+    except InputError:
+        raise
     except Exception as exc:  # the store client raises several types
         raise InputError("--coordinator", "", f"no coordinator at {address} "
                          f"({str(exc).splitlines()[0][:120]}); start `edgepipe coordinate` "
@@ -172,6 +188,57 @@ def join(opts: WorkerOptions, endpoint: Endpoint, address: str
         opts = _recovering(opts, recover, store)
     endpoint = replace(endpoint, store_host=host, store_port=port, host_store=False)
     return opts, endpoint
+
+
+def _check_standby(store: Store, device: str, settings: dict | None) -> None:
+    """Refuse ``--standby device`` (one line) unless the coordinator recovers and expects
+    ``device`` among its standbys (``ctl/recover``), and unless it is the first process
+    under that id (``ctl/standby/<device>`` counts them: one store round trip)."""
+    expected = settings["standbys"] if settings is not None else []
+    if not expected:
+        how = ("does not recover" if settings is None else "runs no standbys")
+        raise InputError("--standby", "", f"the coordinator {how}: start it with "
+                         "--recover --standbys N to keep a one-device plan's replica on "
+                         "standbys")
+    if device not in expected:
+        raise InputError("--standby", "", f"device {device!r} is not a standby of this "
+                         f"run: the coordinator "
+                         f"expects {', '.join(expected)} (its --standbys N takes the plan's "
+                         "first N idle devices that can hold the replica, best first); "
+                         "start this worker with one of them")
+    if store.add(f"ctl/standby/{device}", 1) > 1:
+        raise InputError("--standby", "", f"device {device!r} already runs as a standby "
+                         "of this run: a "
+                         "second process under its id is refused while the first lives; "
+                         "stop that one (a standby lost mid-run comes back with --join "
+                         "FILE once the coordinator has declared it lost)")
+
+
+def standbys_of(plan: Plan, wanted: int) -> tuple[str, ...]:
+    """The ``wanted`` standbys of ``plan`` (the first of :func:`replica_standbys`, best
+    first; 0: none). Raises :class:`InputError` (one line naming the fix) for a plan that
+    has no standbys, or fewer than ``wanted``. O(devices log devices)."""
+    if wanted == 0:
+        return ()
+    available = replica_standbys(plan)
+    stages = plan.partition.stages
+    if not available:
+        if len(stages) != 1 or len(stages[0].devices) != 1:
+            why = (f"the plan runs {len(plan.partition.used_devices())} devices, which hold "
+                   "each other's replicas (a data-parallel peer or the next stage); "
+                   "standbys serve a plan of one stage on one device")
+        elif plan.problem.config.replication_interval == 0:
+            why = "the plan does not replicate (replication_interval 0)"
+        else:
+            why = ("no idle device of the plan's cluster can hold its replica (the plan's "
+                   "assumptions say why)")
+        raise InputError("--standbys", "", f"{why}; omit --standbys")
+    if wanted > len(available):
+        raise InputError("--standbys", "", f"{wanted}, but only {len(available)} idle "
+                         f"device(s) "
+                         f"can hold the replica ({', '.join(available)}); give at most "
+                         f"{len(available)}")
+    return available[:wanted]
 
 
 def _recovering(opts: WorkerOptions, settings: dict, store: Store) -> WorkerOptions:
@@ -294,12 +361,15 @@ def supervise(
     deterministic: bool = False,
     checkpoints: Checkpointing = Checkpointing(),
     emulated_time_scale: float | None = None,
+    standbys: int = 0,
 ) -> Stopped:
     """Run ``plan_path``'s job for ``steps`` steps with in-process recovery on ``store``
     (module docstring, "Recovery"); returns once every step is durable and the workers
     left. ``checkpoints``: what to commit and resume from (module docstring,
     "Checkpoints"); ``emulated_time_scale``: the workers run ``--emulate`` at this time
-    scale, and the coordinator watches for slowdowns (None: they do not). Raises
+    scale, and the coordinator watches for slowdowns (None: they do not); ``standbys``:
+    how many standby workers of a one-device plan to expect (module docstring,
+    "Standbys"; :func:`standbys_of`). Raises
     :class:`executor.recovery.RecoveryFailed` when a failure cannot be recovered."""
     from executor.metrics import MetricsWriter
     from executor.recovery import Supervisor
@@ -308,6 +378,7 @@ def supervise(
     plan = load_plan(plan_path)
     check_runnable(plan)
     layout = RankLayout.from_plan(plan)
+    spares = standbys_of(plan, standbys)
     folder = Path(out) if out else Path(plan_path).resolve().parent
     folder.mkdir(parents=True, exist_ok=True)
     resume = 0
@@ -319,9 +390,10 @@ def supervise(
     store.set("ctl/recover", json.dumps({
         "steps": steps, "checkpoint_every": checkpoints.every, "resume": resume,
         "emulate": emulated_time_scale is not None, "time_scale": emulated_time_scale,
+        "standbys": list(spares),
     }))
-    coordinator = Coordinator(store, [r.device for r in layout.ranks], hang_timeout_s,
-                              start_timeout_s=start_timeout_s)
+    coordinator = Coordinator(store, [r.device for r in layout.ranks] + list(spares),
+                              hang_timeout_s, start_timeout_s=start_timeout_s)
     supervisor = Supervisor(
         store, coordinator, plan, plan_path, steps, resume=resume,
         checkpoint_every=checkpoints.every,
@@ -420,9 +492,13 @@ def run(args: argparse.Namespace) -> Stopped:
     if needs and not args.recover:
         raise InputError(needs[0], "", "only with --recover (without it the workers "
                          "checkpoint and emulate themselves: give it to them)")
+    if args.standbys and not args.recover:
+        raise InputError("--standbys", "", "only with --recover (a "
+                         "standby holds the replica a recovery restores)")
     plan = load_plan(args.plan)  # refuse a bad plan (or checkpoint) before binding the port
     if args.resume:
         checkpoint.check_resume(plan, args.resume)
+    standbys_of(plan, args.standbys)
     try:
         store = host_store(args.port)
     except Exception as exc:  # the store raises DistNetworkError / RuntimeError
@@ -432,7 +508,7 @@ def run(args: argparse.Namespace) -> Stopped:
         return supervise(args.plan, store, args.steps, args.out, args.hang_timeout,
                          args.start_timeout, args.deterministic,
                          Checkpointing(args.checkpoint_every, args.checkpoint_dir, args.resume),
-                         args.time_scale if args.emulate else None)
+                         args.time_scale if args.emulate else None, args.standbys)
     return coordinate(args.plan, store, args.hang_timeout, args.start_timeout)
 
 

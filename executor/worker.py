@@ -115,8 +115,8 @@ class WorkerOptions:
     emulate_slowdown: tuple[EmulatedSlowdown, ...] = ()
     recover: bool = False
     faults: str = ""
-    #: the device this process runs, when it is not the plan's rank-th (a joining one;
-    #: the rank is then its place in the generation that admits it)
+    #: the device this process runs, when it is not the plan's rank-th (a joining one,
+    #: or a standby: ``--standby DEV``; the rank is then its place in the generation)
     device: str | None = None
     #: a re-admitted device's incarnation (executor/control.py, "Re-admission")
     incarnation: int = 0
@@ -940,21 +940,29 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerOptions:
                    "torchrun job: join the running job as the one device of cluster file "
                    "FILE (a new device, or one lost earlier) at the next step boundary, not "
                    "before STEP (executor/joins.py)")
+    p.add_argument("--standby", metavar="DEV", help="with --coordinator, outside the "
+                   "torchrun job: run idle device DEV as a standby of a one-device plan "
+                   "(the coordinator's --standbys; executor/coordinator.py)")
     a = p.parse_args(argv)
     return WorkerOptions(a.plan, a.steps, a.out, a.deterministic, a.dataset, a.timeout,
                          a.save_weights, a.generation, a.emulate, a.time_scale,
                          a.checkpoint_every, a.checkpoint_dir, a.resume, a.heartbeat,
-                         tuple(a.emulate_slowdown), coordinator=a.coordinator, join=a.join)
+                         tuple(a.emulate_slowdown), device=a.standby,
+                         coordinator=a.coordinator, join=a.join)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     opts = parse_args(argv)
     status = 0
     try:
-        if opts.join:
+        if opts.join or opts.device:
             # not a torchrun rank: the coordinator's store, a rank from the generation
+            flag = "--join" if opts.join else "--standby"
+            if opts.join and opts.device:
+                raise InputError("--standby", "", "a worker either joins (--join) or "
+                                 "stands by (--standby); give one of them")
             if not opts.coordinator:
-                raise InputError("--join", "", "needs --coordinator HOST:PORT (the running "
+                raise InputError(flag, "", "needs --coordinator HOST:PORT (the running "
                                  "job's coordinator admits the device)")
             endpoint = Endpoint(0, 1, "", 0)
         else:

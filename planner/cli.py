@@ -1000,6 +1000,11 @@ def add_coordinate_arguments(p: argparse.ArgumentParser) -> None:
                    "the plan predicts for 3 steps are re-partitioned off")
     p.add_argument("--time-scale", type=positive_float, default=1.0,
                    help="with --emulate: the workers' --time-scale")
+    p.add_argument("--standbys", type=non_negative_int, default=0, metavar="N",
+                   help="with --recover, a plan of one stage on one device: expect N "
+                   "standby workers (python -m executor.worker ... --standby DEV) on the "
+                   "plan's first N idle devices that can hold its replica (default 0: "
+                   "unreplicated; docs/fault-tolerance.md, Standbys)")
 
 
 def _whole_number_at_least(text: str, least: int) -> int:

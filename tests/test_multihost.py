@@ -12,8 +12,9 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ from executor import checkpoint, data, zoo
 from executor.metrics import read_jsonl
 from executor.runtime import make_optimizer
 from executor.stage import build_stage
+from planner.plan import load_plan
 from planner.profile import BuildSpec
 from tests import netns
 from tests import reference_trainer as ref
@@ -134,8 +136,8 @@ ALL_REDUCE = textwrap.dedent("""
 """)
 
 
-def torchrun_argv(hosts: netns.Hosts, index: int, script: list[str], port: int = 29400
-                  ) -> list[str]:
+def torchrun_argv(hosts: netns.Hosts | Sequence[netns.Host], index: int, script: list[str],
+                  port: int = 29400) -> list[str]:
     """The documented recipe (docs/executor.md): one agent per host, c10d rendezvous at
     host 0, which hosts the store; --local-addr orders the node ranks."""
     return [
@@ -325,7 +327,9 @@ class RecoveringJob:
     """A coordinator (``--recover``) on host 0 and one worker per host, each host with a
     folder of its own (``tmp/host<i>``: its copy of the plan, its ``--out``) that no
     other host sees, the coordinator's (``tmp/coord``: plan, ``--out``, checkpoints)
-    hidden from every worker: only the store joins them."""
+    hidden from every worker: only the store joins them. The hosts of ``standbys`` (host
+    index -> device) run a standby worker (``--standby DEV``, outside torchrun) instead;
+    the torchrun job spans the other hosts."""
 
     def __init__(self, tmp: Path, hosts: netns.Hosts, plan_file: Path, name: str,
                  steps: int) -> None:
@@ -341,23 +345,26 @@ class RecoveringJob:
         self.agents: list[subprocess.Popen[str]] = []
 
     def start(self, coordinator_args: list[str], worker_args: Callable[[int], list[str]],
-              hang_s: float = HANG_S, port: int = 29500, rdzv_port: int = 29400) -> None:
+              hang_s: float = HANG_S, port: int = 29500, rdzv_port: int = 29400,
+              standbys: Mapping[int, str] = MappingProxyType({})) -> None:
         self.coordinator = self.hosts.start(
             0, [PY, "-m", "executor.coordinator", str(self.coord / f"{self.name}.json"),
                 "--port", str(port), "--hang-timeout", str(hang_s), "--recover", "--steps",
                 str(self.steps), "--out", str(self.out), "--deterministic",
                 *coordinator_args],
             env=self.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        job = [h for h in self.hosts.hosts if h.index not in standbys]
         for i, folder in enumerate(self.folders):
             worker = ["-m", "executor.worker", str(folder / f"{self.name}.json"), "--steps",
                       str(self.steps), "--out", str(folder / self.name), "--deterministic",
                       "--save-weights", "--timeout", str(GLOO_S), "--coordinator",
                       f"{self.hosts[0].address}:{port}", *worker_args(i)]
             hidden = [self.coord, *(f for f in self.folders if f != folder)]
+            argv = ([PY, *worker, "--standby", standbys[i]] if i in standbys
+                    else torchrun_argv(job, job.index(self.hosts[i]), worker, rdzv_port))
             self.agents.append(self.hosts.start(
-                i, hiding(hidden, torchrun_argv(self.hosts, i, worker, rdzv_port)),
-                env=self.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                text=True))
+                i, hiding(hidden, argv), env=self.env, cwd=REPO, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, text=True))
 
     def durable_steps(self) -> int:
         path = self.out / "metrics.jsonl"
@@ -522,7 +529,6 @@ def test_a_host_slowed_three_times_is_repartitioned_across_hosts_never_failed(
     # host 0's device is 3x slow for one step only (step 6) and triggers nothing
     from executor.emulation import read_reports
     from executor.profiler import profile_model
-    from planner.plan import load_plan
     from tests import test_recovery as rec
     from tests.executor_helpers import emulated_plan
     from tests.test_slowdown import TIME_SCALE, work
@@ -564,4 +570,56 @@ def test_a_host_slowed_three_times_is_repartitioned_across_hosts_never_failed(
     assert [m["step"] for m in metrics] == list(range(steps))
     assert [m["loss"] for m in metrics] == want.losses
     assert [m["samples"] for m in metrics] == want.sample_ids
+    assert_final_state_is_the_references(job.weights(), want)
+
+
+# -- a one-device plan's standbys across hosts (issue 8) -----------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lose", ["link_down", "kill_all"])
+def test_a_one_device_plan_survives_the_loss_of_its_host_through_a_standby_on_another(
+    tmp_path: Path, lose: str
+) -> None:
+    # the toy model on d0 alone (host 1, torchrun), in a cluster of three; the coordinator
+    # (--standbys 2) expects standbys d1 (host 2, the replica's holder) and d2 (host 0).
+    # Host 1's link goes down, or all its processes are killed, after two durable steps:
+    # the re-plan (fixed block times: the same on any machine) runs the stage on d1 and
+    # d2 as data-parallel peers; d1 promotes the replica it holds and sends d2 its copy
+    # across hosts; the run ends bit-identical to the reference
+    from tests.test_recovery import reference
+    from tests.test_recovery_join import fixed_profile
+    from tests.test_recovery_spare import one_device_plan
+
+    plan = one_device_plan(3, model_profile=fixed_profile())
+    steps = 30
+    with netns.Hosts(3, rate_mbit=100) as hosts:
+        job = RecoveringJob(tmp_path, hosts, write_plan(plan, tmp_path), "w", steps)
+        job.start(["--standbys", "2"], lambda i: [], hang_s=5.0, standbys={0: "d2", 2: "d1"})
+        job.wait_for(2)
+        if lose == "link_down":
+            hosts.set_link(1, up=False)
+        else:
+            kill_host(hosts, 1)
+        lines = job.finish(survivors=[0, 2])
+    events = [m for m in lines if m.get("type") == "recovery"]
+    metrics = [m for m in lines if "type" not in m]
+    (event,) = events
+    assert (event["cause"], event["device"]) == ("hang", "d0")
+    d = event["replay_from_step"]
+    assert 2 <= d < steps
+    assert "warning" not in event  # each peer's copy is the other's replica
+    new = load_plan(job.out / "plans" / f"{event['new_plan']}.json")
+    (stage,) = new.partition.stages
+    assert (stage.first, stage.end, stage.devices, stage.samples) == (0, 6, ("d1", "d2"),
+                                                                      (1, 1))
+    assert sorted((t.to, t.source, t.first, t.end) for t in new.migration) == [
+        ("d1", "d1", 0, 6), ("d2", "d1", 0, 6)]  # only d1, the holder, had a copy
+    assert event["blocks_moved"] == 6  # to d2; d1's own promotion moves nothing
+    want = reference(plan, steps)
+    assert [m["step"] for m in metrics] == list(range(steps))
+    assert [m["loss"] for m in metrics] == want.losses
+    assert [m["samples"] for m in metrics] == want.sample_ids
+    assert [sorted(m["devices"]) for m in metrics] == [["d0"]] * d + [["d1", "d2"]] * (
+        steps - d)
     assert_final_state_is_the_references(job.weights(), want)
