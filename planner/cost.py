@@ -218,17 +218,11 @@ def closed_form_latency(chain: StepChain) -> tuple[float, int]:
     return best_d + best_x, dominant
 
 
-def chain_schedule(chain: StepChain) -> list[list[tuple[str, int]]]:
-    """Per chain step its compute order (:func:`planner.schedule.compute_order` with the
-    step's warm-up): the action lists the exact solver's schedule constraints follow."""
-    return [compute_order(chain.num_micro_batches, step.warmup) for step in chain.steps]
-
-
 def schedule_makespan(chain: StepChain) -> float:
     """Exact round time of the chain's schedule: the longest path through its actions.
 
     Schedule: per step, 1F1B with the step's warm-up (GPipe = warm-up M), as built by
-    :func:`planner.simulator.one_f_one_b`. Recurrence, each step's actions taken in order:
+    :func:`planner.schedule.one_f_one_b`. Recurrence, each step's actions taken in order:
 
         end(s, a) = max(end(s, previous action of s), end(dependency of a)) + duration(a)
 
@@ -264,8 +258,9 @@ def schedule_makespan(chain: StepChain) -> float:
 
 @lru_cache(maxsize=256)
 def _chain_order(warmups: tuple[int, ...], num_micro_batches: int) -> list[tuple[int, bool, int]]:
-    """:func:`_topological` order of the chain's steps with these warm-ups (the lanes of
-    :func:`chain_schedule`). Raises ValueError if the warm-ups deadlock."""
+    """:func:`_topological` order of the chain's steps with these warm-ups (each step's
+    lane its :func:`planner.schedule.compute_order`). Raises ValueError if the warm-ups
+    deadlock."""
     order = _topological(
         [
             [(kind == "F", mb) for kind, mb in compute_order(num_micro_batches, w)]
