@@ -390,7 +390,7 @@ def fair_shares(held: list[tuple[Hashable, ...]]) -> list[float]:
     """
     if held and len(held[0]) == 1 and held.count(held[0]) == len(held):  # one channel
         return [1.0 / len(held)] * len(held)
-    users: dict[str, list[int]] = {}
+    users: dict[Hashable, list[int]] = {}
     for i, chs in enumerate(held):
         for ch in chs:
             users.setdefault(ch, []).append(i)
@@ -398,8 +398,6 @@ def fair_shares(held: list[tuple[Hashable, ...]]) -> list[float]:
     x = [1.0] * len(held)
     if not contended:
         return x
-    if len(users) == 1:
-        return [1.0 / len(held)] * len(held)
     if len(contended) == 1:  # one channel shared: its k users get 1/k, the rest 1
         (ids,) = contended.values()
         for i in ids:
