@@ -574,24 +574,22 @@ needs_namespaces = pytest.mark.skipif(
 )
 
 
-@needs_namespaces
-@pytest.mark.slow
-def test_a_device_joins_a_job_across_hosts_through_the_coordinator(tmp_path):
-    # d0 [0,3) on host 0, d1 [3,6) on host 1 (torchrun); a worker on host 2, outside the
-    # torchrun job, registers e with the coordinator (`--join e.json@2`: not before step
-    # 2), which admits it at that step boundary; bit-identical to the reference
+def join_across_hosts(tmp_path: Path, joiners: tuple[str, ...], steps: int = 4):
+    """d0 [0,3) on host 0, d1 [3,6) on host 1 (torchrun; the coordinator on host 0) and
+    one worker per device of ``joiners`` on a host of its own (hosts 2, 3, ...), outside
+    the torchrun job, each registering with ``--join <dev>.json@2`` (not before step 2).
+    Every process must exit 0; checks that the run is bit-identical to the reference and
+    that it had exactly one recovery event, returned with the plan and the run folder."""
     netns.remove_stale()
     plan = make_test_plan(fixed_profile(), [(0, 3, [2]), (3, 6, [2])], 2, 2,
                           optimizer="adam", learning_rate=0.01)
     path = write_plan(plan, tmp_path)
-    joining = tmp_path / "e.json"
-    joining.write_text(json.dumps(join_doc("e")))
-    out, steps = tmp_path / "run", 4
+    out = tmp_path / "run"
     workers = tmp_path / "workers"
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}
     worker = ["-m", "executor.worker", str(path), "--steps", str(steps), "--out", str(workers),
               "--deterministic", "--save-weights", "--timeout", str(GLOO_TIMEOUT_S)]
-    with netns.Hosts(3, rate_mbit=100) as hosts:
+    with netns.Hosts(2 + len(joiners), rate_mbit=100) as hosts:
         address = f"{hosts[0].address}:29500"
         coordinator = hosts.start(
             0, [sys.executable, "-m", "executor.coordinator", str(path), "--port", "29500",
@@ -603,29 +601,69 @@ def test_a_device_joins_a_job_across_hosts_through_the_coordinator(tmp_path):
                               env=env, cwd=REPO, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
                   for i in range(2)]
-        joiner = hosts.start(2, [sys.executable, *worker, "--coordinator", address,
-                                 "--join", f"{joining}@2"],
-                             env=env, cwd=REPO, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+        joining = []
+        for i, device in enumerate(joiners, start=2):
+            doc = tmp_path / f"{device}.json"
+            doc.write_text(json.dumps(join_doc(device)))
+            joining.append(hosts.start(i, [sys.executable, *worker, "--coordinator", address,
+                                           "--join", f"{doc}@2"],
+                                       env=env, cwd=REPO, stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, text=True))
         try:
             _, err = coordinator.communicate(timeout=240)
         except subprocess.TimeoutExpired:
             hosts.close()
-            logs = [p.communicate()[0][-3000:] for p in [*agents, joiner]]
+            logs = [p.communicate()[0][-3000:] for p in [*agents, *joining]]
             pytest.fail(f"the coordinator did not finish: {coordinator.communicate()}\n{logs}")
         assert coordinator.returncode == 0, err[-3000:]
-        for p in [*agents, joiner]:
+        for p in [*agents, *joining]:
             log, _ = p.communicate(timeout=60)
             assert p.returncode == 0, log[-3000:]
     lines = read_jsonl(out / "metrics.jsonl")
     (event,) = [m for m in lines if m.get("type") == "recovery"]
-    assert (event["cause"], event["device"], event["replay_from_step"]) == ("join", "e", 2)
     result = RunResult(out, [m for m in lines if "type" not in m], [event])
     want = reference(plan, steps)
     assert [m["step"] for m in result.metrics] == list(range(steps))
     assert result.losses == want.losses
     assert [m["samples"] for m in result.metrics] == want.sample_ids
     assert_final_state_is_the_references(workers, want)
+    return plan, out, event
+
+
+@needs_namespaces
+@pytest.mark.slow
+def test_a_device_joins_a_job_across_hosts_through_the_coordinator(tmp_path):
+    # a worker on host 2 registers e with the coordinator (`--join e.json@2`), which
+    # admits it at that step boundary; bit-identical to the reference
+    _, out, event = join_across_hosts(tmp_path, ("e",))
+    assert (event["cause"], event["device"], event["replay_from_step"]) == ("join", "e", 2)
     new = plan_after(out, event)
     first, end, samples = serves(new, "e")
     assert end > first and samples > 0
+
+
+@needs_namespaces
+@pytest.mark.slow
+def test_two_devices_on_two_hosts_join_across_hosts_at_one_boundary_in_one_re_partition(
+    tmp_path
+):
+    # e on host 2 and f on host 3 both register for step 2: one re-plan admits both (one
+    # join event, one new generation), each serves blocks of its own in the new plan,
+    # received from the device that served them, and the run is bit-identical
+    plan, out, event = join_across_hosts(tmp_path, ("e", "f"))
+    assert (event["cause"], event["replay_from_step"], event["generation"]) == ("join", 2, 2)
+    assert sorted(event["device"].split(",")) == ["e", "f"]
+    new = plan_after(out, event)
+    assert new.changes is not None and sorted(new.changes.joined) == ["e", "f"]
+    for device in ("e", "f"):
+        first, end, samples = serves(new, device)
+        assert end > first and samples > 0
+        moved = [t for t in new.migration if t.to == device]
+        assert sorted(i for t in moved for i in range(t.first, t.end)) == list(
+            range(first, end))
+        assert all(serves(plan, t.source)[0] <= t.first < t.end <= serves(plan, t.source)[1]
+                   for t in moved)
+    metrics = [m for m in read_jsonl(out / "metrics.jsonl") if "type" not in m]
+    assert [m["generation"] for m in metrics] == [1, 1, 2, 2]
+    assert [sorted(m["devices"]) for m in metrics] == [["d0", "d1"]] * 2 + [
+        ["d0", "d1", "e", "f"]] * 2
