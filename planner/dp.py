@@ -200,6 +200,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -268,6 +269,11 @@ RELAX_WORK = 3e7
 RELAX_LEVELS = 4
 #: above this work the relaxed bound takes its weak O(N L) form (:meth:`_Tables.relaxed`)
 RELAX_MAX = 2e8
+
+#: bytes of Algorithm 1 splits and of head tables kept (:class:`_Cache`; least recently
+#: used evicted beyond)
+BASE_CACHE_BYTES = 2**28
+HEAD_CACHE_BYTES = 2**29
 
 #: default wall-clock limit of one DP run, seconds
 DEFAULT_TIME_LIMIT = 60.0
@@ -348,6 +354,39 @@ class _Relaxed:
     q: np.ndarray
 
 
+class _Cache(OrderedDict):
+    """Tuples of arrays kept while their bytes stay within ``limit``: setting an entry
+    evicts the least recently read or set ones beyond it, never the one just set (a
+    caller reads it back). Head tables of compositions used once (the ordered graph's
+    groups that straddle two classes: one state each) would otherwise pile up, about
+    1.3 MB each at 100 blocks, until the micro-batch size is done (4.65 GiB on 512
+    devices of 8 types). An evicted entry is recomputed when read again."""
+
+    def __init__(self, limit: float) -> None:
+        super().__init__()
+        self.limit, self.bytes = limit, 0
+
+    def __getitem__(self, key: object) -> tuple[np.ndarray, ...]:
+        self.move_to_end(key)
+        return super().__getitem__(key)
+
+    def __setitem__(self, key: object, value: tuple[np.ndarray, ...]) -> None:
+        if key in self:
+            del self[key]
+        super().__setitem__(key, value)
+        self.bytes += sum(a.nbytes for a in value)
+        while self.bytes > self.limit and len(self) > 1:
+            del self[next(iter(self))]
+
+    def __delitem__(self, key: object) -> None:
+        self.bytes -= sum(a.nbytes for a in super().__getitem__(key))
+        super().__delitem__(key)
+
+    def clear(self) -> None:
+        super().clear()
+        self.bytes = 0
+
+
 class _Tables:
     """Per-class block tables and the head evaluations of compositions (cached)."""
 
@@ -388,8 +427,8 @@ class _Tables:
             ]
         self.comps: list[tuple[int, ...]] = []
         self.comp_id: dict[tuple[int, ...], int] = {}
-        self._base: dict[tuple[int, int], tuple[np.ndarray, ...]] = {}
-        self._tables: dict[tuple[int, int, int], tuple[np.ndarray, ...]] = {}
+        self._base: _Cache = _Cache(BASE_CACHE_BYTES)
+        self._tables: _Cache = _Cache(HEAD_CACHE_BYTES)
         self._prefix: dict[tuple[int, str], np.ndarray] = {}
 
     def comp(self, g: tuple[int, ...]) -> int:

@@ -194,6 +194,30 @@ def test_dp_is_deterministic():
     assert plan_dp(problem).partition == plan_dp(problem).partition
 
 
+def test_the_head_cache_keeps_its_byte_budget_and_the_entry_just_set():
+    cache = dp_module._Cache(16)
+    cache["a"], cache["b"] = (np.zeros(1),), (np.zeros(1),)  # 8 bytes each
+    cache["a"]  # read: "b" is now the least recently used
+    cache["c"] = (np.zeros(1),)
+    assert list(cache) == ["a", "c"] and cache.bytes == 16
+    cache["big"] = (np.zeros(4),)  # 32 bytes alone: kept, the others evicted
+    assert list(cache) == ["big"] and cache.bytes == 32
+    del cache["big"]
+    assert cache.bytes == 0
+
+
+def test_caches_that_keep_one_entry_change_no_plan(monkeypatch):
+    # 20 devices of 2 types: the ordered graph, whose straddling groups are used once
+    problem = identical(20, 12, types=2)
+    kept = plan_dp(problem)
+    assert kept.graph == "ordered"
+    monkeypatch.setattr(dp_module, "BASE_CACHE_BYTES", 1)
+    monkeypatch.setattr(dp_module, "HEAD_CACHE_BYTES", 1)
+    evicting = plan_dp(problem)
+    assert evicting.partition == kept.partition
+    assert evicting.dp_value_ms == kept.dp_value_ms
+
+
 @pytest.mark.parametrize("topology", ["point_to_point", "switched", "shared_medium"])
 def test_dp_value_equals_cost_model_on_a_uniform_network(topology):
     problem = random_problem(9, 4, seed=5, global_batch=16, candidates=(4,), topology=topology)
