@@ -963,6 +963,8 @@ def cmd_report(args: argparse.Namespace) -> None:
     for r in report.recoveries:
         if r.warning:
             _warn(f"recovery {r.generation}: {r.warning}")
+    for reason in report.join_failures:
+        _warn(reason)
     chart = Path(args.output) if args.output else Path(args.run_dir) / "report.png"
     draw_report(report, args.run_dir, chart)
     whole = ", the whole run with its recoveries below" if report.recoveries else ""

@@ -39,6 +39,11 @@ replayed is counted once (its last line, the committed one). The chart then gets
 third panel, the whole run: every step's measured actions laid end to end on the
 cumulative step wall time, with a marker where each recovery's replay begins
 (:func:`run_timeline`).
+
+**Dropped joins** (docs/fault-tolerance.md, "Joining"): each ``"type": "join_failed"``
+line (a join the run went on without) gives its one-line ``reason``
+(:attr:`RunReport.join_failures`, in file order), which ``edgepipe report`` prints as a
+warning; the steps are not affected.
 """
 
 from __future__ import annotations
@@ -141,6 +146,8 @@ class RunReport:
     recoveries: tuple[RecoveryEvent, ...] = ()
     #: every committed step's metrics line, in step order (a replayed step once)
     step_lines: tuple[dict[str, Any], ...] = ()
+    #: the ``reason`` of every ``join_failed`` line, in file order
+    join_failures: tuple[str, ...] = ()
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
@@ -191,8 +198,8 @@ def build_report(run_dir: str | Path) -> RunReport:
     prediction (module docstring). O(timeline lines)."""
     folder = Path(run_dir)
     plan = load_plan(folder / "plan.json")
-    steps, recoveries = split_metrics(_jsonl(folder / "metrics.jsonl"),
-                                      str(folder / "metrics.jsonl"))
+    steps, recoveries, join_failures = split_metrics(_jsonl(folder / "metrics.jsonl"),
+                                                     str(folder / "metrics.jsonl"))
     first_plan_end = recoveries[0].replay_from_step if recoveries else None
     metrics = [m for m in steps if first_plan_end is None or m["step"] < first_plan_end]
     if not metrics:
@@ -250,23 +257,32 @@ def build_report(run_dir: str | Path) -> RunReport:
         measured_step=measured_step,
         recoveries=tuple(recoveries),
         step_lines=tuple(steps),
+        join_failures=join_failures,
     )
 
 
 def split_metrics(
     lines: list[dict[str, Any]], where: str
-) -> tuple[list[dict[str, Any]], list[RecoveryEvent]]:
+) -> tuple[list[dict[str, Any]], list[RecoveryEvent], tuple[str, ...]]:
     """The step lines (a step written twice, by an aborted try and its replay, once:
-    the last) in step order, and the recovery events in file order. O(lines)."""
+    the last) in step order, the recovery events and the dropped joins' reasons, both
+    in file order. Raises :class:`InputError` for a join_failed line without a reason.
+    O(lines)."""
     steps: dict[int, dict[str, Any]] = {}
     recoveries = []
+    join_failures = []
     for n, line in enumerate(lines, 1):
         kind = line.get("type", "step")
         if kind == "recovery":
             recoveries.append(RecoveryEvent.from_line(line, f"{where} line {n}"))
+        elif kind == "join_failed":
+            if not isinstance(line.get("reason"), str):
+                raise InputError(f"{where} line {n}", "", "a join_failed line lacks its "
+                                 "reason; the file was not written by edgepipe run")
+            join_failures.append(line["reason"])
         elif kind == "step":
             steps[line["step"]] = line
-    return [steps[k] for k in sorted(steps)], recoveries
+    return [steps[k] for k in sorted(steps)], recoveries, tuple(join_failures)
 
 
 def predicted_timeline(plan: Plan) -> Timeline:

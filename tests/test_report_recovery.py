@@ -175,3 +175,32 @@ def test_every_warning_of_the_report_command_is_one_line_at_any_width(tmp_path: 
         "those devices ran at this machine's speed, not the plan's; raise --time-scale",
         f"warning: recovery 2: {unreplicated}",
     ]
+
+
+def test_a_dropped_join_is_a_warning_of_the_report(tmp_path: Path) -> None:
+    # the join_failed line edgepipe run wrote (executor/joins.py, "Failed joins"): the
+    # report names it once, as a warning; its steps are the run's, untouched
+    reason = ("join of e at step 2 (--emulate-join e.json@2) failed: joining device 'e' "
+              "exited with status -9 before it was admitted; the run goes on without it")
+    write_run(tmp_path)
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"type": "join_failed", "device": "e", "step": 2,
+                            "detected_at": 1764590000.5, "reason": reason}) + "\n")
+    report = build_report(tmp_path)
+    assert report.join_failures == (reason,)
+    assert report.recoveries == () and report.steps == 3
+    done = subprocess.run([sys.executable, "-m", "planner.cli", "report", str(tmp_path)],
+                          capture_output=True, text=True, cwd=REPO, timeout=120,
+                          env={"COLUMNS": "80", "PATH": ""})
+    assert done.returncode == 0, done.stderr
+    assert [line for line in done.stderr.splitlines() if line.startswith("warning: ")] == [
+        f"warning: {reason}"]
+
+
+def test_a_join_failed_line_without_its_reason_is_a_one_line_error(tmp_path: Path) -> None:
+    write_run(tmp_path)
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"type": "join_failed", "device": "e", "step": 2}) + "\n")
+    with pytest.raises(InputError, match=r"metrics.jsonl line 4: a join_failed line lacks "
+                                         r"its reason"):
+        build_report(tmp_path)
