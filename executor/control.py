@@ -48,9 +48,11 @@ heartbeat interval even without the wake (a device that joined after the abort, 
 watcher that is gone).
 
 **Re-admission** (a device that was lost comes back, a fresh process under the same
-id): :meth:`Coordinator.readmit` gives it an **incarnation**, a generation number above
-the one it was fenced in; a process of incarnation ``k`` counts as fenced only by a fence
-written in generation ``k`` or later. So the new process is not fenced by its
+id): :meth:`Coordinator.readmit` gives it an **incarnation**, a number above both the
+current generation and its fence; a process of incarnation ``k`` counts as fenced only by
+a fence of value ``k`` or more (a fence is the generation it is written in, or the fenced
+process's incarnation if that is later: a re-admitted process dropped before the next
+generation opens). So the new process is not fenced by its
 predecessor's fence, while the old process (incarnation below the fence's generation),
 should it wake up, still is; a later loss of the new one fences it again.
 
@@ -237,9 +239,13 @@ class Coordinator:
             self.store.set(f"ctl/wake/{device}", str(self.generation))
 
     def fence(self, device: str) -> None:
-        """Fence ``device`` in the current generation without aborting it (also a
-        device that is no member: a joiner dropped before it was admitted)."""
-        self.store.set(f"ctl/fenced/{device}", str(self.generation))
+        """Fence ``device``'s current incarnation without aborting the generation (also
+        a device that is no member: a joiner dropped before it was admitted). The fence
+        is written at the current generation or at the device's incarnation, whichever
+        is later: a device re-admitted in this generation (incarnation g + 1) and then
+        dropped is fenced too."""
+        fence = max(self.generation, self.incarnations.get(device, 0))
+        self.store.set(f"ctl/fenced/{device}", str(fence))
 
     def is_fenced(self, device: str) -> bool:
         """Whether the current incarnation of ``device`` is fenced."""
@@ -252,8 +258,9 @@ class Coordinator:
         that process must run with (:class:`WorkerControl`'s ``incarnation``)."""
         if not self.is_fenced(device):
             raise ValueError(f"device {device} was never fenced: nothing to readmit")
-        self.incarnations[device] = self.generation + 1
-        return self.generation + 1
+        fence = int(self.store.get(f"ctl/fenced/{device}"))
+        self.incarnations[device] = max(self.generation, fence) + 1
+        return self.incarnations[device]
 
 
 def fenced_by(fence: bytes, incarnation: int) -> bool:

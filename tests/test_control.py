@@ -18,6 +18,7 @@ from executor.control import (
     GenerationAborted,
     WorkerControl,
     connect_store,
+    fenced_by,
     generation_store,
     host_store,
 )
@@ -193,6 +194,25 @@ def test_a_fenced_device_that_wakes_up_exits_instead_of_rejoining(fleet: Fleet) 
     os.kill(fleet.procs["a"].pid, signal.SIGCONT)
     fleet.procs["a"].join(timeout=30)  # exiting (torch's teardown): 3 s under load
     assert fleet.procs["a"].exitcode == EXIT_FENCED
+
+
+def test_a_readmitted_device_dropped_again_is_fenced_and_can_come_back_once_more() -> None:
+    # a lost device re-registers (readmitted), sends no beat and is dropped in the same
+    # generation, then registers again: the dropped process stays fenced, the new one
+    # is not
+    store = host_store(0)
+    coordinator = Coordinator(store, ["a", "b"], hang_timeout_s=0.5, exited=list)
+    coordinator.abort("a crash", fence=["a"])
+    assert coordinator.open_generation(["b"]) == 2
+    first = coordinator.readmit("a")
+    assert (first, coordinator.is_fenced("a")) == (3, False)
+    coordinator.fence("a")  # the re-registration sent no beat: dropped
+    assert coordinator.is_fenced("a")
+    assert fenced_by(store.get("ctl/fenced/a"), first)  # that process, should it wake
+    second = coordinator.readmit("a")
+    assert second == 4 and not coordinator.is_fenced("a")
+    assert fenced_by(store.get("ctl/fenced/a"), first)
+    assert not fenced_by(store.get("ctl/fenced/a"), second)
 
 
 def test_losing_the_coordinator_stops_every_worker_cleanly(fleet: Fleet, tmp_path: Path) -> None:
