@@ -41,7 +41,14 @@ from planner.config import OPTIMIZER_STATE, TrainingConfig
 from planner.cost import CostModel, pipeline_closed_form_ms
 from planner.errors import EdgepipeError, InputError
 from planner.milp import BACKENDS, DEFAULT_BACKEND, DEFAULT_TIME_LIMIT
-from planner.plan import Plan, load_plan, plan_from_dict, plan_to_dict, save_plan
+from planner.plan import (
+    Plan,
+    load_plan,
+    plan_from_dict,
+    plan_to_dict,
+    replica_standbys,
+    save_plan,
+)
 from planner.problem import Problem
 from planner.profile import ModelProfile
 from planner.schedule import build
@@ -600,9 +607,11 @@ def _demo_run(outdir: Path, steps: int) -> None:
     save_plan(plan, path)
     run_dir = outdir / "run"
     # this CPU is slower than the Jetsons: 2 steps at the scale its measured profile
-    # suggests, then the scale its real compute under the current load needs
+    # suggests, then the scale its real compute under the current load needs; the
+    # calibration runs as the measured run does (recovering: the standbys and the
+    # replication compete for this machine's cores in both, so the scale allows for them)
     first_k = emulation.time_scale_for(plan, host)  # type: ignore[attr-defined]
-    err.print(f"calibrating: 2 emulated steps at time scale {first_k:.1f}")
+    err.print(f"calibrating: 2 emulated steps at time scale {first_k:.1f}", soft_wrap=True)
     launch.launch(  # type: ignore[attr-defined]
         worker.WorkerOptions(  # type: ignore[attr-defined]
             str(path), 2, str(outdir / "run-calibration"), emulate=True, time_scale=first_k,
@@ -612,8 +621,10 @@ def _demo_run(outdir: Path, steps: int) -> None:
     k = emulation.calibrated_time_scale(  # type: ignore[attr-defined]
         plan, emulation.read_reports(outdir / "run-calibration")  # type: ignore[attr-defined]
     )
-    err.print(f"running {steps} steps on {len(plan.partition.used_devices())} local "
-              f"processes, every emulated time x {k:.1f}")
+    used, spares = len(plan.partition.used_devices()), len(replica_standbys(plan))
+    held = f" and {spares} standbys that hold its replica" if spares else ""
+    err.print(f"running {steps} steps on {used + spares} local processes ({used} of the "
+              f"plan{held}), every emulated time x {k:.1f}", soft_wrap=True)
     launch.launch(  # type: ignore[attr-defined]
         worker.WorkerOptions(  # type: ignore[attr-defined]
             str(path), steps, str(run_dir), emulate=True, time_scale=k, timeout_s=120
