@@ -9,8 +9,9 @@ device of the file is either **new** (an id the plan's cluster does not have) or
 **rejoin** (a device of the plan lost earlier, ``--inject DEV:S:PHASE`` with ``S <
 STEP``), which comes back as a fresh process with nothing in memory.
 
-Protocol (:class:`JoinSchedule`, polled by the launcher between its other duties; one
-join (one ``--emulate-join`` file, any number of devices) at a time, in step order):
+Protocol (:class:`JoinSchedule`, polled by the launcher between its other duties; the
+joins due at one step, every ``--emulate-join`` file with that ``STEP`` and any number of
+devices each, together, in step order):
 
 1. The :class:`~executor.recovery.Supervisor` holds commits from ``STEP`` on
    (:meth:`~executor.recovery.Supervisor.hold`), so the run waits at that boundary.
@@ -23,16 +24,19 @@ join (one ``--emulate-join`` file, any number of devices) at a time, in step ord
    beating, until a generation includes it.
 3. Once the run stands at the boundary (every state up to ``STEP`` durable:
    :meth:`~executor.recovery.Supervisor.at_boundary`) and every joining process beats,
-   the Supervisor re-partitions (cause ``join``): the current generation is aborted
-   (nobody fenced), the re-plan opens the next generation, and each joined device
-   receives its blocks and their optimizer state from their current holders (the
-   migration) before its first step. A joined device the re-plan leaves idle is a spare.
+   the Supervisor re-partitions (cause ``join``) once for all the files due there
+   (:func:`merged`: one re-plan, one generation, one event naming every device): the
+   current generation is aborted (nobody fenced), the re-plan opens the next
+   generation, and each joined device receives its blocks and their optimizer state from
+   their current holders (the migration) before its first step. A joined device the
+   re-plan leaves idle is a spare.
 
 **Failed joins** (:class:`JoinFailed`; training goes on): a joining process that exits
 before it is admitted, or does not beat within ``start_timeout_s`` of its start (it is
 then SIGKILLed), or a rejoin whose device still serves at the boundary (its fault did
-not take it out) drops that join: its processes are stopped, the hold is released, the
-run goes on under its current plan, bit for bit as without the join, and one line
+not take it out) drops that join (its file): its processes are stopped, the other files
+due at that step are admitted without it (or, when none is left, the hold is released),
+the run goes on under its current plan, bit for bit as without the join, and one line
 (``join of e at step 2 (--emulate-join e.json@2) failed: joining device 'e' exited with
 status -9 before it was admitted; the run goes on without it``) goes to
 ``metrics.jsonl`` (``"type": "join_failed"``: ``device``, ``step``, ``detected_at``,
@@ -154,6 +158,8 @@ class _Entrant:
     proc: Any = None
     beats_at_start: int = 0
     started: float = 0.0
+    #: the emulated join (file) it belongs to (:class:`JoinSchedule`)
+    join: EmulatedJoin | None = None
 
 
 #: ``metrics.jsonl`` line of a join that failed (module docstring, "Failed joins")
@@ -188,17 +194,22 @@ class JoinSchedule:
         self._next()
 
     def _next(self) -> None:
-        self._entrants = [_Entrant(d) for d in self.joins[0].devices] if self.joins else []
-        self.supervisor.hold(self.joins[0].step if self.joins else None)
+        """Hold at the earliest step a join is due; the devices of every join due there
+        are the entrants."""
+        step = self.joins[0].step if self.joins else None
+        self._entrants = [_Entrant(d, join=j) for j in self.joins if j.step == step
+                          for d in j.devices]
+        self.supervisor.hold(step)
 
     def poll(self) -> None:
-        """Start what can start; drop the current join as soon as one of its processes
-        exits or stays silent past the start time-out, or, at the boundary, names a
-        device that still serves (:meth:`_fail`); admit it once the run stands at its
-        boundary and every entrant beats."""
+        """Start what can start; drop a join of the current step as soon as one of its
+        processes exits or stays silent past the start time-out, or, at the boundary,
+        names a device that still serves (:meth:`_fail`); admit every join left at that
+        step in one re-partition once the run stands at its boundary and every entrant
+        beats. O(entrants) store round trips."""
         if not self.joins:
             return
-        join, sup = self.joins[0], self.supervisor
+        sup = self.supervisor
         coordinator = sup.coordinator
         for e in self._entrants:
             if e.proc is None:
@@ -214,45 +225,53 @@ class JoinSchedule:
             if e.proc is None:
                 continue
             if e.proc.exitcode is not None:
-                return self._fail(f"joining device {e.device!r} exited with status "
-                                  f"{e.proc.exitcode} before it was admitted", e.device)
+                return self._fail(e, f"joining device {e.device!r} exited with status "
+                                  f"{e.proc.exitcode} before it was admitted")
             if coordinator.beats(e.device) == e.beats_at_start:
                 if time.monotonic() - e.started > self.start_timeout_s:
-                    return self._fail(f"joining device {e.device!r} sent no heartbeat "
+                    return self._fail(e, f"joining device {e.device!r} sent no heartbeat "
                                       f"within {self.start_timeout_s:g} s of its start "
-                                      "(its process was killed)", e.device)
+                                      "(its process was killed)")
                 silent.append(e)
         if not sup.at_boundary():
             return
         for e in self._entrants:
             if e.proc is None:
-                return self._fail(f"device {e.device!r} still serves the run at the step "
-                                  f"boundary {join.step}: it was not lost before, so it "
-                                  "cannot rejoin", e.device)
+                assert e.join is not None
+                return self._fail(e, f"device {e.device!r} still serves the run at the step "
+                                  f"boundary {e.join.step}: it was not lost before, so it "
+                                  "cannot rejoin")
         if silent:
             return
-        sup.repartition("join", ",".join(join.devices), joined=join.cluster)
-        self.joins.pop(0)
+        due = [j for j in self.joins if any(e.join is j for e in self._entrants)]
+        sup.repartition("join", ",".join(e.device for e in self._entrants),
+                        joined=merged([j.cluster for j in due]))
+        self.joins = [j for j in self.joins if not any(j is d for d in due)]
         self._next()
 
-    def _fail(self, reason: str, device: str) -> None:
-        """Drop the current join: stop its processes, record one line (``failures`` and
-        a ``join_failed`` line in ``metrics.jsonl``) and release the hold, so the run
-        goes on under its current plan (or holds at the next join's step)."""
-        join = self.joins.pop(0)
+    def _fail(self, entrant: _Entrant, reason: str) -> None:
+        """Drop the join (file) of ``entrant``: stop its processes and record one line
+        (``failures`` and a ``join_failed`` line in ``metrics.jsonl``); the other joins
+        due at its step stay entrants, and when none is left the hold is released, so
+        the run goes on under its current plan (or holds at the next join's step)."""
+        join = entrant.join
+        assert join is not None
+        self.joins = [j for j in self.joins if j is not join]
         for e in self._entrants:
-            if e.proc is not None and e.proc.exitcode is None:
+            if e.join is join and e.proc is not None and e.proc.exitcode is None:
                 e.proc.kill()  # SIGKILL also ends a SIGSTOPped process
                 e.proc.join()
+        self._entrants = [e for e in self._entrants if e.join is not join]
         failure = JoinFailed(f"join of {','.join(join.devices)} at step {join.step} "
                              f"({FLAG} {join.path}@{join.step}) failed: {reason}; the run "
-                             "goes on without it", device)
+                             "goes on without it", entrant.device)
         self.failures.append(failure)
         if self.supervisor.writer is not None:
             self.supervisor.writer.write_event({
                 "type": FAILED, "device": ",".join(join.devices), "step": join.step,
                 "detected_at": time.time(), "reason": str(failure)})
-        self._next()
+        if not self._entrants:
+            self._next()
 
 
 #: store keys of registrations across hosts (module docstring, "Across hosts")

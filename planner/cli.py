@@ -1372,7 +1372,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE@STEP",
         help="the devices of cluster file FILE join the run at step STEP (new ids, or a "
         "device lost earlier through --inject that comes back; executor/joins.py, "
-        "docs/fault-tolerance.md); repeatable",
+        "docs/fault-tolerance.md); repeatable: the files given for one STEP join together",
     )
     p.add_argument(
         "--heartbeat",

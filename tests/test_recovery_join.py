@@ -151,6 +151,52 @@ def test_a_new_device_joins_at_a_step_boundary_and_the_run_stays_bit_identical(
 
 
 @pytest.mark.slow
+def test_two_join_files_for_one_step_are_admitted_together_in_one_re_partition(tmp_path):
+    # e.json@2 and f.json@2 (two --emulate-join flags, one step): the run holds at step 2
+    # until both beat, then one re-plan with both joined opens generation 2 (was: one
+    # re-partition per file, generations 2 and 3); each joined device serves blocks of
+    # its own, received from the devices that served them
+    plan, result = run_joining(tmp_path, [join_at(tmp_path, 2, "e"), join_at(tmp_path, 2, "f")])
+    assert_matches_reference(tmp_path, plan, result)
+    (event,) = result.events
+    assert (event["cause"], event["device"], event["replay_from_step"], event["generation"]
+            ) == ("join", "e,f", 2, 2)
+    new = plan_after(tmp_path, event)
+    assert new.changes is not None and new.changes.joined == ("e", "f")
+    for device in ("e", "f"):
+        first, end, samples = serves(new, device)
+        assert end > first and samples > 0
+        moved = [t for t in new.migration if t.to == device]
+        assert sorted(i for t in moved for i in range(t.first, t.end)) == list(
+            range(first, end))
+        assert all(serves(plan, t.source)[0] <= t.first < t.end <= serves(plan, t.source)[1]
+                   for t in moved)
+    assert [m["generation"] for m in result.metrics] == [1, 1, 2, 2]
+    assert [{"e", "f"} <= set(m["devices"]) for m in result.metrics] == [False, False, True,
+                                                                          True]
+    assert result.join_failures == []
+    assert_every_process_reaped(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_failed_join_file_leaves_the_other_file_for_its_step_admitted_alone(tmp_path):
+    # e's process kills itself before its first heartbeat: e's join (its file) is dropped
+    # with one line, f's, due at the same step, is still admitted there, alone
+    plan, result = run_joining(tmp_path, [join_at(tmp_path, 2, "e"), join_at(tmp_path, 2, "f")],
+                               "e:*:join")
+    assert_matches_reference(tmp_path, plan, result)
+    assert_one_join_failed(result, "e", 2,
+                           "joining device 'e' exited with status -9 before it was admitted")
+    (event,) = result.events
+    assert (event["cause"], event["device"], event["replay_from_step"]) == ("join", "f", 2)
+    new = plan_after(tmp_path, event)
+    assert new.changes is not None and new.changes.joined == ("f",)
+    assert serves(new, "f")[2] > 0
+    assert [m["generation"] for m in result.metrics] == [1, 1, 2, 2]
+    assert_every_process_reaped(tmp_path)
+
+
+@pytest.mark.slow
 def test_a_killed_device_rejoins_as_a_fresh_process_under_a_new_generation(tmp_path):
     # d1 dies at step 1 (the others take its blocks: generation 2 has no d1); at step 3
     # a fresh d1 process, nothing in memory, is re-admitted (generation 3) and gets its
