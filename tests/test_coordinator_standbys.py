@@ -82,6 +82,21 @@ def test_a_plan_that_does_not_replicate_has_no_standbys(tmp_path, capsys):
         "--standbys"), err
 
 
+def test_edgepipe_coordinate_names_the_standbys_it_expects_and_how_to_start_them(
+    tmp_path, capsys
+):
+    # the banner comes before the store is hosted; a hang timeout the coordinator then
+    # refuses ends the command there
+    path = write_plan(one_device_plan(3), tmp_path)
+    assert edgepipe(["coordinate", str(path), "--port", "29511", "--recover", "--steps", "5",
+                     "--standbys", "1", "--hang-timeout", "0.5"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert (f"expecting standby(s) d1: start each on its host with python -m executor.worker "
+            f"{path} --steps 5 --coordinator <this host>:29511 --standby DEV") in err, err
+    assert err.endswith("error: --hang-timeout: 0.5 s must exceed twice the workers' "
+                        "heartbeat (0.5 s)"), err
+
+
 def test_a_standby_needs_a_coordinator_that_expects_standbys():
     store = host_store(0)
     client = connect_store("127.0.0.1", store.port)
