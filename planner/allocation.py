@@ -29,7 +29,8 @@ Devices may end with 0 samples (they then sit idle). Ties break toward the lower
 index, so results are deterministic and independent of the other rows.
 
 Complexity: O(g) rounds for step 1, O(rows x g) numpy work each; O(moves) rounds for step 2,
-each O(rows still moving x g).
+each O(rows still moving x g) comparisons and two table reads per moving row (the times
+at y and y + 1 are kept per row and updated where a sample moved).
 """
 
 from __future__ import annotations
@@ -41,6 +42,13 @@ def _times(table: np.ndarray, first: np.ndarray, end: np.ndarray, y: np.ndarray)
     """time(d, y) per row: ``table[d, end, y] - table[d, first, y]`` with y of shape (n, g)."""
     d = np.arange(table.shape[0])[None, :]
     return table[d, end[:, None], y] - table[d, first[:, None], y]
+
+
+def _time(
+    table: np.ndarray, d: np.ndarray, first: np.ndarray, end: np.ndarray, y: np.ndarray
+) -> np.ndarray:
+    """time(d, y) of one device d per row (all arrays of shape (n,))."""
+    return table[d, end, y] - table[d, first, y]
 
 
 def allocate(
@@ -83,24 +91,36 @@ def allocate(
         y = np.minimum(y + add, caps)
     ok = y.sum(axis=1) == batch
 
+    # step 2 on the rows that placed every sample, each row's times at y and y + 1 kept
+    # up to date: a move changes two devices of a row, so each round reads two times per
+    # moving row from the table instead of all g at y and at y + 1
     active = np.flatnonzero(ok)
     big = np.inf
+    ya, ca, fa, ea = y[active], caps[active], first[active], end[active]
+    now = _times(table, fa, ea, ya)
+    up = _times(table, fa, ea, np.minimum(ya + 1, batch))
     for _ in range((batch + 1) * batch * g + 1):  # bound from the termination argument
         if not len(active):
             break
-        ya, ca, fa, ea = y[active], caps[active], first[active], end[active]
         rows = np.arange(len(active))
-        now = _times(table, fa, ea, ya)
-        now_busy = np.where(ya > 0, now, -big)
-        slow = np.argmax(now_busy, axis=1)
-        up = _times(table, fa, ea, np.minimum(ya + 1, batch))
-        up = np.where(ya < ca, up, big)
-        up[rows, slow] = big
-        fast = np.argmin(up, axis=1)
-        move = up[rows, fast] < now[rows, slow]
+        slow = np.argmax(np.where(ya > 0, now, -big), axis=1)
+        offer = np.where(ya < ca, up, big)
+        offer[rows, slow] = big
+        fast = np.argmin(offer, axis=1)
+        move = offer[rows, fast] < now[rows, slow]
         if not move.any():
             break
-        active = active[move]
-        y[active, slow[move]] -= 1
-        y[active, fast[move]] += 1
+        active, slow, fast = active[move], slow[move], fast[move]
+        ya, ca, fa, ea, now, up = (v[move] for v in (ya, ca, fa, ea, now, up))
+        rows = np.arange(len(active))
+        ya[rows, slow] -= 1
+        ya[rows, fast] += 1
+        y[active, slow] -= 1
+        y[active, fast] += 1
+        # the slow device's time at y + 1 is its old time at y; the fast one's time at y
+        # its old time at y + 1
+        up[rows, slow] = now[rows, slow]
+        now[rows, fast] = up[rows, fast]
+        now[rows, slow] = _time(table, slow, fa, ea, ya[rows, slow])
+        up[rows, fast] = _time(table, fast, fa, ea, np.minimum(ya[rows, fast] + 1, batch))
     return y, ok

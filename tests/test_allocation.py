@@ -98,3 +98,59 @@ def test_rows_are_independent():
         y1, _ = allocate(table, first[r : r + 1], end[r : r + 1], 4, np.full((1, 2), 4))
         assert list(y[r]) == list(y1[0])
     assert ok.all()
+
+
+def algorithm_1_one_row(times: list[list[float]], batch: int, caps: list[int]) -> list[int]:
+    """The module docstring's Algorithm 1 for one row, device by device in plain Python
+    (the oracle: shares no code with planner.allocation)."""
+    g = len(times)
+    caps = [min(max(c, 0), batch) for c in caps]
+    speed = [1.0 / max(t[batch], 1e-12) for t in times]
+    y = [0] * g
+    for _ in range(g + 1):
+        left = batch - sum(y)
+        room = [caps[d] > y[d] for d in range(g)]
+        if left <= 0 or not any(room):
+            break
+        w = [speed[d] if room[d] else 0.0 for d in range(g)]
+        total = sum(w)
+        share = [left * w[d] / total for d in range(g)]
+        base = [int(np.floor(s)) for s in share]
+        order = sorted(range(g), key=lambda d: -(share[d] - base[d]))  # stable: index
+        extra = left - sum(base)
+        for rank, d in enumerate(order):
+            y[d] = min(y[d] + base[d] + (rank < extra), caps[d])
+    if sum(y) != batch:
+        return y
+    while True:
+        busy = [times[d][y[d]] if y[d] > 0 else -np.inf for d in range(g)]
+        slow = max(range(g), key=lambda d: (busy[d], -d))
+        offers = [times[d][y[d] + 1] if y[d] < caps[d] and d != slow else np.inf for d in range(g)]
+        fast = min(range(g), key=lambda d: (offers[d], d))
+        if not offers[fast] < times[slow][y[slow]]:
+            return y
+        y[slow] -= 1
+        y[fast] += 1
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_many_rows_equal_the_one_row_oracle(seed):
+    # rows stop offloading after different numbers of moves (some at once, some after
+    # many), so the lockstep bookkeeping of the rows still moving is exercised
+    rng = np.random.default_rng(100 + seed)
+    g, batch, blocks = int(rng.integers(2, 7)), int(rng.integers(4, 17)), 4
+    steps = rng.uniform(0.0, 2.0, size=(g, blocks, batch)) * (rng.random((g, blocks, batch)) < 0.8)
+    # large fixed costs make the proportional start far from the optimum: many moves
+    fixed = rng.uniform(0.0, 20.0, size=(g, blocks, 1)) * (rng.random((g, blocks, 1)) < 0.5)
+    per_block = np.concatenate([np.zeros((g, blocks, 1)), fixed + np.cumsum(steps, axis=2)], 2)
+    per_block[:, :, 0] = 0.0
+    table = np.concatenate([np.zeros((g, 1, batch + 1)), np.cumsum(per_block, axis=1)], 1)
+    first, end = np.triu_indices(blocks + 1, k=1)
+    caps = rng.integers(0, batch + 1, size=(len(first), g))
+    caps[rng.random(len(first)) < 0.5] = batch
+    y, ok = allocate(table, first, end, batch, caps)
+    for r in range(len(first)):
+        times = (table[:, end[r]] - table[:, first[r]]).tolist()
+        expected = algorithm_1_one_row(times, batch, caps[r].tolist())
+        assert list(y[r]) == expected
+        assert bool(ok[r]) == (sum(expected) == batch)
