@@ -153,9 +153,11 @@ cheap, so that a plan comes early also under a time limit) and a size whose Q(L,
 is skipped; a (state r, l) cell, with n = N - |r|
 devices before it, holds nothing when E[L-l, n], F[L-l, n] + G[l, |r|] or Q[l, |r|]
 (least over p) exceeds U, and a state whose cells all do is not searched; a candidate
-with D + F[L-l, n] > U is dropped; a head with M c0 + F > U is never composed, so a head
-of l - l' blocks is composed only within the *head band* of the widest head any move
-keeps (gathered when at most ``BAND_USE`` of the slice l' = lo..hi). Nothing dropped
+with D + F[L-l, n] > U is dropped; a pair (l, l') of a move whose max(M c0, c0 + the
+least D of its front at l') + F > U is never built (D' is at least that), so a move
+without any other pair is not composed, l' runs over the pairs left, and a head of
+l - l' blocks is composed only within the *head band* of the widest head among them
+(gathered when at most ``BAND_USE`` of the slice l' = lo..hi). Nothing dropped
 could have been scored, but a front freed of a hopeless entry gives its slot to
 another, so the pruned search is not bit-identical to the unpruned one
 (tests/test_dp.py compares it with the unpruned DP's recorded plans, and checks every
@@ -528,15 +530,16 @@ class _Tables:
         ta = ring_allreduce_ms(self.grad[rows], used.sum(1), bw_min, lat_max, self.cm.shared_medium)
         return ef, eb, ta
 
-    def head(self, cid: int, warmup: int, batch: int) -> tuple[np.ndarray, ...]:
-        """Dense (L+1, L+1) arrays indexed [l, l'] for the head holding blocks
-        [L-l, L-l') on composition ``cid`` with ``warmup`` micro-batches in flight:
-        c = E_f + E_b, E_b, T_a, the largest per-device samples Y, the ring-replica
-        holder's usable memory and samples, and the number of devices with samples (inf
-        where infeasible or l' >= l)."""
+    def head(self, cid: int, warmup: int, batch: int) -> np.ndarray:
+        """One (7, L+1, L+1) array indexed [figure, l, l'] for the head holding blocks
+        [L-l, L-l') on composition ``cid`` with ``warmup`` micro-batches in flight: the
+        figures c = E_f + E_b, E_b, T_a, the largest per-device samples Y, the
+        ring-replica holder's usable memory and samples, and the number of devices with
+        samples (inf where infeasible or l' >= l); stacked, so that the search gathers
+        a window of all seven in one read."""
         key = (cid, warmup, batch)
         if key in self._tables:
-            return self._tables[key]
+            return self._tables[key][0]
         all_rows = np.arange(len(self.rows_first))
         base_key = (cid, -1, batch)
         if base_key not in self._tables:
@@ -549,19 +552,18 @@ class _Tables:
             ef[redo], eb[redo], ta[redo] = self._figures(cid, redo, y[redo])
         size = self.n_blk + 1
         big_l = self.n_blk
-        out = []
+        out = np.full((7, size, size), INF)
+        at = (big_l - self.rows_first, big_l - self.rows_end)
         # the ring-replica holder (planner.replicas: the used device of largest usable
         # memory; among those the one with most samples, the least free memory)
         budget = np.where(y > 0, self.budget[self.slots(self.comps[cid])][None, :], -INF)
         hold_budget = budget.max(axis=1)
         hold_y = np.where(budget == hold_budget[:, None], y, -1).max(axis=1)
         used = (y > 0).sum(axis=1)
-        for values in (ef + eb, eb, ta, y.max(axis=1), hold_budget, hold_y, used):
-            dense = np.full((size, size), INF)
-            dense[big_l - self.rows_first, big_l - self.rows_end] = np.where(ok, values, INF)
-            out.append(dense)
-        self._tables[key] = tuple(out)
-        return self._tables[key]
+        for i, values in enumerate((ef + eb, eb, ta, y.max(axis=1), hold_budget, hold_y, used)):
+            out[i][at] = np.where(ok, values, INF)
+        self._tables[key] = (out,)
+        return out
 
     def drop_warmups(self, keep: int) -> None:
         """Forget head tables of warm-ups other than ``keep`` (one level at a time)."""
@@ -988,7 +990,7 @@ class _BatchSearch:
         self.rounds_of = -(-self.m // np.minimum(self.k_of[1:], self.m))
         self.before = self._before()
         self.hidden = self._hidden()
-        self._layout = (0, 1, False)
+        self._layout: tuple[int, int, bool, list[int]] = (0, 1, False, [])
 
     def _before(self) -> np.ndarray:
         """(states, L + 1): for a suffix of l blocks on devices drawn from state r, a lower
@@ -1164,8 +1166,8 @@ class _BatchSearch:
                 if part is None:
                     continue
                 parts.append(part)
-                lo, f, band = self._layout
-                meta.append(_Source("base" if front is None else "move", mv, same,
+                lo, f, band, kept = self._layout
+                meta.append(_Source("base" if front is None else "move", kept, same,
                                     part[0].shape[1], lo, f, band))  # fmt: skip
         for e in skips:
             sub = graph.edges[e][2]
@@ -1317,12 +1319,13 @@ class _BatchSearch:
         """(D, X) candidates of rows l = r0..r1-1 from ``moves``, their carried S and O and
         their head's Y (None when no head fits those rows),
         ring replicas checked and candidates beyond the bound dropped (module
-        docstring). The layout (first l', slots per l', band) goes to ``self._layout``:
-        heads alone (``front`` None) flattened per row as (move,), else composed onto
-        ``front`` as (move, l', slot < f), where f bounds the finite entries of the
-        fronts moved onto and l' runs over lo..hi (the finite l' of those fronts) or,
-        when the head band is narrower (a finite bound), over l - 1 - j for j below the
-        band's width."""
+        docstring). The layout (first l', slots per l', band, the moves kept) goes to
+        ``self._layout``: heads alone (``front`` None) flattened per row as (move,), else
+        composed onto ``front`` as (move, l', slot < f), where the moves are those with
+        some pair (l, l') that can stay within the bound, f bounds the finite entries of
+        the fronts moved onto and l' runs over lo..hi (the finite l' of those fronts
+        with such a pair) or, when the head band is narrower (a finite bound), over
+        l - 1 - j for j below the band's width."""
         t, graph, m = self.t, self.g, self.m
         big_l = t.n_blk
         cids = [graph.edges[e][1] for e in moves]
@@ -1331,7 +1334,7 @@ class _BatchSearch:
         if front is None:
             c0 = np.stack([h[0][r0:r1, 0] for h in heads], axis=1)  # (l, T)
             x = np.stack([h[2][r0:r1, 0] for h in heads], axis=1)
-            self._layout = (0, 1, False)
+            self._layout = (0, 1, False, moves)
             d = np.where(m * c0 + before[:, None] <= self.bound, m * c0, INF)
             y = np.stack([h[3][r0:r1, 0] for h in heads], axis=1)
             return d, x, c0, np.zeros_like(c0), y
@@ -1341,17 +1344,28 @@ class _BatchSearch:
         lo, hi = max(int(lps[0]), p - 1), min(int(lps[-1]), r1 - 2)
         if hi < lo:
             return None
+        width_band = hi - lo + 1
+        if np.isfinite(self.bound):
+            # what cannot stay within the bound is not built: D' >= max(M c0, c0 + D)
+            # (tau1 >= 0), so a pair (l, l') whose head's M c0 or c0 plus the least D of
+            # its front, plus what the blocks before it add, exceeds the bound holds
+            # nothing; moves without any other pair go, l' narrows to the pairs left,
+            # and the head band is their longest head l - l'
+            c_win = np.stack([h[0, r0:r1, lo : hi + 1] for h in heads])  # (T, l, l')
+            d_least = front.d[subs, lo : hi + 1].min(axis=2)[:, None, :]
+            alive = np.maximum(m * c_win, c_win + d_least) + before[None, :, None] <= self.bound
+            live = np.flatnonzero(alive.any(axis=(1, 2)))
+            if not len(live):
+                return None
+            moves, cids, heads, subs = ([v[i] for i in live] for v in (moves, cids, heads, subs))
+            pairs = alive[live].any(axis=0)  # (l, l')
+            lps = lo + np.flatnonzero(pairs.any(axis=0))
+            reach = np.arange(r0, r1)[:, None] - np.arange(lo, hi + 1)[None, :]
+            width_band = int(np.where(pairs, reach, 0).max())
+            lo, hi = int(lps[0]), int(lps[-1])
+        finite = np.isfinite(front.d[subs, lo : hi + 1])
         f = int(np.flatnonzero(finite.any(axis=(0, 1)))[-1]) + 1
         width = hi - lo + 1
-        width_band = width
-        if np.isfinite(self.bound):
-            # the head band: the longest head l - l' of any move whose own term of D,
-            # M c0, plus what the blocks before it add stays within the bound
-            reach = np.arange(r0, r1)[:, None] - np.arange(big_l + 1)[None, :]
-            ok = np.zeros(reach.shape, dtype=bool)
-            for h in heads:
-                ok |= m * h[0][r0:r1] + before[:, None] <= self.bound
-            width_band = int(np.where(ok, reach, 0).max())
         band = width_band <= BAND_USE * width
         rows = np.arange(r0, r1)[:, None]
         if band:
@@ -1360,16 +1374,15 @@ class _BatchSearch:
             lp = np.clip(lp, 0, big_l)
 
             def take(a: np.ndarray) -> np.ndarray:
-                return a[rows, lp]
+                return a[..., rows, lp]
         else:
             lp = np.arange(lo, hi + 1)[None, :]
 
             def take(a: np.ndarray) -> np.ndarray:
-                return a[r0:r1, lo : hi + 1]
+                return a[..., r0:r1, lo : hi + 1]
 
-        c0, eb0, ta0, y0, hold_b, hold_y, used = (
-            np.stack([take(h[i]) for h in heads])[..., None] for i in range(7)
-        )  # (T, l, l', 1)
+        figures = np.stack([take(h) for h in heads])[..., None]  # (T, 7, l, l', 1)
+        c0, eb0, ta0, y0, hold_b, hold_y, used = (figures[:, i] for i in range(7))
         if band:
             c0 = np.where(off_band[None, :, :, None], INF, c0)
             at = (np.array(subs)[:, None, None], lp[None], slice(0, f))  # (T, l, j, f)
@@ -1429,7 +1442,7 @@ class _BatchSearch:
         keep &= d_new + before[None, :, None, None] <= self.bound
         d_new = np.where(keep, d_new, INF)
         n_l = r1 - r0
-        self._layout = (lo, f, band)
+        self._layout = (lo, f, band, moves)
         return tuple(
             np.moveaxis(np.broadcast_to(v, d_new.shape), 1, 0).reshape(n_l, -1)
             for v in (d_new, x_new, s_new, o_new, y0)
