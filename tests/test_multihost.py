@@ -23,7 +23,7 @@ from executor import checkpoint, data, zoo
 from executor.metrics import read_jsonl
 from executor.runtime import make_optimizer
 from executor.stage import build_stage
-from planner.plan import load_plan
+from planner.plan import load_plan, replica_placement
 from planner.profile import BuildSpec
 from tests import netns
 from tests import reference_trainer as ref
@@ -622,4 +622,48 @@ def test_a_one_device_plan_survives_the_loss_of_its_host_through_a_standby_on_an
     assert [m["samples"] for m in metrics] == want.sample_ids
     assert [sorted(m["devices"]) for m in metrics] == [["d0"]] * d + [["d1", "d2"]] * (
         steps - d)
+    assert_final_state_is_the_references(job.weights(), want)
+
+
+@pytest.mark.slow
+def test_the_replica_moves_to_the_next_standby_when_the_holders_host_is_lost(
+    tmp_path: Path,
+) -> None:
+    # as above (d0 on host 1, holder d1 on host 2, d2 on host 0); first host 2's link
+    # goes down: the plan keeps d0, the replica moves to d2; later every process of host
+    # 1 is killed: d2, the only copy left, serves alone (unreplicated, with a warning)
+    from tests.test_recovery import reference
+    from tests.test_recovery_join import fixed_profile
+    from tests.test_recovery_spare import one_device_plan
+
+    plan = one_device_plan(3, model_profile=fixed_profile())
+    steps = 60
+    with netns.Hosts(3, rate_mbit=100) as hosts:
+        job = RecoveringJob(tmp_path, hosts, write_plan(plan, tmp_path), "h", steps)
+        job.start(["--standbys", "2"], lambda i: [], hang_s=5.0, standbys={0: "d2", 2: "d1"})
+        job.wait_for(2)
+        hosts.set_link(2, up=False)
+        deadline = time.monotonic() + 120
+        while not any(m.get("type") == "recovery" for m in read_jsonl(job.out / "metrics.jsonl")):
+            assert time.monotonic() < deadline, "no recovery from the holder's loss"
+            time.sleep(0.1)
+        (first,) = [m for m in read_jsonl(job.out / "metrics.jsonl") if m.get("type")]
+        job.wait_for(first["replay_from_step"] + 2)  # d2 holds a durable replica
+        kill_host(hosts, 1)
+        lines = job.finish(survivors=[0])
+    events = [m for m in lines if m.get("type") == "recovery"]
+    metrics = [m for m in lines if "type" not in m]
+    assert [(e["cause"], e["device"]) for e in events] == [("hang", "d1"), ("hang", "d0")]
+    kept = load_plan(job.out / "plans" / f"{events[0]['new_plan']}.json")
+    assert kept.partition == plan.partition  # d0 serves on, nothing moves
+    assert [r.holders for r in replica_placement(kept)] == [("d2",)]
+    assert events[0]["blocks_moved"] == 0
+    last = load_plan(job.out / "plans" / f"{events[1]['new_plan']}.json")
+    assert last.partition.used_devices() == ["d2"]
+    assert {t.source for t in last.migration} == {"d2"}
+    assert "unreplicated" in events[1]["warning"]
+    want = reference(plan, steps)
+    assert [m["step"] for m in metrics] == list(range(steps))
+    assert [m["loss"] for m in metrics] == want.losses
+    assert [m["samples"] for m in metrics] == want.sample_ids
     assert_final_state_is_the_references(job.weights(), want)
