@@ -235,13 +235,11 @@ def test_the_calibrated_scale_is_the_worst_real_to_budget_ratio_times_the_margin
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("demo")
 def test_the_demo_runs_its_resnet_plan_here_and_reports_predicted_vs_measured(
-    tmp_path: Path, capsys
+    demo_run,
 ) -> None:
-    from planner.cli import main
-
-    assert main(["demo", "--out", str(tmp_path), "--run-steps", "2"]) == 0
-    printed = capsys.readouterr().out
-    assert "iteration on the emulated devices: predicted" in printed
-    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 2
-    assert (tmp_path / "run" / "report.png").stat().st_size > 10_000
+    assert demo_run.status == 0
+    assert "iteration on the emulated devices: predicted" in demo_run.printed
+    assert len((demo_run.out / "run" / "metrics.jsonl").read_text().splitlines()) == 2
+    assert (demo_run.out / "run" / "report.png").stat().st_size > 10_000

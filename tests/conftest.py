@@ -1,0 +1,44 @@
+"""Set-up shared across test modules: expensive runs that several tests only read.
+
+A session-scoped fixture runs once per pytest process, so once per xdist worker: the
+tests that share one carry the same ``xdist_group`` mark (``"demo"`` for
+:func:`demo_run`), which ``--dist loadgroup`` sends to one worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+
+@dataclass(frozen=True)
+class DemoRun:
+    """One ``edgepipe demo --run-steps 2``: its exit status, its ``--out`` folder and
+    what it printed on standard output."""
+
+    status: int
+    out: Path
+    printed: str
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
+    """The whole demo, run once for every test that checks a part of it.
+
+    It plans, compares the DP with the exact solver and the baselines (the exact solver
+    alone takes up to its 60 s time limit) and runs a plan on local processes with
+    emulated devices: over a minute on two cores, which two tests used to pay each.
+    Standard output is captured by swapping ``sys.stdout``: the CLI's rich console
+    writes to whatever ``sys.stdout`` is when it prints.
+    """
+    from planner.cli import main
+
+    out = tmp_path_factory.mktemp("demo")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        status = main(["demo", "--out", str(out), "--run-steps", "2"])
+    return DemoRun(status, out, printed.getvalue())
