@@ -25,6 +25,10 @@ Algorithm (per row):
        an optimum below T would give s fewer samples, so some f more, at time >= T.
        Rows are processed in lockstep.
 
+Without memory caps, for groups of identical devices whose times strictly grow with the
+samples, :func:`allocate_classes` computes the same split per class with O(classes)
+work per row and move (its docstring says why).
+
 Devices may end with 0 samples (they then sit idle). Ties break toward the lower device
 index, so results are deterministic and independent of the other rows.
 
@@ -124,3 +128,90 @@ def allocate(
         now[rows, slow] = _time(table, slow, fa, ea, ya[rows, slow])
         up[rows, fast] = _time(table, fast, fa, ea, np.minimum(ya[rows, fast] + 1, batch))
     return y, ok
+
+
+def allocate_classes(
+    curves: np.ndarray, classes: np.ndarray, counts: np.ndarray, rows: np.ndarray, batch: int
+) -> np.ndarray:
+    """:func:`allocate` without memory caps for devices in classes of identical devices,
+    O(classes) per row and move instead of O(devices).
+
+    Args:
+        curves: (C, R, batch + 1) time of one device of class c on block range r at y
+            samples, *strictly* increasing in y on the rows used (the precondition; see
+            below).
+        classes, counts: (K,) the classes of the group and their devices; the device
+            slots are class by class, as :func:`allocate`'s are.
+        rows: (n,) the block ranges to split.
+        batch: micro-batch size B.
+
+    Returns:
+        (n, sum(counts)) samples per slot: per class the same multiset as
+        :func:`allocate` with every cap at B gives (always feasible), written with the
+        first r devices of a class at v + 1 and the others at v (allocate may order a
+        class's devices otherwise).
+
+    Why a class is two values v, v + 1: step 1's one round (no cap binds) gives each
+    device of a class the same share, its floor plus one of the extras, which go in
+    order of the fractional parts, ties to the lower slot, so the classes in order of
+    (fraction descending, class) and each class's first devices. Step 2 moves a sample
+    off a device of largest time (ties: lowest slot, so the class of lowest index among
+    those whose top device, at v + (r > 0), has that time; with strict curves every
+    device of a class at its top has the same time and which one gives the sample does
+    not change the multiset) to a device of least time at one more sample (ties: lowest
+    class; in a class a device at v). Strict curves make the giving and the taking
+    class differ (a class's own offer t(v + 1) is never below its top's time, so where
+    it is the least offer nothing moves, as in allocate, which skips the giving device's
+    own offer: then no other is below that time either), so a class keeps two values.
+    With flat stretches allocate's tie to the lowest slot can take a sample from a
+    device below the class's top, which this cannot follow: hence the precondition.
+    Same moves as allocate, so the same number of rounds: O(rounds x rows x K) work."""
+    flat = curves.reshape(-1)
+    width = curves.shape[2]
+    # flat index of (class, row, y = 0) per row and class of the group
+    origin = (classes[None, :] * curves.shape[1] + rows[:, None]) * width
+    # step 1: the shares' denominator summed over the devices, as allocate sums it
+    speed = 1.0 / np.maximum(flat[origin + batch], 1e-12)  # (n, K)
+    total = np.repeat(speed, counts, axis=1).sum(axis=1, keepdims=True)
+    share = batch * speed / np.maximum(total, 1e-300)
+    base = np.floor(share).astype(np.int64)
+    extra = batch - base @ counts
+    order = np.argsort(-(share - base), axis=1, kind="stable")
+    ahead = np.cumsum(counts[order], axis=1) - counts[order]  # devices before, in order
+    before = np.empty_like(ahead)
+    np.put_along_axis(before, order, ahead, axis=1)
+    r = np.clip(extra[:, None] - before, 0, counts[None, :])
+    v = base + (r == counts)
+    r = np.where(r == counts, 0, r)
+    # step 2 on the rows still moving (compact copies; a row's result is written back
+    # when it stops)
+    active = np.arange(len(rows))
+    va, ra, oa = v, r, origin
+    for _ in range((batch + 1) * batch * int(counts.sum()) + 1):  # allocate's bound
+        if not len(active):
+            break
+        at = np.arange(len(active))
+        top = va + (ra > 0)
+        now = np.where(top > 0, flat[oa + top], -np.inf)
+        slow = np.argmax(now, axis=1)
+        offer = np.where(va < batch, flat[oa + np.minimum(va + 1, batch)], np.inf)
+        fast = np.argmin(offer, axis=1)
+        move = offer[at, fast] < now[at, slow]
+        stop = ~move
+        v[active[stop]], r[active[stop]] = va[stop], ra[stop]
+        if not move.any():
+            break
+        active, slow, fast = active[move], slow[move], fast[move]
+        va, ra, oa = va[move], ra[move], oa[move]
+        at = np.arange(len(active))
+        # the slow class gives from its top, the fast one takes at its bottom
+        had = ra[at, slow] > 0
+        ra[at, slow] = np.where(had, ra[at, slow] - 1, counts[slow] - 1)
+        va[at, slow] -= (~had).astype(np.int64)
+        ra[at, fast] += 1
+        full = ra[at, fast] == counts[fast]
+        va[at, fast] += full.astype(np.int64)
+        ra[at, fast] = np.where(full, 0, ra[at, fast])
+    v[active], r[active] = va, ra
+    position = np.concatenate([np.arange(c) for c in counts])[None, :]
+    return np.repeat(v, counts, axis=1) + (position < np.repeat(r, counts, axis=1))

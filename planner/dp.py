@@ -10,8 +10,10 @@ the DP never names devices: a stage's group is a *composition* g = (g_1..g_K), g
 devices of class k, and a DP state is the multiset r = (r_1..r_K) of devices still
 available. Head evaluations (Algorithm 1 allocation, stage times, all-reduce, memory)
 are computed once per composition, so 64 identical devices give 64 group sizes, not
-2,080 device ranges. Devices are taken out of a class in cluster order when a plan is
-written down.
+2,080 device ranges; Algorithm 1 itself runs class by class where it can (complexity).
+Devices are taken out of a class in cluster order when a plan is written down, with
+Algorithm 1's device-by-device split of that one stage (the same samples per class as
+the tables', in its own device order).
 
 State graph (per micro-batch size B). States are count vectors r; a *move* r -> r - g
 makes the group g the head stage; a *skip* r -> r - e_k leaves one device idle. Two
@@ -187,7 +189,11 @@ Complexity per B, with S states, E moves, C distinct compositions and P = min(L,
 max_stages) levels (p0 of them after collapsing): the relaxed bounds, O(pc L^2 N
 sqrt(B)) numpy work (pc <= ``RELAX_LEVELS``; an O(N L) weak form beyond
 ``RELAX_MAX``); C head tables, each Algorithm 1 over
-the O(L^2) block ranges (a closed form for one-class groups); P x E compositions of
+the O(L^2) block ranges: a closed form for one-class groups whose times never fall with
+the batch, else class by class, O(K) per range and move
+(:func:`~planner.allocation.allocate_classes`, from one (K, L^2, B + 1) table of the
+classes' times per B), where every class's time strictly grows with the samples, and
+device by device, O(g), on the other ranges; P x E compositions of
 O(L W F) numpy work each, W <= L the head band (L with no bound; about 5 L^2 / 8 over
 the row ranges), 7 carried values per entry, one Pareto reduction per (level, state,
 row range); then at most (number of B) + ``RESCORE`` exact evaluations (each
@@ -208,7 +214,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.allocation import allocate
+from planner.allocation import allocate, allocate_classes
 from planner.classes import DeviceClass, class_network, device_classes
 from planner.cost import (
     CostModel,
@@ -432,6 +438,7 @@ class _Tables:
         self._base: _Cache = _Cache(BASE_CACHE_BYTES)
         self._tables: _Cache = _Cache(HEAD_CACHE_BYTES)
         self._prefix: dict[tuple[int, str], np.ndarray] = {}
+        self._curve: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def comp(self, g: tuple[int, ...]) -> int:
         if g not in self.comp_id:
@@ -449,6 +456,7 @@ class _Tables:
     def clear(self) -> None:
         self._base.clear()
         self._tables.clear()
+        self._curve.clear()
 
     def slots(self, g: tuple[int, ...]) -> np.ndarray:
         """Class of each device slot of composition g (class order)."""
@@ -471,15 +479,25 @@ class _Tables:
             g = self.comps[cid]
             slot = self.slots(g)
             n_rows = len(self.rows_first)
-            homogeneous = np.count_nonzero(g) == 1
-            if homogeneous and self.monotone[int(slot[0])]:
+            ok = np.ones(n_rows, dtype=bool)  # nothing caps a split: all B are placed
+            if self._even_split(cid):
                 y = np.tile(self._even(int(slot[0]), len(slot), batch), (n_rows, 1))
-                ok = np.ones(n_rows, dtype=bool)
             else:
-                y, ok = allocate(
-                    self.fb[slot], self.rows_first, self.rows_end, batch,
-                    np.full((n_rows, len(slot)), batch),
-                )  # fmt: skip
+                # Algorithm 1 class by class on the ranges where every class's time
+                # strictly grows with the samples, device by device on the others
+                present = np.flatnonzero(g)
+                curves, strict = self._curves(batch)
+                by_class = strict[present].all(axis=0)
+                y = np.empty((n_rows, len(slot)), dtype=np.int64)
+                y[by_class] = allocate_classes(
+                    curves, present, np.array(g)[present], np.flatnonzero(by_class), batch
+                )
+                rest = np.flatnonzero(~by_class)
+                if len(rest):
+                    y[rest], _ = allocate(
+                        self.fb[slot], self.rows_first[rest], self.rows_end[rest], batch,
+                        np.full((len(rest), len(slot)), batch),
+                    )  # fmt: skip
             depth = warmup_that_fits(
                 self.budget[slot][None, :], self.static[:, None], y, self.saved[:, None]
             )
@@ -487,27 +505,50 @@ class _Tables:
             self._base[key] = (y, ok, depth)
         return self._base[key]
 
+    def _even_split(self, cid: int) -> bool:
+        """Whether composition ``cid`` is one class whose times never fall with the batch
+        (:meth:`_even` is then its Algorithm 1 split)."""
+        g = self.comps[cid]
+        return np.count_nonzero(g) == 1 and self.monotone[int(np.flatnonzero(g)[0])]
+
+    def _curves(self, batch: int) -> tuple[np.ndarray, np.ndarray]:
+        """(K, ranges, B + 1) forward+backward time of one device of each class on each
+        block range at y = 0..B samples, and (K, ranges) whether it strictly grows with
+        y (:func:`~planner.allocation.allocate_classes`' precondition); one table for
+        every composition of the micro-batch size (cached until :meth:`clear`)."""
+        if batch not in self._curve:
+            fb = self.fb[:, :, : batch + 1]
+            curves = fb[:, self.rows_end] - fb[:, self.rows_first]
+            self._curve[batch] = (curves, (np.diff(curves, axis=2) > 0).all(axis=2))
+        return self._curve[batch]
+
     def allocation(
-        self, cid: int, rows: np.ndarray, warmup: int, batch: int
+        self, cid: int, rows: np.ndarray, warmup: int, batch: int, by_slot: bool = False
     ) -> tuple[np.ndarray, np.ndarray]:
         """Algorithm 1 for composition ``cid`` over ``rows`` (indices into the block
         ranges): the memory-unconstrained split where it fits ``warmup``, else the split
-        under per-device caps. Returns (samples per slot, feasible)."""
+        under per-device caps. Returns (samples per slot, feasible). The unconstrained
+        split may order a class's devices otherwise than :func:`allocate` (the same
+        samples per class: :func:`allocate_classes`); ``by_slot`` gives allocate's own
+        order (a plan being written down)."""
         base_y, base_ok, depth = self._unconstrained(cid, batch)
         y, ok = base_y[rows].copy(), base_ok[rows].copy()
+        slot = self.slots(self.comps[cid])
+        caps = np.full((len(rows), len(slot)), batch)
         redo = np.flatnonzero(depth[rows] < warmup)
         if len(redo):
-            sub = rows[redo]
-            slot = self.slots(self.comps[cid])
-            caps = samples_that_fit(
+            caps[redo] = samples_that_fit(
                 self.budget[slot][None, :],
-                self.static[sub][:, None],
+                self.static[rows[redo]][:, None],
                 warmup,
-                self.saved[sub][:, None],
+                self.saved[rows[redo]][:, None],
                 batch,
             )
-            first, end = self.rows_first[sub], self.rows_end[sub]
-            y[redo], ok[redo] = allocate(self.fb[slot], first, end, batch, caps)
+        if by_slot and not self._even_split(cid):
+            redo = np.arange(len(rows))
+        if len(redo):
+            first, end = self.rows_first[rows[redo]], self.rows_end[rows[redo]]
+            y[redo], ok[redo] = allocate(self.fb[slot], first, end, batch, caps[redo])
         return y, ok
 
     def _figures(self, cid: int, rows: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -1463,7 +1504,7 @@ class _BatchSearch:
             if cid >= 0:
                 first, end = big_l - l_cur, big_l - l_sub
                 row = np.flatnonzero((t.rows_first == first) & (t.rows_end == end))
-                y, _ = t.allocation(cid, row, level.warm, self.batch)
+                y, _ = t.allocation(cid, row, level.warm, self.batch, by_slot=True)
                 taken = []
                 for cls, count in zip(t.slots(t.comps[cid]), y[0], strict=True):
                     member = free[int(cls)].pop(0)

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from planner.allocation import allocate
+from planner.allocation import allocate, allocate_classes
 
 
 def table_from(times: list[list[float]]) -> np.ndarray:
@@ -154,3 +154,30 @@ def test_many_rows_equal_the_one_row_oracle(seed):
         expected = algorithm_1_one_row(times, batch, caps[r].tolist())
         assert list(y[r]) == expected
         assert bool(ok[r]) == (sum(expected) == batch)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_class_by_class_gives_each_class_the_samples_allocate_gives(seed):
+    # strictly increasing curves (the precondition), classes of 1-4 identical devices,
+    # large fixed costs for many offloading moves; per class the same samples as the
+    # device-by-device Algorithm 1 with every cap at B, its first devices at v + 1
+    rng = np.random.default_rng(200 + seed)
+    k, batch, blocks = int(rng.integers(1, 4)), int(rng.integers(1, 17)), 3
+    counts = rng.integers(1, 5, size=k)
+    steps = rng.uniform(0.01, 2.0, size=(k, blocks, batch))
+    fixed = rng.uniform(0.0, 20.0, size=(k, blocks, 1)) * (rng.random((k, blocks, 1)) < 0.5)
+    per_block = np.concatenate([np.zeros((k, blocks, 1)), fixed + np.cumsum(steps, axis=2)], 2)
+    table = np.concatenate([np.zeros((k, 1, batch + 1)), np.cumsum(per_block, axis=1)], 1)
+    first, end = np.triu_indices(blocks + 1, k=1)
+    curves = table[:, end] - table[:, first]
+    rows = np.arange(len(first))[::-1]  # any rows, in any order
+    y = allocate_classes(curves, np.arange(k), counts, rows, batch)
+    slots = np.repeat(table, counts, axis=0)
+    expected, ok = allocate(
+        slots, first[rows], end[rows], batch, np.full((len(rows), sum(counts)), batch)
+    )
+    assert ok.all()
+    edges = np.concatenate([[0], np.cumsum(counts)])
+    for a, b in itertools.pairwise(edges):
+        assert (np.sort(y[:, a:b], axis=1) == np.sort(expected[:, a:b], axis=1)).all()
+        assert (np.diff(y[:, a:b], axis=1) <= 0).all() and (y[:, a] - y[:, b - 1] <= 1).all()
