@@ -245,8 +245,11 @@ def _recovering(opts: WorkerOptions, settings: dict, store: Store) -> WorkerOpti
     """A worker's options under a recovering coordinator's ``settings`` (``ctl/recover``,
     :func:`supervise`): the coordinator's checkpoint interval, its checkpoint to resume
     from received through the store into ``<out>/resumed`` (a temporary folder without
-    ``--out``). Raises :class:`InputError` for a flag that contradicts the coordinator
-    (its one-line message says which flag goes where)."""
+    ``--out``), and an abort wait of its start + hang time-outs (a peer that never
+    started fails the first rendezvous after the worker's ``--timeout``, which may be
+    shorter than the coordinator's start time-out: the abort then still comes). Raises
+    :class:`InputError` for a flag that contradicts the coordinator (its one-line
+    message says which flag goes where)."""
     worker_scale = opts.time_scale if opts.emulate else None
     coordinator_scale = settings["time_scale"] if settings["emulate"] else None
     if opts.steps != settings["steps"]:
@@ -269,13 +272,19 @@ def _recovering(opts: WorkerOptions, settings: dict, store: Store) -> WorkerOpti
             raise InputError(flag, "", "a recovering run across hosts keeps its "
                              "checkpoints on the coordinator's host: give "
                              f"{flag} to `edgepipe coordinate`, not to the workers")
+    # a peer that never came up fails this rank's first rendezvous after --timeout,
+    # but the coordinator declares it only after its start time-out: wait for that abort
+    # as long as the coordinator may take to detect any loss
+    abort_wait_s = max(opts.abort_wait_s,
+                       settings["start_timeout_s"] + settings["hang_timeout_s"])
     resume = None
     if settings["resume"]:
         manifest = json.loads(store.get("ctl/resume"))
         root = (Path(opts.out) / "resumed" if opts.out
                 else Path(tempfile.mkdtemp(prefix="edgepipe-resumed-")))
         resume = str(receive_checkpoint(store, manifest, root))
-    return replace(opts, checkpoint_every=settings["checkpoint_every"], resume=resume)
+    return replace(opts, checkpoint_every=settings["checkpoint_every"], resume=resume,
+                   abort_wait_s=abort_wait_s)
 
 
 def send_checkpoint(store: Store, ckpt: Path) -> None:
@@ -390,7 +399,8 @@ def supervise(
     store.set("ctl/recover", json.dumps({
         "steps": steps, "checkpoint_every": checkpoints.every, "resume": resume,
         "emulate": emulated_time_scale is not None, "time_scale": emulated_time_scale,
-        "standbys": list(spares),
+        "standbys": list(spares), "start_timeout_s": start_timeout_s,
+        "hang_timeout_s": hang_timeout_s,
     }))
     coordinator = Coordinator(store, [r.device for r in layout.ranks] + list(spares),
                               hang_timeout_s, start_timeout_s=start_timeout_s)

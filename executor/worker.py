@@ -126,6 +126,10 @@ class WorkerOptions:
     #: joins the run mid-training through the coordinator, not before STEP
     #: (executor/joins.py, "Across hosts")
     join: str | None = None
+    #: seconds a recovering worker whose training thread failed waits for the
+    #: coordinator's abort before it fails itself (a cross-host coordinator sets its own
+    #: detection bound: executor/coordinator.py)
+    abort_wait_s: float = ERROR_ABORT_WAIT_S
 
 
 @dataclass(frozen=True)
@@ -567,7 +571,7 @@ class RecoveringWorker:
                 # a peer's death reaches the data plane first ("connection closed");
                 # the coordinator's abort follows within a poll: wait for it
                 if error_deadline is None:
-                    error_deadline = time.monotonic() + ERROR_ABORT_WAIT_S
+                    error_deadline = time.monotonic() + self.opts.abort_wait_s
                 elif time.monotonic() > error_deadline:
                     raise outcome["error"]
             self.control.wait(g, self.opts.heartbeat_s / 4)  # at once on an abort

@@ -130,7 +130,8 @@ def recovering_store(steps: int = 4, checkpoint_every: int = 2, resume: int = 0,
     store.set("ctl/generation", "1")
     store.set("ctl/recover", json.dumps({
         "steps": steps, "checkpoint_every": checkpoint_every, "resume": resume,
-        "emulate": time_scale is not None, "time_scale": time_scale}))
+        "emulate": time_scale is not None, "time_scale": time_scale, "standbys": [],
+        "start_timeout_s": 120.0, "hang_timeout_s": 10.0}))
     return store
 
 

@@ -185,9 +185,11 @@ def test_a_standby_the_coordinator_does_not_expect_or_a_second_one_is_refused(
 @pytest.mark.slow
 def test_a_standby_that_never_starts_is_declared_lost_and_the_run_goes_on(tmp_path):
     # the coordinator expects d1 and d2 (--standbys 2) but only d0 (torchrun's rank 0)
-    # and d1 are started: d2 never beats, is declared lost after the start time-out
-    # (the run waits for its first replication point until then), the plan keeps d0
-    # with d1 as the holder, and the run replays from its start, bit-identical
+    # and d1 are started: d2 never beats, so the first rendezvous of d0 and d1 fails
+    # after their --timeout (6 s) and they wait for the coordinator's abort, which comes
+    # when d2's start time-out (22 s) runs out (a worker's own wait, 10 s, would end
+    # first); the plan keeps d0 with d1 as the holder and the run replays from its
+    # start, bit-identical
     from executor.metrics import read_jsonl
     from planner.plan import load_plan, replica_placement
     from tests.test_recovery import assert_final_state_is_the_references, reference
@@ -195,26 +197,27 @@ def test_a_standby_that_never_starts_is_declared_lost_and_the_run_goes_on(tmp_pa
 
     plan = one_device_plan(3, model_profile=fixed_profile())
     path = write_plan(plan, tmp_path)
-    port, steps, start_s = free_port(), 4, 15.0
+    port, steps, start_s = free_port(), 4, 22.0
     out, workers = tmp_path / "run", tmp_path / "workers"
     common = [str(path), "--steps", str(steps), "--out", str(workers), "--deterministic",
-              "--save-weights", "--timeout", "30", "--coordinator", f"127.0.0.1:{port}"]
+              "--save-weights", "--timeout", "6", "--coordinator", f"127.0.0.1:{port}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     torchrun = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    # the workers first: they wait for the store, so that their start-up (torch import
-    # under load) is over when the coordinator's start time-out begins
+    # all three start together: the workers' imports end about when the coordinator
+    # opens its first generation, so their rendezvous starts then, fails 6 s later
     procs = [subprocess.Popen([PY, "-m", "executor.worker", *common], cwd=REPO,
                               env={**env, **torchrun}, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True),
              subprocess.Popen([PY, "-m", "executor.worker", *common, "--standby", "d1"],
                               cwd=REPO, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)]
-    procs.append(subprocess.Popen(
-        [PY, "-m", "executor.coordinator", str(path), "--port", str(port), "--recover",
-         "--steps", str(steps), "--standbys", "2", "--start-timeout", str(start_s),
-         "--hang-timeout", "5", "--out", str(out), "--deterministic"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+                              stderr=subprocess.STDOUT, text=True),
+             subprocess.Popen(
+                 [PY, "-m", "executor.coordinator", str(path), "--port", str(port),
+                  "--recover", "--steps", str(steps), "--standbys", "2", "--start-timeout",
+                  str(start_s), "--hang-timeout", "5", "--out", str(out), "--deterministic"],
+                 cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                 text=True)]
     try:
         logs = [p.communicate(timeout=180)[0] for p in procs]
         assert [p.returncode for p in procs] == [0, 0, 0], logs

@@ -543,7 +543,9 @@ def joining_worker(reg: Registrations, tmp_path: Path, device: str) -> subproces
     """A real ``python -m executor.worker --join`` process of ``device`` against the
     Registrations' store, with the settings a recovering coordinator publishes."""
     reg.store.set("ctl/recover", json.dumps({"steps": 4, "checkpoint_every": 0, "resume": 0,
-                                             "emulate": False, "time_scale": None}))
+                                             "emulate": False, "time_scale": None,
+                                             "standbys": [], "start_timeout_s": 60.0,
+                                             "hang_timeout_s": HANG_S}))
     doc = tmp_path / f"{device}.json"
     doc.write_text(json.dumps(join_doc(device)))
     return subprocess.Popen(
