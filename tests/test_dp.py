@@ -424,3 +424,41 @@ def test_relaxed_bounds_never_exceed_any_plans_closed_form(build, seed):
                 assert relaxed.f[j, n_pre] + relaxed.g[p, big_l - j, n_suf] <= value
                 assert relaxed.q[p, big_l - j, n_suf] <= value
     assert checked or not np.isfinite(brute_force_best(problem)[0])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_stage_figures_equal_the_per_device_maxima_on_splits_of_every_shape(seed):
+    # E_f and E_b are maxima over a group's devices; _figures reads only a class's first
+    # and last slot where its samples fall by at most one along its slots. Forward and
+    # backward times that rise and fall with the samples (so the device with the most
+    # samples is not always the slowest), splits of that shape and of any other shape,
+    # against the maxima over every device in plain Python
+    from planner.classes import device_classes
+    from planner.dp import _Tables
+
+    problem = mixed(3, 4, 5, seed)
+    tables = _Tables(problem, CostModel(problem, 8), device_classes(problem))
+    rng = np.random.default_rng(seed)
+    size = tables.fwd.shape
+    tables.fwd = np.cumsum(rng.uniform(0.0, 5.0, size), axis=1)  # prefix sums over blocks
+    tables.bwd = np.cumsum(rng.uniform(0.0, 5.0, size), axis=1)
+    cid = tables.comp((3, 4))
+    rows = np.arange(len(tables.rows_first))
+    high = rng.integers(1, 8, size=(len(rows), 2))
+    ranked = np.concatenate([np.sort(rng.integers(0, 2, (len(rows), c)), 1) for c in (3, 4)], 1)
+    two_valued = np.repeat(high, (3, 4), axis=1) - ranked  # each class: v + 1 first, then v
+    anything = rng.integers(0, 9, size=(len(rows), 7))
+    for y in (
+        two_valued,
+        anything,
+        np.where(rng.random((len(rows), 1)) < 0.5, two_valued, anything),
+    ):
+        ef, eb, _ = tables._figures(cid, rows, y)
+        for r, (a, b) in enumerate(zip(tables.rows_first, tables.rows_end, strict=True)):
+            cls = [0, 0, 0, 1, 1, 1, 1]
+            assert ef[r] == max(
+                tables.fwd[cls[d], b, y[r, d]] - tables.fwd[cls[d], a, y[r, d]] for d in range(7)
+            )
+            assert eb[r] == max(
+                tables.bwd[cls[d], b, y[r, d]] - tables.bwd[cls[d], a, y[r, d]] for d in range(7)
+            )
