@@ -373,8 +373,11 @@ class JoinRequests:
             if sup.held is not None:
                 sup.hold(None)
             return None
-        if sup.held is None:
-            sup.hold(max(sup.gen.next_commit, self._pending[0][1]))
+        # hold at the earliest step any pending registration asks for (lowered when a
+        # later registration asks for an earlier one; never below what is committed)
+        earliest = max(sup.gen.next_commit, min(item[1] for item in self._pending))
+        if sup.held is None or earliest < sup.held:
+            sup.hold(earliest)
         held = max(sup.held, sup.gen.resume)
         due = [item for item in self._pending if item[1] <= held]
         if not due or any(e.device not in beating for _, _, e in due) or not sup.at_boundary():

@@ -434,13 +434,13 @@ class Registrations:
                                      precompute_plans=False)
         self.requests = JoinRequests(self.store, self.supervisor, plan, start_timeout_s)
 
-    def register(self, doc: dict) -> int:
+    def register(self, doc: dict, step: int | None = None) -> int:
         client = connect_store("127.0.0.1", self.store.port)
         answer: dict = {}
 
         def ask() -> None:
             try:
-                answer["incarnation"] = register(client, doc, timeout_s=10)
+                answer["incarnation"] = register(client, doc, timeout_s=10, step=step)
             except InputError as exc:
                 answer["error"] = exc
 
@@ -499,6 +499,14 @@ def test_a_registered_device_is_admitted_at_the_next_step_boundary_once_it_beats
     assert (event["cause"], event["device"], event["replay_from_step"]) == ("join", "e", 1)
     assert sup.gen.number == 2 and "e" in sup.gen.members and sup.held is None
 
+
+
+def test_the_run_holds_at_the_earliest_step_any_registration_asks_for(tmp_path):
+    reg = Registrations(tmp_path)
+    assert reg.register(join_doc("e"), step=3) == 0
+    assert reg.register(join_doc("f"), step=1) == 0  # registered later, due earlier
+    assert reg.requests.poll() is None
+    assert reg.supervisor.held == 1
 
 
 def test_a_registered_device_that_never_beats_is_dropped_and_the_run_goes_on(tmp_path):
