@@ -878,12 +878,14 @@ def _s(x: float | None) -> str:
 def cmd_coordinate(args: argparse.Namespace) -> None:
     coordinator = _executor("executor.coordinator")
     err.print(f"coordinating {args.plan}: store on port {args.port}; start each host's "
-              f"workers with --coordinator <this host>:{args.port}", highlight=False)
+              f"workers with --coordinator <this host>:{args.port}", highlight=False,
+              soft_wrap=True)
     standbys = replica_standbys(load_plan(args.plan)) if args.recover and args.standbys else ()
     if len(standbys) >= args.standbys > 0:  # otherwise the coordinator refuses them
         err.print(f"expecting standby(s) {', '.join(standbys[:args.standbys])}: start each on "
                   f"its host with python -m executor.worker {args.plan} --steps {args.steps} "
-                  f"--coordinator <this host>:{args.port} --standby DEV", highlight=False)
+                  f"--coordinator <this host>:{args.port} --standby DEV", highlight=False,
+                  soft_wrap=True)
     _coordinated(coordinator.run(args))  # type: ignore[attr-defined]
 
 
