@@ -48,11 +48,11 @@ import json
 import os
 import shutil
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from planner.errors import InputError
@@ -116,6 +116,15 @@ def _state(module: nn.Sequential, optimizer: torch.optim.Optimizer, first: int,
     return state, slots
 
 
+def _dcp() -> ModuleType:
+    """``torch.distributed.checkpoint``, imported on first use: it pulls in DTensor and
+    sympy (about a third of a worker's import time), which only the DCP layout needs, so
+    a worker that never saves or loads one (every recovering run's) does not pay it."""
+    import torch.distributed.checkpoint as dcp
+
+    return dcp
+
+
 def save(root: str | Path, step: int, module: nn.Sequential, optimizer: torch.optim.Optimizer,
          first: int, plan: Plan, rank: int, group: dist.ProcessGroup) -> Path:
     """Collective: save the run after ``step`` completed steps to ``root/step-<step>``
@@ -126,6 +135,7 @@ def save(root: str | Path, step: int, module: nn.Sequential, optimizer: torch.op
         tmp.mkdir(parents=True)
     dist.barrier(group=group)
     state, _ = _state(module, optimizer, first, plan.problem.config.optimizer, step, False)
+    dcp = _dcp()
     dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp)), process_group=group)
     dist.barrier(group=group)
     if rank == 0:
@@ -244,8 +254,10 @@ def load(path: str | Path, module: nn.Sequential, optimizer: torch.optim.Optimiz
     if (ckpt / PARTS).is_dir():
         _load_parts(ckpt, state)
     elif group is None:
+        dcp = _dcp()
         dcp.load(state, storage_reader=dcp.FileSystemReader(str(ckpt)), no_dist=True)
     else:
+        dcp = _dcp()
         dcp.load(state, storage_reader=dcp.FileSystemReader(str(ckpt)), process_group=group)
     for param, per_param in slots:
         if per_param:

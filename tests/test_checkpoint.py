@@ -5,6 +5,8 @@ nothing is committed or the training differs. Real processes over gloo, real DCP
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -89,3 +91,14 @@ def test_resuming_with_another_optimizer_is_refused_before_any_process(
         launch(opts(path_b, tmp_path / "b", 2, resume=str(tmp_path / "a")))
     assert not (tmp_path / "b" / "ranks.json").exists()
     assert checkpoint.check_resume(load_plan(tmp_path / "a.json"), tmp_path / "a")
+
+
+def test_a_worker_imports_torchs_distributed_checkpoint_only_when_it_uses_it():
+    # DCP pulls in DTensor and sympy: about 1 s of CPU per worker process here, paid by
+    # every local rank at start-up unless the import waits for a DCP save or load
+    probe = ("import sys, executor.worker, executor.launch; "
+             "print(sorted(m for m in ('torch.distributed.checkpoint', 'sympy') "
+             "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).resolve().parents[1]).stdout
+    assert out == "[]\n"
