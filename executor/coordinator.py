@@ -214,10 +214,12 @@ def _check_standby(store: Store, device: str, settings: dict | None) -> None:
                          "FILE once the coordinator has declared it lost)")
 
 
-def standbys_of(plan: Plan, wanted: int) -> tuple[str, ...]:
+def standbys_of(plan: Plan, wanted: int, exactly: bool = True) -> tuple[str, ...]:
     """The ``wanted`` standbys of ``plan`` (the first of :func:`replica_standbys`, best
     first; 0: none). Raises :class:`InputError` (one line naming the fix) for a plan that
-    has no standbys, or fewer than ``wanted``. O(devices log devices)."""
+    has no standbys, or (``exactly``: across hosts, where each is started by hand) fewer
+    than ``wanted``; without ``exactly`` (the local launcher's "at most N") it gives
+    those there are. O(devices log devices)."""
     if wanted == 0:
         return ()
     available = replica_standbys(plan)
@@ -233,7 +235,7 @@ def standbys_of(plan: Plan, wanted: int) -> tuple[str, ...]:
             why = ("no idle device of the plan's cluster can hold its replica (the plan's "
                    "assumptions say why)")
         raise InputError("--standbys", "", f"{why}; omit --standbys")
-    if wanted > len(available):
+    if exactly and wanted > len(available):
         raise InputError("--standbys", "", f"{wanted}, but only {len(available)} idle "
                          f"device(s) "
                          f"can hold the replica ({', '.join(available)}); give at most "

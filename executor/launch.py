@@ -70,6 +70,7 @@ import torch.distributed as dist
 from executor import checkpoint, data
 from executor.checkpoint import check_resume
 from executor.control import Coordinator, Failure, generation_store
+from executor.coordinator import standbys_of
 from executor.faults import parse as parse_faults
 from executor.joins import FAILED as JOIN_FAILED
 from executor.joins import FLAG, EmulatedJoin, JoinSchedule, check_joins
@@ -225,7 +226,8 @@ def launch(
                          "plan's replica for in-process recovery, which this run does not "
                          "do (--no-recover, no control plane or replication_interval 0); "
                          "drop --standbys")
-    spares = replica_standbys(plan)[:standbys] if recovering else ()
+    spares = (() if not recovering else replica_standbys(plan) if standbys is None
+              else standbys_of(plan, standbys, exactly=False))
     if joins:
         if not recovering:
             raise InputError(FLAG, "", "a device can join only a run that recovers "

@@ -151,6 +151,24 @@ def test_standbys_asked_of_a_run_that_does_not_recover_are_refused_in_one_line(
     assert not (tmp_path / "ranks.json").exists()
 
 
+def test_standbys_asked_of_a_plan_of_several_devices_are_refused_in_one_line(
+    tmp_path, capsys
+):
+    # its stages hold each other's replicas: a standby would hold nothing
+    plan = one_device_plan(3)
+    blocks = plan.problem.model.num_blocks
+    two = Partition(2, 2, (StageAssignment(0, 2, ("d0",), (2,)),
+                           StageAssignment(2, blocks, ("d1",), (2,))))
+    path = write_plan(make_plan(plan.problem, two, SolverInfo("hand")), tmp_path)
+    assert main(["run", str(path), "--out", str(tmp_path), "--steps", "1",
+                 "--standbys", "1"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: --standbys: the plan runs 2 devices, which hold each other's replicas (a "
+        "data-parallel peer or the next stage); standbys serve a plan of one stage on one "
+        "device; omit --standbys")
+    assert not (tmp_path / "ranks.json").exists()
+
+
 @pytest.mark.slow
 def test_a_one_device_run_without_failure_replicates_to_its_standby(tmp_path):
     plan, result = run(tmp_path, 3)
