@@ -1,42 +1,53 @@
 """Steady-state cost of fault tolerance on the emulated demo cluster (issue 8).
 
 The demo's model and cluster (``edgepipe demo``: resnet18 with analytic Jetson times on
-jetson-testbed-6, global batch 8) as a 3-stage pipeline on orin-0, nx-0 and tx2-0 (the
-DP itself keeps resnet18 on one Orin, whose replica then goes to a standby process:
-docs/fault-tolerance.md, "Standbys"; not measured here), cut where
-the cost model's iteration is least, micro-batch 2 x 4, is trained here with emulated
-devices and links
-(docs/executor.md, "Heterogeneity emulation") under each configuration in turn, the
-configurations alternating ``--repeats`` times within this one script (so that a load
-burst on the shared machine hits all of them alike):
+jetson-testbed-6, global batch 8), in two plans:
+
+* ``demo``: the DP's own plan, what ``edgepipe demo`` runs (resnet18 on one Orin); a
+  recovering run keeps its replica on a standby process of an idle device
+  (docs/fault-tolerance.md, "Standbys"; every idle device that can hold it gets one,
+  as the demo's launch does);
+* ``3-stage``: a hand-made pipeline on orin-0, nx-0 and tx2-0, cut where the cost
+  model's iteration is least, micro-batch 2 x 4 (ring replicas between the stages).
+
+Each is trained here with emulated devices and links (docs/executor.md,
+"Heterogeneity emulation") under each configuration in turn, the configurations
+alternating ``--repeats`` times within this one script (so that a load burst on the
+shared machine hits all of them alike):
 
 * ``off``: no control plane (the launcher watches exit codes only);
 * ``heartbeats``: the control plane at its defaults (a heartbeat every 0.5 s on the
   worker's own store connection, the launcher polling every 20 ms, a control check
   before every action), no recovery (``recover=False``);
 * ``heartbeats + replication``: in-process recovery at the default replication interval
-  (1: after every step each single-device stage sends its weights and optimizer state
-  to its ring replica holder), with the commit vote before every optimizer step.
+  (1: after every step every single-device stage's weights and optimizer state go to
+  its replica holder, in the background beside the next step), with the commit vote
+  before every optimizer step.
 
-Throughput is the global batch over the median step period of the steps after the
-first: a step's period is its wall time (``wall_ms``: compute start to optimizer step,
-the largest rank's) plus the largest rank's ``replication_ms`` (a recovering rank
-replicates after its optimizer step, outside ``wall_ms``, before the next step starts;
-0 without recovery). The table gives each configuration's median over the repeats and
-its ratio to ``off``. Target: fault tolerance costs <= 5% of throughput (ratio >= 0.95). The time
-scale is calibrated first, as the demo does, so that real compute fits the emulated
-budgets; steps then last what the emulated devices take, and any extra time is the
-control plane's.
+Throughput is the global batch over the median **step period** (the difference of two
+consecutive steps' ``started_at`` on a device, the largest device's, steps after the
+first): it includes everything a step waits for, replication too (a step's
+``wall_ms`` ends at its optimizer step and would not). The table gives each
+configuration's median over the repeats and its ratio to ``off``, and, for the
+replicating runs, the median time a step was blocked on replication
+(``replication_ms``: the snapshot at the commit point plus any wait for the background
+half before the vote) and the median background time of a point
+(``replication_background_ms``). Target: fault tolerance costs <= 5% of throughput
+(ratio >= 0.95). The time scale is calibrated first for each plan, as the demo does, so
+that real compute fits the emulated budgets; steps then last what the emulated devices
+take, and any extra time is fault tolerance's.
 
-    .venv/bin/python benchmarks/ft_overhead.py [--steps 8] [--repeats 3]
+    .venv/bin/python benchmarks/ft_overhead.py [--steps 8] [--repeats 3] [--plans demo,3-stage]
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import statistics
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from executor import emulation
@@ -60,7 +71,7 @@ DEVICES = ("orin-0", "nx-0", "tx2-0")
 MICRO, M = 2, 4
 
 
-def demo_plan(folder: Path) -> tuple[Plan, Path]:
+def three_stage_plan() -> Plan:
     """The 3-stage plan of the module docstring: every pair of cuts, the fastest."""
     problem = api.load_problem(DEMO_RUN_MODEL, api.DEMO_CLUSTER, global_batch=DEMO_RUN_BATCH)
     n = problem.model.num_blocks
@@ -70,10 +81,17 @@ def demo_plan(folder: Path) -> tuple[Plan, Path]:
         stages = tuple(StageAssignment(f, e, (d,), (MICRO,))
                        for (f, e), d in zip(cuts, DEVICES, strict=True))
         plans.append(make_plan(problem, Partition(MICRO, M, stages), SolverInfo("hand")))
-    plan = min(plans, key=lambda x: (x.cost.iteration_ms, x.id))
-    path = folder / "plan.json"
-    save_plan(plan, path)
-    return plan, path
+    return min(plans, key=lambda x: (x.cost.iteration_ms, x.id))
+
+
+def dp_plan() -> Plan:
+    """The demo's own plan (``edgepipe demo``: the DP on the demo problem)."""
+    problem = api.load_problem(DEMO_RUN_MODEL, api.DEMO_CLUSTER, global_batch=DEMO_RUN_BATCH)
+    return api.solve(problem, "dp")
+
+
+#: plan name -> how to build it
+PLANS = {"demo": dp_plan, "3-stage": three_stage_plan}
 
 
 def calibrate(plan: Plan, path: Path, folder: Path) -> float:
@@ -85,50 +103,91 @@ def calibrate(plan: Plan, path: Path, folder: Path) -> float:
     return emulation.calibrated_time_scale(plan, emulation.read_reports(out))
 
 
-def samples_per_s(plan: Plan, path: Path, folder: Path, steps: int, k: float,
-                  kwargs: dict) -> float:
+@dataclass(frozen=True)
+class Measured:
+    """One run: samples/s from the median step period; median blocked and background
+    replication per step (ms; None without replication)."""
+
+    samples_per_s: float
+    blocked_ms: float | None
+    background_ms: float | None
+
+
+def _median_of(lines: list[dict], key: str) -> float | None:
+    values = [d[key] for m in lines for d in m["devices"].values() if key in d]
+    return statistics.median(values) if values else None
+
+
+def measure(plan: Plan, path: Path, folder: Path, steps: int, k: float,
+            kwargs: dict) -> Measured:
     result = launch(WorkerOptions(str(path), steps, str(folder), emulate=True, time_scale=k,
                                   timeout_s=120), **kwargs)
-    periods = [step_period_ms(m) for m in result.metrics[1:]]
+    lines = result.metrics
+    if [m["step"] for m in lines] != list(range(steps)) or result.events:
+        raise RuntimeError(f"run in {folder} did not train steps 0..{steps - 1} undisturbed")
+    periods = [max(b["devices"][d]["started_at"] - a["devices"][d]["started_at"]
+                   for d in a["devices"]) for a, b in itertools.pairwise(lines[1:])]
     batch = plan.partition.micro_batch_size * plan.partition.num_micro_batches
-    return batch / statistics.median(periods) * 1e3
+    return Measured(batch / statistics.median(periods),
+                    _median_of(lines[1:], "replication_ms"),
+                    _median_of(lines[1:], "replication_background_ms"))
 
 
-def step_period_ms(line: dict) -> float:
-    """A metrics line's step period (module docstring): ``wall_ms`` plus the largest
-    device's ``replication_ms``."""
-    return line["wall_ms"] + max(
-        (d.get("replication_ms", 0.0) for d in line["devices"].values()), default=0.0)
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def run_plan(name: str, folder: Path, steps: int, repeats: int) -> None:
+    plan = PLANS[name]()
+    path = folder / "plan.json"
+    save_plan(plan, path)
+    k = calibrate(plan, path, folder)
+    cuts = ", ".join(f"[{s.first}, {s.end}) on {s.devices[0]}"
+                     for s in plan.partition.stages)
+    print(f"{name}: {plan.id}: {DEMO_RUN_MODEL} on {api.DEMO_CLUSTER}: {cuts}, predicted "
+          f"{plan.cost.iteration_ms:.1f} ms; emulated, time scale {k:.2f}; "
+          f"{steps} steps x {repeats} alternating repeats; load {os.getloadavg()[0]:.1f}",
+          flush=True)
+    runs: dict[str, list[Measured]] = {c: [] for c in CONFIGS}
+    for r in range(repeats):
+        for config, kwargs in CONFIGS.items():
+            got = measure(plan, path, folder / f"{config}-{r}", steps, k, kwargs)
+            runs[config].append(got)
+            print(f"  repeat {r}: {config:<26} {got.samples_per_s:8.3f} samples/s, blocked "
+                  f"{_ms(got.blocked_ms)} ms, background {_ms(got.background_ms)} ms; load "
+                  f"{os.getloadavg()[0]:.1f}", flush=True)
+    off = [m.samples_per_s for m in runs["off"]]
+    base = statistics.median(off)
+    print()
+    print(f"{'plan':<8} {'configuration':<26} {'samples/s (median)':>19} {'ratio to off':>13} "
+          f"{'per-repeat ratios':>24} {'blocked ms':>11} {'background ms':>14}")
+    for config, values in runs.items():
+        sps = [m.samples_per_s for m in values]
+        ratios = " ".join(f"{v / o:.3f}" for v, o in zip(sps, off, strict=True))
+        blocked = [m.blocked_ms for m in values if m.blocked_ms is not None]
+        background = [m.background_ms for m in values if m.background_ms is not None]
+        print(f"{name:<8} {config:<26} {statistics.median(sps):>19.3f} "
+              f"{statistics.median(sps) / base:>13.3f} {ratios:>24} "
+              f"{_ms(statistics.median(blocked) if blocked else None):>11} "
+              f"{_ms(statistics.median(background) if background else None):>14}")
+    print(flush=True)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--plans", default=",".join(PLANS),
+                   help=f"comma-separated, of {', '.join(PLANS)}")
     args = p.parse_args()
+    names = [n for n in args.plans.split(",") if n]
+    unknown = [n for n in names if n not in PLANS]
+    if unknown:
+        p.error(f"unknown plan(s) {', '.join(unknown)}; choose from {', '.join(PLANS)}")
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
-        plan, path = demo_plan(folder)
-        k = calibrate(plan, path, folder)
-        cuts = ", ".join(f"[{s.first}, {s.end}) on {s.devices[0]}"
-                         for s in plan.partition.stages)
-        print(f"{plan.id}: {DEMO_RUN_MODEL} on {api.DEMO_CLUSTER}: {cuts}, predicted "
-              f"{plan.cost.iteration_ms:.1f} ms; emulated, time scale {k:.2f}; "
-              f"{args.steps} steps x {args.repeats} alternating repeats")
-        runs: dict[str, list[float]] = {name: [] for name in CONFIGS}
-        for r in range(args.repeats):
-            for name, kwargs in CONFIGS.items():
-                sps = samples_per_s(plan, path, folder / f"{name}-{r}", args.steps, k, kwargs)
-                runs[name].append(sps)
-                print(f"  repeat {r}: {name:<26} {sps:8.3f} samples/s", flush=True)
-    base = statistics.median(runs["off"])
-    print()
-    print(f"{'configuration':<26} {'samples/s (median)':>19} {'ratio to off':>13} "
-          f"{'per-repeat ratios':>30}")
-    for name, values in runs.items():
-        ratios = " ".join(f"{v / o:.3f}" for v, o in zip(values, runs["off"], strict=True))
-        print(f"{name:<26} {statistics.median(values):>19.3f} "
-              f"{statistics.median(values) / base:>13.3f} {ratios:>30}")
+        for name in names:
+            (Path(tmp) / name).mkdir()
+            run_plan(name, Path(tmp) / name, args.steps, args.repeats)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,11 @@ A spec is ``DEVICE:STEP:PHASE[:SIGNAL]``, several separated by commas
 * ``DEVICE`` the plan device that faults; ``STEP`` the 0-based training step (``*``:
   the first time the phase is reached);
 * ``PHASE`` one of ``forward`` (after the device's first forward of the step),
-  ``backward`` (after its first backward), ``optimizer`` (the coordinator committed the
+  ``backward`` (after its first backward; in a recovering run both fire only once the
+  replication point posted before the step is durable: its replicas travel in the
+  background beside the step's compute, and a fault while they are in flight is the
+  ``replication`` phase, so these two always replay from the step itself),
+  ``optimizer`` (the coordinator committed the
   step; before this device applies its optimizer step: every other device may already
   have applied it), ``replication`` (its replica sends of the state after the step are
   posted, not yet acknowledged; on a standby holding a one-device plan's replica:
@@ -73,6 +77,10 @@ class Injector:
     def __init__(self, device: str, faults: tuple[Fault, ...], store: Store | None) -> None:
         self.faults = [f for f in faults if f.device == device]
         self.device, self.store = device, store
+
+    def due(self, step: int, phase: str) -> bool:
+        """Whether :meth:`at` of (``step``, ``phase``) would fire."""
+        return any(f.phase == phase and f.step in (None, step) for f in self.faults)
 
     def at(self, step: int, phase: str) -> None:
         for f in self.faults:

@@ -10,7 +10,9 @@ these files needs no torch.
 Per-device figures of a step: ``compute_ms`` (F + B), ``send_ms`` (posting sends and
 waiting for them at the end of the step), ``recv_wait_ms`` (waiting for activations and
 gradients), ``allreduce_ms`` (REDUCE_GRAD), ``optim_ms``, ``wall_ms`` (the rank's step
-from its start to its optimizer step) and ``peak_mem_bytes`` (CUDA: peak allocated;
+from its start to its optimizer step), ``started_at`` (the wall clock at its start;
+step periods, replication included, are differences of it) and ``peak_mem_bytes``
+(CUDA: peak allocated;
 CPU: the process's peak resident set size, which includes the interpreter and torch).
 The step's ``wall_ms`` is the largest rank's, ``samples_per_s`` the global batch over it.
 Deterministic-mode loss: ``L = l_0.clone(); L.add_(l_i) ...; L.div_(B)`` over the
@@ -33,6 +35,8 @@ from executor.runtime import StepRecord
 COMPUTE = ("F", "B")
 SEND = ("SEND_F", "SEND_B", "SEND_WAIT")
 RECV = ("RECV_F", "RECV_B")
+#: per-device figures that payloads of older writers, or of runs without replication, lack
+OPTIONAL = ("started_at", "replication_ms", "replication_background_ms")
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -53,6 +57,7 @@ def rank_payload(record: StepRecord, device: torch.device) -> dict[str, Any]:
         "allreduce_ms": record.total("REDUCE_GRAD"),
         "optim_ms": record.total("OPTIM"),
         "wall_ms": record.wall_ms,
+        "started_at": record.started_at,
         "peak_mem_bytes": peak_memory_bytes(device),
         "intervals": [
             [i.kind, i.micro_batch, round(i.start_ms, 4), round(i.end_ms, 4)]
@@ -101,7 +106,7 @@ class MetricsWriter:
                 "stage": info.stage,
                 **{k: p[k] for k in ("compute_ms", "send_ms", "recv_wait_ms", "allreduce_ms",
                                      "optim_ms", "wall_ms", "peak_mem_bytes")},
-                **({"replication_ms": p["replication_ms"]} if "replication_ms" in p else {}),
+                **{k: p[k] for k in OPTIONAL if k in p},
             }
             for kind, m, start, end in p["intervals"]:
                 self.timeline.write(

@@ -11,7 +11,7 @@ Where the copies live (issue 8 item 3; :mod:`planner.replicas` decides the holde
   "pre-step snapshot": the live module moves on, the copy stays), so a rollback to that
   step is always possible;
 * the ring replica holder of a one-device stage keeps that stage's states at the same
-  step, received over the generation's process group after each replication point;
+  step, received over the generation's replica process group at each replication point;
 * a data-parallel stage needs no transfer: every member's own copy is a replica.
 
 :class:`Copies` keeps the durable set and the set being built for the next replication
@@ -21,16 +21,38 @@ the generation that makes them is dead, so a training thread that a recovery aba
 (blocked in a gloo op, torch-and-solvers.md P6) can never change what the next
 generation restores from.
 
-Transfers: a set of block states travels as one ``torch.save`` byte buffer (a uint8
-tensor) after its length (an int64 tensor), point to point on the generation's raw
-process group; sizes are O(weights + optimizer state of the blocks).
+**Asynchronous replication** (docs/fault-tolerance.md, "Recovery"). A replication
+point n (steps applied) is taken in two halves. At the commit point, right after the
+optimizer step of step n - 1, the training thread takes a :class:`Snapshot`: the layout
+of the stage's state in flat buffers (:class:`Buffers`) and a copy of what the next
+step changes before its own optimizer step, the module's buffers (batch-norm running
+statistics); O(buffers). The rest runs in a :class:`Background` thread beside step n's
+compute (:func:`point_work`): copy the parameters and optimizer state (nothing changes
+them before the optimizer step of step n), keep the copy, send it to the ring holder on
+the generation's replica process group (its own connections, beside the activations'
+group; torch-and-solvers.md P7: a failed op poisons only its group), receive the
+replicas this rank holds, then acknowledge ``repl/<n>/<rank>``. The rank votes step n
+only after the background half is done (:meth:`Background.join`, which stops at once
+when the generation is aborted), and the coordinator commits step n only once point n
+is durable (every member, standbys included, acknowledged it); so no optimizer step
+ever runs while a snapshot is being completed, and a failure before point n is durable
+replays from the point before it, which every rank still holds (``durable``).
+
+Transfers: a set of block states travels as its tensors' bytes, not serialised: an
+int64 tensor with the length of a small header (:class:`Header`: the layout, by
+``torch.save``), the header, then one flat tensor per dtype (:func:`post`,
+:func:`receive_header`, :func:`receive_body`), point to point; sizes are O(weights +
+optimizer state of the blocks). Replicas go into :class:`Buffers` reused every other
+point (no allocation, no page faults on the hot path); a migration's transfer
+(:class:`Outgoing`, :func:`receive`) into fresh ones.
 """
 
 from __future__ import annotations
 
 import io
 import threading
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,23 +82,6 @@ def _copy(value: Any) -> Any:
     return value.detach().clone() if isinstance(value, torch.Tensor) else value
 
 
-def capture(
-    module: nn.Sequential, first: int, optimizer: torch.optim.Optimizer, step: int
-) -> dict[int, BlockState]:
-    """Cloned states of the blocks of ``module`` (block ``first + k`` is its ``k``-th
-    child) after ``step`` steps. O(weights + optimizer state)."""
-    out = {}
-    for k, block in enumerate(module.children()):
-        weights = {name: _copy(v) for name, v in block.state_dict().items()}
-        optim = {
-            name: {key: _copy(v) for key, v in optimizer.state[p].items()}
-            for name, p in block.named_parameters()
-            if optimizer.state.get(p)
-        }
-        out[first + k] = BlockState(first + k, step, weights, optim)
-    return out
-
-
 def install(
     module: nn.Sequential, first: int, optimizer: torch.optim.Optimizer,
     states: Mapping[int, BlockState],
@@ -91,32 +96,246 @@ def install(
             optimizer.state[params[name]] = {key: _copy(v) for key, v in slots.items()}
 
 
-def pack(states: Mapping[int, BlockState]) -> torch.Tensor:
-    """``states`` as one uint8 tensor (``torch.save`` bytes)."""
-    buf = io.BytesIO()
-    torch.save({i: (s.step, s.weights, s.optim) for i, s in states.items()}, buf)
-    return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+#: the wire format of a transfer (:func:`post`, :func:`receive_header`,
+#: :func:`receive_body`), one tag for all its messages (gloo keeps their order per pair
+#: and tag): an int64 tensor holding the header's length, the header (``torch.save`` of
+#: :class:`Header`'s fields: small, O(tensors)), then one flat tensor per dtype in the
+#: header's order, holding every tensor of the states back to back (no serialisation:
+#: the bytes of the tensors themselves)
+@dataclass(frozen=True)
+class Header:
+    """The layout of a set of block states of one ``step`` in flat buffers: ``slots``
+    (block, ``"w"`` weights | ``"o"`` optimizer state, name, optimizer key or ``""``,
+    dtype name, shape, offset in that dtype's buffer), ``values`` (the non-tensor
+    optimizer slots: block, parameter name, key, value), ``sizes`` (dtype name ->
+    elements of its buffer, in buffer order) and ``blocks`` (every block of the set,
+    also one with no tensor at all)."""
+
+    step: int
+    slots: tuple[tuple[int, str, str, str, str, tuple[int, ...], int], ...]
+    values: tuple[tuple[int, str, str, Any], ...]
+    sizes: tuple[tuple[str, int], ...]
+    blocks: tuple[int, ...]
+
+    def to_tensor(self) -> torch.Tensor:
+        buf = io.BytesIO()
+        torch.save([self.step, list(self.slots), list(self.values), list(self.sizes),
+                    list(self.blocks)], buf)
+        return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+
+    @classmethod
+    def from_tensor(cls, data: torch.Tensor) -> Header:
+        step, slots, values, sizes, blocks = torch.load(
+            io.BytesIO(data.numpy().tobytes()), weights_only=True)
+        return cls(step, tuple((b, sec, n, k, d, tuple(sh), o) for b, sec, n, k, d, sh, o
+                               in slots),
+                   tuple(tuple(v) for v in values), tuple(tuple(z) for z in sizes),
+                   tuple(blocks))
+
+    def dtypes(self) -> dict[str, torch.dtype]:
+        return {name: _dtype(name) for name, _ in self.sizes}
 
 
-def unpack(data: torch.Tensor) -> dict[int, BlockState]:
-    raw = torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=True)
-    return {i: BlockState(i, step, w, o) for i, (step, w, o) in raw.items()}
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name.removeprefix("torch."))
+    assert isinstance(dtype, torch.dtype)
+    return dtype
+
+
+def _layout(step: int, entries: list[tuple[int, str, str, str, Any]],
+            blocks: Iterable[int]) -> tuple[Header, list[torch.Tensor]]:
+    """The :class:`Header` of ``entries`` (block, section, name, key, value: a tensor or
+    not) and their tensors in slot order. O(entries)."""
+    slots, values, tensors = [], [], []
+    sizes: dict[str, int] = {}
+    for block, section, name, key, value in entries:
+        if not isinstance(value, torch.Tensor):
+            values.append((block, name, key, value))
+            continue
+        dtype = str(value.dtype)
+        slots.append((block, section, name, key, dtype, tuple(value.shape),
+                      sizes.get(dtype, 0)))
+        sizes[dtype] = sizes.get(dtype, 0) + value.numel()
+        tensors.append(value)
+    return Header(step, tuple(slots), tuple(values), tuple(sizes.items()),
+                  tuple(sorted(set(blocks)))), tensors
+
+
+def _entries(states: Mapping[int, BlockState]) -> list[tuple[int, str, str, str, Any]]:
+    out: list[tuple[int, str, str, str, Any]] = []
+    for i, s in states.items():
+        out += [(i, "w", name, "", v) for name, v in s.weights.items()]
+        out += [(i, "o", name, key, v) for name, slots in s.optim.items()
+                for key, v in slots.items()]
+    return out
+
+
+def empty_buffers(header: Header) -> dict[str, torch.Tensor]:
+    """Uninitialised flat buffers for ``header`` (one per dtype)."""
+    return {name: torch.empty(n, dtype=_dtype(name)) for name, n in header.sizes}
+
+
+def flatten(states: Mapping[int, BlockState]) -> tuple[Header, dict[str, torch.Tensor]]:
+    """``states`` (all of one step) copied into fresh flat buffers. O(their size)."""
+    steps = {s.step for s in states.values()}
+    header, tensors = _layout(steps.pop() if steps else -1, _entries(states), states)
+    flats = empty_buffers(header)
+    _fill(header, flats, tensors, range(len(tensors)))
+    return header, flats
+
+
+def _fill(header: Header, flats: Mapping[str, torch.Tensor], tensors: list[torch.Tensor],
+          which: Iterable[int]) -> None:
+    """Copy the tensors of slots ``which`` into their places in ``flats``."""
+    for j in which:
+        _, _, _, _, dtype, _, offset = header.slots[j]
+        value = tensors[j]
+        flats[dtype][offset : offset + value.numel()].copy_(value.detach().reshape(-1))
+
+
+def unflatten(header: Header, flats: Mapping[str, torch.Tensor]) -> dict[int, BlockState]:
+    """The block states laid out in ``flats`` (views into them: no copy; the buffers
+    must not be written again while the states serve). O(slots)."""
+    weights: dict[int, dict[str, torch.Tensor]] = {i: {} for i in header.blocks}
+    optim: dict[int, dict[str, dict[str, Any]]] = {i: {} for i in header.blocks}
+    for block, section, name, key, dtype, shape, offset in header.slots:
+        n = 1
+        for d in shape:
+            n *= d
+        view = flats[dtype][offset : offset + n].view(shape)
+        if section == "w":
+            weights[block][name] = view
+        else:
+            optim[block].setdefault(name, {})[key] = view
+    for block, name, key, value in header.values:
+        optim[block].setdefault(name, {})[key] = value
+    return {i: BlockState(i, header.step, weights[i], optim[i]) for i in header.blocks}
+
+
+class Buffers:
+    """Flat buffers handed out in turn, two per key (double buffering), so that a hot
+    replication path allocates (and page-faults) nothing after its first two points.
+
+    A set handed out for point n is handed out again for the point two points later;
+    by then point n is no longer needed by anyone: a point is posted only after the
+    commit of the step before it, which implies the point before it is durable, so the
+    point before that one is neither durable nor pending anywhere (module docstring,
+    "Asynchronous replication"). Keys name a stream of points (own state, or a replica
+    from one owner); one instance belongs to one generation's run, so a dead
+    generation's thread never writes a buffer that the next generation reads."""
+
+    def __init__(self) -> None:
+        self._sets: dict[tuple, list[dict[str, torch.Tensor]]] = {}
+        self._turn: dict[tuple, int] = {}
+
+    def take(self, key: Any, header: Header) -> dict[str, torch.Tensor]:
+        k = (key, header.sizes)
+        pair = self._sets.setdefault(k, [])
+        turn = self._turn.get(k, 0)
+        self._turn[k] = 1 - turn
+        if len(pair) <= turn:
+            pair.append(empty_buffers(header))
+        return pair[turn]
+
+
+class Snapshot:
+    """The state of a stage at one replication point, taken cheaply at the commit point
+    and completed in the background (:class:`Replication`).
+
+    :meth:`take` (the training thread, right after the optimizer step of the point)
+    lays the state out in flat buffers from ``buffers`` and copies only what the next
+    step changes before its own optimizer step: the module's buffers (batch-norm
+    running statistics change in every forward). :meth:`complete` (the background
+    thread) copies the parameters and the optimizer state, which nothing changes until
+    the next optimizer step, and that step waits for the point to be durable, hence for
+    :meth:`complete` (the vote comes after :meth:`Replication.join`). O(buffers) then
+    O(weights + optimizer state)."""
+
+    def __init__(self, header: Header, flats: dict[str, torch.Tensor],
+                 tensors: list[torch.Tensor], late: list[int]) -> None:
+        self.header, self.flats, self._tensors, self._late = header, flats, tensors, late
+
+    @classmethod
+    def take(cls, module: nn.Sequential, first: int, optimizer: torch.optim.Optimizer,
+             step: int, buffers: Buffers) -> Snapshot:
+        entries: list[tuple[int, str, str, str, Any]] = []
+        early_names: set[tuple[int, str]] = set()
+        children = list(module.children())
+        for k, block in enumerate(children):
+            params = {id(p) for p in block.parameters()}
+            for name, v in block.state_dict(keep_vars=True).items():
+                entries.append((first + k, "w", name, "", v))
+                if id(v) not in params:
+                    early_names.add((first + k, name))
+            entries += [(first + k, "o", name, key, v)
+                        for name, p in block.named_parameters() if optimizer.state.get(p)
+                        for key, v in optimizer.state[p].items()]
+        header, tensors = _layout(step, entries, range(first, first + len(children)))
+        flats = buffers.take("own", header)
+        early = [j for j, slot in enumerate(header.slots)
+                 if slot[1] == "w" and (slot[0], slot[2]) in early_names]
+        _fill(header, flats, tensors, early)
+        late = sorted(set(range(len(tensors))) - set(early))
+        return cls(header, flats, tensors, late)
+
+    def complete(self) -> dict[int, BlockState]:
+        """Copy the rest and return the states (views into the buffers)."""
+        _fill(self.header, self.flats, self._tensors, self._late)
+        self._tensors = []
+        return unflatten(self.header, self.flats)
+
+
+def post(pg: dist.ProcessGroup, dst: int, header: Header, flats: Mapping[str, torch.Tensor],
+         tag: int) -> list[tuple[Any, torch.Tensor]]:
+    """Post the transfer (wire format above) of ``header`` and ``flats`` to ``dst``;
+    returns the works with the tensors they send (keep both until waited)."""
+    data = header.to_tensor()
+    size = torch.tensor([data.numel()], dtype=torch.int64)
+    return [(pg.send([t], dst, tag), t) for t in (size, data, *(flats[d] for d, _ in
+                                                                header.sizes))]
+
+
+def receive_header(pg: dist.ProcessGroup, src: int, tag: int) -> Header:
+    """The header of the next transfer from ``src`` (posted by :func:`post`)."""
+    size = torch.empty(1, dtype=torch.int64)
+    pg.recv([size], src, tag).wait()
+    data = torch.empty(int(size[0]), dtype=torch.uint8)
+    pg.recv([data], src, tag).wait()
+    return Header.from_tensor(data)
+
+
+def receive_body(pg: dist.ProcessGroup, src: int, tag: int, header: Header,
+                 flats: dict[str, torch.Tensor] | None = None) -> dict[int, BlockState]:
+    """The states of the transfer whose header :func:`receive_header` returned,
+    received into ``flats`` (from :meth:`Buffers.take`; default fresh buffers)."""
+    flats = flats if flats is not None else empty_buffers(header)
+    for dtype, _ in header.sizes:
+        pg.recv([flats[dtype]], src, tag).wait()
+    return unflatten(header, flats)
+
+
+def receive(pg: dist.ProcessGroup, src: int, tag: int) -> dict[int, BlockState]:
+    """Receive one transfer posted by :meth:`Outgoing.send` on ``src``."""
+    return receive_body(pg, src, tag, receive_header(pg, src, tag))
 
 
 class Outgoing:
     """Sends in flight (the tensors stay referenced until :meth:`wait`)."""
 
     def __init__(self) -> None:
-        self._works: list[tuple[Any, tuple[torch.Tensor, ...]]] = []
+        self._works: list[tuple[Any, torch.Tensor]] = []
 
     def send(self, pg: dist.ProcessGroup, dst: int, states: Mapping[int, BlockState],
              tag: int) -> int:
-        """Post the transfer of ``states`` to ``dst``; returns its size in bytes."""
-        data = pack(states)
-        size = torch.tensor([data.numel()], dtype=torch.int64)
-        self._works.append((pg.send([size], dst, tag), (size,)))
-        self._works.append((pg.send([data], dst, tag + 1), (data,)))
-        return int(data.numel())
+        """Post the transfer of ``states`` (copied into flat buffers) to ``dst``;
+        returns its size in bytes."""
+        return self.send_flat(pg, dst, *flatten(states), tag)
+
+    def send_flat(self, pg: dist.ProcessGroup, dst: int, header: Header,
+                  flats: Mapping[str, torch.Tensor], tag: int) -> int:
+        """Post the transfer of states already in flat buffers; returns its size."""
+        self._works += post(pg, dst, header, flats, tag)
+        return sum(t.numel() * t.element_size() for t in flats.values())
 
     def wait(self) -> None:
         for work, _ in self._works:
@@ -124,13 +343,66 @@ class Outgoing:
         self._works.clear()
 
 
-def receive(pg: dist.ProcessGroup, src: int, tag: int) -> dict[int, BlockState]:
-    """Receive one transfer posted by :meth:`Outgoing.send` on ``src``."""
-    size = torch.empty(1, dtype=torch.int64)
-    pg.recv([size], src, tag).wait()
-    data = torch.empty(int(size[0]), dtype=torch.uint8)
-    pg.recv([data], src, tag + 1).wait()
-    return unpack(data)
+class Background:
+    """The background half of one replication point: ``work`` in a daemon thread
+    (:meth:`join` waits for it). A thread that a recovery abandons (blocked in a gloo
+    op, torch-and-solvers.md P6) changes nothing: its writes to the copies are refused
+    (:class:`Copies`) and its store keys are under a dead generation's prefix."""
+
+    def __init__(self, name: str, work: Callable[[], None]) -> None:
+        self.seconds = 0.0
+        self.error: BaseException | None = None
+        self._done = threading.Event()
+        self._work = work
+        threading.Thread(target=self._run, name=name, daemon=True).start()
+
+    def _run(self) -> None:
+        start = time.perf_counter()
+        try:
+            self._work()
+        except BaseException as exc:  # re-raised by join in the training thread
+            self.error = exc
+        finally:
+            self.seconds = time.perf_counter() - start
+            self._done.set()
+
+    def join(self, check: Callable[[], None], poll_s: float = 0.005) -> float:
+        """Wait until the work is done, calling ``check`` (which raises when the
+        generation is aborted) every ``poll_s``; re-raise the work's error. Returns the
+        seconds waited."""
+        start = time.perf_counter()
+        while not self._done.wait(poll_s):
+            check()
+        if self.error is not None:
+            raise self.error
+        return time.perf_counter() - start
+
+
+def point_work(
+    copies: Copies, generation: int, snapshot: Snapshot, pg: dist.ProcessGroup,
+    holders: Sequence[int], receive_held: Callable[[], Mapping[int, BlockState]],
+    fault: Callable[[], None], acknowledge: Callable[[], None],
+) -> Callable[[], None]:
+    """The background half of a replication point (for :class:`Background`), in this
+    order: complete ``snapshot`` and keep it (the rank's own copy), post it to each of
+    ``holders`` (ranks of ``pg``), ``fault()`` (the fault point ``replication``:
+    sends posted, nothing acknowledged), keep what ``receive_held()`` returns (the
+    replicas this rank holds), wait for the sends, ``acknowledge()``. Every change of
+    ``copies`` is refused once ``generation`` is dead, so a thread that outlives its
+    generation (a late message) changes nothing; its acknowledgement goes to that
+    generation's keys, which no later generation reads."""
+
+    def work() -> None:
+        copies.add(generation, snapshot.complete())
+        out = Outgoing()
+        for holder in holders:
+            out.send_flat(pg, holder, snapshot.header, snapshot.flats, REPLICA_TAG)
+        fault()
+        copies.add(generation, receive_held())
+        out.wait()
+        acknowledge()
+
+    return work
 
 
 class StaleGeneration(Exception):

@@ -80,6 +80,8 @@ class StepRecord:
     loss_sum: float | None = None
     intervals: list[Interval] = field(default_factory=list)
     wall_ms: float = 0.0
+    #: wall-clock seconds (``time.time()``) at the step's start
+    started_at: float = 0.0
 
     def total(self, *kinds: str) -> float:
         return sum(i.end_ms - i.start_ms for i in self.intervals if i.kind in kinds)
@@ -167,7 +169,7 @@ class StageRuntime:
         targets: list[torch.Tensor] | None,
     ) -> StepRecord:
         """Every action of step ``step`` (gradients in ``.grad``), no optimizer step."""
-        record = StepRecord(step)
+        record = StepRecord(step, started_at=time.time())
         t0 = time.perf_counter()
         self._t0 = t0
         state: dict[int, dict] = {}

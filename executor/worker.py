@@ -39,7 +39,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -66,12 +66,17 @@ from executor.recovery import replication_points
 from executor.replication import (
     MIGRATION_TAG,
     REPLICA_TAG,
+    Background,
     BlockState,
+    Buffers,
     Copies,
     Outgoing,
-    capture,
+    Snapshot,
     install,
+    point_work,
     receive,
+    receive_body,
+    receive_header,
 )
 from executor.runtime import ComputeHook, StageRuntime, make_optimizer
 from executor.stage import build_stage, stage_loss
@@ -615,6 +620,12 @@ class _GenerationRun:
         self.pg = dist.ProcessGroupGloo(dist.PrefixStore("pg", self.store), self.rank,
                                         len(self.members), self.timeout)
         self.pg.allreduce(torch.zeros(1)).wait()  # connect now (P9)
+        # the replicas travel in the background, beside the next step's activations: on
+        # their own group (own connections; a failed op there cannot disturb the step's)
+        self.rpg = dist.ProcessGroupGloo(dist.PrefixStore("repl", self.store), self.rank,
+                                         len(self.members), self.timeout)
+        self.rpg.allreduce(torch.zeros(1)).wait()
+        self.buffers = Buffers()
         if self.spare:
             self._spare()
         else:
@@ -636,15 +647,18 @@ class _GenerationRun:
         if not self.record["fresh"]:
             self._restore(d, 0, 0)
         self._stamp("restored")
-        previous = None
+        previous: list[int] = []
+
+        def promote() -> None:  # point n is on its way: the one before it is durable
+            if previous:
+                self.w.copies.promote(self.g, previous[-1])
+
         for n in replication_points(d, self.opts.steps, self.interval):
-            got = self._receive_held(n)
+            got = self._receive_held(n, promote)
             if got:  # a holder: received, not acknowledged yet
                 self.w.faults.at(n - 1, "replication")
-            if got and previous is not None:
-                self.w.copies.promote(self.g, previous)
             self.w.copies.add(self.g, got)
-            previous = n
+            previous.append(n)
             self.store.set(f"repl/{n}/{self.rank}", "1")
         self._wait_key("exit", poll_s=0.02)
         self.w.finished = True
@@ -685,15 +699,15 @@ class _GenerationRun:
         schedule = build_schedule(
             config.schedule, [s.warmup for s in plan.cost.stages], self.layout.num_micro_batches
         )
-        hook = _FaultHook(emulation.hook if emulation else ComputeHook(), self.w.faults)
+        hook = _FaultHook(emulation.hook if emulation else ComputeHook(), self.w.faults,
+                          self._await_durable)
         runtime = StageRuntime(
             module, self.layout, self.rank, schedule[me.stage], links, group,
             stage_loss(model), optimizer, deterministic=opts.deterministic, hook=hook,
             device=self.w.device, check=self.check,
         )
         self.module, self.optimizer = module, optimizer
-        self._replicate(d)
-        self.store.set(f"repl/{d}/{self.rank}", "1")
+        pending: Background | None = Background(f"replicate-{d}", self._replicate(d))
         first, last = me.stage == 0, me.stage == self.layout.num_stages - 1
         b = self.layout.micro_batch_size
         durable = d
@@ -707,6 +721,12 @@ class _GenerationRun:
             targets = [self.w.rows.targets(i).to(self.w.device) for i in mine] if last else None
             hook.step = step
             record = runtime.compute(step, inputs, targets)
+            # the replication point posted before this step ran beside its compute; it
+            # must be complete (own copy, sends, held replicas) before this rank votes
+            blocked_s, background_s = 0.0, 0.0
+            if pending is not None:
+                blocked_s, background_s = pending.join(self.check), pending.seconds
+                pending = None
             self.store.set(f"vote/{step}/{self.rank}", "1")
             self._wait_key(f"commit/{step}")
             # the commit of this step says every replica of the last point is acked
@@ -721,27 +741,39 @@ class _GenerationRun:
                 part = (checkpoint.part_bytes(n, module, optimizer, stage.first,
                                               config.optimizer) if me.index == 0 else b"")
                 storeblob.put(self.store, f"ckpt/{n}/{self.rank}", part)
-            replication_ms = 0.0
-            replicated = (self.interval > 0 and n % self.interval == 0) or n == opts.steps
-            if replicated:
+            work = None
+            if (self.interval > 0 and n % self.interval == 0) or n == opts.steps:
                 start = time.perf_counter()
-                self._replicate(n)
-                replication_ms = (time.perf_counter() - start) * 1e3
+                work = self._replicate(n)
+                blocked_s += time.perf_counter() - start
             payload = rank_payload(record, self.w.device)
-            payload["replication_ms"] = replication_ms
+            payload["replication_ms"] = blocked_s * 1e3
+            payload["replication_background_ms"] = background_s * 1e3
             if emulation is not None:  # the slowdown watch's evidence rule
                 payload["overruns"] = emulation.hook.step_overruns
             if first:
                 payload["samples"] = [[self.layout.positions(self.rank)[k], int(i)]
                                       for k, i in enumerate(np.concatenate(mine))]
             self.store.set(f"metrics/{step}/{self.rank}", json.dumps(payload))
-            if replicated:
+            if work is not None:  # after the metrics: its acknowledgement makes them due
                 durable = n
-                self.store.set(f"repl/{n}/{self.rank}", "1")
+                pending = Background(f"replicate-{n}", work)
+        if pending is not None:
+            pending.join(self.check)
         self._wait_key("exit")
         if opts.save_weights and opts.out:
             self._save()
         self.w.finished = True
+
+    def _await_durable(self, step: int) -> None:
+        """Return once the replication point ``step`` (steps applied) is durable (every
+        member acknowledged it), at once when it is none of this generation's."""
+        if step in replication_points(int(self.record["resume"]), self.opts.steps,
+                                      self.interval):
+            keys = [f"repl/{step}/{r}" for r in range(len(self.members))]
+            while not self.store.check(keys):
+                self.check()
+                time.sleep(0.005)
 
     def _restore(self, d: int, first: int, end: int) -> dict[int, BlockState]:
         """The states of blocks [first, end) at step ``d``: own copies, then the
@@ -776,33 +808,45 @@ class _GenerationRun:
                 ((missing[0], missing[-1] + 1),), ())
         return states
 
-    def _replicate(self, n: int) -> None:
-        """Keep this rank's state after ``n`` steps and exchange the ring replicas of
-        the plan (:func:`planner.plan.replica_placement`): own blocks to the holder,
-        the held stages' blocks from their owners."""
-        own = capture(self.module, self.first, self.optimizer, n)
-        self.w.copies.add(self.g, own)
+    def _replicate(self, n: int) -> Callable[[], None]:
+        """Replication point ``n``: take the snapshot of this rank's state after ``n``
+        steps now (:meth:`Snapshot.take`: only what the next step changes before its
+        optimizer step is copied here) and return the rest, for a :class:`Background`
+        thread: complete the snapshot and keep it (this rank's own copy), post it to the
+        ring replica holder of the plan (:func:`planner.plan.replica_placement`),
+        receive the replicas this device holds from their owners, and acknowledge
+        ``repl/<n>/<rank>`` once all of that is done."""
+        self.check()  # a dead generation's thread takes no buffer
+        snapshot = Snapshot.take(self.module, self.first, self.optimizer, n, self.buffers)
         rank_of = {dev: r for r, dev in enumerate(self.members)}
         me = self.w.device_id
-        out = Outgoing()
-        for r in self.replicas:
-            if self.plan.partition.stages[r.stage].devices == (me,):
-                out.send(self.pg, rank_of[r.holders[0]], own, REPLICA_TAG)
-        self.w.faults.at(n - 1, "replication")
-        self.w.copies.add(self.g, self._receive_held(n))
-        out.wait()
+        holders = [rank_of[r.holders[0]] for r in self.replicas
+                   if self.plan.partition.stages[r.stage].devices == (me,)]
 
-    def _receive_held(self, n: int) -> dict[int, BlockState]:
-        """The ring replicas of state ``n`` this device holds, from their owners."""
+        return point_work(
+            self.w.copies, self.g, snapshot, self.rpg, holders,
+            lambda: self._receive_held(n), lambda: self.w.faults.at(n - 1, "replication"),
+            lambda: self.store.set(f"repl/{n}/{self.rank}", "1"))
+
+    def _receive_held(self, n: int, arrived: Callable[[], None] = lambda: None,
+                      ) -> dict[int, BlockState]:
+        """The ring replicas of state ``n`` this device holds, from their owners, into
+        this generation's buffers; ``arrived`` runs once the first header is in (the
+        owner has posted point ``n``), before any buffer is written."""
         rank_of = {dev: r for r, dev in enumerate(self.members)}
         held: dict[int, BlockState] = {}
+        first = True
         for r in self.replicas:
             if r.holders[0] == self.w.device_id:
-                owner = self.plan.partition.stages[r.stage].devices[0]
-                got = receive(self.pg, rank_of[owner], REPLICA_TAG)
-                if {s.step for s in got.values()} != {n}:
+                owner = rank_of[self.plan.partition.stages[r.stage].devices[0]]
+                header = receive_header(self.rpg, owner, REPLICA_TAG)
+                if header.step != n:
                     raise RuntimeError(f"replica of stage {r.stage} is not of step {n}")
-                held.update(got)
+                if first:
+                    arrived()
+                    first = False
+                held.update(receive_body(self.rpg, owner, REPLICA_TAG, header,
+                                         self.buffers.take(("held", r.stage), header)))
         return held
 
     def _save(self) -> None:
@@ -812,17 +856,19 @@ class _GenerationRun:
 
 class _FaultHook(ComputeHook):
     """The compute hook with the fault points ``forward`` / ``backward``
-    (:mod:`executor.faults`) of the step in :attr:`step`."""
+    (:mod:`executor.faults`) of the step in :attr:`step`; ``settle(step)`` runs before
+    one fires (a recovering run's: wait until the point before the step is durable)."""
 
-    def __init__(self, inner: ComputeHook, faults: Injector) -> None:
-        self.inner, self.faults, self.step = inner, faults, -1
+    def __init__(self, inner: ComputeHook, faults: Injector,
+                 settle: Callable[[int], None] = lambda step: None) -> None:
+        self.inner, self.faults, self.step, self.settle = inner, faults, -1, settle
 
     def after_compute(self, action: Action, real_seconds: float) -> None:
         self.inner.after_compute(action, real_seconds)
-        if action.type is ActionType.F:
-            self.faults.at(self.step, "forward")
-        elif action.type is ActionType.B:
-            self.faults.at(self.step, "backward")
+        phase = {ActionType.F: "forward", ActionType.B: "backward"}.get(action.type)
+        if phase is not None and self.faults.due(self.step, phase):
+            self.settle(self.step)
+            self.faults.at(self.step, phase)
 
     def after_reduce(self, action: Action, real_seconds: float) -> None:
         self.inner.after_reduce(action, real_seconds)

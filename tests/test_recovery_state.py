@@ -12,13 +12,27 @@ from torch import nn
 
 from executor.faults import Fault, parse
 from executor.recovery import replication_points
-from executor.replication import Copies, StaleGeneration, capture, install, pack, unpack
+from executor.replication import (
+    Buffers,
+    Copies,
+    Snapshot,
+    StaleGeneration,
+    flatten,
+    install,
+    unflatten,
+)
 from planner.errors import InputError
 
 
 def blocks(seed: int) -> list[nn.Module]:
     torch.manual_seed(seed)
     return [nn.Sequential(nn.Linear(3, 4), nn.Tanh()), nn.Linear(4, 4), nn.Linear(4, 2)]
+
+
+def capture(module: nn.Sequential, first: int, opt: torch.optim.Optimizer, step: int):
+    """The states of ``module``'s blocks after ``step`` steps, as a replication point
+    takes them (in fresh buffers)."""
+    return Snapshot.take(module, first, opt, step, Buffers()).complete()
 
 
 def trained(module: nn.Sequential, steps: int = 2) -> torch.optim.Optimizer:
@@ -33,7 +47,7 @@ def trained(module: nn.Sequential, steps: int = 2) -> torch.optim.Optimizer:
 def test_states_captured_packed_and_installed_into_a_different_split_continue_identically():
     whole = nn.Sequential(*blocks(0))
     opt = trained(whole)
-    states = unpack(pack(capture(whole, 0, opt, step=2)))
+    states = unflatten(*flatten(capture(whole, 0, opt, step=2)))
     assert sorted(states) == [0, 1, 2] and {s.step for s in states.values()} == {2}
     # blocks 1..2 as their own stage (another plan's cut), from different initial weights
     stage = nn.Sequential(*blocks(99)[1:])
