@@ -132,9 +132,6 @@ class Header:
                    tuple(tuple(v) for v in values), tuple(tuple(z) for z in sizes),
                    tuple(blocks))
 
-    def dtypes(self) -> dict[str, torch.dtype]:
-        return {name: _dtype(name) for name, _ in self.sizes}
-
 
 def _dtype(name: str) -> torch.dtype:
     dtype = getattr(torch, name.removeprefix("torch."))
@@ -240,7 +237,7 @@ class Buffers:
 
 class Snapshot:
     """The state of a stage at one replication point, taken cheaply at the commit point
-    and completed in the background (:class:`Replication`).
+    and completed in the background (:class:`Background`, :func:`point_work`).
 
     :meth:`take` (the training thread, right after the optimizer step of the point)
     lays the state out in flat buffers from ``buffers`` and copies only what the next
@@ -248,7 +245,7 @@ class Snapshot:
     running statistics change in every forward). :meth:`complete` (the background
     thread) copies the parameters and the optimizer state, which nothing changes until
     the next optimizer step, and that step waits for the point to be durable, hence for
-    :meth:`complete` (the vote comes after :meth:`Replication.join`). O(buffers) then
+    :meth:`complete` (the vote comes after :meth:`Background.join`). O(buffers) then
     O(weights + optimizer state)."""
 
     def __init__(self, header: Header, flats: dict[str, torch.Tensor],
