@@ -132,7 +132,10 @@ plan that leaves devices free is worth more than one fewer stage: seen, 16-way d
 parallel chosen over a 4-device plan 0.04% slower).
 
 Pruning (bound U, per micro-batch size: ``RESCORE_MARGIN`` above the fastest exact
-figure of the sizes already searched, inf for the first). No answer whose DP value
+figure of the sizes already searched; for the first, which has none, a guess,
+``FIRST_GUESS`` x its relaxed bound Q(L, N), and the search is repeated under the
+figure it found, or without a bound when it found none, whenever that figure's margin
+exceeds the guess). No answer whose DP value
 exceeds U is ever scored, so the search drops what cannot finish below it. The bounds
 come from a relaxed plan space (:meth:`_Tables.relaxed`) solved exactly by small DPs
 over (blocks, devices used): a stage on g devices has one with at least s = ceil(B / g)
@@ -182,8 +185,9 @@ exactly).
 
 Bound: levels p run in order, each over the states in ascending size; the time limit is
 checked before each state. When it expires the DP returns the best plan of the levels
-completed (status ``timed_out``); the first level (single-stage plans, O(moves) heads)
-always completes, so a plan is returned whenever one fits memory.
+completed (status ``timed_out``); the first level (single-stage plans, O(moves) heads;
+without a guessed bound, and also after a later level of a guessed search that has no
+answer) always completes, so a plan is returned whenever one fits memory.
 
 Complexity per B, with S states, E moves, C distinct compositions and P = min(L, N,
 max_stages) levels (p0 of them after collapsing): the relaxed bounds, O(pc L^2 N
@@ -200,7 +204,10 @@ row range); then at most (number of B) + ``RESCORE`` exact evaluations (each
 O(A log A) events for A transfers and computations of the plan, planner.cost). The complete graph
 has S = prod_k (c_k + 1) states and E = prod_k (c_k + 1)(c_k + 2) / 2 moves at most;
 the ordered graph S <= 3 (N + 1) and E <= 3 (N + 1) min(B, N). Memory: the traceback,
-O(P S L F) small integers.
+O(P S L F) small integers, the values of two levels' fronts, O(S L F) floats each, and
+the Algorithm 1 splits and head tables, at most ``BASE_CACHE_BYTES`` +
+``HEAD_CACHE_BYTES`` (:class:`_Cache`; without the cap the ordered graph's groups that
+straddle two classes, one state's each, held 4.65 GiB on 512 devices of 8 types).
 """
 
 from __future__ import annotations
@@ -282,6 +289,10 @@ RELAX_MAX = 2e8
 #: used evicted beyond)
 BASE_CACHE_BYTES = 2**28
 HEAD_CACHE_BYTES = 2**29
+
+#: the first micro-batch size is searched under this multiple of its relaxed bound
+#: (:func:`best_plan`), and again without the guess when its figure's margin exceeds it
+FIRST_GUESS = 1.3
 
 #: default wall-clock limit of one DP run, seconds
 DEFAULT_TIME_LIMIT = 60.0
@@ -1018,9 +1029,11 @@ class _BatchSearch:
         tick: Callable,
         bound: float = INF,
         relaxed: _Relaxed | None = None,
+        guessed: bool = False,
     ) -> None:
         self.t, self.g, self.batch, self.deadline, self.tick = tables, graph, batch, deadline, tick
-        self.bound = bound
+        #: prune by ``bound``; ``guessed``: a guess, not a figure found (:func:`best_plan`)
+        self.bound, self.guessed = bound, guessed
         config = tables.problem.config
         self.m = config.global_batch // batch
         n_dev = sum(tables.counts)
@@ -1094,7 +1107,8 @@ class _BatchSearch:
     def first_free_level(self) -> int:
         """The least p0 such that heads at every p >= p0 see the same tables: no range
         of any composition fits its unconstrained split at a depth d with
-        K(p0) <= d < K(P) (then memory reads the same at all those warm-ups). Every
+        K(p0) <= d < K(P) (then memory reads the same at all those warm-ups); p0 = 1 at
+        once when no range binds even with all B samples on one device. Every
         level stays exact (P + 1) with a stage cap, or when exact levels are cheap
         (``EXACT_LEVELS_WORK``): each level's own answers are re-scored, which matters
         where the closed form ranks plans differently from the exact makespan."""
@@ -1104,6 +1118,13 @@ class _BatchSearch:
         if self.max_p * moves * (self.t.n_blk + 1) ** 2 <= EXACT_LEVELS_WORK:
             return self.max_p + 1
         k_max = self.warmup(self.max_p)
+        # a device's deepest warm-up only falls with its samples, so when every range fits
+        # K(P) with all B samples on any class (or not even its static state), no
+        # composition's does otherwise: p0 = 1 without Algorithm 1 on each of them
+        t = self.t
+        full = warmup_that_fits(t.budget[:, None], t.static[None, :], self.batch, t.saved[None, :])
+        if ((full >= k_max) | (full == -INF)).all():
+            return 1
         worst = -INF
         for cid in sorted({c for _, c, _ in self.g.edges if c >= 0}):
             if time.perf_counter() > self.deadline:
@@ -1117,8 +1138,10 @@ class _BatchSearch:
     def run(self) -> list[tuple[float, int, int]]:
         """Exact levels p = 1 .. p0 - 1, then one collapsed level for every p >= p0, until
         done or the deadline; the root's best (value, stages, slot) answers. When the
-        deadline passes in the first level, the root alone is finished (its
-        single-stage plans), so some plan is returned whenever one fits memory."""
+        deadline passes in the first level, or in a later one of a search under a
+        guessed bound that has no answer yet, the root's single-stage plans are
+        finished (without a guessed bound), so some plan is returned whenever one fits
+        memory."""
         try:
             p0 = self.first_free_level()
         except _Timeout:
@@ -1130,8 +1153,11 @@ class _BatchSearch:
                     raise _Timeout
                 level = self._level(p, collapsed)
             except _Timeout:
-                if p > 1:
+                if p > 1 and (self.answers or not self.guessed):
                     raise
+                if self.guessed:  # a guessed bound may exclude every plan: none here
+                    self.bound = INF
+                    self.before = self._before()
                 self.levels.append(self._level(1, False, only_root=True))
                 self._collect(1)
                 raise
@@ -1667,30 +1693,43 @@ def best_plan(
         tables.clear()
         graph = tables.graph(batch, orders)
         kind = graph.kind
-        search = _BatchSearch(tables, graph, batch, deadline, tick,
-                              fastest * (1 + RESCORE_MARGIN), relaxed[batch])  # fmt: skip
-        try:
-            answers = search.run()
-        except _Timeout:
-            status = "timed_out"
-            answers = getattr(search, "answers", [])
-        done = (i + 1) * per_batch_levels
-        if progress is not None:
-            progress(done, total)
-        # the best answer of each micro-batch size is scored at once (its figure prunes
-        # the sizes still to come) unless its DP value is already RESCORE_MARGIN above
-        # the fastest figure; the others wait for the final re-scoring
-        evaluated_here = False
-        for answer in answers:
-            partition = search.reconstruct(answer)
-            if partition in seen:
-                continue
-            seen.add(partition)
+        bound = fastest * (1 + RESCORE_MARGIN)
+        # the first size searched has no figure to prune by: it searches under a guess,
+        # FIRST_GUESS x its relaxed bound, and again under the figure it found (or none)
+        # when that figure's margin reaches above the guess
+        guessed = not np.isfinite(bound)
+        if guessed:
+            bound = root(batch) * FIRST_GUESS
+        while True:
+            search = _BatchSearch(tables, graph, batch, deadline, tick, bound, relaxed[batch],
+                                  guessed)  # fmt: skip
+            try:
+                answers = search.run()
+            except _Timeout:
+                status = "timed_out"
+                answers = getattr(search, "answers", [])
+            done = (i + 1) * per_batch_levels
+            if progress is not None:
+                progress(done, total)
+            # the best answer of each micro-batch size is scored at once (its figure
+            # prunes the sizes still to come) unless its DP value is already
+            # RESCORE_MARGIN above the fastest figure; the others wait for the final
+            # re-scoring
+            evaluated_here = False
+            for answer in answers:
+                partition = search.reconstruct(answer)
+                if partition in seen:
+                    continue
+                seen.add(partition)
+                fastest = min((c.iteration_ms for c, _, _ in found), default=INF)
+                if evaluated_here or answer[0] > fastest * (1 + RESCORE_MARGIN):
+                    waiting.append((answer[0], batch, partition))
+                    continue
+                evaluated_here = score(answer[0], batch, partition)
             fastest = min((c.iteration_ms for c, _, _ in found), default=INF)
-            if evaluated_here or answer[0] > fastest * (1 + RESCORE_MARGIN):
-                waiting.append((answer[0], batch, partition))
-                continue
-            evaluated_here = score(answer[0], batch, partition)
+            if not guessed or status == "timed_out" or fastest * (1 + RESCORE_MARGIN) <= bound:
+                break
+            bound, guessed = fastest * (1 + RESCORE_MARGIN), False
     # re-score the waiting answers in order of their DP value while they can still win:
     # at most RESCORE of them, none whose value exceeds the fastest figure found by
     # RESCORE_MARGIN (the closed form rarely errs by more: docs/planners.md)

@@ -206,6 +206,46 @@ def test_the_head_cache_keeps_its_byte_budget_and_the_entry_just_set():
     assert cache.bytes == 0
 
 
+@pytest.mark.parametrize("guess", [0.5, 1e9])
+def test_the_first_search_under_a_wrong_guess_finds_the_same_plan(monkeypatch, guess):
+    # 0.5 x the relaxed lower bound excludes every plan: the first size is searched again
+    # without it; 1e9 prunes nothing
+    problem = mixed(3, 5, 24, 4)
+    kept = plan_dp(problem)
+    monkeypatch.setattr(dp_module, "FIRST_GUESS", guess)
+    again = plan_dp(problem)
+    assert again.partition == kept.partition
+    assert again.cost.iteration_ms == kept.cost.iteration_ms
+
+
+def test_a_time_out_under_a_wrong_guess_still_returns_a_plan(monkeypatch):
+    # the guess excludes every plan and the limit passes at once: the root's
+    # single-stage plans are finished without the guessed bound
+    monkeypatch.setattr(dp_module, "FIRST_GUESS", 0.5)
+    result = plan_dp(identical(64, 12, types=2), time_limit=1e-3)
+    assert result.status == "timed_out"
+    assert result.partition.num_stages == 1
+    assert result.cost.memory_ok
+
+
+def test_levels_collapse_without_algorithm_1_when_memory_never_binds(monkeypatch):
+    # 20 devices of 2 types with 80 GB each: every composition's every range fits the
+    # deepest warm-up, which the fast path sees from all B samples on one device
+    monkeypatch.setattr(dp_module, "EXACT_LEVELS_WORK", 0)
+    problem = identical(20, 12, types=2)
+    cm = CostModel(problem, 16)
+    classes = dp_module.device_classes(problem)
+    tables = dp_module._Tables(problem, cm, classes)
+    graph = tables.graph(16, dp_module.device_orders(problem, classes))
+    search = dp_module._BatchSearch(tables, graph, 16, np.inf, lambda: None)
+    assert search.first_free_level() == 1
+    assert len(tables._base) == 0  # no composition's split computed
+    k_max = search.warmup(search.max_p)
+    for cid in {c for _, c, _ in graph.edges if c >= 0}:
+        depth = tables._unconstrained(cid, 16)[2]
+        assert ((depth >= k_max) | (depth == -np.inf)).all()
+
+
 def test_caches_that_keep_one_entry_change_no_plan(monkeypatch):
     # 20 devices of 2 types: the ordered graph, whose straddling groups are used once
     problem = identical(20, 12, types=2)
