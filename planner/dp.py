@@ -187,7 +187,11 @@ Bound: levels p run in order, each over the states in ascending size; the time l
 checked before each state. When it expires the DP returns the best plan of the levels
 completed (status ``timed_out``); the first level (single-stage plans, O(moves) heads;
 without a guessed bound, and also after a later level of a guessed search that has no
-answer) always completes, so a plan is returned whenever one fits memory.
+answer) always completes, so a plan is returned whenever one fits memory. Once the
+limit has passed with a plan found, no further micro-batch size is begun (neither its
+relaxed tables, nor its graph, nor its first level): the overshoot is bounded by one
+level's state (or the first size's first level) and the final re-scoring, which stops at
+the limit too.
 
 Complexity per B, with S states, E moves, C distinct compositions and P = min(L, N,
 max_stages) levels (p0 of them after collapsing): the relaxed bounds, O(pc L^2 N
@@ -1678,11 +1682,16 @@ def best_plan(
         first = min(sizes, key=lambda b: (bounds[b], b))
         relaxed[first] = relaxed_bounds(tables, first)
         yield first
+        if found and time.perf_counter() >= deadline:
+            return  # out of time with a plan: no other size's tables are built
         rest = [b for b in sizes if b != first]  # their bounds after the first search
         relaxed.update({b: relaxed_bounds(tables, b) for b in rest})
         yield from sorted(rest, key=lambda b: (root(b), b))
 
     for i, batch in enumerate(micro_batches()):
+        if found and time.perf_counter() >= deadline:
+            status = "timed_out"  # a plan exists: the sizes left are not searched
+            break
         fastest = min((c.iteration_ms for c, _, _ in found), default=INF)
         if bounds[batch] > fastest * (1 + TIE_TOLERANCE):
             continue  # no plan at this micro-batch size can win or tie

@@ -147,6 +147,17 @@ def test_a_tiny_time_limit_returns_the_best_plan_so_far():
     assert complete.cost.iteration_ms <= result.cost.iteration_ms
 
 
+def test_once_the_time_is_up_with_a_plan_no_other_micro_batch_size_is_searched():
+    # the first size's first level always completes (a plan); past the deadline the
+    # other sizes' relaxed tables, graphs and first levels are not built (they were, one
+    # after another: the limit overshot by their sum)
+    problem = identical(64, 12, types=2)
+    assert len(problem.config.micro_batch_sizes()) > 1
+    result = plan_dp(problem, time_limit=1e-3)
+    assert result.status == "timed_out"
+    assert len(result.candidates) == 1
+
+
 def test_identical_devices_have_one_class_and_few_group_sizes():
     # 64 identical devices: B = 16 splits into groups of 1, 2, 3, 4, 6, 8 or 16 devices
     # (other sizes repeat a largest share, ceil(16 / g), with more devices)
