@@ -14,7 +14,8 @@ The coordinator (the local launcher, or a cross-host coordinator process) runs o
   generation are under ``gen<g>/``, so a dead generation's late writes never count.
 * **Commit vote** (torchft's ``should_commit``): a rank writes ``vote/<t>/<rank>`` when
   step ``t``'s compute is done; :meth:`Supervisor.poll` writes ``commit/<t>`` once every
-  member voted; no rank applies step ``t``'s optimizer step before that, so a step
+  voter (plan rank) voted and every replication point up to ``t`` is durable (below:
+  acknowledged by every member, standbys included); no rank applies step ``t``'s optimizer step before that, so a step
   applies everywhere or nowhere (a rank killed after the commit is replayed from the
   last durable step, as every other rank is).
 * **Durability.** After applying step ``t`` a rank replicates at replication points
