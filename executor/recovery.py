@@ -15,9 +15,9 @@ The coordinator (the local launcher, or a cross-host coordinator process) runs o
 * **Commit vote** (torchft's ``should_commit``): a rank writes ``vote/<t>/<rank>`` when
   step ``t``'s compute is done; :meth:`Supervisor.poll` writes ``commit/<t>`` once every
   voter (plan rank) voted and every replication point up to ``t`` is durable (below:
-  acknowledged by every member, standbys included); no rank applies step ``t``'s optimizer step before that, so a step
-  applies everywhere or nowhere (a rank killed after the commit is replayed from the
-  last durable step, as every other rank is).
+  acknowledged by every member, standbys included); no rank applies step ``t``'s
+  optimizer step before that, so a step applies everywhere or nowhere (a rank killed
+  after the commit is replayed from the last durable step, as every other rank is).
 * **Durability.** After applying step ``t`` a rank replicates at replication points
   (every ``replication_interval`` steps, after the last step, and the start state of
   each generation) and writes ``repl/<n>/<rank>`` (``n`` = steps applied) once its sends
