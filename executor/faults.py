@@ -18,9 +18,10 @@ A spec is ``DEVICE:STEP:PHASE[:SIGNAL]``, several separated by commas
   received, not yet acknowledged; STEP counts the steps whose state is replicated minus
   one), ``restore`` (a recovery generation's process groups are built, its state not yet
   restored; STEP is the step it replays from, ``*`` any), ``join`` (a joining device's
-  process is up and connected to the store, before its first heartbeat: KILL is a
-  joiner that exits before it is admitted, STOP one that never beats; STEP must be
-  ``*``, a joiner has this point once);
+  process, or a standby's, which waits for its generation the same way, is up and
+  connected to the store, before its first heartbeat: KILL is a joiner that exits
+  before it is admitted, or a standby lost before it first beats, STOP one that never
+  beats; STEP must be ``*``, such a process has this point once);
 * ``SIGNAL`` ``KILL`` (default: a crash) or ``STOP`` (a hang: no FIN, no heartbeat).
 
 The device signals itself (``os.kill(os.getpid(), ...)``) after writing the wall-clock

@@ -487,7 +487,7 @@ class RecoveringWorker:
         self.opts, self.endpoint = opts, endpoint
         planned = [r.device for r in RankLayout.from_plan(plan).ranks]
         # a joining device (``opts.device``: a new one, or one lost earlier coming back
-        # as a fresh process) waits until a generation includes it
+        # as a fresh process) or a standby waits until a generation includes it
         self.device_id = opts.device or planned[endpoint.rank]
         self.joining = opts.device is not None
         self.device, _ = _device(endpoint)
