@@ -150,6 +150,19 @@ def test_a_new_device_joins_at_a_step_boundary_and_the_run_stays_bit_identical(
     assert " join " in shown and "recoveries below" in shown, shown
 
 
+def assert_each_serves_blocks_received_from_their_owner(plan, new, devices) -> None:
+    """Each of ``devices`` serves blocks and samples in ``new``, and every block it
+    serves was sent to it by a device that served that block under ``plan``."""
+    for device in devices:
+        first, end, samples = serves(new, device)
+        assert end > first and samples > 0
+        moved = [t for t in new.migration if t.to == device]
+        assert sorted(i for t in moved for i in range(t.first, t.end)) == list(
+            range(first, end))
+        assert all(serves(plan, t.source)[0] <= t.first < t.end <= serves(plan, t.source)[1]
+                   for t in moved)
+
+
 @pytest.mark.slow
 def test_two_join_files_for_one_step_are_admitted_together_in_one_re_partition(tmp_path):
     # e.json@2 and f.json@2 (two --emulate-join flags, one step): the run holds at step 2
@@ -163,14 +176,7 @@ def test_two_join_files_for_one_step_are_admitted_together_in_one_re_partition(t
             ) == ("join", "e,f", 2, 2)
     new = plan_after(tmp_path, event)
     assert new.changes is not None and new.changes.joined == ("e", "f")
-    for device in ("e", "f"):
-        first, end, samples = serves(new, device)
-        assert end > first and samples > 0
-        moved = [t for t in new.migration if t.to == device]
-        assert sorted(i for t in moved for i in range(t.first, t.end)) == list(
-            range(first, end))
-        assert all(serves(plan, t.source)[0] <= t.first < t.end <= serves(plan, t.source)[1]
-                   for t in moved)
+    assert_each_serves_blocks_received_from_their_owner(plan, new, ("e", "f"))
     assert [m["generation"] for m in result.metrics] == [1, 1, 2, 2]
     assert [{"e", "f"} <= set(m["devices"]) for m in result.metrics] == [False, False, True,
                                                                           True]
@@ -711,14 +717,7 @@ def test_two_devices_on_two_hosts_join_across_hosts_at_one_boundary_in_one_re_pa
     assert sorted(event["device"].split(",")) == ["e", "f"]
     new = plan_after(out, event)
     assert new.changes is not None and sorted(new.changes.joined) == ["e", "f"]
-    for device in ("e", "f"):
-        first, end, samples = serves(new, device)
-        assert end > first and samples > 0
-        moved = [t for t in new.migration if t.to == device]
-        assert sorted(i for t in moved for i in range(t.first, t.end)) == list(
-            range(first, end))
-        assert all(serves(plan, t.source)[0] <= t.first < t.end <= serves(plan, t.source)[1]
-                   for t in moved)
+    assert_each_serves_blocks_received_from_their_owner(plan, new, ("e", "f"))
     metrics = [m for m in read_jsonl(out / "metrics.jsonl") if "type" not in m]
     assert [m["generation"] for m in metrics] == [1, 1, 2, 2]
     assert [sorted(m["devices"]) for m in metrics] == [["d0", "d1"]] * 2 + [
