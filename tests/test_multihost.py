@@ -23,7 +23,7 @@ from executor import checkpoint, data, zoo
 from executor.metrics import read_jsonl
 from executor.runtime import make_optimizer
 from executor.stage import build_stage
-from planner.plan import load_plan, replica_placement
+from planner.plan import Plan, load_plan, replica_placement
 from planner.profile import BuildSpec
 from tests import netns
 from tests import reference_trainer as ref
@@ -576,6 +576,21 @@ def test_a_host_slowed_three_times_is_repartitioned_across_hosts_never_failed(
 # -- a one-device plan's standbys across hosts (issue 8) -----------------------------------
 
 
+def start_one_device_job_with_standbys(tmp_path: Path, hosts: netns.Hosts, name: str,
+                                      steps: int) -> tuple[Plan, RecoveringJob]:
+    """The toy model on d0 alone (host 1, torchrun; fixed block times) in a cluster of
+    three, the coordinator (--standbys 2) expecting d1 (host 2, the replica's holder)
+    and d2 (host 0); returns once two steps are durable."""
+    from tests.test_recovery_join import fixed_profile
+    from tests.test_recovery_spare import one_device_plan
+
+    plan = one_device_plan(3, model_profile=fixed_profile())
+    job = RecoveringJob(tmp_path, hosts, write_plan(plan, tmp_path), name, steps)
+    job.start(["--standbys", "2"], lambda i: [], hang_s=5.0, standbys={0: "d2", 2: "d1"})
+    job.wait_for(2)
+    return plan, job
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("lose", ["link_down", "kill_all"])
 def test_a_one_device_plan_survives_the_loss_of_its_host_through_a_standby_on_another(
@@ -588,15 +603,10 @@ def test_a_one_device_plan_survives_the_loss_of_its_host_through_a_standby_on_an
     # d2 as data-parallel peers; d1 promotes the replica it holds and sends d2 its copy
     # across hosts; the run ends bit-identical to the reference
     from tests.test_recovery import reference
-    from tests.test_recovery_join import fixed_profile
-    from tests.test_recovery_spare import one_device_plan
 
-    plan = one_device_plan(3, model_profile=fixed_profile())
     steps = 30
     with netns.Hosts(3, rate_mbit=100) as hosts:
-        job = RecoveringJob(tmp_path, hosts, write_plan(plan, tmp_path), "w", steps)
-        job.start(["--standbys", "2"], lambda i: [], hang_s=5.0, standbys={0: "d2", 2: "d1"})
-        job.wait_for(2)
+        plan, job = start_one_device_job_with_standbys(tmp_path, hosts, "w", steps)
         if lose == "link_down":
             hosts.set_link(1, up=False)
         else:
@@ -633,15 +643,10 @@ def test_the_replica_moves_to_the_next_standby_when_the_holders_host_is_lost(
     # goes down: the plan keeps d0, the replica moves to d2; later every process of host
     # 1 is killed: d2, the only copy left, serves alone (unreplicated, with a warning)
     from tests.test_recovery import reference
-    from tests.test_recovery_join import fixed_profile
-    from tests.test_recovery_spare import one_device_plan
 
-    plan = one_device_plan(3, model_profile=fixed_profile())
     steps = 60
     with netns.Hosts(3, rate_mbit=100) as hosts:
-        job = RecoveringJob(tmp_path, hosts, write_plan(plan, tmp_path), "h", steps)
-        job.start(["--standbys", "2"], lambda i: [], hang_s=5.0, standbys={0: "d2", 2: "d1"})
-        job.wait_for(2)
+        plan, job = start_one_device_job_with_standbys(tmp_path, hosts, "h", steps)
         hosts.set_link(2, up=False)
         deadline = time.monotonic() + 120
         while not any(m.get("type") == "recovery" for m in read_jsonl(job.out / "metrics.jsonl")):
