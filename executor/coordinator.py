@@ -169,7 +169,8 @@ def join(opts: WorkerOptions, endpoint: Endpoint, address: str
                    else None)
         if standby is not None:
             _check_standby(store, standby, recover)
-        store.set(f"ctl/host/{device}", local_address(host, port))
+        else:  # a standby's address is written once it holds its id (below)
+            store.set(f"ctl/host/{device}", local_address(host, port))
     except InputError:
         raise
     except Exception as exc:  # the store client raises several types
@@ -186,14 +187,16 @@ def join(opts: WorkerOptions, endpoint: Endpoint, address: str
                    recover=opts.recover or recover is not None)
     if recover is not None:
         opts = _recovering(opts, recover, store)
+    if standby is not None:  # every check passed: only now does it take the id
+        _claim_standby(store, standby)
+        store.set(f"ctl/host/{device}", local_address(host, port))
     endpoint = replace(endpoint, store_host=host, store_port=port, host_store=False)
     return opts, endpoint
 
 
 def _check_standby(store: Store, device: str, settings: dict | None) -> None:
     """Refuse ``--standby device`` (one line) unless the coordinator recovers and expects
-    ``device`` among its standbys (``ctl/recover``), and unless it is the first process
-    under that id (``ctl/standby/<device>`` counts them: one store round trip)."""
+    ``device`` among its standbys (``ctl/recover``)."""
     expected = settings["standbys"] if settings is not None else []
     if not expected:
         how = ("does not recover" if settings is None else "runs no standbys")
@@ -206,6 +209,12 @@ def _check_standby(store: Store, device: str, settings: dict | None) -> None:
                          f"expects {', '.join(expected)} (its --standbys N takes the plan's "
                          "first N idle devices that can hold the replica, best first); "
                          "start this worker with one of them")
+
+
+def _claim_standby(store: Store, device: str) -> None:
+    """Take the standby id ``device`` once every other check passed (a start refused for
+    a flag does not lock its corrected restart out); refuse (one line) a second process
+    under it (``ctl/standby/<device>`` counts them: one store round trip)."""
     if store.add(f"ctl/standby/{device}", 1) > 1:
         raise InputError("--standby", "", f"device {device!r} already runs as a standby "
                          "of this run: a "

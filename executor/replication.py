@@ -218,8 +218,13 @@ class Buffers:
     commit of the step before it, which implies the point before it is durable, so the
     point before that one is neither durable nor pending anywhere (module docstring,
     "Asynchronous replication"). Keys name a stream of points (own state, or a replica
-    from one owner); one instance belongs to one generation's run, so a dead
-    generation's thread never writes a buffer that the next generation reads."""
+    from one owner); one instance belongs to one generation's run. The next generation
+    does read a dead generation's buffers (its restore reads the durable point's copies,
+    views into them), and that is safe because a thread still running has not
+    acknowledged its point, so that point is neither durable nor the restore point, and
+    it writes only the set of its own point: the other set, holding the durable point,
+    is written by nobody. A change to the turn of the sets or to the order of
+    acknowledgement must keep that."""
 
     def __init__(self) -> None:
         self._sets: dict[tuple, list[dict[str, torch.Tensor]]] = {}

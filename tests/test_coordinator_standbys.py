@@ -150,13 +150,16 @@ def test_a_standby_the_coordinator_does_not_expect_or_a_second_one_is_refused(
                 assert procs[0].poll() is None and time.monotonic() < deadline
                 time.sleep(0.2)
         assert json.loads(store.get("ctl/recover"))["standbys"] == ["d1"]
+        opts = WorkerOptions(str(path), 2, timeout_s=GLOO_TIMEOUT_S, coordinator=address)
+        # a d1 start refused for a flag takes nothing: the corrected one below is d1
+        with pytest.raises(InputError, match="--steps: 5 but the coordinator runs"):
+            join(replace(opts, device="d1", steps=5), Endpoint(0, 1, "", 0), address)
         procs.append(subprocess.Popen([PY, "-m", "executor.worker", *common,
                                        "--standby", "d1"], cwd=REPO,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        while not store.check(["ctl/host/d1"]):  # the first d1 passed the checks
+        while not store.add("ctl/hb/d1", 0):  # the real d1 passed the checks: it beats
             assert procs[1].poll() is None and time.monotonic() < deadline
             time.sleep(0.1)
-        opts = WorkerOptions(str(path), 2, timeout_s=GLOO_TIMEOUT_S, coordinator=address)
         for device in ("d2", "d0"):
             with pytest.raises(InputError) as caught:
                 join(replace(opts, device=device), Endpoint(0, 1, "", 0), address)
