@@ -24,7 +24,8 @@ A spec is ``DEVICE:STEP:PHASE[:SIGNAL]``, several separated by commas
   beats; STEP must be ``*``, such a process has this point once);
 * ``SIGNAL`` ``KILL`` (default: a crash) or ``STOP`` (a hang: no FIN, no heartbeat).
 
-The device signals itself (``os.kill(os.getpid(), ...)``) after writing the wall-clock
+The device signals itself (``signal.pthread_kill`` of the calling thread: a process-directed
+signal can stop another thread first while this one runs on) after writing the wall-clock
 time on the store (``ctl/fault/<device>``), so the coordinator can measure the time to
 detect exactly. Each spec fires at most once per process. A run without recovery
 (``--no-recover``) has the ``forward`` and ``backward`` points only.
@@ -32,8 +33,8 @@ detect exactly. Each spec fires at most once per process. A run without recovery
 
 from __future__ import annotations
 
-import os
 import signal
+import threading
 import time
 from dataclasses import dataclass
 
@@ -89,5 +90,7 @@ class Injector:
                 self.faults.remove(f)
                 if self.store is not None:
                     self.store.set(f"ctl/fault/{self.device}", repr(time.time()))
-                os.kill(os.getpid(), SIGNALS[f.signal])
+                # to this thread, not the process: a process-directed SIGSTOP may stop
+                # another thread first while this one runs on into its next write
+                signal.pthread_kill(threading.get_ident(), SIGNALS[f.signal])
                 return
