@@ -384,10 +384,14 @@ def point_work(
     copies: Copies, generation: int, snapshot: Snapshot, pg: dist.ProcessGroup,
     holders: Sequence[int], receive_held: Callable[[], Mapping[int, BlockState]],
     fault: Callable[[], None], acknowledge: Callable[[], None],
+    announce: Callable[[], None] = lambda: None,
 ) -> Callable[[], None]:
     """The background half of a replication point (for :class:`Background`), in this
-    order: complete ``snapshot`` and keep it (the rank's own copy), post it to each of
-    ``holders`` (ranks of ``pg``), ``fault()`` (the fault point ``replication``:
+    order: complete ``snapshot`` and keep it (the rank's own copy), ``announce()`` (the
+    owner's ``posted`` key: a holder posts its receive only once it is there, so that a
+    receive never waits out its group's per-operation timeout for a point the owner has
+    not made yet), post it to each of ``holders`` (ranks of ``pg``), ``fault()`` (the
+    fault point ``replication``:
     sends posted, nothing acknowledged), keep what ``receive_held()`` returns (the
     replicas this rank holds), wait for the sends, ``acknowledge()``. Every change of
     ``copies`` is refused once ``generation`` is dead, so a thread that outlives its
@@ -397,6 +401,8 @@ def point_work(
     def work() -> None:
         copies.add(generation, snapshot.complete())
         out = Outgoing()
+        if holders:
+            announce()
         for holder in holders:
             out.send_flat(pg, holder, snapshot.header, snapshot.flats, REPLICA_TAG)
         fault()

@@ -826,19 +826,27 @@ class _GenerationRun:
         return point_work(
             self.w.copies, self.g, snapshot, self.rpg, holders,
             lambda: self._receive_held(n), lambda: self.w.faults.at(n - 1, "replication"),
-            lambda: self.store.set(f"repl/{n}/{self.rank}", "1"))
+            lambda: self.store.set(f"repl/{n}/{self.rank}", "1"),
+            lambda: self.store.set(f"posted/{n}/{self.rank}", "1"))
 
     def _receive_held(self, n: int, arrived: Callable[[], None] = lambda: None,
                       ) -> dict[int, BlockState]:
         """The ring replicas of state ``n`` this device holds, from their owners, into
         this generation's buffers; ``arrived`` runs once the first header is in (the
-        owner has posted point ``n``), before any buffer is written."""
+        owner has posted point ``n``), before any buffer is written.
+
+        Each receive is posted only once its owner's ``posted/<n>/<owner>`` is in the
+        store (polled, and ended by an abort of the generation): a standby would
+        otherwise post the receive of point n as soon as it acknowledged the point
+        before, and a receive waits at most the replica group's per-operation timeout
+        (``--timeout``), which an interval's steps may outlast."""
         rank_of = {dev: r for r, dev in enumerate(self.members)}
         held: dict[int, BlockState] = {}
         first = True
         for r in self.replicas:
             if r.holders[0] == self.w.device_id:
                 owner = rank_of[self.plan.partition.stages[r.stage].devices[0]]
+                self._wait_key(f"posted/{n}/{owner}", poll_s=0.005)
                 header = receive_header(self.rpg, owner, REPLICA_TAG)
                 if header.step != n:
                     raise RuntimeError(f"replica of stage {r.stage} is not of step {n}")
