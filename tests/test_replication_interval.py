@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from executor.worker import WorkerOptions
 from tests.executor_helpers import write_plan
 from tests.test_recovery import assert_matches_reference, launch_reaped
@@ -30,6 +32,7 @@ def emulated_run(tmp_path: Path, steps: int, interval: int, step_s: float, timeo
                       emulate=True, time_scale=scale))
 
 
+@pytest.mark.slow
 def test_a_standby_waits_out_an_interval_longer_than_the_gloo_timeout(tmp_path):
     # points 0, 3 and 4: the standby holds point 0 at the start and point 3 only after
     # three steps of 3 s, 9 s against a per-operation timeout of 6 s; d0 then dies in
