@@ -33,10 +33,11 @@ from executor.launch import RunResult
 from executor.layout import RankLayout
 from executor.metrics import read_jsonl
 from executor.recovery import Supervisor
+from executor.worker import WorkerOptions
 from planner.cli import main
 from planner.cluster import Cluster
 from planner.errors import InputError
-from planner.plan import load_plan
+from planner.plan import load_plan, plan_to_dict
 from planner.profile import Timing
 from tests import netns
 from tests.executor_helpers import alive, make_test_plan, write_plan
@@ -48,10 +49,12 @@ from tests.test_recovery import (
     THREE_STAGES,
     assert_final_state_is_the_references,
     assert_matches_reference,
+    launch_reaped,
     profile,
     reference,
     run,
 )
+from tests.test_recovery_spare import one_device_plan
 
 #: the tests' device type (tests.executor_helpers.cluster's), embedded in join files
 HOST_CPU = {
@@ -222,6 +225,46 @@ def test_a_killed_device_rejoins_as_a_fresh_process_under_a_new_generation(tmp_p
     ranks = json.loads((tmp_path / "ranks.json").read_text())
     old, new = (r for r in ranks if r["device"] == "d1")
     assert old["pid"] != new["pid"] and new["incarnation"] == 3
+    assert_every_process_reaped(tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("devices", [3, 2])
+def test_a_standby_killed_mid_run_rejoins_at_a_step_boundary_into_the_plan(tmp_path, devices):
+    # a one-device plan (d0) whose standby d1 holds the replica: d1 is SIGKILLed with the
+    # replica of point 2 received, not acknowledged, so the run replays from step 1 with
+    # the next standby d2 as the holder (devices=3) or unreplicated, with the warning
+    # (devices=2). At step 3 a fresh d1 rejoins: like any join it is re-planned into the
+    # plan where it helps (the full solve; it would be a spare, a standby again, had it
+    # helped nowhere), gets its blocks from their owner, and the run is replicated again
+    plan = one_device_plan(devices, model_profile=fixed_profile())
+    path = write_plan(plan, tmp_path)
+    result = launch_reaped(
+        WorkerOptions(str(path), 5, str(tmp_path), deterministic=True,
+                      timeout_s=GLOO_TIMEOUT_S, save_weights=True, faults="d1:1:replication"),
+        joins=[join_at(tmp_path, 3, "d1")])
+    assert_matches_reference(tmp_path, plan, result, steps=5)
+    lost, back = result.events
+    assert (lost["cause"], lost["device"], lost["replay_from_step"]) == ("crash", "d1", 1)
+    (replica,) = plan_to_dict(plan_after(tmp_path, lost))["replicas"]
+    if devices == 3:
+        assert replica["holders"] == ["d2"] and "warning" not in lost
+    else:
+        assert replica["kind"] == "none" and "unreplicated" in lost["warning"]
+    assert (back["cause"], back["device"], back["replay_from_step"], back["generation"]
+            ) == ("join", "d1", 3, 3)
+    assert back["old_plan"] == lost["new_plan"]
+    new = plan_after(tmp_path, back)
+    assert new.changes is not None and new.changes.joined == ("d1",)
+    assert_each_serves_blocks_received_from_their_owner(plan, new, ("d1",))
+    # every stage of the new plan has a copy on another device that runs a process
+    assert "warning" not in back
+    assert [m["generation"] for m in result.metrics] == [1, 2, 2, 3, 3]
+    assert ["d1" in m["devices"] for m in result.metrics] == [False] * 3 + [True] * 2
+    ranks = json.loads((tmp_path / "ranks.json").read_text())
+    old, fresh = (r for r in ranks if r["device"] == "d1")
+    assert (old["role"], fresh.get("role"), fresh["incarnation"]) == ("standby", None, 3)
+    assert old["pid"] != fresh["pid"]
     assert_every_process_reaped(tmp_path)
 
 
