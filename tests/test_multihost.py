@@ -353,18 +353,46 @@ class RecoveringJob:
                 str(self.steps), "--out", str(self.out), "--deterministic",
                 *coordinator_args],
             env=self.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.port = port
         job = [h for h in self.hosts.hosts if h.index not in standbys]
-        for i, folder in enumerate(self.folders):
-            worker = ["-m", "executor.worker", str(folder / f"{self.name}.json"), "--steps",
-                      str(self.steps), "--out", str(folder / self.name), "--deterministic",
-                      "--save-weights", "--timeout", str(GLOO_S), "--coordinator",
-                      f"{self.hosts[0].address}:{port}", *worker_args(i)]
-            hidden = [self.coord, *(f for f in self.folders if f != folder)]
-            argv = ([PY, *worker, "--standby", standbys[i]] if i in standbys
-                    else torchrun_argv(job, job.index(self.hosts[i]), worker, rdzv_port))
-            self.agents.append(self.hosts.start(
-                i, hiding(hidden, argv), env=self.env, cwd=REPO, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, text=True))
+        for i in range(len(self.folders)):
+            worker = self._worker(i, worker_args(i))
+            self._start_on(i, [PY, *worker, "--standby", standbys[i]] if i in standbys
+                           else torchrun_argv(job, job.index(self.hosts[i]), worker, rdzv_port))
+
+    def _worker(self, i: int, args: list[str]) -> list[str]:
+        """The worker's arguments on host ``i`` (after ``python``)."""
+        folder = self.folders[i]
+        return ["-m", "executor.worker", str(folder / f"{self.name}.json"), "--steps",
+                str(self.steps), "--out", str(folder / self.name), "--deterministic",
+                "--save-weights", "--timeout", str(GLOO_S), "--coordinator",
+                f"{self.hosts[0].address}:{self.port}", *args]
+
+    def _start_on(self, i: int, argv: list[str]) -> None:
+        """Start ``argv`` on host ``i``, which sees no other host's folder."""
+        hidden = [self.coord, *(f for f in self.folders if f != self.folders[i])]
+        self.agents.append(self.hosts.start(
+            i, hiding(hidden, argv), env=self.env, cwd=REPO, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True))
+
+    def join(self, i: int, document: dict) -> None:
+        """Start a worker on host ``i``, outside the torchrun job, that registers the one
+        device of the cluster ``document`` with the coordinator (``--join``)."""
+        path = self.folders[i] / f"{self.name}-join.json"
+        path.write_text(json.dumps(document))
+        self._start_on(i, [PY, *self._worker(i, ["--join", str(path)])])
+
+    def events(self, n: int, within_s: float = 120) -> list[dict]:
+        """The first ``n`` recovery events, once the coordinator has written them."""
+        deadline = time.monotonic() + within_s
+        while True:
+            path = self.out / "metrics.jsonl"
+            events = [m for m in read_jsonl(path) if m.get("type") == "recovery"
+                      ] if path.exists() else []
+            if len(events) >= n:
+                return events[:n]
+            assert time.monotonic() < deadline, f"fewer than {n} recovery events: {events}"
+            time.sleep(0.1)
 
     def durable_steps(self) -> int:
         path = self.out / "metrics.jsonl"
@@ -648,11 +676,7 @@ def test_the_replica_moves_to_the_next_standby_when_the_holders_host_is_lost(
     with netns.Hosts(3, rate_mbit=100) as hosts:
         plan, job = start_one_device_job_with_standbys(tmp_path, hosts, "h", steps)
         hosts.set_link(2, up=False)
-        deadline = time.monotonic() + 120
-        while not any(m.get("type") == "recovery" for m in read_jsonl(job.out / "metrics.jsonl")):
-            assert time.monotonic() < deadline, "no recovery from the holder's loss"
-            time.sleep(0.1)
-        (first,) = [m for m in read_jsonl(job.out / "metrics.jsonl") if m.get("type")]
+        (first,) = job.events(1)
         job.wait_for(first["replay_from_step"] + 2)  # d2 holds a durable replica
         kill_host(hosts, 1)
         lines = job.finish(survivors=[0])
@@ -667,6 +691,48 @@ def test_the_replica_moves_to_the_next_standby_when_the_holders_host_is_lost(
     assert last.partition.used_devices() == ["d2"]
     assert {t.source for t in last.migration} == {"d2"}
     assert "unreplicated" in events[1]["warning"]
+    want = reference(plan, steps)
+    assert [m["step"] for m in metrics] == list(range(steps))
+    assert [m["loss"] for m in metrics] == want.losses
+    assert [m["samples"] for m in metrics] == want.sample_ids
+    assert_final_state_is_the_references(job.weights(), want)
+
+
+@pytest.mark.slow
+def test_a_standby_whose_host_is_killed_comes_back_with_join_into_the_plan(
+    tmp_path: Path,
+) -> None:
+    # d0 on host 1, holder d1 on host 2, d2 on host 0; every process of host 2 is
+    # SIGKILLed: d1 is declared hung, the plan keeps d0 and the replica moves to d2. A
+    # fresh d1 worker on host 2 then registers (--join d1.json, no step: the next
+    # boundary) and is admitted like any join, into the plan where it helps: it serves
+    # blocks received from d0, across hosts, and the run ends bit-identical
+    from tests.test_recovery import reference
+    from tests.test_recovery_join import (
+        assert_each_serves_blocks_received_from_their_owner,
+        join_doc,
+    )
+
+    steps = 100
+    with netns.Hosts(3, rate_mbit=100) as hosts:
+        plan, job = start_one_device_job_with_standbys(tmp_path, hosts, "j", steps)
+        kill_host(hosts, 2)
+        job.events(1)
+        job.join(2, join_doc("d1"))
+        lines = job.finish(survivors=[0, 1, 2])
+    events = [m for m in lines if m.get("type") == "recovery"]
+    metrics = [m for m in lines if "type" not in m]
+    assert [(e["cause"], e["device"]) for e in events] == [("hang", "d1"), ("join", "d1")]
+    lost, back = events
+    kept = load_plan(job.out / "plans" / f"{lost['new_plan']}.json")
+    assert kept.partition == plan.partition  # d0 serves on, nothing moves
+    assert [r.holders for r in replica_placement(kept)] == [("d2",)]
+    new = load_plan(job.out / "plans" / f"{back['new_plan']}.json")
+    assert new.changes is not None and new.changes.joined == ("d1",)
+    assert_each_serves_blocks_received_from_their_owner(plan, new, ("d1",))
+    assert "warning" not in back
+    d = back["replay_from_step"]
+    assert ["d1" in m["devices"] for m in metrics] == [False] * d + [True] * (steps - d)
     want = reference(plan, steps)
     assert [m["step"] for m in metrics] == list(range(steps))
     assert [m["loss"] for m in metrics] == want.losses
