@@ -59,6 +59,17 @@ SENDER = textwrap.dedent("""
     c.sendall(b"x" * int(sys.argv[2])); c.close()
 """)
 
+#: ``python -m executor.worker ARGS`` once the file ``sys.argv[1]`` exists, the slow
+#: imports done before (RecoveringJob.ready_to_join)
+WARM = textwrap.dedent("""
+    import os, runpy, sys, time
+    import torch.distributed, executor.recovery
+    go = sys.argv.pop(1)
+    while not os.path.exists(go):
+        time.sleep(0.05)
+    runpy.run_module("executor.worker", run_name="__main__", alter_sys=True)
+""")
+
 
 @pytest.fixture(autouse=True)
 def no_namespace_left() -> Iterator[None]:
@@ -375,12 +386,18 @@ class RecoveringJob:
             i, hiding(hidden, argv), env=self.env, cwd=REPO, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True))
 
-    def join(self, i: int, document: dict) -> None:
-        """Start a worker on host ``i``, outside the torchrun job, that registers the one
-        device of the cluster ``document`` with the coordinator (``--join``)."""
+    def ready_to_join(self, i: int, document: dict) -> Callable[[], None]:
+        """Start, on host ``i`` and outside the torchrun job, a worker that registers the
+        one device of the cluster ``document`` with the coordinator (``--join``) once the
+        returned function is called: ``python -m executor.worker`` run by :data:`WARM`,
+        with torch imported beforehand (the start-up, 20-30 s under a load average of 13,
+        would otherwise decide whether the run is still going when it registers)."""
         path = self.folders[i] / f"{self.name}-join.json"
         path.write_text(json.dumps(document))
-        self._start_on(i, [PY, *self._worker(i, ["--join", str(path)])])
+        go = self.folders[i] / f"{self.name}-join.go"
+        self._start_on(i, [PY, "-c", WARM, str(go),
+                           *self._worker(i, ["--join", str(path)])[2:]])
+        return go.touch
 
     def events(self, n: int, within_s: float = 120) -> list[dict]:
         """The first ``n`` recovery events, once the coordinator has written them."""
@@ -704,21 +721,23 @@ def test_a_standby_whose_host_is_killed_comes_back_with_join_into_the_plan(
 ) -> None:
     # d0 on host 1, holder d1 on host 2, d2 on host 0; every process of host 2 is
     # SIGKILLed: d1 is declared hung, the plan keeps d0 and the replica moves to d2. A
-    # fresh d1 worker on host 2 then registers (--join d1.json, no step: the next
-    # boundary) and is admitted like any join, into the plan where it helps: it serves
-    # blocks received from d0, across hosts, and the run ends bit-identical
+    # fresh d1 worker on host 2 (started at once, torch imported) then registers
+    # (--join d1.json, no step: the next boundary) and is admitted like any join, into
+    # the plan where it helps: it serves blocks received from d0, across hosts, and the
+    # run ends bit-identical
     from tests.test_recovery import reference
     from tests.test_recovery_join import (
         assert_each_serves_blocks_received_from_their_owner,
         join_doc,
     )
 
-    steps = 100
+    steps = 60
     with netns.Hosts(3, rate_mbit=100) as hosts:
         plan, job = start_one_device_job_with_standbys(tmp_path, hosts, "j", steps)
         kill_host(hosts, 2)
-        job.events(1)
-        job.join(2, join_doc("d1"))
+        join = job.ready_to_join(2, join_doc("d1"))
+        job.events(1)  # d1 is declared lost: its id may register again
+        join()
         lines = job.finish(survivors=[0, 1, 2])
     events = [m for m in lines if m.get("type") == "recovery"]
     metrics = [m for m in lines if "type" not in m]
