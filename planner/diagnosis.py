@@ -21,7 +21,11 @@ def diagnose_infeasible(problem: Problem) -> InfeasibleError:
     largest device's usable memory; (2) the whole model's static state exceeds all usable
     memory together; (3) otherwise activations of the in-flight micro-batches bind: the
     smallest factor by which every device's memory must grow for the DP to find a plan
-    (bisection to 2%), and that plan's largest overflow.
+    (bisection to 2%), and that plan's largest overflow. When that plan overflows no
+    device (a positive shortfall is never reached: the search failed for a reason other
+    than memory), the error's constraint is ``search``, not ``memory``, and it has no
+    shortfall. Every ``memory`` error's shortfall is positive (or None: not measurable).
+    Cost: (3) runs the DP O(log 1000 + log_1.02 2) = O(10) times.
     """
     cm = CostModel(problem, max(problem.config.micro_batch_sizes()))
     cluster = problem.cluster
@@ -70,6 +74,19 @@ def diagnose_infeasible(problem: Problem) -> InfeasibleError:
         ),
         key=lambda t: t[1],
     )
+    if over <= 0:
+        # a plan fits at (within 2% of) the devices' own memory: the search that gave up
+        # did so for another reason, and memory must not be blamed for it
+        return InfeasibleError(
+            "no plan was found, though memory does not rule one out: with micro-batch "
+            f"{smallest} a {plan.partition.num_stages}-stage plan fits every device's usable "
+            f"memory (the fullest, {device}, has {_human_bytes(-over)} to spare), so the "
+            "search missed it (the exact solver's relaxed model, or the DP's search, which "
+            "prices ring replicas only after it). Try the other solver (--solver dp or "
+            "milp), or replication_interval 0.",
+            "search",
+            None,
+        )
     return InfeasibleError(
         "memory: no stage layout fits; the activations of in-flight micro-batches bind. "
         f"With micro-batch {smallest} the best plan needs {scale:.2f}x the usable memory: "

@@ -18,6 +18,7 @@ from planner import api
 from planner.cluster import Cluster, Device, DeviceType, Link, Network
 from planner.config import TrainingConfig
 from planner.cost import CostModel
+from planner.diagnosis import diagnose_infeasible
 from planner.errors import InfeasibleError
 from planner.partition import Partition, StageAssignment
 from planner.problem import make_problem
@@ -125,6 +126,22 @@ def test_a_block_larger_than_every_device_is_short_by_the_exact_bytes():
     # block b0 alone: 3 x 1000 = 3000 bytes of state; the largest device has 2500
     assert error.shortfall == 500.0
     assert "block 0 (b0) alone needs" in str(error)
+
+
+def test_a_search_that_fails_where_memory_fits_is_not_blamed_on_memory():
+    # the diagnosis of a solver that gave up although a plan fits (it is called only
+    # after a failure; here on a problem that has a plan): one device A of 20000 bytes;
+    # the one-stage plan at micro-batch 1 needs the model's 3 x 6000 bytes of momentum
+    # state + one micro-batch's saved activations, 100 + 200 + 300 = 600: 18600 bytes,
+    # 1400 to spare. It used to say "device A is short by -1.37 KiB"
+    cl = cluster(Device("A", "t", memory_bytes=20000.0))
+    error = diagnose_infeasible(problem(cl, TrainingConfig(2, (1,))))
+    assert (error.constraint, error.shortfall) == ("search", None)
+    assert str(error).startswith(
+        "no plan was found, though memory does not rule one out: with micro-batch 1 a "
+        "1-stage plan fits every device's usable memory (the fullest, A, has 1.37 KiB to "
+        "spare)")
+    assert "short by" not in str(error)
 
 
 def test_a_model_larger_than_all_devices_together_is_short_by_the_exact_bytes():
