@@ -89,16 +89,13 @@ from executor.layout import RankLayout, check_runnable
 from planner.cli import add_coordinate_arguments
 from planner.errors import EdgepipeError, InputError
 from planner.plan import Plan, load_plan, replica_standbys
+from planner.timeouts import HANG_TIMEOUT_S, HEARTBEAT_S, START_TIMEOUT_S
 
 if TYPE_CHECKING:  # the worker imports this module
     from executor.worker import Endpoint, WorkerOptions
 
 #: seconds between two polls of the members' heartbeats
 POLL_S = 0.05
-#: default seconds of heartbeat silence after which a device is declared dead
-HANG_TIMEOUT_S = 10.0
-#: seconds a worker may take to send its first beat (torch import on a loaded host)
-START_TIMEOUT_S = 120.0
 #: seconds the other ranks get to see an abort
 ABORT_GRACE_S = 2.0
 #: after an abort the store stays up until every other rank stopped beating (exited),
@@ -108,8 +105,6 @@ ABORT_GRACE_S = 2.0
 LINGER_S = 90.0
 #: heartbeat intervals of silence after which an aborted rank counts as exited
 EXITED_BEATS = 4
-#: default heartbeat interval of a worker that joins a coordinator
-HEARTBEAT_S = 0.5
 
 
 class RunStopped(EdgepipeError):

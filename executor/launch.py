@@ -82,18 +82,12 @@ from executor.stage import check_build
 from executor.worker import Endpoint, WorkerOptions, spawned
 from planner.errors import EdgepipeError, InputError
 from planner.plan import Plan, load_plan, replica_standbys
+from planner.timeouts import HANG_TIMEOUT_S, HEARTBEAT_S, START_TIMEOUT_S
 
 POLL_S = 0.02
 GRACE_S = 2.0
-#: default seconds of heartbeat silence after which a device is declared hung
-HANG_TIMEOUT_S = 10.0
-#: default heartbeat interval of every worker
-HEARTBEAT_S = 0.5
 #: seconds the other workers get to stop on their own after an abort
 ABORT_GRACE_S = 1.0
-#: seconds a child may take to send its first heartbeat (interpreter start, torch
-#: import, plan load: over 20 s for four children on a loaded two-core machine)
-START_TIMEOUT_S = 120.0
 
 
 class RunFailed(EdgepipeError):

@@ -85,6 +85,7 @@ from planner.plan import Plan, load_plan, plan_from_dict, replica_placement
 from planner.replicas import RING
 from planner.schedule import Action, ActionType
 from planner.schedule import build as build_schedule
+from planner.timeouts import GLOO_TIMEOUT_S
 
 #: exit status of a worker that refused or failed with an edgepipe error
 EXIT_REFUSED = 2
@@ -107,7 +108,7 @@ class WorkerOptions:
     out: str | None = None
     deterministic: bool = False
     dataset: str | None = None
-    timeout_s: float = 60.0
+    timeout_s: float = GLOO_TIMEOUT_S
     save_weights: bool = False
     generation: int = 0
     emulate: bool = False
@@ -981,7 +982,7 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerOptions:
     p.add_argument("--out")
     p.add_argument("--deterministic", action="store_true")
     p.add_argument("--dataset")
-    p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--timeout", type=float, default=GLOO_TIMEOUT_S)
     p.add_argument("--save-weights", action="store_true")
     p.add_argument("--generation", type=int, default=0)
     p.add_argument("--emulate", action="store_true")

@@ -61,6 +61,7 @@ from planner.schema import (
     write_text_atomic,
 )
 from planner.simulator import simulate
+from planner.timeouts import GLOO_TIMEOUT_S, HANG_TIMEOUT_S, HEARTBEAT_S, START_TIMEOUT_S
 
 if TYPE_CHECKING:
     from executor.coordinator import Stopped
@@ -997,9 +998,9 @@ def add_coordinate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("plan", help="the plan every worker runs (same file on every host)")
     p.add_argument("--port", type=positive_int, default=29500,
                    help="port of the run's store here (workers: --coordinator HOST:PORT)")
-    p.add_argument("--hang-timeout", type=positive_float, default=10.0,
+    p.add_argument("--hang-timeout", type=positive_float, default=HANG_TIMEOUT_S,
                    help="seconds without a heartbeat after which a device is declared dead")
-    p.add_argument("--start-timeout", type=positive_float, default=120.0,
+    p.add_argument("--start-timeout", type=positive_float, default=START_TIMEOUT_S,
                    help="seconds a worker may take to send its first heartbeat")
     p.add_argument("--recover", action="store_true",
                    help="recover in-process from a lost device or host (needs --steps)")
@@ -1319,7 +1320,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--timeout",
         type=positive_float,
-        default=60.0,
+        default=GLOO_TIMEOUT_S,
         help="seconds a transfer or collective may wait",
     )
     p.add_argument(
@@ -1355,7 +1356,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--hang-timeout",
         type=positive_float,
-        default=10.0,
+        default=HANG_TIMEOUT_S,
         help="seconds without a heartbeat after which a device is declared hung (a crash "
         "is seen at once; docs/executor.md, Failure detection)",
     )
@@ -1384,7 +1385,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--heartbeat",
         type=positive_float,
-        default=0.5,
+        default=HEARTBEAT_S,
         help="seconds between a worker's heartbeats (under half of --hang-timeout)",
     )
     p.add_argument(

@@ -430,3 +430,27 @@ def test_a_finished_coordinate_run_prints_each_dropped_join_as_one_warning_line(
     _coordinated(Stopped(3, (reason,)))
     assert capsys.readouterr().err.splitlines() == [
         f"warning: {reason}", "every worker finished (generation 3)"]
+
+
+def test_the_control_planes_defaults_have_one_source_for_the_cli_and_the_executor():
+    # planner/timeouts.py (no torch, no executor/): the CLI's defaults are the figures
+    # the launcher, the coordinator and the worker use when called as a library
+    import dataclasses
+
+    from executor import coordinator, launch, worker
+    from planner import timeouts
+
+    parser = cli.build_parser()
+    run = parser.parse_args(["run", "plan.json", "--steps", "1"])
+    coordinate = parser.parse_args(["coordinate", "plan.json"])
+    assert (run.hang_timeout, run.heartbeat, run.timeout) == (
+        timeouts.HANG_TIMEOUT_S, timeouts.HEARTBEAT_S, timeouts.GLOO_TIMEOUT_S)
+    assert (coordinate.hang_timeout, coordinate.start_timeout) == (
+        timeouts.HANG_TIMEOUT_S, timeouts.START_TIMEOUT_S)
+    assert (launch.HANG_TIMEOUT_S, launch.HEARTBEAT_S, launch.START_TIMEOUT_S) == (
+        timeouts.HANG_TIMEOUT_S, timeouts.HEARTBEAT_S, timeouts.START_TIMEOUT_S)
+    assert (coordinator.HANG_TIMEOUT_S, coordinator.START_TIMEOUT_S,
+            coordinator.HEARTBEAT_S) == (timeouts.HANG_TIMEOUT_S, timeouts.START_TIMEOUT_S,
+                                         timeouts.HEARTBEAT_S)
+    (field,) = [f for f in dataclasses.fields(worker.WorkerOptions) if f.name == "timeout_s"]
+    assert field.default == timeouts.GLOO_TIMEOUT_S
