@@ -193,29 +193,21 @@ def test_sigkill_of_the_only_device_recovers_from_the_standby_bit_identically(tm
     assert "warning" not in event
 
 
-def test_sigkill_of_the_device_during_its_background_send_replays_from_the_point_before(
-    tmp_path,
+@pytest.mark.parametrize(("signal", "cause"), [
+    ("KILL", "crash"), pytest.param("STOP", "hang", marks=pytest.mark.slow)])
+def test_the_device_lost_during_its_background_send_replays_from_the_point_before(
+    tmp_path, signal, cause
 ):
-    # d0 dies in the background thread of point 2 (the state after step 1): its sends
-    # posted, nothing acknowledged, while its training thread computes step 2; point 2
-    # is not durable, so the run replays from point 1, which d1 holds
-    plan, result = run(tmp_path, 3, "d0:1:replication")
+    # d0 is SIGKILLed, or SIGSTOPped (declared hung, fenced, killed), in the background
+    # thread of point 2 (the state after step 1): its sends posted, nothing acknowledged,
+    # while its training thread computes step 2; point 2 is not durable, so the run
+    # replays from point 1, which d1 holds
+    plan, result = run(tmp_path, 3, f"d0:1:replication:{signal}")
     assert_matches_reference(tmp_path, plan, result, STEPS)
     (event,) = result.events
-    assert (event["cause"], event["device"], event["replay_from_step"]) == ("crash", "d0", 1)
+    assert (event["cause"], event["device"], event["replay_from_step"]) == (cause, "d0", 1)
     assert {t.source for t in plan_of(tmp_path, event).migration} == {"d1"}
     assert [m["generation"] for m in result.metrics] == [1, 2, 2, 2]
-
-
-@pytest.mark.slow
-def test_a_device_sigstopped_during_its_background_send_replays_from_the_point_before(
-    tmp_path,
-):
-    plan, result = run(tmp_path, 3, "d0:1:replication:STOP")
-    assert_matches_reference(tmp_path, plan, result, STEPS)
-    (event,) = result.events
-    assert (event["cause"], event["device"], event["replay_from_step"]) == ("hang", "d0", 1)
-    assert {t.source for t in plan_of(tmp_path, event).migration} == {"d1"}
 
 
 @pytest.mark.slow
