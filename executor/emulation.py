@@ -31,6 +31,15 @@ data and a one-element header carrying the arrival time
 receiver's ``wait()`` returns when both are in and the arrival time has passed; the
 sender's ``wait()`` when its data is out and ``start + duration`` has passed.
 
+**Replicas** (:meth:`EmulatedTransport.occupy`, called by a replication point's
+background thread, executor/replication.py). A replica's real bytes go over the
+replica process group at once; the owner then sleeps through the transfer on the link
+to the holder, ``k * n / bw`` reserved on the same channels as above one piece of
+``k * PIECE_MS`` at a time (each after the one before ended, so activations posted
+meanwhile take turns with it), plus ``k * lat``, and acknowledges the point only then.
+The links of a recovering generation's rank reach its spares too (a standby holds a
+one-device plan's replica).
+
 **All-reduce** (the hook's ``after_reduce``). After the real ``REDUCE_GRAD`` of a group
 of ``g > 1`` devices (which returns once the last member arrives), every member waits
 ``k * allreduce_ms`` more (the cost model's ring time for the group). On a shared
@@ -64,6 +73,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,6 +100,9 @@ CHANNEL_KEY = "emu/channel"
 DOWNLINK_KEY = "emu/down"
 #: the sender's own uplink in :class:`EmulatedTransport`'s channel table
 UPLINK = -1
+#: link time (ms, before the time scale) of one piece of a long transfer that
+#: :meth:`EmulatedTransport.occupy` reserves at a time
+PIECE_MS = 10.0
 
 
 def _sleep_until(deadline: float) -> None:
@@ -138,19 +151,42 @@ class EmulatedTransport(Transport):
         super().__init__(pg)
         self.links, self.k, self.store = links, time_scale, store
         self._free: dict[int, float] = {}
+        # the training thread's sends and a replication thread's :meth:`occupy`
+        # reserve this process's channels (a pair's, its uplink) side by side
+        self._lock = threading.Lock()
 
     def _reserve(self, dst: int, duration: float) -> float:
         if self.links.topology == "point_to_point":
-            start = max(time.time(), self._free.get(dst, 0.0))
-            self._free[dst] = start + duration
+            with self._lock:
+                start = max(time.time(), self._free.get(dst, 0.0))
+                self._free[dst] = start + duration
             return start
         assert self.store is not None
         if self.links.topology == "shared_medium":
             return reserve(self.store, CHANNEL_KEY, duration)
-        uplink_free = max(time.time(), self._free.get(UPLINK, 0.0))
-        start = reserve(self.store, f"{DOWNLINK_KEY}/{dst}", duration, not_before=uplink_free)
-        self._free[UPLINK] = start + duration
+        with self._lock:
+            uplink_free = max(time.time(), self._free.get(UPLINK, 0.0))
+            start = reserve(self.store, f"{DOWNLINK_KEY}/{dst}", duration,
+                            not_before=uplink_free)
+            self._free[UPLINK] = start + duration
         return start
+
+    def occupy(self, dst: int, nbytes: int, piece_ms: float = PIECE_MS) -> None:
+        """Sleep through the emulated transfer of ``nbytes`` to ``dst`` whose real data
+        has already gone (a replica, executor/replication.py): its channel is reserved
+        one piece of at most ``piece_ms`` of link time (x the time scale) at a time,
+        each after the one before ended, so that activations posted meanwhile take
+        turns with it (a long transfer as interleaved packets, not one block), then the
+        link's latency passes. Returns at the emulated arrival. O(transfer time /
+        piece) reservations."""
+        left = self.k * nbytes / self.links.bytes_per_ms[dst] / 1e3
+        end = time.time()
+        while left > 0:
+            piece = min(left, self.k * piece_ms / 1e3)
+            end = self._reserve(dst, piece) + piece
+            _sleep_until(end)
+            left -= piece
+        _sleep_until(end + self.k * self.links.latency_ms[dst] / 1e3)
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
         nbytes = tensor.numel() * tensor.element_size()
@@ -304,8 +340,11 @@ class Emulation:
     @classmethod
     def for_rank(cls, plan: Plan, rank: int, store: dist.Store, time_scale: float,
                  out: str | None, slowdowns: tuple[EmulatedSlowdown, ...] = (),
-                 pg: dist.ProcessGroup | None = None, first_step: int = 0) -> Emulation:
-        """Budgets of ``rank`` from ``plan.cost`` and its links from the plan's cluster;
+                 pg: dist.ProcessGroup | None = None, first_step: int = 0,
+                 spares: tuple[str, ...] = ()) -> Emulation:
+        """Budgets of ``rank`` from ``plan.cost`` and its links from the plan's cluster
+        to every rank's device, then to each of ``spares`` (a recovering generation's
+        members beyond the plan's ranks, in rank order: a standby holds a replica);
         ``slowdowns``: the emulated slowdowns of the run (only this rank's device's
         applies); transfers on ``pg`` when given (a generation's raw group).
         O(world size)."""
@@ -315,7 +354,7 @@ class Emulation:
         me = layout.ranks[rank]
         cluster = plan.problem.cluster
         i = cluster.index(me.device)
-        peers = [cluster.index(r.device) for r in layout.ranks]
+        peers = [cluster.index(d) for d in (*(r.device for r in layout.ranks), *spares)]
         links = LinkFigures(
             tuple(cluster.bytes_per_ms(i, j) if j != i else float("inf") for j in peers),
             tuple(cluster.latency_ms(i, j) if j != i else 0.0 for j in peers),

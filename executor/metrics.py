@@ -36,7 +36,8 @@ COMPUTE = ("F", "B")
 SEND = ("SEND_F", "SEND_B", "SEND_WAIT")
 RECV = ("RECV_F", "RECV_B")
 #: per-device figures that payloads of older writers, or of runs without replication, lack
-OPTIONAL = ("started_at", "replication_ms", "replication_background_ms")
+OPTIONAL = ("started_at", "replication_ms", "replication_background_ms", "replication_point",
+            "replication_acked_at")
 
 
 def peak_memory_bytes(device: torch.device) -> int:

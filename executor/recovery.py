@@ -14,8 +14,11 @@ The coordinator (the local launcher, or a cross-host coordinator process) runs o
   generation are under ``gen<g>/``, so a dead generation's late writes never count.
 * **Commit vote** (torchft's ``should_commit``): a rank writes ``vote/<t>/<rank>`` when
   step ``t``'s compute is done; :meth:`Supervisor.poll` writes ``commit/<t>`` once every
-  voter (plan rank) voted and every replication point up to ``t`` is durable (below:
-  acknowledged by every member, standbys included); no rank applies step ``t``'s
+  voter (plan rank) voted and every replication point whose successor is at most
+  ``t + 1`` is durable (below: acknowledged by every member, standbys included): a
+  point stays in flight beside the steps up to the one whose commit makes the next
+  point, and that commit waits for it (:func:`commit_blocked`); no rank applies step
+  ``t``'s
   optimizer step before that, so a step applies everywhere or nowhere (a rank killed
   after the commit is replayed from the last durable step, as every other rank is).
 * **Durability.** After applying step ``t`` a rank replicates at replication points
@@ -160,6 +163,21 @@ def replication_points(resume: int, steps: int, interval: int) -> list[int]:
     return points
 
 
+def commit_blocked(step: int, undurable: Sequence[int]) -> bool:
+    """Whether step ``step`` must wait for a replication point before it commits, given
+    the generation's points not durable yet (``undurable``, ascending; durability comes
+    in point order, so they are a suffix of :func:`replication_points`).
+
+    Rule (docs/fault-tolerance.md, "Points in flight"): the commit of step t makes state
+    t + 1, so it needs every point p durable whose successor p' <= t + 1; the first
+    undurable point's successor is ``undurable[1]``. Point p may thus stay in flight
+    beside steps p .. p' - 2, and at most two points are ever undurable and taken
+    (p in flight, p' just taken), so each stream needs two buffer sets
+    (:class:`executor.replication.Buffers`). With interval 1 (p' = p + 1) it is the
+    rule "every point up to t is durable". O(1)."""
+    return len(undurable) > 1 and undurable[1] <= step + 1
+
+
 def unreplicated(plan: Plan, members: Sequence[str]) -> str | None:
     """One line naming the stages of ``plan`` whose state no other member will hold
     although the plan replicates: no device can hold the replica (kind ``none``) or its
@@ -284,13 +302,13 @@ class Supervisor:
         end = self.steps if self.held is None else max(self.held, gen.resume)
         # a point is durable once every member acknowledged it (spares included: one
         # may hold a one-device plan's replica); a step commits only once every point
-        # up to it is durable (the voters' votes imply their own acknowledgements)
+        # it needs is (commit_blocked; the voters' votes imply their own acknowledgements)
         while gen.points and gen.all_wrote(f"repl/{gen.points[0]}", everyone=True):
             n = gen.points.pop(0)
             gen.durable = n
             self.base = (gen.plan, n, False)
             self._write_metrics(gen, n)
-        while (gen.next_commit < end and not (gen.points and gen.points[0] <= gen.next_commit)
+        while (gen.next_commit < end and not commit_blocked(gen.next_commit, gen.points)
                and gen.all_wrote(f"vote/{gen.next_commit}")):
             gen.store.set(f"commit/{gen.next_commit}", repr(time.time()))
             gen.next_commit += 1

@@ -31,12 +31,15 @@ compute (:func:`point_work`): copy the parameters and optimizer state (nothing c
 them before the optimizer step of step n), keep the copy, send it to the ring holder on
 the generation's replica process group (its own connections, beside the activations'
 group; torch-and-solvers.md P7: a failed op poisons only its group), receive the
-replicas this rank holds, then acknowledge ``repl/<n>/<rank>``. The rank votes step n
-only after the background half is done (:meth:`Background.join`, which stops at once
-when the generation is aborted), and the coordinator commits step n only once point n
-is durable (every member, standbys included, acknowledged it); so no optimizer step
-ever runs while a snapshot is being completed, and a failure before point n is durable
-replays from the point before it, which every rank still holds (``durable``).
+replicas this rank holds, then acknowledge ``repl/<n>/<rank>``. The rank applies step
+n only once its own copy is complete (``copied``), so no optimizer step ever runs while
+a snapshot is being completed; it votes the step whose commit makes the next point n'
+only after the whole background half is done (:meth:`Background.join`, which stops at
+once when the generation is aborted), and the coordinator commits that step only once
+point n is durable (every member, standbys included, acknowledged it;
+:func:`executor.recovery.commit_blocked`). So point n travels beside the steps n ..
+n' - 1 (docs/fault-tolerance.md, "Points in flight"), and a failure before it is
+durable replays from the point before it, which every rank still holds (``durable``).
 
 Transfers: a set of block states travels as its tensors' bytes, not serialised: an
 int64 tensor with the length of a small header (:class:`Header`: the layout, by
@@ -214,10 +217,12 @@ class Buffers:
     replication path allocates (and page-faults) nothing after its first two points.
 
     A set handed out for point n is handed out again for the point two points later;
-    by then point n is no longer needed by anyone: a point is posted only after the
-    commit of the step before it, which implies the point before it is durable, so the
-    point before that one is neither durable nor pending anywhere (module docstring,
-    "Asynchronous replication"). Keys name a stream of points (own state, or a replica
+    by then point n is no longer needed by anyone: a point is taken and posted only
+    after the commit of the step before it, which implies the point before it is
+    durable (the rule of :func:`executor.recovery.commit_blocked`, also with points
+    travelling beside several steps), so the point before that one is neither durable
+    nor pending anywhere and its sends were joined (module docstring, "Asynchronous
+    replication"). Keys name a stream of points (own state, or a replica
     from one owner); one instance belongs to one generation's run. The next generation
     does read a dead generation's buffers (its restore reads the durable point's copies,
     views into them), and that is safe because a thread still running has not
@@ -249,9 +254,8 @@ class Snapshot:
     step changes before its own optimizer step: the module's buffers (batch-norm
     running statistics change in every forward). :meth:`complete` (the background
     thread) copies the parameters and the optimizer state, which nothing changes until
-    the next optimizer step, and that step waits for the point to be durable, hence for
-    :meth:`complete` (the vote comes after :meth:`Background.join`). O(buffers) then
-    O(weights + optimizer state)."""
+    the next optimizer step, and that step waits for :meth:`complete` (``copied`` of
+    :func:`point_work`). O(buffers) then O(weights + optimizer state)."""
 
     def __init__(self, header: Header, flats: dict[str, torch.Tensor],
                  tensors: list[torch.Tensor], late: list[int]) -> None:
@@ -353,6 +357,8 @@ class Background:
 
     def __init__(self, name: str, work: Callable[[], None]) -> None:
         self.seconds = 0.0
+        #: wall clock (``time.time()``) at which the work ended; None while it runs
+        self.finished_at: float | None = None
         self.error: BaseException | None = None
         self._done = threading.Event()
         self._work = work
@@ -366,16 +372,19 @@ class Background:
             self.error = exc
         finally:
             self.seconds = time.perf_counter() - start
+            self.finished_at = time.time()
             self._done.set()
 
-    def join(self, check: Callable[[], None], poll_s: float = 0.005) -> float:
-        """Wait until the work is done, calling ``check`` (which raises when the
-        generation is aborted) every ``poll_s``; re-raise the work's error. Returns the
-        seconds waited."""
+    def join(self, check: Callable[[], None], poll_s: float = 0.005,
+             until: threading.Event | None = None) -> float:
+        """Wait until the work is done (or, given ``until``, until that event is set,
+        e.g. :func:`point_work`'s ``copied``), calling ``check`` (which raises when the
+        generation is aborted) every ``poll_s``; re-raise the work's error once it has
+        ended. Returns the seconds waited."""
         start = time.perf_counter()
-        while not self._done.wait(poll_s):
+        while not (until is not None and until.is_set()) and not self._done.wait(poll_s):
             check()
-        if self.error is not None:
+        if self._done.is_set() and self.error is not None:
             raise self.error
         return time.perf_counter() - start
 
@@ -383,31 +392,40 @@ class Background:
 def point_work(
     copies: Copies, generation: int, snapshot: Snapshot, pg: dist.ProcessGroup,
     holders: Sequence[int], receive_held: Callable[[], Mapping[int, BlockState]],
-    fault: Callable[[], None], acknowledge: Callable[[], None],
+    fault: Callable[[], None], acknowledge: Callable[[], None], *,
     announce: Callable[[], None] = lambda: None,
+    pace: Callable[[int, int], None] = lambda holder, nbytes: None,
+    copied: threading.Event | None = None,
 ) -> Callable[[], None]:
     """The background half of a replication point (for :class:`Background`), in this
-    order: complete ``snapshot`` and keep it (the rank's own copy), ``announce()`` (the
+    order: complete ``snapshot`` and keep it (the rank's own copy), set ``copied`` (from
+    then on the training thread may apply its next optimizer step), ``announce()`` (the
     owner's ``posted`` key: a holder posts its receive only once it is there, so that a
     receive never waits out its group's per-operation timeout for a point the owner has
     not made yet), post it to each of ``holders`` (ranks of ``pg``), ``fault()`` (the
-    fault point ``replication``:
-    sends posted, nothing acknowledged), keep what ``receive_held()`` returns (the
-    replicas this rank holds), wait for the sends, ``acknowledge()``. Every change of
-    ``copies`` is refused once ``generation`` is dead, so a thread that outlives its
-    generation (a late message) changes nothing; its acknowledgement goes to that
-    generation's keys, which no later generation reads."""
+    fault point ``replication``: sends posted, nothing acknowledged), keep what
+    ``receive_held()`` returns (the replicas this rank holds), wait for the sends,
+    ``pace(holder, bytes)`` for each holder (an emulated run sleeps there until the
+    transfer would have crossed the modelled link, executor/emulation.py),
+    ``acknowledge()``. Every change of ``copies`` is refused once ``generation`` is
+    dead, so a thread that outlives its generation (a late message) changes nothing;
+    its acknowledgement goes to that generation's keys, which no later generation
+    reads."""
 
     def work() -> None:
         copies.add(generation, snapshot.complete())
+        if copied is not None:
+            copied.set()
         out = Outgoing()
         if holders:
             announce()
-        for holder in holders:
-            out.send_flat(pg, holder, snapshot.header, snapshot.flats, REPLICA_TAG)
+        sizes = [out.send_flat(pg, holder, snapshot.header, snapshot.flats, REPLICA_TAG)
+                 for holder in holders]
         fault()
         copies.add(generation, receive_held())
         out.wait()
+        for holder, nbytes in zip(holders, sizes, strict=True):
+            pace(holder, nbytes)
         acknowledge()
 
     return work

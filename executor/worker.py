@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import sys
@@ -639,10 +640,11 @@ class _GenerationRun:
         replicas it holds (a one-device plan's, placed on an idle device), and wait for
         the end of the run (or the generation).
 
-        The coordinator commits no step before every earlier point is durable (every
-        member acknowledged it), and an owner posts point n only after the commit of
-        step n - 1; so when point n arrives the point before it is durable and is
-        promoted here, as the training ranks promote at each commit."""
+        An owner posts point n only after the commit of step n - 1, and that commit
+        needs the point before n durable (every member acknowledged it;
+        :func:`executor.recovery.commit_blocked`); so when point n arrives the point
+        before it is durable and is promoted here, as the training ranks promote at the
+        commit that needs it."""
         self._stamp("rebuilt")
         d = int(self.record["resume"])
         if not self.record["fresh"]:
@@ -693,8 +695,10 @@ class _GenerationRun:
         shapes, dtypes = stage_shapes(self.store, self.layout, me, module, self.w.rows,
                                       self.w.device)
         emulation = (Emulation.for_rank(plan, self.rank, self.store, opts.time_scale, opts.out,
-                                        opts.emulate_slowdown, self.pg, first_step=d)
+                                        opts.emulate_slowdown, self.pg, first_step=d,
+                                        spares=tuple(self.members[self.layout.world_size:]))
                      if opts.emulate else None)
+        self.emulation = emulation
         transport = emulation.transport if emulation else Transport(self.pg)
         links = StageLinks(self.layout, self.rank, transport, shapes, dtypes, self.w.device)
         schedule = build_schedule(
@@ -708,10 +712,15 @@ class _GenerationRun:
             device=self.w.device, check=self.check,
         )
         self.module, self.optimizer = module, optimizer
-        pending: Background | None = Background(f"replicate-{d}", self._replicate(d))
+        # point p's background half runs beside the steps until the one whose commit
+        # makes the point after it (docs/fault-tolerance.md, "Points in flight")
+        points = replication_points(d, opts.steps, self.interval)
+        successor = dict(itertools.pairwise(points))
+        point, copied = d, threading.Event()
+        pending: Background | None = Background(f"replicate-{d}", self._replicate(d, copied))
         first, last = me.stage == 0, me.stage == self.layout.num_stages - 1
         b = self.layout.micro_batch_size
-        durable = d
+        joined: int | None = None
         for step in range(d, opts.steps):
             self.check()
             idx = data.step_indices(step, self.layout.global_batch, self.w.rows.size,
@@ -722,16 +731,21 @@ class _GenerationRun:
             targets = [self.w.rows.targets(i).to(self.w.device) for i in mine] if last else None
             hook.step = step
             record = runtime.compute(step, inputs, targets)
-            # the replication point posted before this step ran beside its compute; it
-            # must be complete (own copy, sends, held replicas) before this rank votes
+            # the point in flight must be complete (own copy, sends, held replicas,
+            # acknowledged) before this rank votes the step whose commit makes the next
             blocked_s, background_s = 0.0, 0.0
-            if pending is not None:
+            acked: dict[str, float | int] = {}
+            if pending is not None and successor.get(point) == step + 1:
                 blocked_s, background_s = pending.join(self.check), pending.seconds
-                pending = None
+                acked = {"replication_point": point,
+                         "replication_acked_at": pending.finished_at or 0.0}
+                joined, pending = point, None
             self.store.set(f"vote/{step}/{self.rank}", "1")
             self._wait_key(f"commit/{step}")
-            # the commit of this step says every replica of the last point is acked
-            self.w.copies.promote(self.g, durable)
+            if joined is not None:  # this commit says every replica of it is acked
+                self.w.copies.promote(self.g, joined)
+            if pending is not None:  # its own copy is taken before the optimizer step
+                blocked_s += pending.join(self.check, until=copied)
             self.w.faults.at(step, "optimizer")
             self.check()
             runtime.apply(record)
@@ -743,13 +757,15 @@ class _GenerationRun:
                                               config.optimizer) if me.index == 0 else b"")
                 storeblob.put(self.store, f"ckpt/{n}/{self.rank}", part)
             work = None
-            if (self.interval > 0 and n % self.interval == 0) or n == opts.steps:
+            if n in points:
                 start = time.perf_counter()
-                work = self._replicate(n)
+                copied = threading.Event()
+                work = self._replicate(n, copied)
                 blocked_s += time.perf_counter() - start
             payload = rank_payload(record, self.w.device)
             payload["replication_ms"] = blocked_s * 1e3
             payload["replication_background_ms"] = background_s * 1e3
+            payload.update(acked)
             if emulation is not None:  # the slowdown watch's evidence rule
                 payload["overruns"] = emulation.hook.step_overruns
             if first:
@@ -757,8 +773,7 @@ class _GenerationRun:
                                       for k, i in enumerate(np.concatenate(mine))]
             self.store.set(f"metrics/{step}/{self.rank}", json.dumps(payload))
             if work is not None:  # after the metrics: its acknowledgement makes them due
-                durable = n
-                pending = Background(f"replicate-{n}", work)
+                point, pending = n, Background(f"replicate-{n}", work)
         if pending is not None:
             pending.join(self.check)
         self._wait_key("exit")
@@ -809,14 +824,15 @@ class _GenerationRun:
                 ((missing[0], missing[-1] + 1),), ())
         return states
 
-    def _replicate(self, n: int) -> Callable[[], None]:
+    def _replicate(self, n: int, copied: threading.Event) -> Callable[[], None]:
         """Replication point ``n``: take the snapshot of this rank's state after ``n``
         steps now (:meth:`Snapshot.take`: only what the next step changes before its
         optimizer step is copied here) and return the rest, for a :class:`Background`
-        thread: complete the snapshot and keep it (this rank's own copy), post it to the
-        ring replica holder of the plan (:func:`planner.plan.replica_placement`),
-        receive the replicas this device holds from their owners, and acknowledge
-        ``repl/<n>/<rank>`` once all of that is done."""
+        thread: complete the snapshot and keep it (this rank's own copy; then set
+        ``copied``), post it to the ring replica holder of the plan
+        (:func:`planner.plan.replica_placement`; an emulated run paces it at the
+        modelled link to the holder), receive the replicas this device holds from their
+        owners, and acknowledge ``repl/<n>/<rank>`` once all of that is done."""
         self.check()  # a dead generation's thread takes no buffer
         snapshot = Snapshot.take(self.module, self.first, self.optimizer, n, self.buffers)
         rank_of = {dev: r for r, dev in enumerate(self.members)}
@@ -828,7 +844,9 @@ class _GenerationRun:
             self.w.copies, self.g, snapshot, self.rpg, holders,
             lambda: self._receive_held(n), lambda: self.w.faults.at(n - 1, "replication"),
             lambda: self.store.set(f"repl/{n}/{self.rank}", "1"),
-            lambda: self.store.set(f"posted/{n}/{self.rank}", "1"))
+            announce=lambda: self.store.set(f"posted/{n}/{self.rank}", "1"),
+            pace=self.emulation.transport.occupy if self.emulation else lambda h, b: None,
+            copied=copied)
 
     def _receive_held(self, n: int, arrived: Callable[[], None] = lambda: None,
                       ) -> dict[int, BlockState]:

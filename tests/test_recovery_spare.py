@@ -43,15 +43,20 @@ STEPS = 4
 
 
 def one_device_plan(devices: int, memory_bytes: float = 8 * 2**30, model_profile=None,
-                    **config_fields):
+                    network: dict | None = None, **config_fields):
     """The toy model on ``d0`` alone, in a cluster of ``devices`` identical devices
     (2 micro-batches of 2, Adam, lr 0.01: the settings ``tests.test_recovery`` uses;
     ``model_profile``: its profile, default :func:`tests.test_recovery.profile`;
+    ``network``: fields that replace the cluster's network ones;
     ``config_fields``: other training-config fields)."""
     config = TrainingConfig(global_batch=4, micro_batch_candidates=(2,), optimizer="adam",
                             learning_rate=0.01, **config_fields)
-    problem = make_problem(model_profile or profile(), cluster(devices, memory_bytes), config,
-                           catalog={})
+    devices_of = cluster(devices, memory_bytes)
+    if network:
+        doc = devices_of.to_dict()
+        doc["network"] = {**doc["network"], **network}
+        devices_of = Cluster.from_dict(doc, "test cluster", catalog={})
+    problem = make_problem(model_profile or profile(), devices_of, config, catalog={})
     blocks = problem.model.num_blocks
     partition = Partition(2, 2, (StageAssignment(0, blocks, ("d0",), (2,)),))
     return make_plan(problem, partition, SolverInfo("hand"))

@@ -13,17 +13,28 @@ from pathlib import Path
 
 import pytest
 
+from executor.recovery import commit_blocked, replication_points
 from executor.worker import WorkerOptions
+from planner.cost import CostModel
 from tests.executor_helpers import write_plan
 from tests.test_recovery import assert_matches_reference, launch_reaped
 from tests.test_recovery_spare import one_device_plan, plan_of
 
 
 def emulated_run(tmp_path: Path, steps: int, interval: int, step_s: float, timeout_s: float,
-                 faults: str = "", devices: int = 2):
+                 faults: str = "", devices: int = 2, transfer_steps: float | None = None):
     """Run :func:`one_device_plan` emulated at a time scale that makes one step of
-    ``d0`` last ``step_s`` seconds, with gloo's per-operation timeout ``timeout_s``."""
+    ``d0`` last ``step_s`` seconds, with gloo's per-operation timeout ``timeout_s``;
+    ``transfer_steps``: the cluster's bandwidth is set so that the replica's transfer
+    (weights + Adam state, the cost model's ``replica_bytes``) to the holder lasts that
+    many steps on the emulated link (default: the test cluster's 1 Gbit/s)."""
     plan = one_device_plan(devices, replication_interval=interval)
+    if transfer_steps is not None:
+        need = CostModel(plan.problem, 1).replica_bytes(0, plan.problem.model.num_blocks)
+        # bytes / (bandwidth in bytes per ms) = transfer_steps * the predicted step
+        per_ms = need / (transfer_steps * plan.cost.iteration_ms)
+        plan = one_device_plan(devices, network={"bandwidth_mbps": per_ms * 8e3 / 1e6},
+                               replication_interval=interval)
     path = write_plan(plan, tmp_path)
     scale = step_s * 1e3 / plan.cost.iteration_ms
     return plan, launch_reaped(
@@ -46,3 +57,62 @@ def test_a_standby_waits_out_an_interval_longer_than_the_gloo_timeout(tmp_path):
     new = plan_of(tmp_path, event)
     assert new.partition.used_devices() == ["d1"]
     assert {t.source for t in new.migration} == {"d1"}
+
+
+# -- points in flight: a point travels beside the steps up to the next point's --------
+def test_a_commit_waits_only_for_the_point_before_the_one_its_step_makes():
+    # points of a generation from 0, interval 4, 10 steps: 0, 4, 8, 10
+    points = replication_points(0, 10, 4)
+    assert points == [0, 4, 8, 10]
+    # nothing durable yet: steps 0, 1, 2 commit (point 0 travels beside them), step 3
+    # makes point 4 and needs point 0
+    assert [commit_blocked(t, points) for t in range(5)] == [False, False, False, True, True]
+    # point 0 durable: steps 3 .. 6 commit while point 4 travels, step 7 needs it
+    assert [commit_blocked(t, points[1:]) for t in range(3, 9)] == [
+        False, False, False, False, True, True]
+    # point 8 travels beside step 8 only: step 9 makes the last point, 10
+    assert [commit_blocked(t, points[2:]) for t in (8, 9)] == [False, True]
+    assert not commit_blocked(9, points[3:])  # only the last point is left
+    # interval 1: every point up to the step is durable, as before
+    assert [commit_blocked(t, [2, 3, 4]) for t in (1, 2)] == [False, True]
+
+
+#: interval 4 over 8 steps of 0.5 s (points 0, 4, 8), the replica's transfer 3.2 steps
+#: on the emulated link: point 4 leaves at the end of step 3 and lands during step 6
+FLIGHT = {"steps": 8, "interval": 4, "step_s": 0.5, "timeout_s": 20.0,
+          "transfer_steps": 3.2}
+
+
+@pytest.mark.slow
+def test_the_steps_after_a_point_commit_while_it_is_in_flight(tmp_path):
+    plan, result = emulated_run(tmp_path, **FLIGHT)
+    assert result.events == []
+    assert_matches_reference(tmp_path, plan, result, 8)
+    d0 = [m["devices"]["d0"] for m in result.metrics]
+    # each point is joined before the vote of the step whose commit makes the next one
+    joined = {m["step"]: m["devices"]["d0"].get("replication_point") for m in result.metrics}
+    assert joined == {0: None, 1: None, 2: None, 3: 0, 4: None, 5: None, 6: None, 7: 4}
+    # step 6 starts after the commit of step 5 (and its optimizer step): both came
+    # before point 4 was acknowledged, so neither waited for its transfer
+    assert d0[6]["started_at"] < d0[7]["replication_acked_at"]
+    # its 3.2 steps end within step 7's compute, so hardly any wait is left before
+    # step 7's vote (the transfer is hidden)
+    assert d0[7]["replication_background_ms"] > 2.5 * FLIGHT["step_s"] * 1e3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("signal", "cause"), [("KILL", "crash"), ("STOP", "hang")])
+def test_losing_the_owner_while_a_point_is_in_flight_replays_from_the_point_before(
+    tmp_path, signal, cause,
+):
+    # d0 dies in step 5's forward, one step after point 4 left, 2.2 steps before it lands:
+    # point 4 is not durable, so the run replays from point 0, which the standby d1
+    # holds, and every committed step before the loss (0 .. 4) is computed again
+    plan, result = emulated_run(tmp_path, devices=3, faults=f"d0:5:forward:{signal}",
+                                **FLIGHT)
+    assert_matches_reference(tmp_path, plan, result, 8)
+    (event,) = result.events
+    assert (event["cause"], event["device"], event["replay_from_step"]) == (cause, "d0", 0)
+    assert {t.source for t in plan_of(tmp_path, event).migration} == {"d1"}
+    # no line of the first generation: none of its steps was durable
+    assert [m["generation"] for m in result.metrics] == [2] * 8
