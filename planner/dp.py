@@ -221,7 +221,7 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -358,12 +358,20 @@ def device_orders(problem: Problem, classes: list[DeviceClass]) -> list[list[int
 @dataclass
 class _Graph:
     """States (count vectors, ascending size), edges (state, composition or -1 for a
-    skip, next state) and each state's edge indices."""
+    skip, next state) and each state's edge indices; ``cid`` and ``sub``: the edges'
+    compositions and next states as arrays (read per front cell by
+    :meth:`_BatchSearch._carry`)."""
 
     states: list[tuple[int, ...]]
     edges: list[tuple[int, int, int]]
     out: list[list[int]]
     kind: str
+    cid: np.ndarray = field(init=False)
+    sub: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.cid = np.array([e[1] for e in self.edges], dtype=np.int64)
+        self.sub = np.array([e[2] for e in self.edges], dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -1356,8 +1364,7 @@ class _BatchSearch:
         n = np.zeros(shape, dtype=np.int64)
         free = np.full(shape, -INF)
         tail = np.full(shape, INF)
-        cid = np.array([e[1] for e in graph.edges])[edge]
-        sub = np.array([e[2] for e in graph.edges])[edge]
+        cid, sub = graph.cid[edge], graph.sub[edge]
         offset = 0
         for src in meta:
             here = (chosen >= offset) & (chosen < offset + src.width)
