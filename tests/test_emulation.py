@@ -80,8 +80,13 @@ def _link_rank(rank: int, port: int, topology: str, sends: list, out: Any) -> No
     links = LinkFigures((400.0,) * 3, (20.0,) * 3, topology)
     transport = EmulatedTransport(links, 1.0, dist.PrefixStore("emu", store))
     payload = torch.arange(LINK_BYTES // 4, dtype=torch.float32)
-    dist.barrier()
-    start = time.time()
+    # one start for all three: a time a little ahead, set by rank 0, slept to by each
+    # (leaving a barrier, the ranks would each read their own clock up to tens of ms
+    # apart under load, and a receiver that left late saw its transfer arrive "early")
+    if rank == 0:
+        store.set("t0", repr(time.time() + 0.3))
+    start = float(store.get("t0"))
+    time.sleep(max(0.0, start - time.time()))
     posted = [transport.send(payload, dst, src) for src, dst in sends if src == rank]
     arrivals = []
 
