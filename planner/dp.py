@@ -152,15 +152,17 @@ holding blocks [0, j) on at most n devices plus the first stage's T_a; E[j, n], 
 least max over them of (what comes before) + M c; G[p, l, n], the least D of a suffix
 of l blocks in p stages (p >= pc merged: ``RELAX_LEVELS``, ``RELAX_WORK``); Q[p, l, n],
 the least max over its stages of the D_s + T_a^s term (each a min of maxima taken term
-by term, which only lowers it). Rules: micro-batch sizes are searched in order of Q(L,
-N) (after the one of least :meth:`_Tables.lower_bound`, a small size whose search is
-cheap, so that a plan comes early also under a time limit) and a size whose Q(L, N) > U
-is skipped; a (state r, l) cell, with n = N - |r|
-devices before it, holds nothing when E[L-l, n], F[L-l, n] + G[l, |r|] or Q[l, |r|]
-(least over p) exceeds U, and a state whose cells all do is not searched; a candidate
-with D + F[L-l, n] > U is dropped; a pair (l, l') of a move whose max(M c0, c0 + the
-least D of its front at l') + F > U is never built (D' is at least that), so a move
-without any other pair is not composed, l' runs over the pairs left, and a head of
+by term, which only lowers it); Z, a bound on the root's D + X that prices each plan's
+traversal, bubbles and all-reduces together (:meth:`_Tables._weighted`). Rules:
+micro-batch sizes are searched in order of Q(L, N) (after the one of least
+:meth:`_Tables.lower_bound`, a small size whose search is cheap, so that a plan comes
+early also under a time limit) and a size whose Q(L, N) or Z exceeds U is skipped; a
+(state r, l) cell, with n = N - |r| devices before it, holds nothing when E[L-l, n],
+F[L-l, n] + G[l, |r|] or Q[l, |r|] (least over p) exceeds U, and a state whose cells
+all do is not searched; a candidate with D + F[L-l, n] > U is dropped; a pair (l, l')
+of a move whose max(M c0, c0 + the least D of its front at l') + F > U is never built
+(D' is at least that), so a move without any other pair is not composed, l' runs over
+the pairs left, and a head of
 l - l' blocks is composed only within the *head band* of the widest head among them
 (gathered when at most ``BAND_USE`` of the slice l' = lo..hi). Nothing dropped
 could have been scored, but a front freed of a hopeless entry gives its slot to
@@ -383,6 +385,12 @@ class _Relaxed:
     e: np.ndarray
     g: np.ndarray
     q: np.ndarray
+    z: float
+
+    @property
+    def q_root(self) -> float:
+        """Q(L, N): the least over the stage counts."""
+        return float(self.q[:, -1, -1].min())
 
 
 class _Cache(OrderedDict):
@@ -679,7 +687,10 @@ class _Tables:
         * G[p, l, n]: the least D of a suffix of the last l blocks in p stages (pc: p >=
           pc), by the recurrence D' >= max(M c0, c0 + tau1 + (M - 1) o, c0 + tau1 + D);
         * Q[p, l, n]: the least max over its stages s of D_s + T_a^s (the root's D + X
-          is at least that: X >= T_a^s - PB_s and D >= PB_s + D_s).
+          is at least that: X >= T_a^s - PB_s and D >= PB_s + D_s);
+        * Z: a bound on the root's D + X that prices every plan's stages together
+          (:meth:`_weighted`; Q's min of maxima lets the suffixes that give its D, S and
+          all-reduce terms their least values be different plans).
 
         Relaxation: a stage on g devices has one with at least s = ceil(B / g) samples,
         so its c is at least the summed least time of its blocks on any class at any
@@ -787,7 +798,58 @@ class _Tables:
                 g_tab[p, suffix, : n_dev + 1] = d.min(axis=(0, 1))
                 q = np.maximum(d + t_a, f0 + o + lat_min + q_sub[:, shift])
                 q_tab[p, suffix, : n_dev + 1] = q.min(axis=(0, 1))
-        return _Relaxed(f_tab[:, :-1], e_tab[:, :-1], g_tab[1:, :, :-1], q_tab[1:, :, :-1])
+        z = self._weighted(m, need, c_tab[0], ef, eb, ta, tau / 2)
+        return _Relaxed(f_tab[:, :-1], e_tab[:, :-1], g_tab[1:, :, :-1], q_tab[1:, :, :-1], z)
+
+    def _weighted(
+        self, m: int, need: np.ndarray, c: np.ndarray, ef: np.ndarray, eb: np.ndarray,
+        ta: np.ndarray, one_way: np.ndarray,
+    ) -> float:  # fmt: skip
+        """Z, a lower bound on the root's D + X of every plan on at most N devices, from
+        the relaxed figures per share (:meth:`relaxed`; ``c`` inf where the stage cannot
+        fit even at the least warm-up K(1), ``one_way`` the link after a stage by its
+        cut).
+
+        Along the chain D >= C_s + D_s for every stage s (C_s: the summed c + tau before
+        it), and D_s >= (M - 1) c_s + tau_s + max(0, R_s - (k - 1) E_f^s) >= c_s + R_s +
+        (M - 1) E_b^s (its bubble, k = min(K, M) <= M; R_s the traversal after it); the
+        last stage's D_s = M c_s. So D >= S + (M - 1) b'_s for every s, S the whole
+        traversal, b'_s = E_b^s (E_f + E_b for the last stage); and X >= T_a^s - PB_s for
+        every s (module docstring). Averaged over the stages with the weights of their
+        block counts (block j votes for its stage; the uniform weights 1 / L of each
+        block; max >= any average):
+
+            D + X >= sum_s [c_s + tau_s + (M - 1) mu_s b'_s + mu_s T_a^s
+                            - (E_b^s + o_s) mu(> s)]
+
+        mu_s: the stage's blocks / L, mu(> s): the blocks after it / L, o_s the link
+        after it one way. Every figure's coefficient is >= 0 (E_b's is 1 - mu(> s) + ...),
+        so each may take its relaxed least value, and the sum is additive over stages:
+        an exact DP over (first block, devices), O(L^2 N sqrt(B)). Unlike Q it cannot
+        give the all-reduces and the traversal to different plans: on 100 blocks x 64
+        identical devices at B = 32 (M = 2) it gives 1,984 ms where Q gives 1,734 (the
+        best plan the DP finds: 2,258), above the bound U = 1,814 of that search."""
+        big_l, n_dev = self.n_blk, sum(self.counts)
+        cut = np.arange(big_l + 1)
+        mu = (cut[None, :] - cut[:, None]) / big_l  # [first, end): its blocks' weight
+        after = (big_l - cut) / big_l  # [end]
+        last = cut == big_l
+        with np.errstate(invalid="ignore"):
+            cost = (
+                ef * (1 + (m - 1) * mu * last)
+                + eb * (1 - after + (m - 1) * mu)
+                + one_way[:, None, :] * (2 - after)
+                + mu * ta
+            )
+        cost = np.where(np.isfinite(c), cost, INF)  # (share, first, end)
+        shift = np.arange(n_dev + 1)[None, :] - need[:, None]
+        shift = np.where(shift >= 0, shift, n_dev + 1)
+        z_tab = np.full((big_l + 1, n_dev + 2), INF)
+        z_tab[big_l, : n_dev + 1] = 0.0
+        for a in range(big_l - 1, -1, -1):
+            step = cost[:, a, a + 1 :].T[:, :, None]  # (end, share, 1)
+            z_tab[a, : n_dev + 1] = (z_tab[a + 1 :][:, shift] + step).min(axis=(0, 1))
+        return float(z_tab[0, n_dev])
 
     def _relaxed_cheap(self, batch: int, m: int) -> _Relaxed:
         """The relaxed bounds' weak form, O(N L) (beyond ``RELAX_MAX``): F[j, n] the
@@ -800,7 +862,7 @@ class _Tables:
             f_tab[:, n] = self.prefix_bound(batch, n)
         stages = np.maximum(np.minimum(np.arange(big_l + 1)[:, None], np.arange(n_dev + 1)), 1)
         zeros = np.zeros((1, big_l + 1, n_dev + 1))
-        return _Relaxed(f_tab, m * f_tab / stages, zeros, zeros)
+        return _Relaxed(f_tab, m * f_tab / stages, zeros, zeros, 0.0)
 
     def _share_prefix(self, share: int, part: str = "fb") -> np.ndarray:
         """(L + 1,) prefix sums of each block's least c = E_f + E_b (``part`` "fb"), E_f
@@ -1683,7 +1745,7 @@ def best_plan(
     relaxed: dict[int, _Relaxed] = {}
 
     def root(b: int) -> float:
-        return float(relaxed[b].q[:, -1, -1].min())
+        return relaxed[b].q_root
 
     def micro_batches() -> Iterator[int]:
         first = min(sizes, key=lambda b: (bounds[b], b))
@@ -1704,7 +1766,7 @@ def best_plan(
             continue  # no plan at this micro-batch size can win or tie
         # no answer whose DP value exceeds the fastest figure by RESCORE_MARGIN is ever
         # re-scored, so the search drops what cannot finish below that
-        if root(batch) > fastest * (1 + RESCORE_MARGIN):
+        if max(root(batch), relaxed[batch].z) > fastest * (1 + RESCORE_MARGIN):
             continue  # no answer at this micro-batch size could be re-scored
         tables.clear()
         graph = tables.graph(batch, orders)

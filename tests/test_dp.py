@@ -257,6 +257,36 @@ def test_levels_collapse_without_algorithm_1_when_memory_never_binds(monkeypatch
         assert ((depth >= k_max) | (depth == -np.inf)).all()
 
 
+def best_value(tables, graph, batch: int, bound: float) -> float:
+    """The least DP value of one micro-batch size's search under ``bound``."""
+    search = dp_module._BatchSearch(tables, graph, batch, np.inf, lambda: None, bound)
+    return min((a[0] for a in search.run()), default=np.inf)
+
+
+BOUNDED_AT_ITS_OWN_BEST = {
+    "12 devices of 2 types, 16 blocks": lambda: identical(12, 16, types=2),
+    "mixed 3 fast + 5 slow, 24 blocks": lambda: mixed(3, 5, 24, 4),
+    "40 identical, 30 blocks": lambda: identical(40, 30, seed=1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BOUNDED_AT_ITS_OWN_BEST))
+def test_a_search_bounded_at_its_own_best_value_still_finds_it(name):
+    # every rule that drops a cell, a pair or a candidate (the relaxed tables, D + F)
+    # drops only what cannot finish within the bound: each micro-batch
+    # size searched with the bound at the unbounded search's best DP value still
+    # returns an answer of that value
+    problem = BOUNDED_AT_ITS_OWN_BEST[name]()
+    sizes = problem.config.micro_batch_sizes()
+    classes = dp_module.device_classes(problem)
+    tables = dp_module._Tables(problem, CostModel(problem, max(sizes)), classes)
+    for batch in sizes:
+        graph = tables.graph(batch, dp_module.device_orders(problem, classes))
+        free = best_value(tables, graph, batch, np.inf)
+        assert np.isfinite(free)
+        assert best_value(tables, graph, batch, free * (1 + 1e-9)) <= free * (1 + 1e-9)
+
+
 def test_caches_that_keep_one_entry_change_no_plan(monkeypatch):
     # 20 devices of 2 types: the ordered graph, whose straddling groups are used once
     problem = identical(20, 12, types=2)
@@ -466,6 +496,7 @@ def test_relaxed_bounds_never_exceed_any_plans_closed_form(build, seed):
             value = pipeline_closed_form_ms(cm, part) * (1 + 1e-9)
             checked += 1
             assert relaxed.q[:, big_l, n_dev].min() <= value
+            assert relaxed.z <= value
             for k, stage in enumerate(part.stages):
                 j = stage.first
                 n_pre = sum(len(s.devices) for s in part.stages[:k])
