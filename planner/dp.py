@@ -133,7 +133,7 @@ parallel chosen over a 4-device plan 0.04% slower).
 
 Pruning (bound U, per micro-batch size: ``RESCORE_MARGIN`` above the fastest exact
 figure of the sizes already searched; for the first, which has none, a guess,
-``FIRST_GUESS`` x its relaxed bound Q(L, N), and the search is repeated under the
+``FIRST_GUESS`` x its relaxed bound max(Q(L, N), Z), and the search is repeated under the
 figure it found, or without a bound when it found none, whenever that figure's margin
 exceeds the guess). No answer whose DP value
 exceeds U is ever scored, so the search drops what cannot finish below it. The bounds
@@ -154,9 +154,10 @@ of l blocks in p stages (p >= pc merged: ``RELAX_LEVELS``, ``RELAX_WORK``); Q[p,
 the least max over its stages of the D_s + T_a^s term (each a min of maxima taken term
 by term, which only lowers it); Z, a bound on the root's D + X that prices each plan's
 traversal, bubbles and all-reduces together (:meth:`_Tables._weighted`). Rules:
-micro-batch sizes are searched in order of Q(L, N) (after the one of least
-:meth:`_Tables.lower_bound`, a small size whose search is cheap, so that a plan comes
-early also under a time limit) and a size whose Q(L, N) or Z exceeds U is skipped; a
+micro-batch sizes are searched in order of max(Q(L, N), Z) (every size's relaxed
+tables first, in order of :meth:`_Tables.lower_bound` while the time limit lasts; the
+first search is the least bound among those ready) and a size whose bound exceeds U is
+skipped; a
 (state r, l) cell, with n = N - |r| devices before it, holds nothing when E[L-l, n],
 F[L-l, n] + G[l, |r|] or Q[l, |r|] (least over p) exceeds U, and a state whose cells
 all do is not searched; a candidate with D + F[L-l, n] > U is dropped; a pair (l, l')
@@ -189,11 +190,12 @@ Bound: levels p run in order, each over the states in ascending size; the time l
 checked before each state. When it expires the DP returns the best plan of the levels
 completed (status ``timed_out``); the first level (single-stage plans, O(moves) heads;
 without a guessed bound, and also after a later level of a guessed search that has no
-answer) always completes, so a plan is returned whenever one fits memory. Once the
-limit has passed with a plan found, no further micro-batch size is begun (neither its
+answer) always completes, so a plan is returned whenever one fits memory. The relaxed
+tables of the sizes are built before the first search only while the limit lasts, and
+once it has passed with a plan found no further micro-batch size is begun (neither its
 relaxed tables, nor its graph, nor its first level): the overshoot is bounded by one
-level's state (or the first size's first level) and the final re-scoring, which stops at
-the limit too.
+size's relaxed tables, one level's state (or the first size's first level) and the
+final re-scoring, which stops at the limit too.
 
 Complexity per B, with S states, E moves, C distinct compositions and P = min(L, N,
 max_stages) levels (p0 of them after collapsing): the relaxed bounds, O(pc L^2 N
@@ -298,7 +300,9 @@ HEAD_CACHE_BYTES = 2**29
 
 #: the first micro-batch size is searched under this multiple of its relaxed bound
 #: (:func:`best_plan`), and again without the guess when its figure's margin exceeds it
-FIRST_GUESS = 1.3
+#: (figure / bound was 1.05-1.37 on the planner_scaling cases, so U / bound up to 1.57:
+#: at 1.3 most first searches ran twice)
+FIRST_GUESS = 1.7
 
 #: default wall-clock limit of one DP run, seconds
 DEFAULT_TIME_LIMIT = 60.0
@@ -1745,17 +1749,23 @@ def best_plan(
     relaxed: dict[int, _Relaxed] = {}
 
     def root(b: int) -> float:
-        return relaxed[b].q_root
+        return max(relaxed[b].q_root, relaxed[b].z)
 
     def micro_batches() -> Iterator[int]:
-        first = min(sizes, key=lambda b: (bounds[b], b))
-        relaxed[first] = relaxed_bounds(tables, first)
+        # every size's relaxed bounds first, in order of the cheap bound and while the
+        # time limit lasts, then the search of the least relaxed bound among those
+        # ready: its figure is likeliest to be low and prune the others (the cheap
+        # bound ties on every size whose share ceil(B / N) is 1)
+        for b in sorted(sizes, key=lambda b: (bounds[b], b)):
+            relaxed[b] = relaxed_bounds(tables, b)
+            if time.perf_counter() >= deadline:
+                break
+        first = min(relaxed, key=lambda b: (root(b), b))
         yield first
         if found and time.perf_counter() >= deadline:
             return  # out of time with a plan: no other size's tables are built
-        rest = [b for b in sizes if b != first]  # their bounds after the first search
-        relaxed.update({b: relaxed_bounds(tables, b) for b in rest})
-        yield from sorted(rest, key=lambda b: (root(b), b))
+        relaxed.update({b: relaxed_bounds(tables, b) for b in sizes if b not in relaxed})
+        yield from sorted((b for b in sizes if b != first), key=lambda b: (root(b), b))
 
     for i, batch in enumerate(micro_batches()):
         if found and time.perf_counter() >= deadline:
@@ -1766,7 +1776,7 @@ def best_plan(
             continue  # no plan at this micro-batch size can win or tie
         # no answer whose DP value exceeds the fastest figure by RESCORE_MARGIN is ever
         # re-scored, so the search drops what cannot finish below that
-        if max(root(batch), relaxed[batch].z) > fastest * (1 + RESCORE_MARGIN):
+        if root(batch) > fastest * (1 + RESCORE_MARGIN):
             continue  # no answer at this micro-batch size could be re-scored
         tables.clear()
         graph = tables.graph(batch, orders)
