@@ -127,6 +127,7 @@ def identical(n: int, blocks: int, types: int = 1, seed: int = 0):
     return make_problem(model, cluster, base.config, catalog=kinds)
 
 
+@pytest.mark.serial  # wall-clock verdict: the DP's 10 s limit plus 5 s of scoring
 def test_a_1024_device_cluster_plans_within_the_time_limit():
     problem = identical(1024, 30, types=4)
     start = time.perf_counter()

@@ -78,6 +78,7 @@ def stop_mid_run(tmp_path: Path, plan, device: str) -> tuple[RunFailed, dict]:
     return caught.value, seen
 
 
+@pytest.mark.serial  # wall-clock verdict: declared in [1.9, 3) s of the stop
 def test_a_sigstopped_device_is_declared_hung_after_the_timeout_and_every_child_stopped(
     tmp_path, mlp_profile
 ):
@@ -93,6 +94,7 @@ def test_a_sigstopped_device_is_declared_hung_after_the_timeout_and_every_child_
     assert "left_behind" not in seen
 
 
+@pytest.mark.serial  # wall-clock verdict: the abort reaches d0 within 0.6 s
 def test_the_abort_reaches_the_first_stage_when_the_last_stage_hangs(tmp_path, mlp_profile):
     plan = make_test_plan(mlp_profile, [(0, 1, [2]), (1, 2, [2]), (2, 4, [2])], 2, 2)
     failed, seen = stop_mid_run(tmp_path, plan, "d2")
@@ -162,6 +164,7 @@ def slowed_plan(profile, slowdowns):
                          bandwidth_mbps=1e7, latency_ms=0.0)
 
 
+@pytest.mark.serial  # wall-clock verdict: a beat late by 0.9 s would be a hang
 @pytest.mark.slow
 def test_a_device_three_times_slower_is_never_declared_dead_and_training_is_unchanged(
     tmp_path, mlp_profile

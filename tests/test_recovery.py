@@ -190,6 +190,7 @@ def test_sigkill_during_replication_replays_from_the_last_durable_step(tmp_path)
     assert (event["device"], event["replay_from_step"]) == ("d0", 2)
 
 
+@pytest.mark.serial  # wall-clock verdict: declared in [4.9, 6.5) s of the stop
 def test_a_sigstopped_device_is_declared_hung_fenced_and_the_run_recovers(tmp_path):
     plan, result = run(tmp_path, THREE_STAGES, "d2:2:backward:STOP")
     assert_matches_reference(tmp_path, plan, result)
