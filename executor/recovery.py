@@ -171,8 +171,9 @@ def commit_blocked(step: int, undurable: Sequence[int]) -> bool:
     Rule (docs/fault-tolerance.md, "Points in flight"): the commit of step t makes state
     t + 1, so it needs every point p durable whose successor p' <= t + 1; the first
     undurable point's successor is ``undurable[1]``. Point p may thus stay in flight
-    beside steps p .. p' - 2, and at most two points are ever undurable and taken
-    (p in flight, p' just taken), so each stream needs two buffer sets
+    beside steps p .. p' - 2. At most one taken point is ever undurable (p' is taken
+    only after the commit of p' - 1, which needs p durable), but the durable p and the
+    travelling p' coexist, so each stream needs two buffer sets
     (:class:`executor.replication.Buffers`). With interval 1 (p' = p + 1) it is the
     rule "every point up to t is durable". O(1)."""
     return len(undurable) > 1 and undurable[1] <= step + 1

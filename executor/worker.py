@@ -884,7 +884,9 @@ class _GenerationRun:
 class _FaultHook(ComputeHook):
     """The compute hook with the fault points ``forward`` / ``backward``
     (:mod:`executor.faults`) of the step in :attr:`step`; ``settle(step)`` runs before
-    one fires (a recovering run's: wait until the point before the step is durable)."""
+    one fires (a recovering run's: when the step is itself a replication point, wait until
+    that point is durable; at a step beside which a point travels it fires at once,
+    docs/fault-tolerance.md, "Fault injection")."""
 
     def __init__(self, inner: ComputeHook, faults: Injector,
                  settle: Callable[[int], None] = lambda step: None) -> None:
