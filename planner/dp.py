@@ -165,7 +165,12 @@ of a move whose max(M c0, c0 + the least D of its front at l') + F > U is never 
 (D' is at least that), so a move without any other pair is not composed, l' runs over
 the pairs left, and a head of
 l - l' blocks is composed only within the *head band* of the widest head among them
-(gathered when at most ``BAND_USE`` of the slice l' = lo..hi). Nothing dropped
+(gathered when at most ``BAND_USE`` of the slice l' = lo..hi); the head tables of a
+composition that few states use (the ordered graph's groups that straddle two classes:
+one state per order) are evaluated (Algorithm 1 and its figures) only on the pairs
+that pass that test with c0's lower bound of :meth:`_Tables.head_bound`, the others
+reading inf (:meth:`_BatchSearch._heads`; the same candidates, so the same plans).
+Nothing dropped
 could have been scored, but a front freed of a hopeless entry gives its slot to
 another, so the pruned search is not bit-identical to the unpruned one
 (tests/test_dp.py compares it with the unpruned DP's recorded plans, and checks every
@@ -200,9 +205,9 @@ final re-scoring, which stops at the limit too.
 Complexity per B, with S states, E moves, C distinct compositions and P = min(L, N,
 max_stages) levels (p0 of them after collapsing): the relaxed bounds, O(pc L^2 N
 sqrt(B)) numpy work (pc <= ``RELAX_LEVELS``; an O(N L) weak form beyond
-``RELAX_MAX``); C head tables, each Algorithm 1 over
-the O(L^2) block ranges: a closed form for one-class groups whose times never fall with
-the batch, else class by class, O(K) per range and move
+``RELAX_MAX``); C head tables, each Algorithm 1 over the O(L^2) block ranges (those a
+move may use within the bound: pruning): a closed form for one-class groups whose
+times never fall with the batch, else class by class, O(K) per range and move
 (:func:`~planner.allocation.allocate_classes`, from one (K, L^2, B + 1) table of the
 classes' times per B), where every class's time strictly grows with the samples, and
 device by device, O(g), on the other ranges; P x E compositions of
@@ -292,6 +297,11 @@ RELAX_WORK = 3e7
 RELAX_LEVELS = 4
 #: above this work the relaxed bound takes its weak O(N L) form (:meth:`_Tables.relaxed`)
 RELAX_MAX = 2e8
+
+#: head tables of a composition that at most this many states use (the ordered graph's
+#: groups that straddle two classes: one state per device order) are evaluated only on
+#: the block ranges those states may use within the bound (:meth:`_BatchSearch._heads`)
+LAZY_USERS = 3
 
 #: bytes of Algorithm 1 splits and of head tables kept (:class:`_Cache`; least recently
 #: used evicted beyond)
@@ -464,6 +474,10 @@ class _Tables:
         )
         at = (big_l - first, big_l - end)
         self.dense_static[at], self.dense_saved[at] = self.static, self.saved
+        #: [l, l'] the index of the block range [L-l, L-l') among the ranges (-1 where
+        #: l' >= l)
+        self.range_at = np.full((size, size), -1, dtype=np.int64)
+        self.range_at[at] = np.arange(len(first))
         if problem.config.replication_interval > 0:
             self.dense_replica[at] = [
                 cm.replica_bytes(int(a), int(b)) for a, b in zip(first, end, strict=True)
@@ -474,6 +488,7 @@ class _Tables:
         self._tables: _Cache = _Cache(HEAD_CACHE_BYTES)
         self._prefix: dict[tuple[int, str], np.ndarray] = {}
         self._curve: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._least: dict[tuple[tuple[int, ...], int], np.ndarray] = {}
 
     def comp(self, g: tuple[int, ...]) -> int:
         if g not in self.comp_id:
@@ -506,39 +521,53 @@ class _Tables:
         y[: batch % size] += 1
         return y
 
-    def _unconstrained(self, cid: int, batch: int) -> tuple[np.ndarray, ...]:
-        """Algorithm 1 for composition ``cid`` on every block range, memory ignored:
-        samples, feasibility and the deepest warm-up each range fits (Eq. 3 for K)."""
+    def _unconstrained(
+        self, cid: int, batch: int, rows: np.ndarray | None = None
+    ) -> tuple[np.ndarray, ...]:
+        """Algorithm 1 for composition ``cid`` on the block ranges ``rows`` (default
+        all), memory ignored: samples, feasibility and the deepest warm-up each range
+        fits (Eq. 3 for K), as arrays over every range of which only the ranges asked
+        for so far are filled (Algorithm 1 splits each range independently of the
+        others, so a range's split does not depend on which were asked for with it)."""
         key = (cid, batch)
+        g = self.comps[cid]
+        slot = self.slots(g)
+        n_rows = len(self.rows_first)
         if key not in self._base:
-            g = self.comps[cid]
-            slot = self.slots(g)
-            n_rows = len(self.rows_first)
-            ok = np.ones(n_rows, dtype=bool)  # nothing caps a split: all B are placed
-            if self._even_split(cid):
+            if self._even_split(cid):  # the closed form, every range at once
                 y = np.tile(self._even(int(slot[0]), len(slot), batch), (n_rows, 1))
             else:
+                y = np.empty((n_rows, len(slot)), dtype=np.int64)
+            # nothing caps a split: all B are placed; depths filled with the splits
+            done = np.zeros(n_rows, dtype=bool)
+            self._base[key] = (y, np.ones(n_rows, dtype=bool), np.full(n_rows, INF), done)
+        entry = self._base[key]
+        y, _, depth, done = entry
+        todo = np.flatnonzero(~done) if rows is None else rows[~done[rows]]
+        if len(todo):
+            if not self._even_split(cid):
                 # Algorithm 1 class by class on the ranges where every class's time
                 # strictly grows with the samples, device by device on the others
                 present = np.flatnonzero(g)
                 curves, strict = self._curves(batch)
-                by_class = strict[present].all(axis=0)
-                y = np.empty((n_rows, len(slot)), dtype=np.int64)
-                y[by_class] = allocate_classes(
-                    curves, present, np.array(g)[present], np.flatnonzero(by_class), batch
+                by_class = strict[present][:, todo].all(axis=0)
+                y[todo[by_class]] = allocate_classes(
+                    curves, present, np.array(g)[present], todo[by_class], batch
                 )
-                rest = np.flatnonzero(~by_class)
+                rest = todo[~by_class]
                 if len(rest):
                     y[rest], _ = allocate(
                         self.fb[slot], self.rows_first[rest], self.rows_end[rest], batch,
                         np.full((len(rest), len(slot)), batch),
                     )  # fmt: skip
-            depth = warmup_that_fits(
-                self.budget[slot][None, :], self.static[:, None], y, self.saved[:, None]
-            )
-            depth = np.where(y > 0, depth, INF).min(axis=1)
-            self._base[key] = (y, ok, depth)
-        return self._base[key]
+            at = warmup_that_fits(
+                self.budget[slot][None, :], self.static[todo, None], y[todo],
+                self.saved[todo, None],
+            )  # fmt: skip
+            depth[todo] = np.where(y[todo] > 0, at, INF).min(axis=1)
+            done[todo] = True
+            self._base[key] = entry  # set again: filling may have evicted it
+        return entry[:3]
 
     def _even_split(self, cid: int) -> bool:
         """Whether composition ``cid`` is one class whose times never fall with the batch
@@ -566,7 +595,7 @@ class _Tables:
         split may order a class's devices otherwise than :func:`allocate` (the same
         samples per class: :func:`allocate_classes`); ``by_slot`` gives allocate's own
         order (a plan being written down)."""
-        base_y, base_ok, depth = self._unconstrained(cid, batch)
+        base_y, base_ok, depth = self._unconstrained(cid, batch, rows)
         y, ok = base_y[rows].copy(), base_ok[rows].copy()
         slot = self.slots(self.comps[cid])
         caps = np.full((len(rows), len(slot)), batch)
@@ -619,30 +648,44 @@ class _Tables:
         ta = ring_allreduce_ms(self.grad[rows], used.sum(1), bw_min, lat_max, self.cm.shared_medium)
         return ef, eb, ta
 
-    def head(self, cid: int, warmup: int, batch: int) -> np.ndarray:
+    def head(self, cid: int, warmup: int, batch: int, rows: np.ndarray | None = None) -> np.ndarray:
         """One (7, L+1, L+1) array indexed [figure, l, l'] for the head holding blocks
         [L-l, L-l') on composition ``cid`` with ``warmup`` micro-batches in flight: the
         figures c = E_f + E_b, E_b, T_a, the largest per-device samples Y, the
         ring-replica holder's usable memory and samples, and the number of devices with
         samples (inf where infeasible or l' >= l); stacked, so that the search gathers
-        a window of all seven in one read."""
+        a window of all seven in one read. Only the block ranges ``rows`` (indices into
+        the ranges; default all) and those asked for before are filled, the others read
+        inf: a caller reads only what it asked for, or cells whose candidates it drops
+        whatever their figures (:meth:`_BatchSearch._moves`)."""
         key = (cid, warmup, batch)
-        if key in self._tables:
-            return self._tables[key][0]
-        all_rows = np.arange(len(self.rows_first))
+        size = self.n_blk + 1
+        n_rows = len(self.rows_first)
+        if key not in self._tables:
+            self._tables[key] = (np.full((7, size, size), INF), np.zeros(n_rows, dtype=bool))
+        entry = self._tables[key]
+        out, done = entry
+        todo = np.flatnonzero(~done) if rows is None else rows[~done[rows]]
+        if not len(todo):
+            return out
         base_key = (cid, -1, batch)
         if base_key not in self._tables:
-            base_y, _, _ = self._unconstrained(cid, batch)
-            self._tables[base_key] = self._figures(cid, all_rows, base_y)
-        ef, eb, ta = (v.copy() for v in self._tables[base_key])
-        y, ok = self.allocation(cid, all_rows, warmup, batch)
-        redo = np.flatnonzero(self._unconstrained(cid, batch)[2] < warmup)
+            empty = (np.empty(n_rows) for _ in range(3))
+            self._tables[base_key] = (*empty, np.zeros(n_rows, dtype=bool))
+        base = self._tables[base_key]
+        base_y, _, depth = self._unconstrained(cid, batch, todo)
+        fresh = todo[~base[3][todo]]
+        if len(fresh):
+            for v, values in zip(base[:3], self._figures(cid, fresh, base_y[fresh]), strict=True):
+                v[fresh] = values
+            base[3][fresh] = True
+            self._tables[base_key] = base  # set again: filling may have evicted it
+        ef, eb, ta = (v[todo] for v in base[:3])
+        y, ok = self.allocation(cid, todo, warmup, batch)
+        redo = np.flatnonzero(depth[todo] < warmup)
         if len(redo):
-            ef[redo], eb[redo], ta[redo] = self._figures(cid, redo, y[redo])
-        size = self.n_blk + 1
-        big_l = self.n_blk
-        out = np.full((7, size, size), INF)
-        at = (big_l - self.rows_first, big_l - self.rows_end)
+            ef[redo], eb[redo], ta[redo] = self._figures(cid, todo[redo], y[redo])
+        at = (self.n_blk - self.rows_first[todo], self.n_blk - self.rows_end[todo])
         # the ring-replica holder (planner.replicas: the used device of largest usable
         # memory; among those the one with most samples, the least free memory)
         budget = np.where(y > 0, self.budget[self.slots(self.comps[cid])][None, :], -INF)
@@ -651,8 +694,29 @@ class _Tables:
         used = (y > 0).sum(axis=1)
         for i, values in enumerate((ef + eb, eb, ta, y.max(axis=1), hold_budget, hold_y, used)):
             out[i][at] = np.where(ok, values, INF)
-        self._tables[key] = (out,)
+        done[todo] = True
+        self._tables[key] = entry  # set again: filling may have evicted it
         return out
+
+    def head_bound(self, cid: int, batch: int) -> np.ndarray:
+        """(L+1, L+1) [l, l']: a lower bound on c = E_f + E_b of the head [L-l, L-l') on
+        composition ``cid`` (inf where l' >= l), without Algorithm 1: some device of the
+        g has at least s = ceil(B / g) samples (all B are placed), and c >= E_f + E_b of
+        that one device >= its class's summed least time of the blocks at any batch >= s
+        (the least over the composition's classes). O(K L^2), cached per (classes,
+        share)."""
+        g = self.comps[cid]
+        present = tuple(int(k) for k in np.flatnonzero(g))
+        share = -(-batch // sum(g))
+        key = (present, share)
+        if key not in self._least:
+            per_block = np.diff(self.fb[list(present)], axis=1)[:, :, share:].min(axis=2)
+            cum = np.concatenate([np.zeros((len(present), 1)), per_block.cumsum(axis=1)], 1)
+            big_l = self.n_blk
+            blocks = big_l - np.arange(big_l + 1)  # l -> the first block L - l
+            least = (cum[:, blocks[None, :]] - cum[:, blocks[:, None]]).min(axis=0)
+            self._least[key] = np.where(self.range_at >= 0, least, INF)
+        return self._least[key]
 
     def drop_warmups(self, keep: int) -> None:
         """Forget head tables of warm-ups other than ``keep`` (one level at a time)."""
@@ -1123,6 +1187,9 @@ class _BatchSearch:
         self._pending: list[tuple[float, int, int, int, int, int, int]] = []
         self.root = len(graph.states) - 1
         self.mask = tables.masks()
+        #: per composition, the number of states whose moves use it (:meth:`_heads`)
+        used = {(a, c) for a, c, _ in graph.edges if c >= 0}
+        self.users = np.bincount([c for _, c in used], minlength=len(tables.comps))
         self.sizes = np.array([sum(s) for s in graph.states])
         big_l = tables.n_blk
         cut = big_l - np.arange(big_l + 1)  # first block of a suffix of l' blocks
@@ -1454,8 +1521,9 @@ class _BatchSearch:
             y0, hold_b, hold_y, used = (np.empty(len(l_h)) for _ in range(4))
             kinds, which = np.unique(cid[here], return_inverse=True)
             for i, c in enumerate(kinds):
-                tab, sel = t.head(int(c), level.warm, self.batch), which == i
+                sel = which == i
                 at_h = (l_h[sel], lp_h[sel])
+                tab = t.head(int(c), level.warm, self.batch, t.range_at[at_h])
                 y0[sel], hold_b[sel], hold_y[sel], used[sel] = (tab[j][at_h] for j in range(3, 7))
             y[here], n[here] = y0, n_h
             with np.errstate(invalid="ignore"):
@@ -1469,6 +1537,44 @@ class _BatchSearch:
     def _live(self, moves: list[int], front: _Level) -> list[int]:
         """Moves whose next state has some finite entry in ``front`` (others add nothing)."""
         return [e for e in moves if np.isfinite(front.d[self.g.edges[e][2]]).any()]
+
+    def _heads(
+        self,
+        cids: list[int],
+        warm: int,
+        state: int,
+        front: _Level | None,
+        subs: list[int],
+        r0: int,
+    ) -> list[np.ndarray]:
+        """Head tables of the compositions ``cids`` of ``state``'s moves (onto ``front``
+        at the states ``subs``, or base heads when None) for its rows l >= r0: a
+        composition that at most ``LAZY_USERS`` states use is evaluated only where a
+        move may stay within the bound (module docstring, pruning): on base heads the
+        ranges [L-l, L), else the pairs (l, l') whose c0 lower bound c_lb
+        (:meth:`_Tables.head_bound`) gives max(M c_lb, c_lb + the least D of the front
+        at l') + F <= U (every pair with no bound); every other composition on
+        all ranges. The fronts moved onto are final here (smaller states, or the level
+        before), so the pairs of all of ``state``'s remaining row ranges are taken at
+        once: Algorithm 1's vectorised rounds cost about as much for a few ranges as
+        for many."""
+        t, m = self.t, self.m
+        lazy = [c for c in cids if self.users[c] <= LAZY_USERS]
+        rows: dict[int, np.ndarray] = {}
+        if lazy and front is None:
+            rows = {c: t.range_at[r0:, 0] for c in lazy}
+        elif lazy:
+            ranges = t.range_at[r0:]  # (l, l'), -1 where l' >= l
+            if np.isfinite(self.bound):
+                before = self.before[state, r0:, None]
+                for c in lazy:
+                    d_least = front.d[subs[cids.index(c)]].min(axis=1)[None, :]
+                    least = t.head_bound(c, self.batch)[r0:]
+                    maybe = np.maximum(m * least, least + d_least) + before <= self.bound
+                    rows[c] = ranges[maybe]
+            else:
+                rows = {c: ranges[ranges >= 0] for c in lazy}
+        return [t.head(c, warm, self.batch, rows.get(c)) for c in cids]
 
     def _moves(
         self, moves: list[int], p: int, warm: int, front: _Level | None, r0: int, r1: int
@@ -1486,9 +1592,10 @@ class _BatchSearch:
         t, graph, m = self.t, self.g, self.m
         big_l = t.n_blk
         cids = [graph.edges[e][1] for e in moves]
-        heads = [t.head(c, warm, self.batch) for c in cids]
-        before = self.before[graph.edges[moves[0]][0], r0:r1]  # the moves' state
+        state = graph.edges[moves[0]][0]  # the moves' state
+        before = self.before[state, r0:r1]
         if front is None:
+            heads = self._heads(cids, warm, state, None, [], r0)
             c0 = np.stack([h[0][r0:r1, 0] for h in heads], axis=1)  # (l, T)
             x = np.stack([h[2][r0:r1, 0] for h in heads], axis=1)
             self._layout = (0, 1, False, moves)
@@ -1502,14 +1609,16 @@ class _BatchSearch:
         if hi < lo:
             return None
         width_band = hi - lo + 1
+        heads = self._heads(cids, warm, state, front, subs, r0)
         if np.isfinite(self.bound):
             # what cannot stay within the bound is not built: D' >= max(M c0, c0 + D)
             # (tau1 >= 0), so a pair (l, l') whose head's M c0 or c0 plus the least D of
             # its front, plus what the blocks before it add, exceeds the bound holds
             # nothing; moves without any other pair go, l' narrows to the pairs left,
-            # and the head band is their longest head l - l'
-            c_win = np.stack([h[0, r0:r1, lo : hi + 1] for h in heads])  # (T, l, l')
+            # and the head band is their longest head l - l' (heads read inf on the
+            # pairs :meth:`_heads` left out, which hold nothing)
             d_least = front.d[subs, lo : hi + 1].min(axis=2)[:, None, :]
+            c_win = np.stack([h[0, r0:r1, lo : hi + 1] for h in heads])  # (T, l, l')
             alive = np.maximum(m * c_win, c_win + d_least) + before[None, :, None] <= self.bound
             live = np.flatnonzero(alive.any(axis=(1, 2)))
             if not len(live):

@@ -300,6 +300,31 @@ def test_caches_that_keep_one_entry_change_no_plan(monkeypatch):
     assert evicting.dp_value_ms == kept.dp_value_ms
 
 
+def test_heads_evaluated_only_where_their_one_state_may_use_them_change_no_plan(monkeypatch):
+    # 40 devices of 4 types, 30 blocks: the ordered graph, whose groups that straddle two
+    # classes are used by one state per device order; their head tables are filled only
+    # on the block ranges those states' moves may use within the bound
+    problem = identical(40, 30, types=4)
+    filled: dict[tuple[int, int, int], int] = {}
+    head = dp_module._Tables.head
+
+    def recording(self, cid, warmup, batch, rows=None):
+        out = head(self, cid, warmup, batch, rows)
+        filled[cid, warmup, batch] = int(self._tables[cid, warmup, batch][1].sum())
+        return out
+
+    monkeypatch.setattr(dp_module._Tables, "head", recording)
+    lazy = plan_dp(problem)
+    assert lazy.graph == "ordered"
+    ranges = 30 * 31 // 2
+    assert sum(n < ranges for n in filled.values()) > len(filled) / 2
+    monkeypatch.setattr(dp_module, "LAZY_USERS", 0)  # every table on every range
+    full = plan_dp(problem)
+    assert lazy.partition == full.partition
+    assert lazy.dp_value_ms == full.dp_value_ms
+    assert lazy.candidates == full.candidates
+
+
 @pytest.mark.parametrize("topology", ["point_to_point", "switched", "shared_medium"])
 def test_dp_value_equals_cost_model_on_a_uniform_network(topology):
     problem = random_problem(9, 4, seed=5, global_batch=16, candidates=(4,), topology=topology)
