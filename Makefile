@@ -20,7 +20,7 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check planner executor tests benchmarks
 	# two pytest calls, both always run: every test but the `serial` ones on two workers
 	# (xdist_group marks keep a group on one worker), then the `serial` ones alone; the
-	# status is the first failure's (README, "Tests"; docs/decisions.md)
+	# status is non-zero if either failed (README, "Tests"; docs/decisions.md)
 	status=0; \
 	$(VENV)/bin/python -m pytest -q -n 2 --dist loadgroup -m "not serial" || status=$$?; \
 	$(VENV)/bin/python -m pytest -q -m serial || status=$$?; \
