@@ -19,15 +19,22 @@ shared machine hits all of them alike):
 * ``heartbeats``: the control plane at its defaults (a heartbeat every 0.5 s on the
   worker's own store connection, the launcher polling every 20 ms, a control check
   before every action), no recovery (``recover=False``);
-* ``heartbeats + replication``: in-process recovery at the default replication interval
-  (1: after every step every single-device stage's weights and optimizer state go to
-  its replica holder, in the background beside the next step), with the commit vote
-  before every optimizer step.
+* ``heartbeats + replication``: in-process recovery at the replication interval
+  ``--interval`` (default ``derived``: the smallest interval whose steps hide a point's
+  predicted transfer, :func:`planner.cost.hiding_interval` of
+  :meth:`planner.cost.CostModel.replica_transfer_ms`; every single-device stage's
+  weights and optimizer state go to its replica holder every that many steps, in the
+  background beside the steps of the interval, paced at the emulated link between
+  owner and holder), with the commit vote before every optimizer step.
 
-Throughput is the global batch over the median **step period** (the difference of two
+Throughput is the global batch over the mean **step period** (the difference of two
 consecutive steps' ``started_at`` on a device, the largest device's, steps after the
 first): it includes everything a step waits for, replication too (a step's
-``wall_ms`` ends at its optimizer step and would not). The table gives each
+``wall_ms`` ends at its optimizer step and would not); the mean, not the median, since
+at interval k one step in k may wait for a point and a median would hide that. The
+default ``--steps`` is 2k + 2, so that the periods cover two whole intervals, each
+ending with the join of a point (the second a full one: the first, the untrained
+start, has no optimizer state yet). The table gives each
 configuration's median over the repeats and its ratio to ``off``, and, for the
 replicating runs, the median time a step was blocked on replication
 (``replication_ms``: the snapshot at the commit point plus any wait for the background
@@ -37,12 +44,14 @@ half before the vote) and the median background time of a point
 that real compute fits the emulated budgets; steps then last what the emulated devices
 take, and any extra time is fault tolerance's.
 
-    .venv/bin/python benchmarks/ft_overhead.py [--steps 8] [--repeats 3] [--plans demo,3-stage]
+    .venv/bin/python benchmarks/ft_overhead.py [--steps N] [--repeats 3] [--plans demo,3-stage]
+        [--interval derived|K]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import os
 import statistics
@@ -55,6 +64,7 @@ from executor.launch import launch
 from executor.worker import WorkerOptions
 from planner import api
 from planner.cli import DEMO_RUN_BATCH, DEMO_RUN_HOST, DEMO_RUN_MODEL
+from planner.cost import CostModel, hiding_interval
 from planner.partition import Partition, StageAssignment
 from planner.plan import Plan, SolverInfo, make_plan, save_plan
 from planner.profile import ModelProfile
@@ -128,7 +138,7 @@ def measure(plan: Plan, path: Path, folder: Path, steps: int, k: float,
     periods = [max(b["devices"][d]["started_at"] - a["devices"][d]["started_at"]
                    for d in a["devices"]) for a, b in itertools.pairwise(lines[1:])]
     batch = plan.partition.micro_batch_size * plan.partition.num_micro_batches
-    return Measured(batch / statistics.median(periods),
+    return Measured(batch / statistics.mean(periods),
                     _median_of(lines[1:], "replication_ms"),
                     _median_of(lines[1:], "replication_background_ms"))
 
@@ -137,21 +147,38 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-def run_plan(name: str, folder: Path, steps: int, repeats: int) -> None:
-    plan = PLANS[name]()
+def with_interval(plan: Plan, interval: str) -> Plan:
+    """``plan`` at replication interval ``interval`` (``derived``: the smallest that
+    hides its predicted transfer; module docstring)."""
+    transfer = CostModel(plan.problem, plan.partition.micro_batch_size).replica_transfer_ms(
+        plan.partition)
+    k = hiding_interval(transfer, plan.cost.iteration_ms) if interval == "derived" else int(
+        interval)
+    config = dataclasses.replace(plan.problem.config, replication_interval=k)
+    return make_plan(dataclasses.replace(plan.problem, config=config), plan.partition,
+                     plan.solver)
+
+
+def run_plan(name: str, folder: Path, steps: int | None, repeats: int, interval: str) -> None:
+    plan = with_interval(PLANS[name](), interval)
+    k = plan.problem.config.replication_interval
+    steps = steps if steps is not None else max(8, 2 * k + 2)
+    transfer = CostModel(plan.problem, plan.partition.micro_batch_size).replica_transfer_ms(
+        plan.partition)
     path = folder / "plan.json"
     save_plan(plan, path)
-    k = calibrate(plan, path, folder)
+    scale = calibrate(plan, path, folder)
     cuts = ", ".join(f"[{s.first}, {s.end}) on {s.devices[0]}"
                      for s in plan.partition.stages)
     print(f"{name}: {plan.id}: {DEMO_RUN_MODEL} on {api.DEMO_CLUSTER}: {cuts}, predicted "
-          f"{plan.cost.iteration_ms:.1f} ms; emulated, time scale {k:.2f}; "
+          f"{plan.cost.iteration_ms:.1f} ms, a point's transfer {transfer:.0f} ms; "
+          f"replication interval {k}; emulated, time scale {scale:.2f}; "
           f"{steps} steps x {repeats} alternating repeats; load {os.getloadavg()[0]:.1f}",
           flush=True)
     runs: dict[str, list[Measured]] = {c: [] for c in CONFIGS}
     for r in range(repeats):
         for config, kwargs in CONFIGS.items():
-            got = measure(plan, path, folder / f"{config}-{r}", steps, k, kwargs)
+            got = measure(plan, path, folder / f"{config}-{r}", steps, scale, kwargs)
             runs[config].append(got)
             print(f"  repeat {r}: {config:<26} {got.samples_per_s:8.3f} samples/s, blocked "
                   f"{_ms(got.blocked_ms)} ms, background {_ms(got.background_ms)} ms; load "
@@ -175,8 +202,11 @@ def run_plan(name: str, folder: Path, steps: int, repeats: int) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--steps", type=int, default=None,
+                   help="default 2 x the replication interval + 2 (at least 8)")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--interval", default="derived",
+                   help="replication interval of the replicating runs: derived (default) or K")
     p.add_argument("--plans", default=",".join(PLANS),
                    help=f"comma-separated, of {', '.join(PLANS)}")
     args = p.parse_args()
@@ -184,10 +214,12 @@ def main() -> None:
     unknown = [n for n in names if n not in PLANS]
     if unknown:
         p.error(f"unknown plan(s) {', '.join(unknown)}; choose from {', '.join(PLANS)}")
+    if args.interval != "derived" and not (args.interval.isdigit() and int(args.interval) > 0):
+        p.error(f"--interval must be derived or a positive integer, got {args.interval!r}")
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             (Path(tmp) / name).mkdir()
-            run_plan(name, Path(tmp) / name, args.steps, args.repeats)
+            run_plan(name, Path(tmp) / name, args.steps, args.repeats, args.interval)
 
 
 if __name__ == "__main__":

@@ -80,6 +80,7 @@ takes the most loaded channel plus the largest latency (:func:`migration_ms`).
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass
@@ -92,7 +93,7 @@ from planner.cluster import Cluster, Topology
 from planner.partition import Partition, StageAssignment
 from planner.problem import Problem
 from planner.profile import Timing, batch_curve
-from planner.replicas import Replica, placement, refusal, ring_load, standbys
+from planner.replicas import RING, Replica, placement, refusal, ring_load, standbys
 from planner.schedule import ActionType, Schedule, compute_actions, compute_order
 from planner.steps import Step, StepChain
 
@@ -190,6 +191,16 @@ def migration_ms(transfers: list[tuple[str, str, float, float]], topology: Topol
     moves = [(a, b, t, lat) for a, b, t, lat in transfers if a != b]
     loads = channel_loads([(a, b, t) for a, b, t, _ in moves], topology)
     return max((ms for _, ms in loads), default=0.0) + max((m[3] for m in moves), default=0.0)
+
+
+def hiding_interval(transfer_ms: float, iteration_ms: float) -> int:
+    """The smallest replication interval k whose k steps hide a replication point's
+    transfer: a point travels beside the steps of its interval (docs/fault-tolerance.md,
+    "Points in flight"), so the commit that makes the next point waits
+    max(0, transfer - k x iteration); k = max(1, ceil(transfer / iteration))."""
+    if not iteration_ms > 0:
+        return 1
+    return max(1, math.ceil(transfer_ms / iteration_ms))
 
 
 @lru_cache(maxsize=256)
@@ -926,6 +937,27 @@ class CostModel:
         """Weights + optimizer state of blocks ``[first, end)``: what a replica holds and a
         migration moves."""
         return float((self.state_factor - 1) * (self.param_prefix[end] - self.param_prefix[first]))
+
+    def replica_transfer_ms(self, partition: Partition) -> float:
+        """Predicted time of one replication point's transfers under ``partition``: every
+        ring replica (:meth:`replica_bytes` of its stage) from the stage's device to its
+        holder, all started together and sharing channels as a migration's transfers do
+        (:func:`migration_ms`: the most loaded channel plus the largest latency; on a
+        shared medium one channel for all). Activations that use the same channels
+        meanwhile are not counted (the emulation interleaves them, executor/emulation.py,
+        "Replicas"). 0 without ring replicas (a data-parallel stage's peers are its
+        replicas; interval 0). O(P)."""
+        cluster = self.problem.cluster
+        transfers = []
+        for r in self.replicas(partition):
+            if r.kind != RING:
+                continue
+            owner, holder = partition.stages[r.stage].devices[0], r.holders[0]
+            i, j = cluster.index(owner), cluster.index(holder)
+            transfers.append((owner, holder,
+                              self.replica_bytes(r.first, r.end) / cluster.bytes_per_ms(i, j),
+                              cluster.latency_ms(i, j)))
+        return migration_ms(transfers, cluster.network.kind)
 
     def replicas(self, partition: Partition) -> tuple[Replica, ...]:
         """Where each stage's state is replicated (:func:`planner.replicas.placement` with

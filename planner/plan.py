@@ -28,7 +28,7 @@ from typing import Any
 
 from planner.cluster import Cluster
 from planner.config import TrainingConfig
-from planner.cost import CostModel, PlanCost
+from planner.cost import CostModel, PlanCost, hiding_interval
 from planner.errors import PlanMismatchError
 from planner.partition import Partition, StageAssignment
 from planner.problem import Problem, batch_range_notes, make_problem
@@ -100,12 +100,35 @@ class Plan:
     @property
     def assumptions(self) -> tuple[str, ...]:
         """The problem's assumptions plus this plan's batch-range notes
-        (:func:`planner.problem.batch_range_notes`) and, for a one-device plan whose
-        replica no idle device can hold, why (:func:`planner.replicas.refusal`)."""
-        refused = CostModel(self.problem, self.partition.micro_batch_size).replica_refusal(
-            self.partition)
+        (:func:`planner.problem.batch_range_notes`), for a one-device plan whose
+        replica no idle device can hold, why (:func:`planner.replicas.refusal`), and
+        when its replication interval is too short to hide a point's transfer, by how
+        much (:func:`replication_note`)."""
+        cm = CostModel(self.problem, self.partition.micro_batch_size)
+        refused = cm.replica_refusal(self.partition)
+        slow = replication_note(self.problem.config.replication_interval,
+                                cm.replica_transfer_ms(self.partition), self.cost.iteration_ms)
         return (self.problem.assumptions + batch_range_notes(self.problem, self.partition)
-                + ((refused,) if refused else ()))
+                + tuple(n for n in (refused, slow) if n))
+
+
+def replication_note(interval: int, transfer_ms: float, iteration_ms: float) -> str | None:
+    """One line when ``interval`` (> 0) steps of ``iteration_ms`` do not hide a
+    replication point's transfer of ``transfer_ms`` (:meth:`CostModel.replica_transfer_ms`):
+    the commit that makes each next point then waits for the rest, so throughput falls
+    to interval x iteration / transfer of the unreplicated run; it names the smallest
+    interval that hides it (:func:`planner.cost.hiding_interval`) and what that costs
+    a loss (a replay of up to 2k - 1 steps, docs/fault-tolerance.md, "Points in
+    flight"). None when the interval hides it or replication is off. O(1)."""
+    k = hiding_interval(transfer_ms, iteration_ms)
+    if interval == 0 or interval >= k:
+        return None
+    return (f"a replication point's transfer takes {transfer_ms:.0f} ms on the modelled "
+            f"links, {transfer_ms / iteration_ms:.1f} steps of {iteration_ms:.1f} ms: at "
+            f"replication_interval {interval} throughput falls to about "
+            f"{interval * iteration_ms / transfer_ms:.1%} of an unreplicated run; "
+            f"replication_interval {k} hides it (a loss then replays up to {2 * k - 1} "
+            "steps)")
 
 
 def check_partition(problem: Problem, partition: Partition) -> None:

@@ -15,9 +15,10 @@ import pytest
 
 from executor.recovery import commit_blocked, replication_points
 from executor.worker import WorkerOptions
-from planner.cost import CostModel
-from tests.executor_helpers import write_plan
-from tests.test_recovery import assert_matches_reference, launch_reaped
+from planner.cost import CostModel, hiding_interval
+from planner.plan import replication_note
+from tests.executor_helpers import emulated_plan, write_plan
+from tests.test_recovery import assert_matches_reference, launch_reaped, profile
 from tests.test_recovery_spare import one_device_plan, plan_of
 
 
@@ -116,3 +117,48 @@ def test_losing_the_owner_while_a_point_is_in_flight_replays_from_the_point_befo
     assert {t.source for t in plan_of(tmp_path, event).migration} == {"d1"}
     # no line of the first generation: none of its steps was durable
     assert [m["generation"] for m in result.metrics] == [2] * 8
+
+
+# -- the planner's side: a point's transfer, the interval that hides it --------------
+def test_a_one_device_plan_predicts_its_replicas_transfer_on_the_link_to_the_holder():
+    # 8 Mbit/s = 1000 bytes per ms, latency 0.1 ms (the test cluster's)
+    plan = one_device_plan(2, network={"bandwidth_mbps": 8.0})
+    cm = CostModel(plan.problem, 2)
+    need = cm.replica_bytes(0, plan.problem.model.num_blocks)
+    assert cm.replica_transfer_ms(plan.partition) == pytest.approx(0.1 + need / 1000)
+    # with replication off there is nothing to send
+    off = one_device_plan(2, network={"bandwidth_mbps": 8.0}, replication_interval=0)
+    assert CostModel(off.problem, 2).replica_transfer_ms(off.partition) == 0.0
+
+
+@pytest.mark.parametrize(("shared", "channels"), [(False, "its own"), (True, "one")])
+def test_two_ring_replicas_share_the_medium_and_take_their_own_switch_ports(shared, channels):
+    # stage 0 on d0 -> its replica on d1, stage 1 on d1 -> on d0; 8 Mbit/s, 1 ms latency
+    plan = emulated_plan(profile(), [(0, 3, [2]), (3, 6, [2])], 2, 2, [1, 1],
+                         bandwidth_mbps=8.0, latency_ms=1.0, shared=shared)
+    cm = CostModel(plan.problem, 2)
+    a, b = cm.replica_bytes(0, 3) / 1000, cm.replica_bytes(3, 6) / 1000
+    # switched: d0's uplink and d1's downlink for one, the reverse for the other, so
+    # they run side by side; Wi-Fi: one medium, one after the other
+    want = (a + b if channels == "one" else max(a, b)) + 1.0
+    assert cm.replica_transfer_ms(plan.partition) == pytest.approx(want)
+
+
+def test_the_interval_that_hides_a_transfer_is_its_length_in_steps_rounded_up():
+    assert hiding_interval(7484.28768, 21.986753) == 341  # the demo plan on Wi-Fi
+    assert hiding_interval(100.0, 100.0) == 1
+    assert hiding_interval(100.1, 100.0) == 2
+    assert hiding_interval(0.0, 50.0) == 1
+    assert hiding_interval(10.0, 0.0) == 1  # no step time: nothing to hide behind
+
+
+def test_a_plan_whose_interval_does_not_hide_its_transfer_says_so_in_one_line():
+    assert replication_note(1, 7484.28768, 21.986753) == (
+        "a replication point's transfer takes 7484 ms on the modelled links, 340.4 steps "
+        "of 22.0 ms: at replication_interval 1 throughput falls to about 0.3% of an "
+        "unreplicated run; replication_interval 341 hides it (a loss then replays up to "
+        "681 steps)")
+    assert replication_note(341, 7484.28768, 21.986753) is None
+    assert replication_note(0, 7484.28768, 21.986753) is None  # replication off
+    # the test cluster's LAN: the toy replica crosses in well under a step
+    assert one_device_plan(2).assumptions == ()
