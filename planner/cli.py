@@ -43,6 +43,7 @@ from planner.errors import EdgepipeError, InputError
 from planner.milp import BACKENDS, DEFAULT_BACKEND, DEFAULT_TIME_LIMIT
 from planner.plan import (
     Plan,
+    interval_note,
     load_plan,
     plan_from_dict,
     plan_to_dict,
@@ -806,6 +807,9 @@ def cmd_run(args: argparse.Namespace) -> None:
         f"{' (deterministic mode)' if args.deterministic else ''}"
         f"{f' emulating its devices (time scale {args.time_scale:g})' if args.emulate else ''}"
     )
+    slow = None if args.no_recover else interval_note(plan)
+    if slow:  # a recovering run replicates at the plan's interval
+        _warn(slow)
     try:
         result = launch.launch(  # type: ignore[attr-defined]
             opts, hang_timeout_s=args.hang_timeout, heartbeat_s=args.heartbeat,

@@ -104,12 +104,20 @@ class Plan:
         replica no idle device can hold, why (:func:`planner.replicas.refusal`), and
         when its replication interval is too short to hide a point's transfer, by how
         much (:func:`replication_note`)."""
-        cm = CostModel(self.problem, self.partition.micro_batch_size)
-        refused = cm.replica_refusal(self.partition)
-        slow = replication_note(self.problem.config.replication_interval,
-                                cm.replica_transfer_ms(self.partition), self.cost.iteration_ms)
+        refused = CostModel(self.problem, self.partition.micro_batch_size).replica_refusal(
+            self.partition)
         return (self.problem.assumptions + batch_range_notes(self.problem, self.partition)
-                + tuple(n for n in (refused, slow) if n))
+                + tuple(n for n in (refused, interval_note(self)) if n))
+
+
+def interval_note(plan: Plan) -> str | None:
+    """:func:`replication_note` for ``plan``'s interval, predicted transfer
+    (:meth:`CostModel.replica_transfer_ms`) and iteration time; ``edgepipe plan`` shows
+    it among the assumptions, ``edgepipe run`` as a warning of a recovering run."""
+    transfer = CostModel(plan.problem, plan.partition.micro_batch_size).replica_transfer_ms(
+        plan.partition)
+    return replication_note(plan.problem.config.replication_interval, transfer,
+                            plan.cost.iteration_ms)
 
 
 def replication_note(interval: int, transfer_ms: float, iteration_ms: float) -> str | None:

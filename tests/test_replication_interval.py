@@ -15,10 +15,18 @@ import pytest
 
 from executor.recovery import commit_blocked, replication_points
 from executor.worker import WorkerOptions
+from planner.cli import main
 from planner.cost import CostModel, hiding_interval
 from planner.plan import replication_note
 from tests.executor_helpers import emulated_plan, write_plan
-from tests.test_recovery import assert_matches_reference, launch_reaped, profile
+from tests.test_recovery import (
+    BEAT_S,
+    GLOO_TIMEOUT_S,
+    HANG_S,
+    assert_matches_reference,
+    launch_reaped,
+    profile,
+)
 from tests.test_recovery_spare import one_device_plan, plan_of
 
 
@@ -162,3 +170,17 @@ def test_a_plan_whose_interval_does_not_hide_its_transfer_says_so_in_one_line():
     assert replication_note(0, 7484.28768, 21.986753) is None  # replication off
     # the test cluster's LAN: the toy replica crosses in well under a step
     assert one_device_plan(2).assumptions == ()
+
+
+def test_edgepipe_run_warns_once_when_the_interval_does_not_hide_the_transfer(
+    tmp_path, capsys,
+):
+    # 0.008 Mbit/s = 1 byte per ms: the toy replica's transfer lasts tens of steps
+    plan = one_device_plan(2, network={"bandwidth_mbps": 0.008})
+    (note,) = plan.assumptions
+    assert note.startswith("a replication point's transfer takes ")
+    path = write_plan(plan, tmp_path)
+    assert main(["run", str(path), "--out", str(tmp_path), "--steps", "1",
+                 "--deterministic", "--hang-timeout", str(HANG_S), "--heartbeat",
+                 str(BEAT_S), "--timeout", str(GLOO_TIMEOUT_S)]) == 0
+    assert capsys.readouterr().err.count(f"warning: {note}") == 1
