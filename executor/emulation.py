@@ -65,8 +65,10 @@ step (the cost model has no term for it), per-device receive serialisation, memo
 **Report.** Each rank appends one JSON line per step to ``<out>/emulation/rank<r>.jsonl``:
 ``step, device, rank, budget_ms`` (the step's summed compute budgets x k),
 ``real_ms`` (summed real compute), ``overruns`` (actions whose real compute exceeded
-their budget), ``worst_overrun_ms`` and ``time_scale``. ``edgepipe report`` and ``edgepipe run`` say
-when there were overruns (then raise ``--time-scale``).
+their budget), ``worst_overrun_ms``, ``late_ms`` (how much later than asked the
+compute waits woke, summed: the host's scheduling delay, not the emulation's) and
+``time_scale``. ``edgepipe report`` and ``edgepipe run`` say when there were overruns
+(then raise ``--time-scale``).
 """
 
 from __future__ import annotations
@@ -281,7 +283,7 @@ class EmulatedCompute(ComputeHook):
         return started[-1] if started else 1.0
 
     def _reset(self) -> None:
-        self.budget_ms = self.real_ms = self.worst_ms = 0.0
+        self.budget_ms = self.real_ms = self.worst_ms = self.late_ms = 0.0
         self.overruns = 0
 
     def after_compute(self, action: Action, real_seconds: float) -> None:
@@ -293,7 +295,9 @@ class EmulatedCompute(ComputeHook):
             self.overruns += 1
             self.worst_ms = max(self.worst_ms, (real_seconds - budget_s) * 1e3)
         else:
+            wake = time.perf_counter() + budget_s - real_seconds
             time.sleep(budget_s - real_seconds)
+            self.late_ms += max(0.0, time.perf_counter() - wake) * 1e3
 
     def after_reduce(self, action: Action, real_seconds: float) -> None:
         duration = self.k * self.budget.allreduce_ms / 1e3
@@ -321,6 +325,7 @@ class EmulatedCompute(ComputeHook):
                 "real_ms": round(self.real_ms, 4),
                 "overruns": self.overruns,
                 "worst_overrun_ms": round(self.worst_ms, 4),
+                "late_ms": round(self.late_ms, 4),
                 "time_scale": self.k,
             }
             self.report.write(json.dumps(line) + "\n")
