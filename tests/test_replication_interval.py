@@ -1,4 +1,4 @@
-"""Replication every k > 1 steps (docs/fault-tolerance.md, "Long intervals").
+"""Replication every k > 1 steps (docs/fault-tolerance.md, "Points in flight").
 
 The toy model of ``tests.test_recovery`` on ``d0`` alone, the replica on the standby
 ``d1`` (``tests.test_recovery_spare``'s plan), emulated (``--emulate``) so that a step
