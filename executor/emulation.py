@@ -359,10 +359,17 @@ class Emulation:
         me = layout.ranks[rank]
         cluster = plan.problem.cluster
         i = cluster.index(me.device)
-        peers = [cluster.index(d) for d in (*(r.device for r in layout.ranks), *spares)]
+        # a spare outside this plan's cluster (a device that joined after the plan the
+        # generation re-planned from) holds no replica of it: NaN figures, so a transfer
+        # to it would fail loudly (time.sleep refuses NaN) instead of being timed wrong
+        peers = [cluster.index(d) if cluster.has_device(d) else None
+                 for d in (*(r.device for r in layout.ranks), *spares)]
+        nan = float("nan")
         links = LinkFigures(
-            tuple(cluster.bytes_per_ms(i, j) if j != i else float("inf") for j in peers),
-            tuple(cluster.latency_ms(i, j) if j != i else 0.0 for j in peers),
+            tuple(nan if j is None else float("inf") if j == i else cluster.bytes_per_ms(i, j)
+                  for j in peers),
+            tuple(nan if j is None else 0.0 if j == i else cluster.latency_ms(i, j)
+                  for j in peers),
             cluster.network.kind,
         )
         stage = plan.cost.stages[me.stage]

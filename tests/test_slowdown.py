@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 
 import pytest
 import torch
@@ -290,3 +291,17 @@ def test_a_host_too_loaded_for_the_emulation_repartitions_nothing(tmp_path) -> N
     assert lines and all(line["overruns"] > 0 for line in lines)
     assert result.events == []
     assert [m["plan_id"] for m in result.metrics] == [plan.id] * 6
+
+
+def test_a_spare_outside_the_plans_cluster_gets_no_link_figures_and_breaks_nothing() -> None:
+    # a device that joined after the plan a recovery re-planned from is a spare of the
+    # new generation, but the plan's cluster has no figures for it (review 7, F3: was a
+    # KeyError in every emulated rank)
+    profile = profile_of(MLP, lambda b: torch.randn(b, MLP_IN))
+    plan = emulated_plan(profile, [(0, 2, [2]), (2, 4, [2])], 2, 2, [1.0, 1.0])
+    links = Emulation.for_rank(plan, 0, None, 1.0, None,  # type: ignore[arg-type]
+                               spares=("d1", "joined-later")).transport.links
+    cluster = plan.problem.cluster
+    assert links.bytes_per_ms[:3] == (float("inf"), cluster.bytes_per_ms(0, 1),
+                                      cluster.bytes_per_ms(0, 1))
+    assert math.isnan(links.bytes_per_ms[3]) and math.isnan(links.latency_ms[3])
