@@ -74,9 +74,11 @@ compute waits woke, summed: the host's scheduling delay, not the emulation's) an
 from __future__ import annotations
 
 import json
+import math
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -173,21 +175,26 @@ class EmulatedTransport(Transport):
             self._free[UPLINK] = start + duration
         return start
 
-    def occupy(self, dst: int, nbytes: int, piece_ms: float = PIECE_MS) -> None:
+    def occupy(self, dst: int, nbytes: int, piece_ms: float = PIECE_MS,
+               check: Callable[[], None] = lambda: None) -> None:
         """Sleep through the emulated transfer of ``nbytes`` to ``dst`` whose real data
         has already gone (a replica, executor/replication.py): its channel is reserved
         one piece of at most ``piece_ms`` of link time (x the time scale) at a time,
         each after the one before ended, so that activations posted meanwhile take
         turns with it (a long transfer as interleaved packets, not one block), then the
-        link's latency passes. Returns at the emulated arrival. O(transfer time /
-        piece) reservations."""
-        left = self.k * nbytes / self.links.bytes_per_ms[dst] / 1e3
+        link's latency passes. Returns at the emulated arrival. ``check()`` runs before
+        each piece (a recovering rank's: raises once its generation is aborted, so a
+        dead generation's thread stops taking the channel). O(transfer time / piece)
+        reservations."""
+        total, most = self.k * nbytes / self.links.bytes_per_ms[dst] / 1e3, self.k * piece_ms / 1e3
         end = time.time()
-        while left > 0:
-            piece = min(left, self.k * piece_ms / 1e3)
+        # whole pieces counted, not a running remainder (its rounding added a last piece
+        # of ~1e-20 s)
+        for i in range(math.ceil(total / most - 1e-9) if total > 0 else 0):
+            check()
+            piece = min(most, total - i * most)
             end = self._reserve(dst, piece) + piece
             _sleep_until(end)
-            left -= piece
         _sleep_until(end + self.k * self.links.latency_ms[dst] / 1e3)
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:

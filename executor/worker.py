@@ -845,7 +845,8 @@ class _GenerationRun:
             lambda: self._receive_held(n), lambda: self.w.faults.at(n - 1, "replication"),
             lambda: self.store.set(f"repl/{n}/{self.rank}", "1"),
             announce=lambda: self.store.set(f"posted/{n}/{self.rank}", "1"),
-            pace=self.emulation.transport.occupy if self.emulation else lambda h, b: None,
+            pace=(lambda h, b: self.emulation.transport.occupy(h, b, check=self.check))
+            if self.emulation else lambda h, b: None,
             copied=copied)
 
     def _receive_held(self, n: int, arrived: Callable[[], None] = lambda: None,

@@ -68,6 +68,25 @@ def test_reservations_on_one_channel_never_overlap_and_follow_each_other() -> No
     assert min(gaps) >= 0.01 - 1e-6  # each waits for the one before to end
 
 
+def test_a_paced_replica_takes_its_channel_piece_by_piece_and_stops_when_checked_out() -> None:
+    # 40 kB at 400 bytes/ms: 100 ms of link = ten 10 ms pieces, each after a check()
+    links = LinkFigures((float("inf"), 400.0), (0.0, 20.0), "point_to_point")
+    transport = EmulatedTransport(links, 1e-3, None)
+    checks = []
+    transport.occupy(1, LINK_BYTES, check=lambda: checks.append(1))
+    assert len(checks) == 10
+
+    def aborted_at_the_third() -> None:
+        checks.append(1)
+        if len(checks) == 3:
+            raise RuntimeError("generation aborted")
+
+    checks.clear()
+    with pytest.raises(RuntimeError, match="generation aborted"):
+        transport.occupy(1, LINK_BYTES, check=aborted_at_the_third)
+    assert len(checks) == 3  # a dead generation's thread takes no further piece
+
+
 # -- links: real gloo processes ---------------------------------------------------------
 
 LINK_BYTES = 40_000  # 10,000 float32
