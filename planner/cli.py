@@ -610,8 +610,9 @@ def _demo_run(outdir: Path, steps: int) -> None:
     run_dir = outdir / "run"
     # this CPU is slower than the Jetsons: 2 steps at the scale its measured profile
     # suggests, then the scale its real compute under the current load needs; the
-    # calibration runs as the measured run does (recovering: the standbys and the
-    # replication compete for this machine's cores in both, so the scale allows for them)
+    # calibration runs as the measured run does (recovering or not: a recovering run's
+    # standbys and replication compete for this machine's cores in both, so the scale
+    # allows for them)
     # a few steps cannot hide a replica whose transfer takes many (the demo's 93.5 MB
     # over the modelled Wi-Fi: ~340 steps; every point would be waited for), so such a
     # short run goes without recovery and says why (docs/decisions.md)
