@@ -57,8 +57,12 @@ system), deletes the keys and commits the checkpoint (record, marker, rename), b
 it tells the members to ``exit``. A
 checkpoint whose parts are incomplete when a generation fails is written again by the
 replay (a checkpoint at or before the replay step is dropped: its state is durable, so
-its parts were all in). A run resumed from a checkpoint (``resume``) starts from it:
-``fresh`` then means "load the checkpoint", also for a replay of the first generation.
+its parts were all in). A replay past a committed checkpoint sends none of its parts
+again: the generation's ``start`` record names the last committed one
+(``checkpointed``), and only later ones are sent (a part sent again would stay in the
+store unread, and committing it again would rewrite a committed checkpoint). A run
+resumed from a checkpoint (``resume``) starts from it: ``fresh`` then means "load the
+checkpoint", also for a replay of the first generation.
 
 Recovery event (one ``metrics.jsonl`` line per recovery, written when the new
 generation commits its first step or fails): ``type`` ``"recovery"``, ``generation``
@@ -244,6 +248,9 @@ class Supervisor:
         #: checkpoints still to commit (steps applied)
         self.checkpoints = [n for n in range(resume + 1, steps + 1)
                             if checkpoint_every and n % checkpoint_every == 0]
+        #: the last checkpoint committed (0: none; a resumed run's own): a replay past
+        #: it sends no part of it again (the parts would stay in the store, unread)
+        self.checkpointed = resume
         self.store, self.coordinator = store, coordinator
         self.steps, self.writer, self.plans_dir = steps, writer, plans_dir
         self.kill, self.alive = kill, alive
@@ -277,7 +284,7 @@ class Supervisor:
         storeblob.put(gstore, "plan", json.dumps(plan_to_dict(plan)).encode())
         gstore.set("start", json.dumps({
             "plan": path, "members": list(members), "resume": resume, "fresh": fresh,
-            "migration": migration,
+            "migration": migration, "checkpointed": self.checkpointed,
         }))
         if self._precompute and plan.id not in self._precomputed:
             slot: dict = {}
@@ -338,6 +345,7 @@ class Supervisor:
                 senders.append(device)
             storeblob.delete(gen.store, key)
         checkpoint.commit_parts(self.checkpoint_dir, n, gen.plan, senders)
+        self.checkpointed = n
 
     # -- joins -------------------------------------------------------------------------
     def hold(self, step: int | None) -> None:

@@ -750,9 +750,11 @@ class _GenerationRun:
             self.check()
             runtime.apply(record)
             n = step + 1
-            if opts.checkpoint_every and n % opts.checkpoint_every == 0:
-                # the part goes to the coordinator, which writes and commits it; a
-                # data-parallel peer's copy is its stage's first member's
+            if (opts.checkpoint_every and n % opts.checkpoint_every == 0
+                    and n > int(self.record["checkpointed"])):
+                # the part goes to the coordinator, which writes and commits it (a
+                # replay sends none of a committed one); a data-parallel peer's copy is
+                # its stage's first member's
                 part = (checkpoint.part_bytes(n, module, optimizer, stage.first,
                                               config.optimizer) if me.index == 0 else b"")
                 storeblob.put(self.store, f"ckpt/{n}/{self.rank}", part)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 
 from executor import checkpoint
 from executor.recovery import RecoveryFailed
@@ -22,6 +23,7 @@ from tests.test_recovery import (
     profile,
     reference,
 )
+from tests.test_recovery_spare import one_device_plan
 
 OTHER = [(0, 4, [1, 1]), (4, 6, [2])]
 
@@ -76,3 +78,39 @@ def test_an_unrecoverable_loss_leaves_the_last_checkpoint_intact_and_loadable(tm
     assert [m["step"] for m in resumed.metrics] == [1, 2]
     assert resumed.losses == want.losses[1:]
     assert_final_state_is_the_references(tmp_path / "b", want)
+
+
+@pytest.mark.slow
+def test_a_replay_past_committed_checkpoints_sends_none_of_their_parts_again(
+    tmp_path, monkeypatch,
+):
+    # d0 runs the toy model alone, its replica on the standby d1, replicated only at the
+    # start and after the last step (interval 100 > 4 steps); d0 sends its parts of
+    # checkpoints 1, 2 and 3, which the coordinator commits, then dies in step 3's
+    # forward: d1 replays steps 0 .. 3 from point 0, past those three checkpoints
+    stores: list[dist.TCPStore] = []
+    real = dist.TCPStore
+
+    def kept(*args, **kwargs):  # the launcher's own store, kept to be read afterwards
+        stores.append(real(*args, **kwargs))
+        return stores[-1]
+
+    monkeypatch.setattr(dist, "TCPStore", kept)
+    plan = one_device_plan(2, replication_interval=100)
+    result = launch_reaped(
+        WorkerOptions(str(write_plan(plan, tmp_path)), 4, str(tmp_path), deterministic=True,
+                      timeout_s=GLOO_TIMEOUT_S, save_weights=True, faults="d0:3:forward",
+                      checkpoint_every=1))
+    (event,) = result.events
+    assert (event["device"], event["replay_from_step"]) == ("d0", 0)
+    folder = tmp_path / "checkpoints"
+    assert sorted(d.name for d in folder.glob("step-*")) == [
+        f"step-0000000{n}" for n in (1, 2, 3, 4)]
+    assert all((folder / f"step-0000000{n}" / checkpoint.MARKER).is_file() for n in (1, 2, 3, 4))
+    # no part of any checkpoint is left in either generation's store, neither its count
+    # key nor its first chunk (one rank votes in each: d0, then d1)
+    (store,) = stores
+    left = [key for g in (event["generation"] - 1, event["generation"]) for n in (1, 2, 3, 4)
+            for key in (f"gen{g}/ckpt/{n}/0", f"gen{g}/ckpt/{n}/0/0") if store.check([key])]
+    assert left == []
+    assert result.losses == reference(plan, 4).losses
