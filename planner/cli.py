@@ -37,7 +37,7 @@ from rich.table import Table
 from planner import api
 from planner.cluster import Cluster, catalog_from_dict, load_catalog
 from planner.comparison import ComparisonResult
-from planner.config import OPTIMIZER_STATE, TrainingConfig
+from planner.config import AUTO, MAX_REPLICATION_INTERVAL, OPTIMIZER_STATE, TrainingConfig
 from planner.cost import CostModel, pipeline_closed_form_ms
 from planner.errors import EdgepipeError, InputError
 from planner.milp import BACKENDS, DEFAULT_BACKEND, DEFAULT_TIME_LIMIT
@@ -49,6 +49,7 @@ from planner.plan import (
     plan_to_dict,
     replica_standbys,
     save_plan,
+    short_run_note,
 )
 from planner.problem import Problem
 from planner.profile import ModelProfile
@@ -89,6 +90,7 @@ CONFIG_FLAGS = {
     "schedule": "schedule",
     "warmup": "warmup",
     "max_stages": "max_stages",
+    "replication_interval": "replication_interval",
 }
 
 #: solver flags -> the planners they apply to (anything else given with them is an error)
@@ -245,6 +247,13 @@ def _print_plan(plan: Plan) -> None:
     idle = [d.id for d in plan.problem.cluster.devices if d.id not in plan.partition.used_devices()]
     if idle:
         out.print(f"idle devices: {', '.join(idle)}", highlight=False)
+    k = plan.problem.config.replication_interval
+    if isinstance(k, int) and k > 1:  # auto resolves beyond 1 where a point outlasts a step
+        t = CostModel(plan.problem, plan.partition.micro_batch_size).replica_transfer_ms(
+            plan.partition)
+        out.print(f"replication: every {k} steps; a point's transfer takes {t:.0f} ms, "
+                  f"{t / plan.cost.iteration_ms:.1f} steps (a loss replays up to {2 * k - 1} "
+                  "steps)", highlight=False)
     for note in grouped_assumptions(plan.assumptions):
         out.print(f"[dim]assumption: {note}[/dim]", highlight=False)
 
@@ -614,9 +623,9 @@ def _demo_run(outdir: Path, steps: int) -> None:
     # standbys and replication compete for this machine's cores in both, so the scale
     # allows for them)
     # a few steps cannot hide a replica whose transfer takes many (the demo's 93.5 MB
-    # over the modelled Wi-Fi: ~340 steps; every point would be waited for), so such a
-    # short run goes without recovery and says why (docs/decisions.md)
-    slow = interval_note(plan)
+    # over the modelled Wi-Fi: ~340 steps, which its interval, auto, spans, but 2 steps
+    # do not), so such a short run goes without recovery and says why (docs/decisions.md)
+    slow = short_run_note(plan, min(2, steps))
     recover = None if slow is None else False
     first_k = emulation.time_scale_for(plan, host)  # type: ignore[attr-defined]
     err.print(f"calibrating: 2 emulated steps at time scale {first_k:.1f}", soft_wrap=True)
@@ -1068,6 +1077,21 @@ def non_negative_int(text: str) -> int:
     return _whole_number_at_least(text, 0)
 
 
+def replication_interval(text: str) -> int | str:
+    """``auto`` or a whole number 0 .. ``MAX_REPLICATION_INTERVAL``."""
+    if text == AUTO:
+        return text
+    try:
+        value = _whole_number_at_least(text, 0)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}; give {AUTO!r} or a whole number of "
+                                         "steps (0: no replicas)") from None
+    if value > MAX_REPLICATION_INTERVAL:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {MAX_REPLICATION_INTERVAL}, got {value}")
+    return value
+
+
 def positive_float(text: str) -> float:
     """A finite number > 0."""
     try:
@@ -1166,6 +1190,11 @@ def _add_problem_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--schedule", choices=["1f1b", "gpipe"], help="default 1f1b")
     p.add_argument("--warmup", choices=["asteroid", "classic"], help="default asteroid")
     p.add_argument("--max-stages", type=positive_int, help="most pipeline stages")
+    p.add_argument(
+        "--replication-interval", type=replication_interval, metavar="K|auto",
+        help="committed steps between replica refreshes, 0 for none (default auto: the "
+        "fewest steps that hide a replica's predicted transfer; the plan holds the number)",
+    )
 
 
 def _add_solver_args(p: argparse.ArgumentParser) -> None:

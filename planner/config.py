@@ -33,6 +33,9 @@ DEFAULT_DATA_SEED = 0
 #: replicas of every stage's weights and optimizer state are refreshed every this many
 #: committed steps (docs/fault-tolerance.md); 0 turns replication off
 MAX_REPLICATION_INTERVAL = 1_000_000
+#: the default interval: the smallest that hides a point's transfer, resolved when the
+#: plan is made (:func:`planner.plan.make_plan`; docs/decisions.md)
+AUTO = "auto"
 
 SCHEDULES = ("1f1b", "gpipe")
 WARMUPS = ("asteroid", "classic")
@@ -54,7 +57,7 @@ class TrainingConfig:
     adam_betas: tuple[float, float] | None = None
     adam_eps: float | None = None
     data_seed: int | None = None
-    replication_interval: int = 1
+    replication_interval: int | str = AUTO
 
     def __post_init__(self) -> None:
         def bad(field: str, problem: str) -> InputError:
@@ -101,12 +104,20 @@ class TrainingConfig:
             raise bad("adam_eps", f"must be positive, got {self.adam_eps}")
         if self.data_seed is not None and self.data_seed < 0:
             raise bad("data_seed", f"must be >= 0, got {self.data_seed}")
-        if not 0 <= self.replication_interval <= MAX_REPLICATION_INTERVAL:
+        k = self.replication_interval
+        if k != AUTO and (not isinstance(k, int) or isinstance(k, bool)
+                          or not 0 <= k <= MAX_REPLICATION_INTERVAL):
             raise bad(
                 "replication_interval",
-                f"must be 0 (off) .. {MAX_REPLICATION_INTERVAL} steps, got "
-                f"{self.replication_interval}",
+                f"must be {AUTO!r} or 0 (off) .. {MAX_REPLICATION_INTERVAL} steps, got "
+                f"{str(k)[:40]!r}",
             )
+
+    @property
+    def replicated(self) -> bool:
+        """Whether ring replicas are kept: any interval but 0 (``auto`` resolves to at
+        least 1)."""
+        return self.replication_interval != 0
 
     def optimizer_settings(self) -> dict[str, Any]:
         """The optimizer's keyword arguments with defaults filled in: ``sgd``: ``lr``;
@@ -173,14 +184,16 @@ class TrainingConfig:
                 out[key] = getattr(self, key)
         if self.adam_betas is not None:
             out["adam_betas"] = list(self.adam_betas)
-        if self.replication_interval != 1:
-            # written only when not the default, so plans made before the field existed
-            # keep their content-hash ids
-            out["replication_interval"] = self.replication_interval
+        # always written: a config without it means auto, a plan's without it 1 (the
+        # plan's id leaves out an interval of 1: planner.plan.content_id)
+        out["replication_interval"] = self.replication_interval
         return out
 
     @classmethod
-    def from_dict(cls, doc: Any, source: str = "<training config>") -> TrainingConfig:
+    def from_dict(cls, doc: Any, source: str = "<training config>", *,
+                  interval: int | str = AUTO) -> TrainingConfig:
+        """The config of ``doc``; ``interval``: the replication interval when ``doc``
+        names none (a plan's config, written before the key existed, passes 1)."""
         validate(doc, KIND, source)
         cands = doc.get("micro_batch_candidates")
         try:
@@ -196,7 +209,7 @@ class TrainingConfig:
                 adam_betas=tuple(doc["adam_betas"]) if "adam_betas" in doc else None,
                 adam_eps=doc.get("adam_eps"),
                 data_seed=doc.get("data_seed"),
-                replication_interval=doc.get("replication_interval", 1),
+                replication_interval=doc.get("replication_interval", interval),
             )
         except InputError as exc:
             raise InputError(source, exc.path, exc.problem) from None

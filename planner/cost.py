@@ -961,20 +961,20 @@ class CostModel:
 
     def replicas(self, partition: Partition) -> tuple[Replica, ...]:
         """Where each stage's state is replicated (:func:`planner.replicas.placement` with
-        the config's interval and :meth:`replica_bytes`)."""
-        return placement(partition, self._budgets(), self.problem.config.replication_interval,
+        whether the config replicates and :meth:`replica_bytes`)."""
+        return placement(partition, self._budgets(), self.problem.config.replicated,
                          self.replica_bytes)
 
     def replica_standbys(self, partition: Partition) -> tuple[str, ...]:
         """The idle devices able to hold a one-device plan's replica, best first
         (:func:`planner.replicas.standbys`)."""
-        return standbys(partition, self._budgets(), self.problem.config.replication_interval,
+        return standbys(partition, self._budgets(), self.problem.config.replicated,
                         self.replica_bytes)
 
     def replica_refusal(self, partition: Partition) -> str | None:
         """Why a one-device plan has no replica although it has idle devices
         (:func:`planner.replicas.refusal`), else None."""
-        return refusal(partition, self._budgets(), self.problem.config.replication_interval,
+        return refusal(partition, self._budgets(), self.problem.config.replicated,
                        self.replica_bytes)
 
     def _budgets(self) -> dict[str, float]:

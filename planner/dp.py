@@ -478,7 +478,7 @@ class _Tables:
         #: l' >= l)
         self.range_at = np.full((size, size), -1, dtype=np.int64)
         self.range_at[at] = np.arange(len(first))
-        if problem.config.replication_interval > 0:
+        if problem.config.replicated:
             self.dense_replica[at] = [
                 cm.replica_bytes(int(a), int(b)) for a, b in zip(first, end, strict=True)
             ]

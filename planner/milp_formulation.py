@@ -227,7 +227,7 @@ class Tables:
         self.boundary = cm.boundary
         self.topology = problem.cluster.network.kind
         self.shared = cm.shared_medium  # the ring all-reduce's formula (cost.py)
-        self.replicated = problem.config.replication_interval > 0
+        self.replicated = problem.config.replicated
         n_cls = len(classes)
         inv = np.full((n_cls, n_cls), np.nan)
         lat = np.full((n_cls, n_cls), np.nan)

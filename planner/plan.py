@@ -21,13 +21,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from planner.cluster import Cluster
-from planner.config import TrainingConfig
+from planner.config import AUTO, TrainingConfig
 from planner.cost import CostModel, PlanCost, hiding_interval
 from planner.errors import PlanMismatchError
 from planner.partition import Partition, StageAssignment
@@ -114,10 +114,39 @@ def interval_note(plan: Plan) -> str | None:
     """:func:`replication_note` for ``plan``'s interval, predicted transfer
     (:meth:`CostModel.replica_transfer_ms`) and iteration time; ``edgepipe plan`` shows
     it among the assumptions, ``edgepipe run`` as a warning of a recovering run."""
-    transfer = CostModel(plan.problem, plan.partition.micro_batch_size).replica_transfer_ms(
+    return replication_note(_interval(plan), _transfer_ms(plan), plan.cost.iteration_ms)
+
+
+def short_run_note(plan: Plan, steps: int) -> str | None:
+    """:func:`interval_note`, else, for a replicating plan, one line when a run of
+    ``steps`` steps is shorter than the interval that hides a point's transfer
+    (:func:`planner.cost.hiding_interval`): its start state's point then has fewer
+    steps to travel beside than its transfer takes, and the commit before its last step
+    waits for the rest (docs/fault-tolerance.md, "Points in flight"), whatever the
+    interval. ``edgepipe demo`` runs such a short run without replicas. O(P)."""
+    if note := interval_note(plan):
+        return note
+    transfer = _transfer_ms(plan)
+    k = hiding_interval(transfer, plan.cost.iteration_ms)
+    if _interval(plan) == 0 or steps >= k:
+        return None
+    return (f"a run of {steps} steps cannot hide a replication point's transfer of "
+            f"{transfer:.0f} ms on the modelled links, {transfer / plan.cost.iteration_ms:.1f} "
+            f"steps of {plan.cost.iteration_ms:.1f} ms (a run of {k} or more steps at "
+            f"replication_interval {_interval(plan)} does)")
+
+
+def _interval(plan: Plan) -> int:
+    """The plan's replication interval: always a whole number (:func:`make_plan`
+    resolves ``auto``, :func:`plan_from_dict` refuses it)."""
+    k = plan.problem.config.replication_interval
+    assert isinstance(k, int)
+    return k
+
+
+def _transfer_ms(plan: Plan) -> float:
+    return CostModel(plan.problem, plan.partition.micro_batch_size).replica_transfer_ms(
         plan.partition)
-    return replication_note(plan.problem.config.replication_interval, transfer,
-                            plan.cost.iteration_ms)
 
 
 def replication_note(interval: int, transfer_ms: float, iteration_ms: float) -> str | None:
@@ -217,17 +246,22 @@ def check_memory(problem: Problem, partition: Partition, cost: PlanCost) -> None
 
 
 def content_id(problem: Problem, partition: Partition) -> str:
-    """The plan id: ``plan-`` and a hash of the inputs and the decision."""
+    """The plan id: ``plan-`` and a hash of the inputs and the decision. The config is
+    hashed without a replication interval of 1, so the plans written before the
+    interval was a field (every one of them replicating every step) keep their ids."""
     return f"plan-{_digest(problem, partition)}"
 
 
 def _digest(problem: Problem, partition: Partition) -> str:
+    config = problem.config.to_dict()
+    if config["replication_interval"] == 1:
+        del config["replication_interval"]
     payload = json.dumps(
         _numbers_as_floats(
             {
                 "model": problem.model.to_dict(),
                 "cluster": problem.cluster.to_dict(),
-                "config": problem.config.to_dict(),
+                "config": config,
                 "decision": _decision_dict(partition),
             }
         ),
@@ -268,15 +302,24 @@ def make_plan(
 ) -> Plan:
     """Check ``partition`` against ``problem``, score it and wrap it as a :class:`Plan`.
 
-    The id is a content hash of inputs and decision, so the same plan has the same id.
+    A config whose ``replication_interval`` is ``auto`` is resolved here, after the
+    search, to :func:`planner.cost.hiding_interval` of the partition's predicted
+    replication transfer and iteration: the search depends only on whether replicas
+    are kept (their memory is the same at every interval > 0), so the partition is the
+    same whatever the interval, and the plan holds the integer. The id is a content
+    hash of inputs (the resolved config) and decision, so the same plan has the same id.
 
     Raises:
         PlanMismatchError: the partition does not fit ``problem`` or overflows memory.
     """
     check_partition(problem, partition)
+    cm = CostModel(problem, partition.micro_batch_size)
     if cost is None:
-        cost = CostModel(problem, partition.micro_batch_size).evaluate(partition)
+        cost = cm.evaluate(partition)
     check_memory(problem, partition, cost)
+    if problem.config.replication_interval == AUTO:
+        k = hiding_interval(cm.replica_transfer_ms(partition), cost.iteration_ms)
+        problem = replace(problem, config=replace(problem.config, replication_interval=k))
     return Plan(
         id=content_id(problem, partition),
         parent_id=parent_id,
@@ -433,7 +476,14 @@ def plan_from_dict(doc: Any, source: str = "<plan>", *, rehash: bool = False) ->
     inputs = doc["inputs"]
     model = ModelProfile.from_dict(inputs["model"], f"{source}: inputs.model")
     cluster = Cluster.from_dict(inputs["cluster"], f"{source}: inputs.cluster", catalog={})
-    config = TrainingConfig.from_dict(inputs["config"], f"{source}: inputs.config")
+    # a plan holds its resolved interval; one written before the key existed replicated
+    # every step
+    config = TrainingConfig.from_dict(inputs["config"], f"{source}: inputs.config", interval=1)
+    if config.replication_interval == AUTO:
+        raise PlanMismatchError(
+            f"{source}: inputs.config.replication_interval is 'auto', but a plan holds the "
+            "interval it resolved to (a whole number); re-plan with `edgepipe plan`"
+        )
     problem = make_problem(model, cluster, config, catalog={})
     for p, stage in enumerate(doc["stages"]):
         if stage["index"] != p:

@@ -53,6 +53,13 @@ promotes it locally. Bytes are weights + optimizer state; times are the cost mod
 link terms (:func:`planner.cost.migration_ms`). No surviving copy of a block ->
 :class:`~planner.errors.UnrecoverableError` naming the blocks.
 
+Replication interval: the re-plan keeps its parent's, a whole number (a plan holds
+the interval ``auto`` resolved to, :func:`planner.plan.make_plan`), so a running job's
+points stay at the same steps across generations; where the new plan's transfer or
+iteration makes it too short, the re-plan's assumptions say so
+(:func:`planner.plan.interval_note`). Not re-resolved: the plan does not record that
+its interval came from ``auto``, and a user's explicit interval must stay as given.
+
 Complexity of the fast path: O((L + idle + P x entrants) x (P g + S M)) - each candidate
 is an Algorithm 1 run per re-split stage plus one cost-model evaluation.
 """
@@ -220,7 +227,8 @@ class _Sources:
         self.owners: list[list[str]] = []
         self.ring: list[str | None] = []
         # ring replicas refreshed every step are as fresh as the live state at a step
-        # boundary; with a longer interval a surviving live owner is preferred
+        # boundary; with a longer interval a surviving live owner is preferred (a plan's
+        # interval is resolved: auto came out as 1 only where a point crosses in a step)
         self.fresh = old.problem.config.replication_interval == 1
         for s, r in zip(old.partition.stages, replica_placement(old), strict=True):
             self.owners.append([d for d in s.devices if d not in lost])
@@ -556,14 +564,13 @@ def _check_recoverable(plan: Plan, lost: set[str]) -> None:
         missing.append((stage.first, stage.end, rep))
     if not missing:
         return
-    interval = plan.problem.config.replication_interval
     why = []
     for first, end, rep in missing:
         if rep.kind == RING:
             why.append(
                 f"blocks [{first}, {end}) (their ring replica holder {rep.holders[0]} is lost too)"
             )
-        elif interval == 0 and len(plan.partition.stages) > 1:
+        elif not plan.problem.config.replicated and len(plan.partition.stages) > 1:
             why.append(f"blocks [{first}, {end}) (replication_interval is 0: no replica)")
         else:
             why.append(f"blocks [{first}, {end}) (no other device can hold a replica)")

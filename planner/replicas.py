@@ -24,8 +24,9 @@ live on at least one device other than each of its owners.
 - ``replication_interval = 0`` turns ring replication off (DP peers still cover their
   stages, since that copy is free).
 
-Pure function of the partition, the devices' usable memory, the replica sizes and the
-interval: O(P + number of devices).
+Pure function of the partition, the devices' usable memory, the replica sizes and
+whether the config replicates (``replicated``: any interval but 0; the interval itself
+changes only how often a replica is refreshed): O(P + number of devices).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class Replica:
 def placement(
     partition: Partition,
     budget: Mapping[str, float],
-    interval: int,
+    replicated: bool,
     size: Callable[[int, int], float],
 ) -> tuple[Replica, ...]:
     """The replica of every stage of ``partition`` under the rule of the module docstring.
@@ -66,7 +67,8 @@ def placement(
         partition: the plan's decision (devices listed per stage are those with samples).
         budget: usable memory in bytes of every device of the cluster, in cluster order
             (those the partition does not use are the idle ones).
-        interval: the config's ``replication_interval`` (0 = ring replication off).
+        replicated: the config's ``replicated`` (False: ``replication_interval`` 0, ring
+            replication off).
         size: bytes of a replica of blocks [first, end) (weights + optimizer state).
     """
     stages = partition.stages
@@ -75,11 +77,11 @@ def placement(
         if len(stage.devices) >= 2:
             out.append(Replica(q, stage.first, stage.end, DP_PEER, stage.devices))
             continue
-        if interval == 0:
+        if not replicated:
             out.append(Replica(q, stage.first, stage.end, NONE, ()))
             continue
         if len(stages) == 1:
-            fit = standbys(partition, budget, interval, size)
+            fit = standbys(partition, budget, replicated, size)
             kind, holders = (RING, fit[:1]) if fit else (NONE, ())
             out.append(Replica(q, stage.first, stage.end, kind, holders))
             continue
@@ -92,15 +94,15 @@ def placement(
 def standbys(
     partition: Partition,
     budget: Mapping[str, float],
-    interval: int,
+    replicated: bool,
     size: Callable[[int, int], float],
 ) -> tuple[str, ...]:
     """The idle devices that can hold the replica of a plan of one stage on one device,
     best first: most usable memory, ties in cluster order (the first is the holder).
-    Empty for every other plan and with ``interval`` 0. Arguments as :func:`placement`'s.
+    Empty for every other plan and without ``replicated``. Arguments as :func:`placement`'s.
     O(devices log devices)."""
     stages = partition.stages
-    if len(stages) != 1 or len(stages[0].devices) != 1 or interval == 0:
+    if len(stages) != 1 or len(stages[0].devices) != 1 or not replicated:
         return ()
     need = size(stages[0].first, stages[0].end)
     order = {d: i for i, d in enumerate(budget)}
@@ -111,18 +113,18 @@ def standbys(
 def refusal(
     partition: Partition,
     budget: Mapping[str, float],
-    interval: int,
+    replicated: bool,
     size: Callable[[int, int], float],
 ) -> str | None:
     """One line when a plan of one stage on one device has idle devices but none can
     hold its replica (each is refused: its usable memory is below the replica's size),
     else None. Arguments as :func:`placement`'s. O(devices)."""
     stages = partition.stages
-    if len(stages) != 1 or len(stages[0].devices) != 1 or interval == 0:
+    if len(stages) != 1 or len(stages[0].devices) != 1 or not replicated:
         return None
     (owner,) = stages[0].devices
     idle = [d for d in budget if d != owner]
-    if not idle or standbys(partition, budget, interval, size):
+    if not idle or standbys(partition, budget, replicated, size):
         return None
     gib = 2**30
     need = size(stages[0].first, stages[0].end)

@@ -122,10 +122,13 @@ def make_test_plan(
     warmup: str = "asteroid",
     learning_rate: float | None = 0.1,
     memory_bytes: float = 8 * 2**30,
+    replication_interval: int | str = 1,
     **config: Any,
 ) -> Plan:
     """A hand-made plan: ``stages`` = [(first block, end block, samples per device)],
-    devices numbered d0, d1, ... in stage order."""
+    devices numbered d0, d1, ... in stage order. Replicated every step unless told
+    otherwise: ``auto`` would resolve from this machine's measured profile, so the
+    points, and what a loss replays, would vary with its load."""
     n = sum(len(s[2]) for s in stages)
     cfg = TrainingConfig(
         global_batch=micro_batch * num_micro_batches,
@@ -134,6 +137,7 @@ def make_test_plan(
         schedule=schedule,
         warmup=warmup,
         learning_rate=learning_rate,
+        replication_interval=replication_interval,
         **config,
     )
     problem = make_problem(profile, cluster(n, memory_bytes), cfg, catalog={})
@@ -185,7 +189,8 @@ def alive(pid: int) -> bool:
 
 def emulated_plan(profile, stages, micro_batch, micro_batches, slowdowns, *,
                   bandwidth_mbps=1000.0, latency_ms=0.1, shared=False):
-    """A hand-made plan on devices d0.. of one CPU type with per-device slowdowns."""
+    """A hand-made plan on devices d0.. of one CPU type with per-device slowdowns,
+    replicated every step (as :func:`make_test_plan`)."""
     doc = {
         "schema_version": 1, "kind": "edgepipe.cluster", "name": "emulated",
         "device_types": {"host-cpu": {
@@ -202,7 +207,7 @@ def emulated_plan(profile, stages, micro_batch, micro_batches, slowdowns, *,
     cluster = Cluster.from_dict(doc, "emulated cluster", catalog={})
     config = TrainingConfig(global_batch=micro_batch * micro_batches,
                             micro_batch_candidates=(micro_batch,), optimizer="sgd",
-                            learning_rate=0.1)
+                            learning_rate=0.1, replication_interval=1)
     problem = make_problem(profile, cluster, config, catalog={})
     assigned, dev = [], 0
     for first, end, samples in stages:

@@ -115,9 +115,11 @@ OPTIONAL = {
     "catalog": {("device_types", "fast"), ("device_types", "slow")},
     "cluster": {("devices", "#"), ("network", "shared_medium")},
     "config": {("micro_batch_candidates",), ("micro_batch_candidates", "#"), ("optimizer",),
-               ("schedule",), ("warmup",)},
+               ("schedule",), ("warmup",), ("replication_interval",)},
     "model": {("timings", "fast"), ("timings", "slow")},
     "plan": {("assumptions",), ("idle_devices", "#"), ("inputs", "config", "optimizer"),
+             # the interval the plan resolved to is 1: a plan without it means 1
+             ("inputs", "config", "replication_interval"),
              ("inputs", "config", "schedule"), ("inputs", "config", "warmup"),
              ("prediction", "dominant_step"), ("prediction", "peak_memory_fraction"),
              *{("stages", "#", k) for k in ("allreduce_ms", "backward_ms", "forward_ms",

@@ -48,9 +48,10 @@ def one_device_plan(devices: int, memory_bytes: float = 8 * 2**30, model_profile
     (2 micro-batches of 2, Adam, lr 0.01: the settings ``tests.test_recovery`` uses;
     ``model_profile``: its profile, default :func:`tests.test_recovery.profile`;
     ``network``: fields that replace the cluster's network ones;
-    ``config_fields``: other training-config fields)."""
+    ``config_fields``: other training-config fields; replicated every step unless they
+    say otherwise, as :func:`tests.executor_helpers.make_test_plan`)."""
     config = TrainingConfig(global_batch=4, micro_batch_candidates=(2,), optimizer="adam",
-                            learning_rate=0.01, **config_fields)
+                            learning_rate=0.01, **{"replication_interval": 1, **config_fields})
     devices_of = cluster(devices, memory_bytes)
     if network:
         doc = devices_of.to_dict()
@@ -90,19 +91,19 @@ def test_an_idle_device_too_small_for_the_replica_is_refused_with_one_line():
     # the idle device d1 has exactly one byte too little; d0 runs the stage either way
     budget = {"d0": 8 * 2**30, "d1": need - 1}
 
-    assert standbys(plan.partition, budget, 1, cm.replica_bytes) == ()
-    (replica,) = placement(plan.partition, budget, 1, cm.replica_bytes)
+    assert standbys(plan.partition, budget, True, cm.replica_bytes) == ()
+    (replica,) = placement(plan.partition, budget, True, cm.replica_bytes)
     assert (replica.kind, replica.holders) == ("none", ())
-    note = refusal(plan.partition, budget, 1, cm.replica_bytes)
+    note = refusal(plan.partition, budget, True, cm.replica_bytes)
     assert note == (
         f"stage 0 (blocks [0, 6)) is not replicated: its weights and optimizer state take "
         f"0.000 GiB ({need:.0f} bytes) and no idle device can hold them (the largest, d1, "
         f"has 0.000 GiB usable, {need - 1:.0f} bytes); losing d0 stops the run")
     # one byte more and d1 holds it; no idle device at all is no refusal
-    assert standbys(plan.partition, {**budget, "d1": need}, 1, cm.replica_bytes) == ("d1",)
-    assert refusal(plan.partition, {"d0": 8 * 2**30}, 1, cm.replica_bytes) is None
+    assert standbys(plan.partition, {**budget, "d1": need}, True, cm.replica_bytes) == ("d1",)
+    assert refusal(plan.partition, {"d0": 8 * 2**30}, True, cm.replica_bytes) is None
     # with replication off nothing is refused either
-    assert refusal(plan.partition, budget, 0, cm.replica_bytes) is None
+    assert refusal(plan.partition, budget, False, cm.replica_bytes) is None
 
 
 def test_a_plan_whose_idle_devices_are_all_too_small_says_so_in_its_assumptions():

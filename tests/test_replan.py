@@ -102,7 +102,7 @@ def test_placement_uses_dp_peers_else_the_largest_device_of_the_next_stage_in_a_
         ),
     )
     budget = {"a": 5.0, "b": 5.0, "c": 1.0, "d": 1.0, "e": 2.0}
-    assert placement(part, budget, 1, unit) == (
+    assert placement(part, budget, True, unit) == (
         Replica(0, 0, 1, DP_PEER, ("a", "b")),
         Replica(1, 1, 2, RING, ("e",)),  # stage 2's larger device
         Replica(2, 2, 3, DP_PEER, ("d", "e")),
@@ -113,7 +113,7 @@ def test_last_stage_replicates_to_the_first_and_ties_go_to_the_first_listed():
     part = Partition(
         2, 1, (StageAssignment(0, 1, ("a", "b"), (1, 1)), StageAssignment(1, 2, ("c",), (2,)))
     )
-    reps = placement(part, {"a": 3.0, "b": 3.0, "c": 1.0}, 5, unit)
+    reps = placement(part, {"a": 3.0, "b": 3.0, "c": 1.0}, True, unit)
     assert reps[1] == Replica(1, 1, 2, RING, ("a",))
 
 
@@ -121,18 +121,18 @@ def test_no_ring_replicas_when_replication_is_off_or_there_is_no_other_device():
     two = Partition(
         2, 1, (StageAssignment(0, 1, ("a",), (2,)), StageAssignment(1, 2, ("b",), (2,)))
     )
-    assert [r.kind for r in placement(two, {"a": 1.0, "b": 1.0}, 0, unit)] == [NONE, NONE]
+    assert [r.kind for r in placement(two, {"a": 1.0, "b": 1.0}, False, unit)] == [NONE, NONE]
     one = Partition(2, 1, (StageAssignment(0, 2, ("a",), (2,)),))
-    assert placement(one, {"a": 1.0}, 1, unit) == (Replica(0, 0, 2, NONE, ()),)
+    assert placement(one, {"a": 1.0}, True, unit) == (Replica(0, 0, 2, NONE, ()),)
 
 
 def test_a_one_stage_plan_replicates_to_the_largest_idle_device_that_can_hold_it():
     # the replica of blocks [0, 2) takes 2 bytes (unit: 1 per block)
     one = Partition(2, 1, (StageAssignment(0, 2, ("a",), (2,)),))
-    assert placement(one, {"a": 9.0, "b": 3.0, "c": 5.0, "d": 5.0}, 1, unit) == (
+    assert placement(one, {"a": 9.0, "b": 3.0, "c": 5.0, "d": 5.0}, True, unit) == (
         Replica(0, 0, 2, RING, ("c",)),
     )
-    assert placement(one, {"a": 9.0, "b": 1.0}, 1, unit) == (Replica(0, 0, 2, NONE, ()),)
+    assert placement(one, {"a": 9.0, "b": 1.0}, True, unit) == (Replica(0, 0, 2, NONE, ()),)
 
 
 def test_replica_holder_pays_the_stage_weights_and_optimizer_state():
