@@ -582,7 +582,9 @@ class _Tables:
         every composition of the micro-batch size (cached until :meth:`clear`)."""
         if batch not in self._curve:
             fb = self.fb[:, :, : batch + 1]
-            curves = fb[:, self.rows_end] - fb[:, self.rows_first]
+            # C order: allocate_classes reads it flat (a view only when contiguous; the
+            # fancy index leaves the ranges' axis outermost, so each call copied it)
+            curves = np.ascontiguousarray(fb[:, self.rows_end] - fb[:, self.rows_first])
             self._curve[batch] = (curves, (np.diff(curves, axis=2) > 0).all(axis=2))
         return self._curve[batch]
 
