@@ -153,26 +153,36 @@ least max over them of (what comes before) + M c; G[p, l, n], the least D of a s
 of l blocks in p stages (p >= pc merged: ``RELAX_LEVELS``, ``RELAX_WORK``); Q[p, l, n],
 the least max over its stages of the D_s + T_a^s term (each a min of maxima taken term
 by term, which only lowers it); Z, a bound on the root's D + X that prices each plan's
-traversal, bubbles and all-reduces together (:meth:`_Tables._weighted`). Rules:
+traversal, bubbles and all-reduces together (:meth:`_Tables._weighted`); PF[j, n], the
+least summed E_f + one-way link of stages holding blocks [0, j) on at most n devices:
+unrolling D' >= c0 + tau1 + D and X' >= X - E_b0 - (o + lam), the root's D + X is at
+least PF + the D + X of any suffix (entry) it is built on. Rules:
 micro-batch sizes are searched in order of max(Q(L, N), Z) (every size's relaxed
 tables first, in order of :meth:`_Tables.lower_bound` while the time limit lasts; the
 first search is the least bound among those ready) and a size whose bound exceeds U is
 skipped; a
 (state r, l) cell, with n = N - |r| devices before it, holds nothing when E[L-l, n],
-F[L-l, n] + G[l, |r|] or Q[l, |r|] (least over p) exceeds U, and a state whose cells
-all do is not searched; a candidate with D + F[L-l, n] > U is dropped; a pair (l, l')
-of a move whose max(M c0, c0 + the least D of its front at l') + F > U is never built
-(D' is at least that), so a move without any other pair is not composed, l' runs over
-the pairs left, and a head of
+F[L-l, n] + G[l, |r|], Q[l, |r|] (least over p) or PF[L-l, n] + Q[l, |r|] exceeds U,
+and a state whose cells all do is not searched; a candidate with D + F[L-l, n] > U is
+dropped; an entry with D + X + PF[L-l, n] > U is dropped *after* its front is selected
+(:func:`_pareto` picks among all candidates, so a slot such an entry wins stays empty
+instead of going to another candidate: dropped before, a freed slot changed which
+entries a front keeps and lost plans, docs/decisions.md); a pair (l, l') of a move
+whose max(M c0, c0 + the least D of its front at l') + max(F, T_a0 + PF) > U is never
+built (D' is at least the first term, X' at least T_a0), so a move without any other
+pair is not composed, l' runs over the pairs left, and a head of
 l - l' blocks is composed only within the *head band* of the widest head among them
 (gathered when at most ``BAND_USE`` of the slice l' = lo..hi); the head tables of a
 composition that few states use (the ordered graph's groups that straddle two classes:
 one state per order) are evaluated (Algorithm 1 and its figures) only on the pairs
 that pass that test with c0's lower bound of :meth:`_Tables.head_bound`, the others
 reading inf (:meth:`_BatchSearch._heads`; the same candidates, so the same plans).
-Nothing dropped
-could have been scored, but a front freed of a hopeless entry gives its slot to
-another, so the pruned search is not bit-identical to the unpruned one
+The PF rules apply only under a bound that is a figure, not under
+a guessed one: a guess below every plan then left no answer at all (not even the ones
+above the guess that F lets through), and the repeated search ran unbounded. Nothing
+dropped could have been scored, but a front freed of a hopeless entry (by F, or by a
+pair or cell rule) gives its slot to another, so the pruned search is not
+bit-identical to the unpruned one
 (tests/test_dp.py compares it with the unpruned DP's recorded plans, and checks every
 table against the closed form of every plan of small instances).
 
@@ -392,7 +402,7 @@ class _Graph:
 
 @dataclass(frozen=True)
 class _Relaxed:
-    """The relaxed lower bounds of :meth:`_Tables.relaxed`: F, E (prefixes) indexed
+    """The relaxed lower bounds of :meth:`_Tables.relaxed`: F, E, PF (prefixes) indexed
     [blocks, devices], G, Q (suffixes) [p - 1, blocks, devices]."""
 
     f: np.ndarray
@@ -400,6 +410,7 @@ class _Relaxed:
     g: np.ndarray
     q: np.ndarray
     z: float
+    pf: np.ndarray
 
     @property
     def q_root(self) -> float:
@@ -758,6 +769,9 @@ class _Tables:
           pc), by the recurrence D' >= max(M c0, c0 + tau1 + (M - 1) o, c0 + tau1 + D);
         * Q[p, l, n]: the least max over its stages s of D_s + T_a^s (the root's D + X
           is at least that: X >= T_a^s - PB_s and D >= PB_s + D_s);
+        * PF[j, n]: the least summed E_f + one-way link (occupancy + latency) of stages
+          holding blocks [0, j) with a suffix after them (the root's D + X is at least
+          PF + the suffix's D + X: D' >= c0 + tau1 + D, X' >= X - E_b0 - one way);
         * Z: a bound on the root's D + X that prices every plan's stages together
           (:meth:`_weighted`; Q's min of maxima lets the suffixes that give its D, S and
           all-reduce terms their least values be different plans).
@@ -816,15 +830,19 @@ class _Tables:
         width = n_dev + 2
         f_tab = np.full((big_l + 1, width), INF)
         e_tab = np.full((big_l + 1, width), INF)
-        f_tab[0, : n_dev + 1] = e_tab[0, : n_dev + 1] = 0.0  # nothing before the suffix
+        pf_tab = np.full((big_l + 1, width), INF)
+        f_tab[0, : n_dev + 1] = e_tab[0, : n_dev + 1] = pf_tab[0, : n_dev + 1] = 0.0
         mid = c_tab[min(1, depth - 1)]
+        ef_mid = np.where(np.isfinite(mid), ef, INF)  # E_f of the stages that fit
         ok = np.where(shift <= n_dev, 0.0, INF)  # (share, n): enough devices
         for j in range(1, big_l + 1):
             c0 = mid[:, 0, j][:, None]  # (share, 1): the first stage [0, j)
             t0 = ta[:, 0, j][:, None]
             f_first = (c0 + tau[:, j][:, None] + t0 + ok).min(axis=0)
             e_first = (m * c0 + t0 + ok).min(axis=0)
+            pf_first = (ef_mid[:, 0, j][:, None] + tau[:, j][:, None] / 2 + ok).min(axis=0)
             f_tab[j, : n_dev + 1], e_tab[j, : n_dev + 1] = f_first, e_first
+            pf_tab[j, : n_dev + 1] = pf_first
             if j > 1:
                 f_sub = f_tab[1:j][:, shift]  # (i, share, n)
                 e_sub = e_tab[1:j][:, shift]
@@ -834,6 +852,9 @@ class _Tables:
                 e_tab[j, : n_dev + 1] = np.minimum(
                     e_first, np.maximum(e_sub, f_sub + m * c).min(axis=(0, 1))
                 )
+                step = ef_mid[:, 1:j, j].T[:, :, None] + tau[:, j][None, :, None] / 2
+                pf_sub = pf_tab[1:j][:, shift] + step
+                pf_tab[j, : n_dev + 1] = np.minimum(pf_first, pf_sub.min(axis=(0, 1)))
         g_tab, q_tab, s_tab = (np.full((depth + 1, big_l + 1, width), INF) for _ in range(3))
         for suffix in range(1, big_l + 1):
             head = big_l - suffix  # the suffix's first block
@@ -869,7 +890,8 @@ class _Tables:
                 q = np.maximum(d + t_a, f0 + o + lat_min + q_sub[:, shift])
                 q_tab[p, suffix, : n_dev + 1] = q.min(axis=(0, 1))
         z = self._weighted(m, need, c_tab[0], ef, eb, ta, tau / 2)
-        return _Relaxed(f_tab[:, :-1], e_tab[:, :-1], g_tab[1:, :, :-1], q_tab[1:, :, :-1], z)
+        return _Relaxed(f_tab[:, :-1], e_tab[:, :-1], g_tab[1:, :, :-1], q_tab[1:, :, :-1], z,
+                        pf_tab[:, :-1])  # fmt: skip
 
     def _weighted(
         self, m: int, need: np.ndarray, c: np.ndarray, ef: np.ndarray, eb: np.ndarray,
@@ -932,7 +954,7 @@ class _Tables:
             f_tab[:, n] = self.prefix_bound(batch, n)
         stages = np.maximum(np.minimum(np.arange(big_l + 1)[:, None], np.arange(n_dev + 1)), 1)
         zeros = np.zeros((1, big_l + 1, n_dev + 1))
-        return _Relaxed(f_tab, m * f_tab / stages, zeros, zeros, 0.0)
+        return _Relaxed(f_tab, m * f_tab / stages, zeros, zeros, 0.0, np.zeros_like(f_tab))
 
     def _share_prefix(self, share: int, part: str = "fb") -> np.ndarray:
         """(L + 1,) prefix sums of each block's least c = E_f + E_b (``part`` "fb"), E_f
@@ -1202,32 +1224,42 @@ class _BatchSearch:
         #: round trips in the warm-up window of the head of an (n+1)-stage suffix (module
         #: docstring): ceil(M / min(K, M))
         self.rounds_of = -(-self.m // np.minimum(self.k_of[1:], self.m))
-        self.before = self._before()
+        #: prune by PF too (:meth:`_before`): not under a guessed bound (module docstring)
+        self.by_pf = not guessed
+        #: per (state, l): lower bounds on what the blocks before the suffix add to its D
+        #: (F) and to its D + X (PF), inf where the cell holds nothing (:meth:`_before`)
+        self.before, self.pf = self._before()
         self.hidden = self._hidden()
         self._layout: tuple[int, int, bool, list[int]] = (0, 1, False, [])
 
-    def _before(self) -> np.ndarray:
-        """(states, L + 1): for a suffix of l blocks on devices drawn from state r, a lower
-        bound on what the blocks before it add to the DP value of a complete plan, or inf
-        where no such plan can stay within the bound (module docstring, pruning): the
-        blocks before it run on the n = N - |r| devices outside r and add at least
-        F[L - l, n] (:meth:`_Tables.relaxed`); the cell holds nothing when the root's
-        D + X must exceed the bound: E[L - l, n], F[L - l, n] + G[l, |r|] or Q[l, |r|]
-        (least over the stage counts p) above it."""
+    def _before(self) -> tuple[np.ndarray, np.ndarray]:
+        """Two (states, L + 1) tables: for a suffix of l blocks on devices drawn from
+        state r, lower bounds on what the blocks before it add to the DP value of a
+        complete plan, or inf where no such plan can stay within the bound (module
+        docstring, pruning). The blocks before it run on the n = N - |r| devices outside
+        r and add at least F[L - l, n] to the suffix's D, and PF[L - l, n] to its D + X
+        (:meth:`_Tables.relaxed`); the cell holds nothing when the root's D + X must
+        exceed the bound: E[L - l, n], F[L - l, n] + G[l, |r|], Q[l, |r|] or
+        PF[L - l, n] + Q[l, |r|] (least over the stage counts p) above it."""
         t, relaxed = self.t, self.relaxed
         big_l, n_dev = t.n_blk, sum(t.counts)
         rows = np.arange(big_l + 1)
         g_least, q_least = relaxed.g.min(axis=0), relaxed.q.min(axis=0)
         out = np.full((len(self.sizes), big_l + 1), INF)
+        out_pf = np.full((len(self.sizes), big_l + 1), INF)
         for size in np.unique(self.sizes):
             n_pre = n_dev - int(size)
             here = relaxed.f[big_l - rows, n_pre]
+            forward = relaxed.pf[big_l - rows, n_pre] if self.by_pf else np.zeros(big_l + 1)
             least = np.maximum(
                 np.maximum(relaxed.e[big_l - rows, n_pre], q_least[rows, size]),
                 here + g_least[rows, size],
             )
+            if self.by_pf:
+                least = np.maximum(least, forward + q_least[rows, size])
             out[self.sizes == size] = np.where(least <= self.bound, here, INF)
-        return out
+            out_pf[self.sizes == size] = np.where(least <= self.bound, forward, INF)
+        return out, out_pf
 
     def _hidden(self) -> np.ndarray:
         """(states, L + 1): for a suffix of l blocks on devices drawn from state r, a lower
@@ -1304,7 +1336,7 @@ class _BatchSearch:
                     raise
                 if self.guessed:  # a guessed bound may exclude every plan: none here
                     self.bound = INF
-                    self.before = self._before()
+                    self.before, self.pf = self._before()
                 self.levels.append(self._level(1, False, only_root=True))
                 self._collect(1)
                 raise
@@ -1408,6 +1440,13 @@ class _BatchSearch:
         )
         x_seen = np.maximum(x, self.hidden[s, r0:r1][:, None])
         chosen, ok = _pareto(d, np.where(np.isfinite(d), x_seen, INF), carry_s, cand_y, FRONT)
+        # an entry whose D + X plus the least forward traversal before it (PF) exceeds
+        # the bound can reach no root answer within it; it takes part in the selection
+        # (a slot it wins is not handed to another candidate) and is then dropped
+        if self.by_pf:
+            with np.errstate(invalid="ignore"):
+                hopeless = d + x + self.pf[s, r0:r1][:, None] > self.bound
+            ok &= ~hopeless[rows, chosen]
         at = (s, slice(r0, r1))
         level.d[at] = np.where(ok, d[rows, chosen], INF)
         level.x[at] = np.where(ok, x[rows, chosen], INF)
@@ -1595,7 +1634,7 @@ class _BatchSearch:
         big_l = t.n_blk
         cids = [graph.edges[e][1] for e in moves]
         state = graph.edges[moves[0]][0]  # the moves' state
-        before = self.before[state, r0:r1]
+        before, forward = self.before[state, r0:r1], self.pf[state, r0:r1]
         if front is None:
             heads = self._heads(cids, warm, state, None, [], r0)
             c0 = np.stack([h[0][r0:r1, 0] for h in heads], axis=1)  # (l, T)
@@ -1621,7 +1660,11 @@ class _BatchSearch:
             # pairs :meth:`_heads` left out, which hold nothing)
             d_least = front.d[subs, lo : hi + 1].min(axis=2)[:, None, :]
             c_win = np.stack([h[0, r0:r1, lo : hi + 1] for h in heads])  # (T, l, l')
-            alive = np.maximum(m * c_win, c_win + d_least) + before[None, :, None] <= self.bound
+            added = before[None, :, None]
+            if self.by_pf:  # X' >= T_a0
+                ta_win = np.stack([h[2, r0:r1, lo : hi + 1] for h in heads])
+                added = np.maximum(added, ta_win + forward[None, :, None])
+            alive = np.maximum(m * c_win, c_win + d_least) + added <= self.bound
             live = np.flatnonzero(alive.any(axis=(1, 2)))
             if not len(live):
                 return None

@@ -487,6 +487,20 @@ def test_pruning_by_the_bound_loses_no_plan_the_unpruned_dp_found(name):
     assert result.cost.iteration_ms <= before * (1 + 1e-9)
 
 
+def one_way_ms(cm: CostModel, part: Partition, k: int) -> float:
+    """Occupancy + latency of the link after stage k (0 after the last), as the closed
+    form prices it: the groups' slowest pair and largest latency."""
+    if k + 1 >= len(part.stages):
+        return 0.0
+    a, b = part.stages[k], part.stages[k + 1]
+    cluster = cm.problem.cluster
+    sub = np.ix_([cluster.index(d) for d in a.devices], [cluster.index(d) for d in b.devices])
+    occ = boundary_occupancy_ms(cm.boundary[a.end - 1], max(a.samples), max(b.samples),
+                                part.micro_batch_size, cm.bw[sub].min(),
+                                cluster.network.kind)  # fmt: skip
+    return float(occ + cm.lat[sub].max())
+
+
 def memory_bound(seed: int):
     """4 blocks on 3 devices whose memory makes the stages' warm-ups bind."""
     return random_problem(4, 3, seed=seed, global_batch=8, candidates=(2, 4),
@@ -517,12 +531,14 @@ def test_relaxed_bounds_never_exceed_any_plans_closed_form(build, seed):
         relaxed = _BatchSearch(tables, graph, batch, time.perf_counter() + 60, lambda: None).relaxed
         levels = relaxed.g.shape[0]
         for part in all_partitions(problem, batch):
-            if not cm.evaluate(part).memory_ok:
+            cost = cm.evaluate(part)
+            if not cost.memory_ok:
                 continue
             value = pipeline_closed_form_ms(cm, part) * (1 + 1e-9)
             checked += 1
             assert relaxed.q[:, big_l, n_dev].min() <= value
             assert relaxed.z <= value
+            forward = 0.0  # the stages' E_f and one-way links before stage k
             for k, stage in enumerate(part.stages):
                 j = stage.first
                 n_pre = sum(len(s.devices) for s in part.stages[:k])
@@ -531,6 +547,9 @@ def test_relaxed_bounds_never_exceed_any_plans_closed_form(build, seed):
                 assert relaxed.e[j, n_pre] <= value
                 assert relaxed.f[j, n_pre] + relaxed.g[p, big_l - j, n_suf] <= value
                 assert relaxed.q[p, big_l - j, n_suf] <= value
+                assert relaxed.pf[j, n_pre] <= forward * (1 + 1e-9)
+                assert relaxed.pf[j, n_pre] + relaxed.q[p, big_l - j, n_suf] <= value
+                forward += cost.stages[k].forward_ms + one_way_ms(cm, part, k)
     assert checked or not np.isfinite(brute_force_best(problem)[0])
 
 
