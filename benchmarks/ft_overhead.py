@@ -12,16 +12,19 @@ jetson-testbed-6, global batch 8), in two plans:
 
 Each is trained here with emulated devices and links (docs/executor.md,
 "Heterogeneity emulation") under each configuration in turn, the configurations
-alternating ``--repeats`` times within this one script (so that a load burst on the
-shared machine hits all of them alike):
+alternating ``--repeats`` times within this one script, in forward order on even
+repeats and backward on odd ones (A B C C B A ...), so that a load that rises or falls
+steadily over a pair of repeats weighs on every configuration alike and the mean of
+the per-repeat ratios over an even number of repeats cancels it:
 
 * ``off``: no control plane (the launcher watches exit codes only);
 * ``heartbeats``: the control plane at its defaults (a heartbeat every 0.5 s on the
   worker's own store connection, the launcher polling every 20 ms, a control check
   before every action), no recovery (``recover=False``);
 * ``heartbeats + replication``: in-process recovery at the replication interval
-  ``--interval`` (default ``derived``: the smallest interval whose steps hide a point's
-  predicted transfer, :func:`planner.cost.hiding_interval` of
+  ``--interval`` (default ``auto``, the training config's default: the smallest
+  interval whose steps hide a point's predicted transfer, which
+  :func:`planner.plan.make_plan` resolves, :func:`planner.cost.hiding_interval` of
   :meth:`planner.cost.CostModel.replica_transfer_ms`; every single-device stage's
   weights and optimizer state go to its replica holder every that many steps, in the
   background beside the steps of the interval, paced at the emulated link between
@@ -35,7 +38,8 @@ at interval k one step in k may wait for a point and a median would hide that. T
 default ``--steps`` is 2k + 2, so that the periods cover two whole intervals, each
 ending with the join of a point (the second a full one: the first, the untrained
 start, has no optimizer state yet). The table gives each
-configuration's median over the repeats and its ratio to ``off``, and, for the
+configuration's median over the repeats and its ratio to ``off``, each repeat's ratio
+to the ``off`` run of the same repeat and their mean, and, for the
 replicating runs, the median time a step was blocked on replication
 (``replication_ms``: the snapshot at the commit point plus any wait for the background
 half before the vote) and the median background time of a point
@@ -44,8 +48,8 @@ half before the vote) and the median background time of a point
 that real compute fits the emulated budgets; steps then last what the emulated devices
 take, and any extra time is fault tolerance's.
 
-    .venv/bin/python benchmarks/ft_overhead.py [--steps N] [--repeats 3] [--plans demo,3-stage]
-        [--interval derived|K]
+    .venv/bin/python benchmarks/ft_overhead.py [--steps N] [--repeats 2] [--plans demo,3-stage]
+        [--interval auto|K] [--configs off,heartbeats,heartbeats + replication]
 """
 
 from __future__ import annotations
@@ -64,7 +68,8 @@ from executor.launch import launch
 from executor.worker import WorkerOptions
 from planner import api
 from planner.cli import DEMO_RUN_BATCH, DEMO_RUN_HOST, DEMO_RUN_MODEL
-from planner.cost import CostModel, hiding_interval
+from planner.config import AUTO
+from planner.cost import CostModel
 from planner.partition import Partition, StageAssignment
 from planner.plan import Plan, SolverInfo, make_plan, save_plan
 from planner.profile import ModelProfile
@@ -147,19 +152,16 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-def with_interval(plan: Plan, interval: str) -> Plan:
-    """``plan`` at replication interval ``interval`` (``derived``: the smallest that
-    hides its predicted transfer; module docstring)."""
-    transfer = CostModel(plan.problem, plan.partition.micro_batch_size).replica_transfer_ms(
-        plan.partition)
-    k = hiding_interval(transfer, plan.cost.iteration_ms) if interval == "derived" else int(
-        interval)
-    config = dataclasses.replace(plan.problem.config, replication_interval=k)
+def with_interval(plan: Plan, interval: int | str) -> Plan:
+    """``plan``'s partition made again at replication interval ``interval`` (``auto``:
+    the smallest that hides its predicted transfer, resolved by ``make_plan``)."""
+    config = dataclasses.replace(plan.problem.config, replication_interval=interval)
     return make_plan(dataclasses.replace(plan.problem, config=config), plan.partition,
                      plan.solver)
 
 
-def run_plan(name: str, folder: Path, steps: int | None, repeats: int, interval: str) -> None:
+def run_plan(name: str, folder: Path, steps: int | None, repeats: int, interval: int | str,
+             configs: list[str]) -> None:
     plan = with_interval(PLANS[name](), interval)
     k = plan.problem.config.replication_interval
     steps = steps if steps is not None else max(8, 2 * k + 2)
@@ -172,41 +174,50 @@ def run_plan(name: str, folder: Path, steps: int | None, repeats: int, interval:
                      for s in plan.partition.stages)
     print(f"{name}: {plan.id}: {DEMO_RUN_MODEL} on {api.DEMO_CLUSTER}: {cuts}, predicted "
           f"{plan.cost.iteration_ms:.1f} ms, a point's transfer {transfer:.0f} ms; "
-          f"replication interval {k}; emulated, time scale {scale:.2f}; "
-          f"{steps} steps x {repeats} alternating repeats; load {os.getloadavg()[0]:.1f}",
-          flush=True)
-    runs: dict[str, list[Measured]] = {c: [] for c in CONFIGS}
+          f"replication interval {k} ({interval}); emulated, time scale {scale:.2f}; "
+          f"{steps} steps x {repeats} alternating repeats; load {_load()}", flush=True)
+    runs: dict[str, list[Measured]] = {c: [] for c in configs}
     for r in range(repeats):
-        for config, kwargs in CONFIGS.items():
-            got = measure(plan, path, folder / f"{config}-{r}", steps, scale, kwargs)
+        for config in configs if r % 2 == 0 else configs[::-1]:
+            got = measure(plan, path, folder / f"{config}-{r}", steps, scale, CONFIGS[config])
             runs[config].append(got)
             print(f"  repeat {r}: {config:<26} {got.samples_per_s:8.3f} samples/s, blocked "
                   f"{_ms(got.blocked_ms)} ms, background {_ms(got.background_ms)} ms; load "
-                  f"{os.getloadavg()[0]:.1f}", flush=True)
+                  f"{_load()}", flush=True)
     off = [m.samples_per_s for m in runs["off"]]
     base = statistics.median(off)
     print()
     print(f"{'plan':<8} {'configuration':<26} {'samples/s (median)':>19} {'ratio to off':>13} "
-          f"{'per-repeat ratios':>24} {'blocked ms':>11} {'background ms':>14}")
+          f"{'per-repeat ratios':>24} {'mean ratio':>11} {'blocked ms':>11} "
+          f"{'background ms':>14}")
     for config, values in runs.items():
         sps = [m.samples_per_s for m in values]
-        ratios = " ".join(f"{v / o:.3f}" for v, o in zip(sps, off, strict=True))
+        each = [v / o for v, o in zip(sps, off, strict=True)]
+        ratios = " ".join(f"{x:.3f}" for x in each)
         blocked = [m.blocked_ms for m in values if m.blocked_ms is not None]
         background = [m.background_ms for m in values if m.background_ms is not None]
         print(f"{name:<8} {config:<26} {statistics.median(sps):>19.3f} "
               f"{statistics.median(sps) / base:>13.3f} {ratios:>24} "
+              f"{statistics.mean(each):>11.3f} "
               f"{_ms(statistics.median(blocked) if blocked else None):>11} "
               f"{_ms(statistics.median(background) if background else None):>14}")
     print(flush=True)
+
+
+def _load() -> str:
+    """The 1-, 5- and 15-minute load averages."""
+    return "/".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=None,
                    help="default 2 x the replication interval + 2 (at least 8)")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--interval", default="derived",
-                   help="replication interval of the replicating runs: derived (default) or K")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--interval", default=AUTO,
+                   help="replication interval of the replicating runs: auto (default) or K")
+    p.add_argument("--configs", default=",".join(CONFIGS),
+                   help=f"comma-separated, of {', '.join(CONFIGS)} (off is always run)")
     p.add_argument("--plans", default=",".join(PLANS),
                    help=f"comma-separated, of {', '.join(PLANS)}")
     args = p.parse_args()
@@ -214,12 +225,17 @@ def main() -> None:
     unknown = [n for n in names if n not in PLANS]
     if unknown:
         p.error(f"unknown plan(s) {', '.join(unknown)}; choose from {', '.join(PLANS)}")
-    if args.interval != "derived" and not (args.interval.isdigit() and int(args.interval) > 0):
-        p.error(f"--interval must be derived or a positive integer, got {args.interval!r}")
+    if args.interval != AUTO and not (args.interval.isdigit() and int(args.interval) > 0):
+        p.error(f"--interval must be auto or a positive integer, got {args.interval!r}")
+    interval = args.interval if args.interval == AUTO else int(args.interval)
+    configs = ["off", *(c for c in args.configs.split(",") if c and c != "off")]
+    if set(configs) - set(CONFIGS):
+        p.error(f"unknown configuration(s) {', '.join(sorted(set(configs) - set(CONFIGS)))}; "
+                f"choose from {', '.join(CONFIGS)}")
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             (Path(tmp) / name).mkdir()
-            run_plan(name, Path(tmp) / name, args.steps, args.repeats, args.interval)
+            run_plan(name, Path(tmp) / name, args.steps, args.repeats, interval, configs)
 
 
 if __name__ == "__main__":
