@@ -157,10 +157,12 @@ traversal, bubbles and all-reduces together (:meth:`_Tables._weighted`); PF[j, n
 least summed E_f + one-way link of stages holding blocks [0, j) on at most n devices:
 unrolling D' >= c0 + tau1 + D and X' >= X - E_b0 - (o + lam), the root's D + X is at
 least PF + the D + X of any suffix (entry) it is built on. Rules:
-micro-batch sizes are searched in order of max(Q(L, N), Z) (every size's relaxed
-tables first, in order of :meth:`_Tables.lower_bound` while the time limit lasts; the
-first search is the least bound among those ready) and a size whose bound exceeds U is
-skipped; a
+micro-batch sizes are searched in order of max(Q(L, N), Z) and a size whose bound
+exceeds U is skipped: every size's Z first (:func:`weighted_bound`, a tenth of its
+tables' time; in order of :meth:`_Tables.lower_bound` while the time limit lasts), then
+the tables in order of Z until no size left can have a lesser max(Q, Z) than the least
+found (the first search), and after it only those of sizes whose Z is within U (one
+whose Z exceeds U is skipped whenever it comes, U only falls); a
 (state r, l) cell, with n = N - |r| devices before it, holds nothing when E[L-l, n],
 F[L-l, n] + G[l, |r|], Q[l, |r|] (least over p) or PF[L-l, n] + Q[l, |r|] exceeds U,
 and a state whose cells all do is not searched; a candidate with D + F[L-l, n] > U is
@@ -205,19 +207,20 @@ Bound: levels p run in order, each over the states in ascending size; the time l
 checked before each state. When it expires the DP returns the best plan of the levels
 completed (status ``timed_out``); the first level (single-stage plans, O(moves) heads;
 without a guessed bound, and also after a later level of a guessed search that has no
-answer) always completes, so a plan is returned whenever one fits memory. The relaxed
-tables of the sizes are built before the first search only while the limit lasts, and
+answer) always completes, so a plan is returned whenever one fits memory. The sizes' Z
+and relaxed tables are built before the first search only while the limit lasts, and
 once it has passed with a plan found no further micro-batch size is begun (neither its
 relaxed tables, nor its graph, nor its first level): the overshoot is bounded by one
 size's relaxed tables, one level's state (or the first size's first level) and the
 final re-scoring, which stops at the limit too.
 
 Complexity per B, with S states, E moves, C distinct compositions and P = min(L, N,
-max_stages) levels (p0 of them after collapsing): the relaxed bounds, O(pc L^2 N
-sqrt(B)) numpy work (pc <= ``RELAX_LEVELS``; an O(N L) weak form beyond
-``RELAX_MAX``); C head tables, each Algorithm 1 over the O(L^2) block ranges (those a
-move may use within the bound: pruning): a closed form for one-class groups whose
-times never fall with the batch, else class by class, O(K) per range and move
+max_stages) levels (p0 of them after collapsing): Z, O(L^2 N sqrt(B)) numpy work, and
+unless Z rules the size out, the relaxed bounds, O(pc L^2 N sqrt(B)) (pc <=
+``RELAX_LEVELS``; an O(N L) weak form beyond ``RELAX_MAX``); C head tables, each
+Algorithm 1 over the O(L^2) block ranges (those a move may use within the bound:
+pruning): a closed form for one-class groups whose times never fall with the batch,
+else class by class, O(K) per range and move
 (:func:`~planner.allocation.allocate_classes`, from one (K, L^2, B + 1) table of the
 classes' times per B), where every class's time strictly grows with the samples, and
 device by device, O(g), on the other ranges; P x E compositions of
@@ -787,43 +790,11 @@ class _Tables:
         to the rest). Exact DPs over (blocks, devices) of that relaxation (min of a max
         taken term by term, which only lowers it): O(pc L^2 N sqrt(B)) numpy work."""
         big_l, n_dev = self.n_blk, sum(self.counts)
-        cm = self.cm
         shares = sorted({-(-batch // g) for g in range(1, min(batch, n_dev) + 1)})
         if len(warmups) * (big_l + 1) ** 2 * (n_dev + 1) * len(shares) / 2 > RELAX_MAX:
             return self._relaxed_cheap(batch, m)
-        need = np.array([-(-batch // s) for s in shares])  # least devices of each share
-        blocks = np.arange(big_l + 1)
-        first, end = blocks[:, None], blocks[None, :]
-        static = cm.state_factor * (cm.param_prefix[end] - cm.param_prefix[first])
-        saved = cm.saved_prefix[end] - cm.saved_prefix[first]
-        grad = np.where(first < end, cm.param_prefix[end] - cm.param_prefix[first], 0.0)
-        budget = float(self.budget.max())
-        pairs = np.isfinite(self.bw)
-        bw_max = float(self.bw[pairs].max()) if pairs.any() else INF
-        lat_min = float(self.lat[pairs].min()) if pairs.any() else 0.0
-        per_sample = np.concatenate([[0.0], cm.boundary[: big_l - 1], [0.0]])  # by cut
-        n_s, depth = len(shares), len(warmups)
-        # [warm-up, share, first, end]: stage c where it fits memory (inf elsewhere)
-        c_tab = np.full((depth, n_s, big_l + 1, big_l + 1), INF)
-        ef = np.zeros((n_s, big_l + 1, big_l + 1))  # least E_f and E_b alone
-        eb = np.zeros((n_s, big_l + 1, big_l + 1))
-        ta = np.zeros((n_s, big_l + 1, big_l + 1))
-        occ = np.zeros((n_s, big_l + 1))  # [share, cut]
-        link = {"switched": None, "shared_medium": batch}.get(self.topology, -(-batch // n_dev))
-        for i, s in enumerate(shares):
-            cum = self._share_prefix(s)
-            c = np.where(first < end, cum[end] - cum[first], INF)
-            cum = self._share_prefix(s, "f")
-            ef[i] = np.where(first < end, cum[end] - cum[first], INF)
-            cum = self._share_prefix(s, "b")
-            eb[i] = np.where(first < end, cum[end] - cum[first], INF)
-            for k, warm in enumerate(warmups):
-                fits = samples_that_fit(budget, static, warm, saved, batch) >= s
-                c_tab[k, i] = np.where(fits, c, INF)
-            ta[i] = ring_allreduce_ms(grad, need[i], bw_max, lat_min, self.cm.shared_medium)
-            occ[i] = per_sample * (s if link is None else link) / bw_max
-        tau = 2 * (occ + lat_min)
-        tau[:, [0, big_l]] = 0.0
+        need, c_tab, ef, eb, ta, occ, tau, lat_min = self._share_figures(batch, warmups)
+        depth = len(warmups)
         # shift[share, n] = n - need[share], or the inf pad column when negative
         shift = np.arange(n_dev + 1)[None, :] - need[:, None]
         shift = np.where(shift >= 0, shift, n_dev + 1)
@@ -892,6 +863,59 @@ class _Tables:
         z = self._weighted(m, need, c_tab[0], ef, eb, ta, tau / 2)
         return _Relaxed(f_tab[:, :-1], e_tab[:, :-1], g_tab[1:, :, :-1], q_tab[1:, :, :-1], z,
                         pf_tab[:, :-1])  # fmt: skip
+
+    def _share_figures(self, batch: int, warmups: list[int]) -> tuple:
+        """The relaxed stage and link figures per share s (:meth:`relaxed`): the least
+        devices of each share, c [warm-up, share, first, end] where it fits memory (inf
+        elsewhere), E_f, E_b and T_a [share, first, end], the boundaries' occupancy and
+        traversal [share, cut] (0 at the ends) and the least latency."""
+        big_l, n_dev = self.n_blk, sum(self.counts)
+        cm = self.cm
+        shares = sorted({-(-batch // g) for g in range(1, min(batch, n_dev) + 1)})
+        need = np.array([-(-batch // s) for s in shares])  # least devices of each share
+        blocks = np.arange(big_l + 1)
+        first, end = blocks[:, None], blocks[None, :]
+        static = cm.state_factor * (cm.param_prefix[end] - cm.param_prefix[first])
+        saved = cm.saved_prefix[end] - cm.saved_prefix[first]
+        grad = np.where(first < end, cm.param_prefix[end] - cm.param_prefix[first], 0.0)
+        budget = float(self.budget.max())
+        pairs = np.isfinite(self.bw)
+        bw_max = float(self.bw[pairs].max()) if pairs.any() else INF
+        lat_min = float(self.lat[pairs].min()) if pairs.any() else 0.0
+        per_sample = np.concatenate([[0.0], cm.boundary[: big_l - 1], [0.0]])  # by cut
+        n_s, depth = len(shares), len(warmups)
+        # [warm-up, share, first, end]: stage c where it fits memory (inf elsewhere)
+        c_tab = np.full((depth, n_s, big_l + 1, big_l + 1), INF)
+        ef = np.zeros((n_s, big_l + 1, big_l + 1))  # least E_f and E_b alone
+        eb = np.zeros((n_s, big_l + 1, big_l + 1))
+        ta = np.zeros((n_s, big_l + 1, big_l + 1))
+        occ = np.zeros((n_s, big_l + 1))  # [share, cut]
+        link = {"switched": None, "shared_medium": batch}.get(self.topology, -(-batch // n_dev))
+        for i, s in enumerate(shares):
+            cum = self._share_prefix(s)
+            c = np.where(first < end, cum[end] - cum[first], INF)
+            cum = self._share_prefix(s, "f")
+            ef[i] = np.where(first < end, cum[end] - cum[first], INF)
+            cum = self._share_prefix(s, "b")
+            eb[i] = np.where(first < end, cum[end] - cum[first], INF)
+            for k, warm in enumerate(warmups):
+                fits = samples_that_fit(budget, static, warm, saved, batch) >= s
+                c_tab[k, i] = np.where(fits, c, INF)
+            ta[i] = ring_allreduce_ms(grad, need[i], bw_max, lat_min, self.cm.shared_medium)
+            occ[i] = per_sample * (s if link is None else link) / bw_max
+        tau = 2 * (occ + lat_min)
+        tau[:, [0, big_l]] = 0.0
+        return need, c_tab, ef, eb, ta, occ, tau, lat_min
+
+    def weighted_bound(self, batch: int, m: int, warmups: list[int]) -> float:
+        """Z alone (:meth:`_weighted`), as :meth:`relaxed` gives it (0 beyond
+        ``RELAX_MAX``), without its other tables: a few DPs less."""
+        big_l, n_dev = self.n_blk, sum(self.counts)
+        shares = len({-(-batch // g) for g in range(1, min(batch, n_dev) + 1)})
+        if len(warmups) * (big_l + 1) ** 2 * (n_dev + 1) * shares / 2 > RELAX_MAX:
+            return 0.0
+        need, c_tab, ef, eb, ta, _, tau, _ = self._share_figures(batch, warmups[:1])
+        return self._weighted(m, need, c_tab[0], ef, eb, ta, tau / 2)
 
     def _weighted(
         self, m: int, need: np.ndarray, c: np.ndarray, ef: np.ndarray, eb: np.ndarray,
@@ -1031,12 +1055,11 @@ class _Tables:
         return _Graph(states, edges, out, "ordered")
 
 
-def relaxed_bounds(tables: _Tables, batch: int) -> _Relaxed:
-    """The relaxed lower bounds (:meth:`_Tables.relaxed`) at micro-batch ``batch``, with
-    the warm-ups K(1..pc) of its suffix levels and the in-flight micro-batches min(K, M)
-    its bubble term may assume per level (the last level stands for every p >= pc:
-    K(P)). pc: up to where K stops growing, within ``RELAX_WORK`` and ``RELAX_LEVELS``
-    (at least 2)."""
+def _relax_levels(tables: _Tables, batch: int) -> tuple[int, list[int], list[int]]:
+    """M, the warm-ups K(1..pc) of the relaxed bounds' suffix levels and the in-flight
+    micro-batches min(K, M) their bubble term may assume per level (the last level
+    stands for every p >= pc: K(P)). pc: up to where K stops growing, within
+    ``RELAX_WORK`` and ``RELAX_LEVELS`` (at least 2)."""
     config = tables.problem.config
     n_dev = sum(tables.counts)
     m = config.global_batch // batch
@@ -1052,7 +1075,20 @@ def relaxed_bounds(tables: _Tables, batch: int) -> _Relaxed:
     warmups = [warmup(p) for p in range(1, pc + 1)]
     in_flight = [min(k, m) for k in warmups]
     in_flight[-1] = min(warmup(max_p), m)
+    return m, warmups, in_flight
+
+
+def relaxed_bounds(tables: _Tables, batch: int) -> _Relaxed:
+    """The relaxed lower bounds (:meth:`_Tables.relaxed`) at micro-batch ``batch``, over
+    the levels of :func:`_relax_levels`."""
+    m, warmups, in_flight = _relax_levels(tables, batch)
     return tables.relaxed(batch, m, warmups, in_flight)
+
+
+def weighted_bound(tables: _Tables, batch: int) -> float:
+    """Z of :func:`relaxed_bounds` alone (:meth:`_Tables.weighted_bound`)."""
+    m, warmups, _ = _relax_levels(tables, batch)
+    return tables.weighted_bound(batch, m, warmups)
 
 
 def _pareto(
@@ -1901,16 +1937,25 @@ def best_plan(
     # order of the relaxed bound on their DP values, so that the likeliest figures come
     # early and prune the later searches (or skip them)
     relaxed: dict[int, _Relaxed] = {}
+    weighted: dict[int, float] = {}  # Z alone, of the sizes whose tables are not built
 
     def root(b: int) -> float:
-        return max(relaxed[b].q_root, relaxed[b].z)
+        """max(Q(L, N), Z), or Z (a lower bound on it) where the tables are not built."""
+        return max(relaxed[b].q_root, relaxed[b].z) if b in relaxed else weighted[b]
 
     def micro_batches() -> Iterator[int]:
-        # every size's relaxed bounds first, in order of the cheap bound and while the
-        # time limit lasts, then the search of the least relaxed bound among those
-        # ready: its figure is likeliest to be low and prune the others (the cheap
-        # bound ties on every size whose share ceil(B / N) is 1)
+        # every size's Z first (a tenth of its tables' time), in order of the cheap bound
+        # and while the time limit lasts; then the tables in order of Z until no size
+        # left can have a lesser max(Q, Z) (>= Z) than the least found, and the search
+        # of that least relaxed bound: its figure is likeliest to be low and prune the
+        # others (the cheap bound ties on every size whose share ceil(B / N) is 1)
         for b in sorted(sizes, key=lambda b: (bounds[b], b)):
+            weighted[b] = weighted_bound(tables, b)
+            if time.perf_counter() >= deadline:
+                break
+        for b in sorted(weighted, key=lambda b: (weighted[b], b)):
+            if relaxed and (weighted[b], b) > min((root(a), a) for a in relaxed):
+                break
             relaxed[b] = relaxed_bounds(tables, b)
             if time.perf_counter() >= deadline:
                 break
@@ -1918,7 +1963,14 @@ def best_plan(
         yield first
         if found and time.perf_counter() >= deadline:
             return  # out of time with a plan: no other size's tables are built
-        relaxed.update({b: relaxed_bounds(tables, b) for b in sizes if b not in relaxed})
+        # a size whose Z exceeds the bound now is skipped whenever it comes (the bound
+        # only falls), so its tables are not built and its place does not matter
+        weighted.update({b: weighted_bound(tables, b) for b in sizes if b not in weighted})
+        fastest = min((c.iteration_ms for c, _, _ in found), default=INF)
+        relaxed.update({
+            b: relaxed_bounds(tables, b) for b in sizes
+            if b not in relaxed and weighted[b] <= fastest * (1 + RESCORE_MARGIN)
+        })  # fmt: skip
         yield from sorted((b for b in sizes if b != first), key=lambda b: (root(b), b))
 
     for i, batch in enumerate(micro_batches()):

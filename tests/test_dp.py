@@ -300,6 +300,43 @@ def test_caches_that_keep_one_entry_change_no_plan(monkeypatch):
     assert evicting.dp_value_ms == kept.dp_value_ms
 
 
+def test_sizes_skipped_by_z_alone_change_no_plan(monkeypatch):
+    # a size's relaxed tables are built only once its Z (a tenth of their time) could
+    # still make it the first search, or keep it within the bound: 6 of 7 sizes here;
+    # with a Z of 0 every size's tables are built, as before, and the plans are the same
+    problem = random_problem(24, 12, seed=3, global_batch=64, candidates=None,
+                             bandwidth_mbps=1000.0)  # fmt: skip
+    sizes = problem.config.micro_batch_sizes()
+    built: list[int] = []
+    relaxed_bounds = dp_module.relaxed_bounds
+
+    def recording(tables, batch):
+        built.append(batch)
+        return relaxed_bounds(tables, batch)
+
+    monkeypatch.setattr(dp_module, "relaxed_bounds", recording)
+    lazy = plan_dp(problem)
+    assert len(built) < len(sizes)
+    built.clear()
+    monkeypatch.setattr(dp_module, "weighted_bound", lambda tables, batch: 0.0)
+    every = plan_dp(problem)
+    assert sorted(built) == sorted(sizes)
+    assert every.partition == lazy.partition
+    assert every.dp_value_ms == lazy.dp_value_ms
+    assert every.candidates == lazy.candidates
+
+
+def test_z_alone_is_the_relaxed_tables_z():
+    from planner.classes import device_classes
+    from planner.dp import _Tables, relaxed_bounds, weighted_bound
+
+    for problem in (identical(12, 30, types=2), tiny(3), memory_bound(1)):
+        sizes = problem.config.micro_batch_sizes()
+        tables = _Tables(problem, CostModel(problem, max(sizes)), device_classes(problem))
+        for batch in sizes:
+            assert weighted_bound(tables, batch) == relaxed_bounds(tables, batch).z
+
+
 def test_heads_evaluated_only_where_their_one_state_may_use_them_change_no_plan(monkeypatch):
     # 40 devices of 4 types, 30 blocks: the ordered graph, whose groups that straddle two
     # classes are used by one state per device order; their head tables are filled only
