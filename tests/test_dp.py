@@ -395,6 +395,9 @@ def test_dp_value_equals_cost_model_on_a_non_uniform_network(seed, topology):
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(dp_module, "choose", recording)
+        # re-score every answer within 100% of the fastest (the default margin leaves
+        # some instances with one plan scored)
+        patch.setattr(dp_module, "RESCORE_MARGIN", 1.0)
         plan_dp(problem)
     assert len(seen) >= 2
     for _, partition, value in seen:
