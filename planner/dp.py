@@ -185,8 +185,9 @@ plan left no answer at all (not even the ones above the guess that F lets throug
 the repeat ran unbounded; and dropping before the selection there happens to find the
 best known plan of pipedream-resnet18 on the 8-device Ethernet testbed (225.86 ms,
 236.49 otherwise: the fronts of 4 are lossy, and neither way dominates). Nothing
-dropped could have been scored, but a front freed of a hopeless entry (by F, or by a
-pair or cell rule) gives its slot to another, so the pruned search is not
+dropped could have been scored, but a front freed of a hopeless entry (by a pair or
+cell rule, or by F under a guessed bound) gives its slot to another, so the pruned
+search is not
 bit-identical to the unpruned one
 (tests/test_dp.py compares it with the unpruned DP's recorded plans, and checks every
 table against the closed form of every plan of small instances).
