@@ -67,12 +67,22 @@ def _without_later_unset(value: Any) -> Any:
 def instance_hash(problem: Problem) -> str:
     """SHA-256 of the model profile, the cluster and the training config (what the
     planners read; the derived timings follow from them), leaving out unset
-    :data:`LATER_OPTIONAL_FIELDS`."""
+    :data:`LATER_OPTIONAL_FIELDS`.
+
+    A replicating config hashes with ``replication_interval`` 1, whatever its interval
+    (``"auto"``, the default since 4eccc79, or any k > 0): the planners read only
+    whether ring replicas exist (``TrainingConfig.replicated``; replica memory is the
+    same for every positive interval) and ``make_plan`` resolves the interval after the
+    search, so every such config has the same exact optimum and the entries cached
+    under interval 1 stay valid."""
+    config = dataclasses.asdict(problem.config)
+    if config["replication_interval"] != 0:
+        config["replication_interval"] = 1
     doc = _without_later_unset(
         {
             "model": dataclasses.asdict(problem.model),
             "cluster": dataclasses.asdict(problem.cluster),
-            "config": dataclasses.asdict(problem.config),
+            "config": config,
         }
     )
     text = json.dumps(doc, sort_keys=True, default=str)

@@ -19,15 +19,18 @@ def with_timing(problem, **changes):
 
 
 def hash_of_doc_without_valid_range(problem) -> str:
-    """The key as it was computed before ``Timing.valid_batch_range`` existed: the
-    same documents, the timings without that key."""
+    """The key as it was computed before ``Timing.valid_batch_range`` existed and
+    before ``replication_interval`` could be ``"auto"``: the same documents, the
+    timings without that key, the interval the integer 1 of the old default."""
     model = dataclasses.asdict(problem.model)
     for timing in model["timings"].values():
         del timing["valid_batch_range"]
+    config = dataclasses.asdict(problem.config)
+    config["replication_interval"] = 1
     doc = {
         "model": model,
         "cluster": dataclasses.asdict(problem.cluster),
-        "config": dataclasses.asdict(problem.config),
+        "config": config,
     }
     text = json.dumps(doc, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -52,3 +55,20 @@ def test_changed_times_are_another_instance():
     timing = next(iter(problem.model.timings.values()))
     slower = tuple(tuple(2 * x for x in row) for row in timing.forward_ms)
     assert instance_hash(with_timing(problem, forward_ms=slower)) != instance_hash(problem)
+
+
+def with_interval(problem, interval):
+    config = dataclasses.replace(problem.config, replication_interval=interval)
+    return make_problem(problem.model, problem.cluster, config)
+
+
+def test_every_replicating_interval_is_the_instance_cached_under_interval_1():
+    problem = random_problem(4, 2, seed=3)
+    assert problem.config.replication_interval == "auto"
+    keys = {instance_hash(with_interval(problem, k)) for k in ("auto", 1, 7)}
+    assert keys == {hash_of_doc_without_valid_range(problem)}
+
+
+def test_replication_off_is_another_instance():
+    problem = random_problem(4, 2, seed=3)
+    assert instance_hash(with_interval(problem, 0)) != instance_hash(problem)
