@@ -162,7 +162,10 @@ exceeds U is skipped: every size's Z first (:func:`weighted_bound`, a tenth of i
 tables' time; in order of :meth:`_Tables.lower_bound` while the time limit lasts), then
 the tables in order of Z until no size left can have a lesser max(Q, Z) than the least
 found (the first search), and after it only those of sizes whose Z is within U (one
-whose Z exceeds U is skipped whenever it comes, U only falls); a
+whose Z exceeds U is skipped whenever it comes, U only falls) and, on two device classes,
+whose Zc is (:meth:`_Tables.class_bound`: Z with the DP keyed by the devices left per
+class, so that the fast class's devices are spent once; it only skips, so the sizes
+searched and their order are those of max(Q, Z)); a
 (state r, l) cell, with n = N - |r| devices before it, holds nothing when E[L-l, n],
 F[L-l, n] + G[l, |r|], Q[l, |r|] (least over p) or PF[L-l, n] + Q[l, |r|] exceeds U,
 and a state whose cells all do is not searched; an entry with D + max(F[L-l, n], X +
@@ -219,8 +222,10 @@ size's relaxed tables, one level's state (or the first size's first level) and t
 final re-scoring, which stops at the limit too.
 
 Complexity per B, with S states, E moves, C distinct compositions and P = min(L, N,
-max_stages) levels (p0 of them after collapsing): Z, O(L^2 N sqrt(B)) numpy work, and
-unless Z rules the size out, the relaxed bounds, O(pc L^2 N sqrt(B)) (pc <=
+max_stages) levels (p0 of them after collapsing): Z, O(L^2 N sqrt(B)) numpy work, on two
+classes after the first search Zc, O(B L^2 (c_1 + 1)(c_2 + 1) + L^2 P2) (P2 the pairs
+of a state and a group it holds, at most (c_1 + 1)^2 (c_2 + 1)^2 / 4), and unless Z or
+Zc rules the size out, the relaxed bounds, O(pc L^2 N sqrt(B)) (pc <=
 ``RELAX_LEVELS``; an O(N L) weak form beyond ``RELAX_MAX``); C head tables, each
 Algorithm 1 over the O(L^2) block ranges (those a move may use within the bound:
 pruning): a closed form for one-class groups whose times never fall with the batch,
@@ -318,6 +323,9 @@ RELAX_WORK = 3e7
 RELAX_LEVELS = 4
 #: above this work the relaxed bound takes its weak O(N L) form (:meth:`_Tables.relaxed`)
 RELAX_MAX = 2e8
+#: Zc (:meth:`_Tables.class_bound`) is computed while its DP's (state, group) pairs x
+#: L^2 / 2 stay within this (100 blocks, 8 + 8 devices: 1,944 pairs, 1e7)
+CLASS_BOUND_WORK = 3e7
 
 #: head tables of a composition that at most this many states use (the ordered graph's
 #: groups that straddle two classes: one state per device order) are evaluated only on
@@ -975,6 +983,96 @@ class _Tables:
             z_tab[a, : n_dev + 1] = (z_tab[a + 1 :][:, shift] + step).min(axis=(0, 1))
         return float(z_tab[0, n_dev])
 
+    def class_bound(self, batch: int, m: int, warmups: list[int]) -> float:
+        """Zc: Z (:meth:`_weighted`) with the devices counted per class, for two classes
+        (0 otherwise, or beyond ``CLASS_BOUND_WORK``). Z lets every stage take each block's
+        least time on any class, so on a mixed cluster it prices every stage as if it ran
+        on the fastest class, all N devices of it; Zc keys its DP by how many devices of
+        each class remain, so the fast class's devices are spent once.
+
+        A stage's weighted figure alpha E_f + beta E_b (Z's coefficients, >= 0) on a group
+        of g_k devices of class k (its used devices: every device holds a sample) is at
+        least v whenever the devices cannot place the B samples with each below v: a
+        class-k device with y samples has alpha E_f + beta E_b >= w_k(y), its blocks'
+        least forward and backward times on class k at any batch >= y (inf where y
+        samples do not fit its memory at the least warm-up K(1)), non-decreasing in y. So
+        for any s_0, s_1 >= 1 with g_0 (s_0 - 1) + g_1 (s_1 - 1) <= B - 1 some class-0
+        device holds >= s_0 samples or some class-1 device >= s_1, and the figure is at
+        least min(w_0(s_0), w_1(s_1)); the bound is the largest of these over s_0 (s_1
+        the largest its s_0 allows), or w_k(ceil(B / g_k)) for a one-class group. The
+        link and all-reduce terms are Z's, at the group's size g_0 + g_1. DP over
+        (first block, devices left per class):
+
+            Zc[a, n] = min over a < e <= L, g <= n, 1 <= |g| <= B of
+                       Zc[e, n - g] + cost_g[a, e],   Zc[L, n] = 0,
+
+        answer Zc[0, counts]. Every plan's D + X is at least its value (Z's argument,
+        term by term), so a micro-batch size whose Zc exceeds the bound U has no answer
+        that can be re-scored. O(B L^2 prod(c_k + 1)) for the stage costs and O(L^2 P)
+        for the DP, P the (state, group) pairs, sum_n prod(n_k + 1)."""
+        big_l = self.n_blk
+        # (state, group) pairs g <= n, g != 0: prod over classes of (c + 1)(c + 2) / 2,
+        # less the states (before the |g| <= B filter)
+        most = math.prod((c + 1) * (c + 2) // 2 for c in self.counts)
+        most -= math.prod(c + 1 for c in self.counts)
+        if len(self.classes) != 2 or most * (big_l + 1) ** 2 / 2 > CLASS_BOUND_WORK:
+            return 0.0
+        states = list(itertools.product(*(range(c + 1) for c in self.counts)))
+        groups = [g for g in states if 1 <= sum(g) <= batch]
+        index = {s: i for i, s in enumerate(states)}
+        # (state, group) pairs with g <= n, by state: Zc[a, n] is the least over its pairs
+        pairs = [(i, j) for i, n in enumerate(states) for j, g in enumerate(groups)
+                 if all(a >= b for a, b in zip(n, g, strict=True))]  # fmt: skip
+        tau = self._share_figures(batch, warmups[:1])[6]
+        first, end = self.rows_first, self.rows_end
+        mu = (end - first) / big_l
+        after = (big_l - end) / big_l
+        alpha = 1 + (m - 1) * mu * (end == big_l)
+        beta = 1 - after + (m - 1) * mu
+        # w[k, y, range]: alpha E_f + beta E_b of one class-k device at y samples, at least
+        w = np.empty((2, batch + 1, len(first)))
+        y = np.arange(batch + 1)
+        for k in range(2):
+            least = []
+            for table in (self.fwd[k], self.bwd[k]):
+                per = np.diff(table[:, : batch + 1], axis=0)  # (L, B + 1) (blocks, batch)
+                above = np.minimum.accumulate(per[:, ::-1], axis=1)[:, ::-1]  # batch >= y
+                cum = np.concatenate([np.zeros((1, batch + 1)), above.cumsum(axis=0)])
+                least.append(cum[end] - cum[first])  # (ranges, B + 1)
+            cap = samples_that_fit(self.budget[k], self.static, warmups[0], self.saved, batch)
+            value = alpha[:, None] * least[0] + beta[:, None] * least[1]
+            w[k] = np.where(y[None, :] <= cap[:, None], value, INF).T
+        pairs_ok = np.isfinite(self.bw)
+        bw_max = float(self.bw[pairs_ok].max()) if pairs_ok.any() else INF
+        lat_min = float(self.lat[pairs_ok].min()) if pairs_ok.any() else 0.0
+        shares = sorted({-(-batch // g) for g in range(1, min(batch, sum(self.counts)) + 1)})
+        one_way = tau / 2
+        cost = np.full((len(groups), big_l + 1, big_l + 1), INF)
+        for j, (g0, g1) in enumerate(groups):
+            if g1 == 0:
+                v = w[0, -(-batch // g0)]
+            elif g0 == 0:
+                v = w[1, -(-batch // g1)]
+            else:
+                s0 = np.arange(1, -(-batch // g0) + 1)
+                s1 = (batch - 1 - g0 * (s0 - 1)) // g1 + 1
+                v = np.minimum(w[0, s0], w[1, s1]).max(axis=0)
+            size = g0 + g1
+            link = one_way[shares.index(-(-batch // size)), end] * (2 - after)
+            reduce = ring_allreduce_ms(self.grad, size, bw_max, lat_min, self.cm.shared_medium)
+            cost[j, first, end] = v + link + mu * reduce
+        target = np.array([i for i, _ in pairs])
+        source = np.array([index[tuple(a - b for a, b in zip(states[i], groups[j], strict=True))]
+                           for i, j in pairs])  # fmt: skip
+        group = np.array([j for _, j in pairs])
+        starts = np.flatnonzero(np.r_[True, target[1:] != target[:-1]])
+        z = np.full((big_l + 1, len(states)), INF)
+        z[big_l] = 0.0
+        for a in range(big_l - 1, -1, -1):
+            best = (z[a + 1 :, source] + cost[group, a, a + 1 :].T).min(axis=0)  # (pairs,)
+            z[a, target[starts]] = np.minimum.reduceat(best, starts)
+        return float(z[0, index[self.counts]])
+
     def _relaxed_cheap(self, batch: int, m: int) -> _Relaxed:
         """The relaxed bounds' weak form, O(N L) (beyond ``RELAX_MAX``): F[j, n] the
         blocks' least times at share ceil(B / n) (:meth:`prefix_bound`), E[j, n] M times
@@ -1097,6 +1195,12 @@ def weighted_bound(tables: _Tables, batch: int) -> float:
     """Z of :func:`relaxed_bounds` alone (:meth:`_Tables.weighted_bound`)."""
     m, warmups, _ = _relax_levels(tables, batch)
     return tables.weighted_bound(batch, m, warmups)
+
+
+def class_weighted_bound(tables: _Tables, batch: int) -> float:
+    """Zc of :meth:`_Tables.class_bound` at micro-batch ``batch`` (0 where not computed)."""
+    m, warmups, _ = _relax_levels(tables, batch)
+    return tables.class_bound(batch, m, warmups)
 
 
 def _pareto(
@@ -1952,6 +2056,7 @@ def best_plan(
     # early and prune the later searches (or skip them)
     relaxed: dict[int, _Relaxed] = {}
     weighted: dict[int, float] = {}  # Z alone, of the sizes whose tables are not built
+    by_class: dict[int, float] = {}  # Zc of the sizes after the first (skips only)
 
     def root(b: int) -> float:
         """max(Q(L, N), Z), or Z (a lower bound on it) where the tables are not built."""
@@ -1981,10 +2086,14 @@ def best_plan(
         # only falls), so its tables are not built and its place does not matter
         weighted.update({b: weighted_bound(tables, b) for b in sizes if b not in weighted})
         fastest = min((c.iteration_ms for c, _, _ in found), default=INF)
-        relaxed.update({
-            b: relaxed_bounds(tables, b) for b in sizes
-            if b not in relaxed and weighted[b] <= fastest * (1 + RESCORE_MARGIN)
-        })  # fmt: skip
+        for b in sizes:
+            # Zc (devices counted per class) is no bound on the order, which stays that
+            # of max(Q, Z): it only skips, so the sizes searched and their order are the
+            # same as without it
+            if b not in relaxed and weighted[b] <= fastest * (1 + RESCORE_MARGIN):
+                by_class[b] = class_weighted_bound(tables, b)
+                if by_class[b] <= fastest * (1 + RESCORE_MARGIN):
+                    relaxed[b] = relaxed_bounds(tables, b)
         yield from sorted((b for b in sizes if b != first), key=lambda b: (root(b), b))
 
     for i, batch in enumerate(micro_batches()):
@@ -1996,7 +2105,7 @@ def best_plan(
             continue  # no plan at this micro-batch size can win or tie
         # no answer whose DP value exceeds the fastest figure by RESCORE_MARGIN is ever
         # re-scored, so the search drops what cannot finish below that
-        if root(batch) > fastest * (1 + RESCORE_MARGIN):
+        if max(root(batch), by_class.get(batch, 0.0)) > fastest * (1 + RESCORE_MARGIN):
             continue  # no answer at this micro-batch size could be re-scored
         tables.clear()
         graph = tables.graph(batch, orders)

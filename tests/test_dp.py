@@ -319,11 +319,38 @@ def test_sizes_skipped_by_z_alone_change_no_plan(monkeypatch):
     assert len(built) < len(sizes)
     built.clear()
     monkeypatch.setattr(dp_module, "weighted_bound", lambda tables, batch: 0.0)
+    monkeypatch.setattr(dp_module, "class_weighted_bound", lambda tables, batch: 0.0)
     every = plan_dp(problem)
     assert sorted(built) == sorted(sizes)
     assert every.partition == lazy.partition
     assert every.dp_value_ms == lazy.dp_value_ms
     assert every.candidates == lazy.candidates
+
+
+def test_sizes_skipped_by_the_class_bound_change_no_plan(monkeypatch):
+    # 20 blocks on 4 fast and 4 slow devices: after the first search, Zc (devices counted
+    # per class) exceeds the bound at micro-batch 16, whose Z does not: its tables are not
+    # built and it is not searched. With a Zc of 0 it is, and the plans are the same (Zc
+    # only skips sizes that could return nothing to re-score; the order stays max(Q, Z)'s)
+    problem = random_problem(20, 8, seed=2, global_batch=32, candidates=None,
+                             bandwidth_mbps=1000.0)  # fmt: skip
+    built: list[int] = []
+    relaxed_bounds = dp_module.relaxed_bounds
+
+    def recording(tables, batch):
+        built.append(batch)
+        return relaxed_bounds(tables, batch)
+
+    monkeypatch.setattr(dp_module, "relaxed_bounds", recording)
+    skipped = plan_dp(problem)
+    assert 16 not in built
+    built.clear()
+    monkeypatch.setattr(dp_module, "class_weighted_bound", lambda tables, batch: 0.0)
+    searched = plan_dp(problem)
+    assert 16 in built
+    assert searched.partition == skipped.partition
+    assert searched.dp_value_ms == skipped.dp_value_ms
+    assert searched.candidates == skipped.candidates
 
 
 def test_z_alone_is_the_relaxed_tables_z():
@@ -549,14 +576,18 @@ def memory_bound(seed: int):
 
 @pytest.mark.parametrize(
     ("build", "seed"),
-    [(tiny, seed) for seed in range(0, 24, 2)] + [(memory_bound, seed) for seed in range(3)],
+    [(tiny, seed) for seed in range(0, 24, 2)]
+    + [(memory_bound, seed) for seed in range(3)]
+    + [(lambda seed: mixed(2, 2, 4, seed), seed) for seed in range(1, 3)],
 )
 def test_relaxed_bounds_never_exceed_any_plans_closed_form(build, seed):
     # every memory-feasible plan of the full space (the oracle's enumeration), split at
     # every stage boundary into a prefix and a suffix of p stages: the relaxed tables
-    # (planner.dp._Tables.relaxed) the search prunes by stay at or below its closed form
+    # (planner.dp._Tables.relaxed) the search prunes by, and Zc (devices counted per
+    # class, _Tables.class_bound; the two-class instances), stay at or below its closed
+    # form
     from planner.classes import device_classes
-    from planner.dp import _BatchSearch, _Tables, device_orders
+    from planner.dp import _BatchSearch, _Tables, class_weighted_bound, device_orders
     from tests.oracles import all_partitions
 
     problem = build(seed)
@@ -570,6 +601,7 @@ def test_relaxed_bounds_never_exceed_any_plans_closed_form(build, seed):
         graph = tables.graph(batch, device_orders(problem, classes))
         relaxed = _BatchSearch(tables, graph, batch, time.perf_counter() + 60, lambda: None).relaxed
         levels = relaxed.g.shape[0]
+        by_class = class_weighted_bound(tables, batch)
         for part in all_partitions(problem, batch):
             cost = cm.evaluate(part)
             if not cost.memory_ok:
@@ -578,6 +610,7 @@ def test_relaxed_bounds_never_exceed_any_plans_closed_form(build, seed):
             checked += 1
             assert relaxed.q[:, big_l, n_dev].min() <= value
             assert relaxed.z <= value
+            assert by_class <= value
             forward = 0.0  # the stages' E_f and one-way links before stage k
             for k, stage in enumerate(part.stages):
                 j = stage.first
@@ -591,6 +624,37 @@ def test_relaxed_bounds_never_exceed_any_plans_closed_form(build, seed):
                 assert relaxed.pf[j, n_pre] + relaxed.q[p, big_l - j, n_suf] <= value
                 forward += cost.stages[k].forward_ms + one_way_ms(cm, part, k)
     assert checked or not np.isfinite(brute_force_best(problem)[0])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_class_bound_is_the_best_plan_on_one_block(seed):
+    # one block on fast and slow devices (two classes, alternating) with a near-free
+    # all-reduce: every plan is one stage, D + X = M c + T_a, and Zc (devices counted per
+    # class, planner.dp._Tables.class_bound) prices the best group's min-max split
+    # exactly (the least time below which its devices cannot place the B samples), so
+    # it equals the brute-force optimum of the closed form, on one-class and mixed
+    # groups alike; Z, which lets every device run at the fastest class's times, lies
+    # below it where the fast devices run out
+    from planner.classes import device_classes
+    from planner.dp import _Tables, class_weighted_bound, weighted_bound
+    from tests.oracles import all_partitions
+
+    below = 0
+    for n_dev in (2, 3, 4):
+        problem = random_problem(1, n_dev, seed=seed, global_batch=16, candidates=(2, 4, 8, 16),
+                                 bandwidth_mbps=1e7, latency_ms=1e-4)  # fmt: skip
+        cm = CostModel(problem, 16)
+        tables = _Tables(problem, cm, device_classes(problem))
+        for batch in (2, 4, 8, 16):
+            best = min(
+                pipeline_closed_form_ms(cm, part)
+                for part in all_partitions(problem, batch)
+                if cm.evaluate(part).memory_ok
+            )
+            by_class = class_weighted_bound(tables, batch)
+            assert by_class == pytest.approx(best, rel=1e-9)
+            below += weighted_bound(tables, batch) < 0.99 * by_class
+    assert below >= 4
 
 
 @pytest.mark.parametrize("seed", range(4))
