@@ -43,7 +43,6 @@ from planner.errors import EdgepipeError, InputError
 from planner.milp import BACKENDS, DEFAULT_BACKEND, DEFAULT_TIME_LIMIT
 from planner.plan import (
     Plan,
-    interval_note,
     load_plan,
     plan_from_dict,
     plan_to_dict,
@@ -646,8 +645,8 @@ def _demo_run(outdir: Path, steps: int) -> None:
               f"process{'es' if used + spares > 1 else ''} ({used} of the "
               f"plan{held}), every emulated time x {k:.1f}", soft_wrap=True)
     if slow is not None:
-        err.print(f"without replicas or recovery: {slow}", soft_wrap=True, highlight=False,
-                  markup=False)
+        err.print(f"without replicas or recovery (calibration and run alike): {slow}",
+                  soft_wrap=True, highlight=False, markup=False)
     launch.launch(  # type: ignore[attr-defined]
         worker.WorkerOptions(  # type: ignore[attr-defined]
             str(path), steps, str(run_dir), emulate=True, time_scale=k, timeout_s=120
@@ -829,7 +828,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         f"{' (deterministic mode)' if args.deterministic else ''}"
         f"{f' emulating its devices (time scale {args.time_scale:g})' if args.emulate else ''}"
     )
-    slow = None if args.no_recover else interval_note(plan)
+    slow = None if args.no_recover else short_run_note(plan, args.steps)
     if slow:  # a recovering run replicates at the plan's interval
         _warn(slow)
     try:

@@ -288,7 +288,9 @@ RERANK_LEVEL = 3
 #: RESCORE_MIN_S seconds) and the time limit has not passed. The DP value under-predicts
 #: the exact figure by up to ~20% but over-predicts it by at most 4.4% on every plan
 #: re-scored on the solver_vs_dp suite and the planner_scaling cases (docs/decisions.md),
-#: so an answer 6% above the fastest figure cannot win or tie it (0.5%); the margin is
+#: so on those measured plans an answer 6% above the fastest figure did not win or tie
+#: it (0.5%); a measurement, not a proof (on tiny brute-force instances some feasible
+#: non-answers are over-predicted far more, review 8 F6); the margin is
 #: also the search's bound U (pruning), hence its time
 RESCORE = 40
 RESCORE_MARGIN = 0.06

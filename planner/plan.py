@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.cluster import Cluster
-from planner.config import AUTO, TrainingConfig
+from planner.config import AUTO, MAX_REPLICATION_INTERVAL, TrainingConfig
 from planner.cost import CostModel, PlanCost, hiding_interval
 from planner.errors import PlanMismatchError
 from planner.partition import Partition, StageAssignment
@@ -306,7 +306,9 @@ def make_plan(
     search, to :func:`planner.cost.hiding_interval` of the partition's predicted
     replication transfer and iteration: the search depends only on whether replicas
     are kept (their memory is the same at every interval > 0), so the partition is the
-    same whatever the interval, and the plan holds the integer. The id is a content
+    same whatever the interval, and the plan holds the integer (at most
+    :data:`planner.config.MAX_REPLICATION_INTERVAL`: a transfer that spans more steps
+    leaves the plan's :func:`interval_note` among its assumptions). The id is a content
     hash of inputs (the resolved config) and decision, so the same plan has the same id.
 
     Raises:
@@ -318,7 +320,9 @@ def make_plan(
         cost = cm.evaluate(partition)
     check_memory(problem, partition, cost)
     if problem.config.replication_interval == AUTO:
-        k = hiding_interval(cm.replica_transfer_ms(partition), cost.iteration_ms)
+        # capped at the schema's maximum: a slower link then shows in interval_note
+        k = min(hiding_interval(cm.replica_transfer_ms(partition), cost.iteration_ms),
+                MAX_REPLICATION_INTERVAL)
         problem = replace(problem, config=replace(problem.config, replication_interval=k))
     return Plan(
         id=content_id(problem, partition),

@@ -201,3 +201,13 @@ def test_a_run_shorter_than_the_hiding_interval_says_it_cannot_hide_the_transfer
     short = spanning(2.5, replication_interval=1)
     assert short_run_note(short, 100) == interval_note(short) is not None
     assert short_run_note(spanning(2.5, replication_interval=0), 2) is None
+
+
+def test_auto_is_capped_at_the_schemas_maximum_and_the_plan_says_so():
+    # review 8 F2: a link slow enough for a transfer of 2 million steps used to resolve
+    # to 2,000,000 and fail the config's own check with a value the user never gave
+    plan = spanning(2e6, replication_interval="auto")
+    assert plan.problem.config.replication_interval == 1_000_000
+    (note,) = plan.assumptions
+    assert note == interval_note(plan)
+    assert "replication_interval 2000000 hides it" in note

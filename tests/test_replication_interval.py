@@ -184,3 +184,20 @@ def test_edgepipe_run_warns_once_when_the_interval_does_not_hide_the_transfer(
                  "--deterministic", "--hang-timeout", str(HANG_S), "--heartbeat",
                  str(BEAT_S), "--timeout", str(GLOO_TIMEOUT_S)]) == 0
     assert capsys.readouterr().err.count(f"warning: {note}") == 1
+
+
+def test_edgepipe_run_warns_once_when_a_run_is_shorter_than_its_auto_interval(
+    tmp_path, capsys,
+):
+    # auto resolves to the interval that hides the transfer, so the plan itself is
+    # sound, but a run of one step cannot hide its start state's point (review 8 F3)
+    plan = one_device_plan(2, network={"bandwidth_mbps": 0.008}, replication_interval="auto")
+    k = plan.problem.config.replication_interval
+    assert k > 1 and plan.assumptions == ()
+    path = write_plan(plan, tmp_path)
+    assert main(["run", str(path), "--out", str(tmp_path), "--steps", "1",
+                 "--deterministic", "--hang-timeout", str(HANG_S), "--heartbeat",
+                 str(BEAT_S), "--timeout", str(GLOO_TIMEOUT_S)]) == 0
+    err = capsys.readouterr().err
+    assert err.count("warning: a run of 1 steps cannot hide a replication point's") == 1
+    assert f"(a run of {k} or more steps at replication_interval {k} does)" in err
