@@ -293,6 +293,18 @@ class Supervisor:
                              name=f"precompute-{plan.id}").start()
         return gen
 
+    def _discard_checkpoint_parts(self, old: Generation) -> None:
+        """Free the parts ``old``'s ranks sent of checkpoints it did not commit (the
+        next generation replays those steps and sends them under its own prefix; left
+        here they would stay in the store unread, review 8 F1). A rank sends
+        ``ckpt/<n>`` only after ``commit/<n - 1>``, so only ``n <= old.next_commit`` can
+        have parts: O(voters) store calls per such checkpoint, none for the rest."""
+        for n in self.checkpoints:
+            if n > old.next_commit:
+                break
+            for r in range(old.voters):
+                storeblob.discard(old.store, f"ckpt/{n}/{r}")
+
     def members_of(self, plan: Plan) -> tuple[str, ...]:
         """A generation's members in rank order: the plan's devices (:mod:`executor.layout`
         order), then every other survivor as a **spare** (it serves the copies it holds
@@ -531,6 +543,7 @@ class Supervisor:
              "bytes": t.bytes} for t in new.migration
         ]
         members = self.members_of(new)
+        self._discard_checkpoint_parts(old)
         g = self.coordinator.open_generation(members)
         self.gen = self._open(g, new, str(path), d, fresh=fresh, migration=migration)
         moved = [t for t in migration if t["source"] != t["to"]]

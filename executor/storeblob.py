@@ -39,3 +39,13 @@ def delete(store: Store, key: str) -> None:
     for i in range(n):
         store.delete_key(f"{key}/{i}")
     store.delete_key(key)
+
+
+def discard(store: Store, key: str) -> None:
+    """Free whatever :func:`put` wrote of ``key``, also of a put cut short (chunks
+    without their count) or never begun; waits for nothing (``delete_key`` says whether
+    a key was there)."""
+    i = 0
+    while store.delete_key(f"{key}/{i}"):
+        i += 1
+    store.delete_key(key)

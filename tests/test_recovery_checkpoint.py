@@ -39,6 +39,27 @@ def run(tmp_path: Path, name: str, stages, steps: int, faults: str = "",
         recover=recover)
 
 
+def kept_stores(monkeypatch) -> list[dist.TCPStore]:
+    """Every ``TCPStore`` made in this process from now on (the launcher's own store),
+    kept to be read after the run."""
+    stores: list[dist.TCPStore] = []
+    real = dist.TCPStore
+
+    def kept(*args, **kwargs):
+        stores.append(real(*args, **kwargs))
+        return stores[-1]
+
+    monkeypatch.setattr(dist, "TCPStore", kept)
+    return stores
+
+
+def ckpt_keys_left(store: dist.TCPStore, generations, steps: int, ranks: int) -> list[str]:
+    """The checkpoint parts' keys (count key, first chunk) still in ``store``."""
+    return [key for g in generations for n in range(1, steps + 1) for r in range(ranks)
+            for key in (f"gen{g}/ckpt/{n}/{r}", f"gen{g}/ckpt/{n}/{r}/0")
+            if store.check([key])]
+
+
 @pytest.mark.slow
 def test_a_recovering_run_checkpoints_through_a_loss_and_resumes_under_other_plans(
     tmp_path,
@@ -88,14 +109,7 @@ def test_a_replay_past_committed_checkpoints_sends_none_of_their_parts_again(
     # start and after the last step (interval 100 > 4 steps); d0 sends its parts of
     # checkpoints 1, 2 and 3, which the coordinator commits, then dies in step 3's
     # forward: d1 replays steps 0 .. 3 from point 0, past those three checkpoints
-    stores: list[dist.TCPStore] = []
-    real = dist.TCPStore
-
-    def kept(*args, **kwargs):  # the launcher's own store, kept to be read afterwards
-        stores.append(real(*args, **kwargs))
-        return stores[-1]
-
-    monkeypatch.setattr(dist, "TCPStore", kept)
+    stores = kept_stores(monkeypatch)
     plan = one_device_plan(2, replication_interval=100)
     result = launch_reaped(
         WorkerOptions(str(write_plan(plan, tmp_path)), 4, str(tmp_path), deterministic=True,
@@ -110,7 +124,23 @@ def test_a_replay_past_committed_checkpoints_sends_none_of_their_parts_again(
     # no part of any checkpoint is left in either generation's store, neither its count
     # key nor its first chunk (one rank votes in each: d0, then d1)
     (store,) = stores
-    left = [key for g in (event["generation"] - 1, event["generation"]) for n in (1, 2, 3, 4)
-            for key in (f"gen{g}/ckpt/{n}/0", f"gen{g}/ckpt/{n}/0/0") if store.check([key])]
-    assert left == []
+    assert ckpt_keys_left(store, (event["generation"] - 1, event["generation"]), 4, 1) == []
     assert result.losses == reference(plan, 4).losses
+
+
+def test_a_checkpoint_cut_short_by_a_loss_leaves_no_part_of_the_dead_generation(
+    tmp_path, monkeypatch,
+):
+    # d2 dies before its optimizer step of step 1: the other ranks have applied it and
+    # sent their parts of checkpoint 2, d2 never will, so the generation cannot commit
+    # it; the next generation replays step 1 and sends checkpoint 2 afresh (review 8 F1)
+    stores = kept_stores(monkeypatch)
+    plan, result = run(tmp_path, "cut", THREE_STAGES, 3, faults="d2:1:optimizer",
+                       checkpoint_every=1)
+    (event,) = result.events
+    folder = tmp_path / "cut" / "checkpoints"
+    assert sorted(d.name for d in folder.glob("step-*")) == [
+        f"step-0000000{n}" for n in (1, 2, 3)]
+    (store,) = stores
+    assert ckpt_keys_left(store, (event["generation"] - 1, event["generation"]), 3, 4) == []
+    assert result.losses == reference(plan, 3).losses

@@ -29,3 +29,16 @@ def test_an_empty_value_is_no_chunk_and_deleting_frees_every_key() -> None:
     storeblob.delete(store, "empty")
     assert not store.check(["small"]) and not store.check(["small/0"])
     assert not store.check(["empty"])
+
+
+def test_discard_frees_a_whole_value_a_put_cut_short_and_a_missing_key_at_once() -> None:
+    store = host_store(0)
+    storeblob.put(store, "whole", os.urandom(storeblob.CHUNK_BYTES + 1))  # 2 chunks
+    store.set("cut/0", b"x")  # a writer that died after its first chunk
+    store.set("cut/1", b"y")
+    storeblob.put(store, "other", b"kept")
+    before = store.num_keys()
+    for key in ("whole", "cut", "missing"):  # none of them waits for a key
+        storeblob.discard(store, key)
+    assert store.num_keys() == before - 5
+    assert storeblob.get(store, "other") == b"kept"
