@@ -300,13 +300,9 @@ def test_caches_that_keep_one_entry_change_no_plan(monkeypatch):
     assert evicting.dp_value_ms == kept.dp_value_ms
 
 
-def test_sizes_skipped_by_z_alone_change_no_plan(monkeypatch):
-    # a size's relaxed tables are built only once its Z (a tenth of their time) could
-    # still make it the first search, or keep it within the bound: 6 of 7 sizes here;
-    # with a Z of 0 every size's tables are built, as before, and the plans are the same
-    problem = random_problem(24, 12, seed=3, global_batch=64, candidates=None,
-                             bandwidth_mbps=1000.0)  # fmt: skip
-    sizes = problem.config.micro_batch_sizes()
+def sizes_with_relaxed_tables(monkeypatch) -> list[int]:
+    """The micro-batch sizes whose relaxed tables (``relaxed_bounds``) the DP builds from
+    now on, in order."""
     built: list[int] = []
     relaxed_bounds = dp_module.relaxed_bounds
 
@@ -315,6 +311,17 @@ def test_sizes_skipped_by_z_alone_change_no_plan(monkeypatch):
         return relaxed_bounds(tables, batch)
 
     monkeypatch.setattr(dp_module, "relaxed_bounds", recording)
+    return built
+
+
+def test_sizes_skipped_by_z_alone_change_no_plan(monkeypatch):
+    # a size's relaxed tables are built only once its Z (a tenth of their time) could
+    # still make it the first search, or keep it within the bound: 6 of 7 sizes here;
+    # with a Z of 0 every size's tables are built, as before, and the plans are the same
+    problem = random_problem(24, 12, seed=3, global_batch=64, candidates=None,
+                             bandwidth_mbps=1000.0)  # fmt: skip
+    sizes = problem.config.micro_batch_sizes()
+    built = sizes_with_relaxed_tables(monkeypatch)
     lazy = plan_dp(problem)
     assert len(built) < len(sizes)
     built.clear()
@@ -334,14 +341,7 @@ def test_sizes_skipped_by_the_class_bound_change_no_plan(monkeypatch):
     # only skips sizes that could return nothing to re-score; the order stays max(Q, Z)'s)
     problem = random_problem(20, 8, seed=2, global_batch=32, candidates=None,
                              bandwidth_mbps=1000.0)  # fmt: skip
-    built: list[int] = []
-    relaxed_bounds = dp_module.relaxed_bounds
-
-    def recording(tables, batch):
-        built.append(batch)
-        return relaxed_bounds(tables, batch)
-
-    monkeypatch.setattr(dp_module, "relaxed_bounds", recording)
+    built = sizes_with_relaxed_tables(monkeypatch)
     skipped = plan_dp(problem)
     assert 16 not in built
     built.clear()
