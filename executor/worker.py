@@ -46,6 +46,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+# torch logs every failed store or socket operation (a dead peer, a lost coordinator) as a
+# C++ warning with dozens of lines of C++ frames, from whichever thread made the call, in
+# no order with this rank's own one-line error; it reads the level once, when it loads.
+# A user's own TORCH_CPP_LOG_LEVEL (WARNING or INFO, to see them) is kept; the launcher's
+# children inherit this one.
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+
 import numpy as np
 import torch
 import torch.distributed as dist
