@@ -22,6 +22,6 @@ test: $(STAMP)
 	# (xdist_group marks keep a group on one worker), then the `serial` ones alone; the
 	# status is non-zero if either failed (README, "Tests"; docs/decisions.md)
 	status=0; \
-	$(VENV)/bin/python -m pytest -q -n 2 --dist loadgroup -m "not serial" || status=$$?; \
+	$(VENV)/bin/python -m pytest -q -n 2 --dist loadgroup -m "not serial" --durations=15 || status=$$?; \
 	$(VENV)/bin/python -m pytest -q -m serial || status=$$?; \
 	exit $$status
