@@ -705,3 +705,82 @@ def test_stage_figures_equal_the_per_device_maxima_on_splits_of_every_shape(seed
             assert eb[r] == max(
                 tables.bwd[cls[d], b, y[r, d]] - tables.bwd[cls[d], a, y[r, d]] for d in range(7)
             )
+
+
+@pytest.mark.parametrize(
+    ("build", "seed"),
+    [(tiny, seed) for seed in range(1, 24, 2)] + [(memory_bound, seed) for seed in range(3)],
+)
+def test_no_cell_of_a_plan_within_the_bound_is_emptied(build, seed):
+    # review 8 F7: the cell rules (_BatchSearch._before: E, F + G, Q and PF + Q against
+    # the bound U) may empty a (state, l) cell only when no plan can pass through it
+    # within U. Oracle: every memory-feasible plan of the full space (any device order,
+    # idle devices), priced by the cost model's closed form v; under U = v, the cell of
+    # each of its suffixes (the class counts of the suffix's devices, its block count)
+    # stays open, and the forward traversal the search adds before it (PF) is at most the
+    # plan's own (stages' E_f and one-way links before the suffix)
+    from planner.classes import device_classes
+    from planner.dp import _BatchSearch, _Tables, device_orders
+    from tests.oracles import all_partitions
+
+    problem = build(seed)
+    sizes = problem.config.micro_batch_sizes()
+    cm = CostModel(problem, max(sizes))
+    classes = device_classes(problem)
+    class_of = {problem.cluster.devices[i].id: k for k, c in enumerate(classes) for i in c.members}
+    tables = _Tables(problem, cm, classes)
+    big_l = problem.model.num_blocks
+    checked = 0
+    for batch in sizes:
+        graph = tables.graph(batch, device_orders(problem, classes))
+        assert graph.kind == "complete"
+        state = {s: i for i, s in enumerate(graph.states)}
+        search = _BatchSearch(tables, graph, batch, np.inf, lambda: None)
+        for part in all_partitions(problem, batch):
+            cost = cm.evaluate(part)
+            if not cost.memory_ok:
+                continue
+            search.bound = pipeline_closed_form_ms(cm, part) * (1 + 1e-9)
+            before, pf = search._before()
+            forward = 0.0
+            for k, stage in enumerate(part.stages):
+                counts = [0] * len(classes)
+                for later in part.stages[k:]:
+                    for d in later.devices:
+                        counts[class_of[d]] += 1
+                cell = (state[tuple(counts)], big_l - stage.first)
+                assert np.isfinite(before[cell]), (part, k)
+                assert pf[cell] <= forward * (1 + 1e-9) + 1e-9
+                forward += cost.stages[k].forward_ms + one_way_ms(cm, part, k)
+                checked += 1
+    assert checked or not np.isfinite(brute_force_best(problem)[0])
+
+
+def test_the_forward_traversal_rule_empties_cells_the_other_rules_keep():
+    # review 8 F7, the other direction: under a bound U that is a figure, a cell whose
+    # least forward traversal before it plus its suffix's least D + X (PF + Q, relaxed
+    # tables) exceeds U holds nothing, also where E, F + G and Q alone stay within U
+    # (on this instance, 30 blocks on 40 identical devices at U = the unpruned search's
+    # best DP value, 3 such cells at micro-batch 8 and 11 at 16)
+    problem = identical(40, 30, seed=1)
+    sizes = problem.config.micro_batch_sizes()
+    classes = dp_module.device_classes(problem)
+    tables = dp_module._Tables(problem, CostModel(problem, max(sizes)), classes)
+    big_l, n_dev = problem.model.num_blocks, len(problem.cluster.devices)
+    only_pf = 0
+    for batch in sizes:
+        graph = tables.graph(batch, dp_module.device_orders(problem, classes))
+        bound = best_value(tables, graph, batch, np.inf)
+        search = dp_module._BatchSearch(tables, graph, batch, np.inf, lambda: None, bound)
+        relaxed = search.relaxed
+        q_least, g_least = relaxed.q.min(axis=0), relaxed.g.min(axis=0)
+        for s, size in enumerate(search.sizes):
+            n_pre = n_dev - int(size)
+            for blocks in range(big_l + 1):
+                j = big_l - blocks
+                others = max(relaxed.e[j, n_pre], q_least[blocks, size],
+                             relaxed.f[j, n_pre] + g_least[blocks, size])  # fmt: skip
+                if others <= bound < relaxed.pf[j, n_pre] + q_least[blocks, size]:
+                    assert search.before[s, blocks] == np.inf
+                    only_pf += 1
+    assert only_pf > 0
