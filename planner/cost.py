@@ -1060,6 +1060,48 @@ class CostModel:
         return float(transfer_ms(micro_batch * float(self.boundary[cut - 1]), bw, lat))
 
     # -- whole partitions --------------------------------------------------------------------
+    def _round_inputs(
+        self, partition: Partition
+    ) -> tuple[Schedule, list[list[tuple[str, float, float]]], list[BoundaryCost], list[RingCost]]:
+        """What one round's makespan reads (:func:`round_makespan`): the schedule at the
+        stages' warm-ups, per stage each device's id and forward and backward ms for its
+        samples, the boundaries' re-sliced pieces and the stages' rings. O(P x g)."""
+        config = self.problem.config
+        cluster = self.problem.cluster
+        num_stages = partition.num_stages
+        m = partition.num_micro_batches
+        warmups = tuple(config.warmup_depth(p, num_stages, m) for p in range(num_stages))
+        devices: list[list[tuple[str, float, float]]] = []
+        rings: list[RingCost] = []
+        for stage in partition.stages:
+            group = [cluster.index(d) for d in stage.devices]
+            devices.append(
+                [
+                    (d, *self.device_times(stage.first, stage.end, i, y))
+                    for d, i, y in zip(stage.devices, group, stage.samples, strict=True)
+                ]
+            )
+            rings.append(self.ring(stage.first, stage.end, group))
+        links = [
+            self.link_transfer(a, b)
+            for a, b in zip(partition.stages, partition.stages[1:], strict=False)
+        ]
+        return build(config.schedule, warmups, m), devices, links, rings  # type: ignore[arg-type]
+
+    def round_lower_bound_ms(self, partition: Partition) -> float:
+        """A lower bound on ``evaluate(partition).iteration_ms``, about ten times cheaper
+        on a switch or a shared medium (equal point to point): the round with every
+        transfer at its pair's full rate, :func:`longest_path_makespan` on the inputs of
+        :func:`round_makespan`. Why it is a lower bound: :func:`fair_sharing_makespan`
+        runs the same actions in the same orders (each device its stage's schedule; each
+        ordered pair its messages in posting order, which is its sender's action order
+        for a boundary and the step order for a ring; rings after their stage's last
+        action), with the same compute times and latencies, and a transfer at the head of
+        its pair progresses at a fair share <= 1 of its rate, so it lasts at least its
+        ``ms``. Every start is the latest end of what it waits for, so by induction
+        along that common order no action ends earlier than in the longest path."""
+        return longest_path_makespan(*self._round_inputs(partition))
+
     def evaluate(self, partition: Partition) -> PlanCost:
         """All figures of ``partition``: step chain, round latency, per-stage costs, memory.
 
@@ -1072,25 +1114,17 @@ class CostModel:
         mb = partition.micro_batch_size
         groups = [[cluster.index(d) for d in s.devices] for s in partition.stages]
         held = self.replica_memory(partition)
+        schedule, devices, links, rings = self._round_inputs(partition)
         steps: list[Step] = []
         stage_costs: list[StageCost] = []
-        links: list[BoundaryCost] = []
-        rings: list[RingCost] = []
         for p, stage in enumerate(partition.stages):
             warmup = config.warmup_depth(p, num_stages, m)
-            times = [
-                self.device_times(stage.first, stage.end, d, y)
-                for d, y in zip(groups[p], stage.samples, strict=True)
-            ]
-            dev_f = tuple(t[0] for t in times)
-            dev_b = tuple(t[1] for t in times)
+            dev_f = tuple(t[1] for t in devices[p])
+            dev_b = tuple(t[2] for t in devices[p])
             ar = self.allreduce_ms(stage.first, stage.end, groups[p])
             link = (
                 self.link_ms(stage.end, mb, groups[p], groups[p + 1]) if p + 1 < num_stages else 0.0
             )
-            if p + 1 < num_stages:
-                links.append(self.link_transfer(stage, partition.stages[p + 1]))
-            rings.append(self.ring(stage.first, stage.end, groups[p]))
             steps.append(
                 Step("stage", p, max(dev_f), max(dev_b), ar, warmup, stage.devices, dev_f, dev_b)
             )
@@ -1125,17 +1159,7 @@ class CostModel:
         topology = cluster.network.kind
         chain = StepChain(tuple(steps), m, topology)
         closed, dominant = closed_form_latency(chain)
-        warmups = tuple(s.warmup for s in stage_costs)
-        total = round_makespan(
-            build(config.schedule, warmups, m),  # type: ignore[arg-type]
-            [
-                list(zip(stage.devices, s.device_forward_ms, s.device_backward_ms, strict=True))
-                for stage, s in zip(partition.stages, stage_costs, strict=True)
-            ],
-            links,
-            rings,
-            topology,
-        )
+        total = round_makespan(schedule, devices, links, rings, topology)
         return PlanCost(
             iteration_ms=total,
             closed_form_ms=closed,
