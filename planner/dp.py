@@ -272,6 +272,7 @@ from planner.cost import (
     warmup_that_fits,
 )
 from planner.partition import Partition, StageAssignment
+from planner.prices import priced_bound
 from planner.problem import Problem
 
 #: Pareto front entries kept per DP state
@@ -1027,30 +1028,8 @@ class _Tables:
         # (state, group) pairs with g <= n, by state: Zc[a, n] is the least over its pairs
         pairs = [(i, j) for i, n in enumerate(states) for j, g in enumerate(groups)
                  if all(a >= b for a, b in zip(n, g, strict=True))]  # fmt: skip
-        tau = self._share_figures(batch, warmups[:1])[6]
+        w, lr = self.class_terms(batch, m, warmups[0])
         first, end = self.rows_first, self.rows_end
-        mu = (end - first) / big_l
-        after = (big_l - end) / big_l
-        alpha = 1 + (m - 1) * mu * (end == big_l)
-        beta = 1 - after + (m - 1) * mu
-        # w[k, y, range]: alpha E_f + beta E_b of one class-k device at y samples, at least
-        w = np.empty((2, batch + 1, len(first)))
-        y = np.arange(batch + 1)
-        for k in range(2):
-            least = []
-            for table in (self.fwd[k], self.bwd[k]):
-                per = np.diff(table[:, : batch + 1], axis=0)  # (L, B + 1) (blocks, batch)
-                above = np.minimum.accumulate(per[:, ::-1], axis=1)[:, ::-1]  # batch >= y
-                cum = np.concatenate([np.zeros((1, batch + 1)), above.cumsum(axis=0)])
-                least.append(cum[end] - cum[first])  # (ranges, B + 1)
-            cap = samples_that_fit(self.budget[k], self.static, warmups[0], self.saved, batch)
-            value = alpha[:, None] * least[0] + beta[:, None] * least[1]
-            w[k] = np.where(y[None, :] <= cap[:, None], value, INF).T
-        pairs_ok = np.isfinite(self.bw)
-        bw_max = float(self.bw[pairs_ok].max()) if pairs_ok.any() else INF
-        lat_min = float(self.lat[pairs_ok].min()) if pairs_ok.any() else 0.0
-        shares = sorted({-(-batch // g) for g in range(1, min(batch, sum(self.counts)) + 1)})
-        one_way = tau / 2
         cost = np.full((len(groups), big_l + 1, big_l + 1), INF)
         for j, (g0, g1) in enumerate(groups):
             if g1 == 0:
@@ -1061,10 +1040,7 @@ class _Tables:
                 s0 = np.arange(1, -(-batch // g0) + 1)
                 s1 = (batch - 1 - g0 * (s0 - 1)) // g1 + 1
                 v = np.minimum(w[0, s0], w[1, s1]).max(axis=0)
-            size = g0 + g1
-            link = one_way[shares.index(-(-batch // size)), end] * (2 - after)
-            reduce = ring_allreduce_ms(self.grad, size, bw_max, lat_min, self.cm.shared_medium)
-            cost[j, first, end] = v + link + mu * reduce
+            cost[j, first, end] = v + lr[g0 + g1]
         target = np.array([i for i, _ in pairs])
         source = np.array([index[tuple(a - b for a, b in zip(states[i], groups[j], strict=True))]
                            for i, j in pairs])  # fmt: skip
@@ -1076,6 +1052,84 @@ class _Tables:
             best = (z[a + 1 :, source] + cost[group, a, a + 1 :].T).min(axis=0)  # (pairs,)
             z[a, target[starts]] = np.minimum.reduceat(best, starts)
         return float(z[0, index[self.counts]])
+
+    def class_terms(self, batch: int, m: int, warmup: int) -> tuple[np.ndarray, np.ndarray]:
+        """The per-class stage terms of Zc and Zp (:meth:`class_bound`, :meth:`priced_costs`),
+        with Z's coefficients (:meth:`_weighted`; M = ``m``):
+
+        * w[k, y, range]: a lower bound on alpha E_f + beta E_b of a class-k device with y
+          samples on the range, its blocks' least forward and backward times on class k
+          at any batch >= y (inf where y samples do not fit its memory at ``warmup``,
+          the least warm-up K(1)); non-decreasing in y;
+        * lr[n, range]: the link after the range and its share of the all-reduce, for a
+          group of n devices (Z's: the one-way occupancy at share ceil(B / n) plus the
+          least latency, times (2 - after); mu x the ring over n devices on the fastest
+          pair), n = 1..min(B, N); inf at n = 0.
+
+        O(K B L^2 + min(B, N) L^2)."""
+        big_l, n_dev = self.n_blk, sum(self.counts)
+        tau = self._share_figures(batch, [warmup])[6]
+        first, end = self.rows_first, self.rows_end
+        mu = (end - first) / big_l
+        after = (big_l - end) / big_l
+        alpha = 1 + (m - 1) * mu * (end == big_l)
+        beta = 1 - after + (m - 1) * mu
+        w = np.empty((len(self.classes), batch + 1, len(first)))
+        y = np.arange(batch + 1)
+        for k in range(len(self.classes)):
+            least = []
+            for table in (self.fwd[k], self.bwd[k]):
+                per = np.diff(table[:, : batch + 1], axis=0)  # (L, B + 1) (blocks, batch)
+                above = np.minimum.accumulate(per[:, ::-1], axis=1)[:, ::-1]  # batch >= y
+                cum = np.concatenate([np.zeros((1, batch + 1)), above.cumsum(axis=0)])
+                least.append(cum[end] - cum[first])  # (ranges, B + 1)
+            cap = samples_that_fit(self.budget[k], self.static, warmup, self.saved, batch)
+            value = alpha[:, None] * least[0] + beta[:, None] * least[1]
+            w[k] = np.where(y[None, :] <= cap[:, None], value, INF).T
+        pairs_ok = np.isfinite(self.bw)
+        bw_max = float(self.bw[pairs_ok].max()) if pairs_ok.any() else INF
+        lat_min = float(self.lat[pairs_ok].min()) if pairs_ok.any() else 0.0
+        most = min(batch, n_dev)
+        shares = sorted({-(-batch // g) for g in range(1, most + 1)})
+        one_way = tau / 2
+        lr = np.full((most + 1, len(first)), INF)
+        for n in range(1, most + 1):
+            link = one_way[shares.index(-(-batch // n)), end] * (2 - after)
+            reduce = ring_allreduce_ms(self.grad, n, bw_max, lat_min, self.cm.shared_medium)
+            lr[n] = link + mu * reduce
+        return w, lr
+
+    def priced_costs(self, batch: int, m: int, warmup: int) -> np.ndarray:
+        """(ranges, K, B) the stage costs of Zp (:func:`planner.prices.priced_bound`):
+        entry [range, k, y - 1] is the least, over the levels v >= w[k, y] of the range
+        (its w values, :meth:`class_terms`), of v + lr's least over the group sizes
+        n >= ceil(B / h(v)), h(v) the most samples one device of any class holds at
+        level v (w <= v). A stage on the range whose devices' largest w is v* and whose
+        class-k devices hold at most y samples at that level (#{y' : w[k, y'] <= v*} =
+        y, so v* >= w[k, y]) costs at least that in Z's sum: its n devices with samples
+        place B, so n >= ceil(B / h(v*)). inf where w[k, y] is. O(R K B log(K B)), R =
+        L (L + 1) / 2 ranges."""
+        w, lr = self.class_terms(batch, m, warmup)
+        n_cls, n_rng = len(self.classes), len(self.rows_first)
+        most = lr.shape[0] - 1
+        # least link and all-reduce over every size n' >= n (and inf beyond min(B, N))
+        lr_from = np.minimum.accumulate(lr[::-1], axis=0)[::-1]
+        lr_from = np.concatenate([lr_from, np.full((batch + 1 - most, n_rng), INF)])
+        levels = w[:, 1:, :].transpose(2, 0, 1).reshape(n_rng, n_cls * batch)
+        order = np.argsort(levels, axis=1, kind="stable")
+        v = np.take_along_axis(levels, order, 1)
+        # the most samples one device of any class holds at or below each level (ties
+        # count fully at the last of their run, which the suffix minimum below reaches)
+        holds = np.zeros(v.shape, dtype=np.int64)
+        for k in range(n_cls):
+            holds = np.maximum(holds, np.cumsum(order // batch == k, axis=1))
+        fewest = -(-batch // holds)  # the fewest devices that place B samples below v
+        at_level = np.where(np.isfinite(v), v + lr_from[fewest, np.arange(n_rng)[:, None]], INF)
+        from_level = np.minimum.accumulate(at_level[:, ::-1], axis=1)[:, ::-1]
+        place = np.empty_like(order)
+        np.put_along_axis(place, order, np.arange(n_cls * batch)[None, :], 1)
+        costs = np.take_along_axis(from_level, place, 1).reshape(n_rng, n_cls, batch)
+        return np.where(np.isfinite(w[:, 1:, :].transpose(2, 0, 1)), costs, INF)
 
     def _relaxed_cheap(self, batch: int, m: int) -> _Relaxed:
         """The relaxed bounds' weak form, O(N L) (beyond ``RELAX_MAX``): F[j, n] the
@@ -1205,6 +1259,18 @@ def class_weighted_bound(tables: _Tables, batch: int) -> float:
     """Zc of :meth:`_Tables.class_bound` at micro-batch ``batch`` (0 where not computed)."""
     m, warmups, _ = _relax_levels(tables, batch)
     return tables.class_bound(batch, m, warmups)
+
+
+def priced_weighted_bound(tables: _Tables, batch: int, target: float) -> float:
+    """Zp (:func:`planner.prices.priced_bound`) at micro-batch ``batch``, on three or more
+    device classes (0 otherwise: one class has no competition Z does not see, and two
+    classes have Zc, the exact DP over the class counts that Zp relaxes); its ascent
+    stops once above ``target``."""
+    if len(tables.classes) < 3:
+        return 0.0
+    m, warmups, _ = _relax_levels(tables, batch)
+    costs = tables.priced_costs(batch, m, warmups[0])
+    return priced_bound(costs, tables.rows_first, tables.rows_end, tables.counts, target)
 
 
 def _pareto(
@@ -2111,6 +2177,12 @@ def best_plan(
         # re-scored, so the search drops what cannot finish below that
         if max(root(batch), by_class.get(batch, 0.0)) > fastest * (1 + RESCORE_MARGIN):
             continue  # no answer at this micro-batch size could be re-scored
+        # Zp (stages priced per device class, three or more classes) is computed only for
+        # a size that would be searched now, against the bound it would be searched
+        # under; like Zc it only skips
+        bound = fastest * (1 + RESCORE_MARGIN)
+        if np.isfinite(bound) and priced_weighted_bound(tables, batch, bound) > bound:
+            continue
         tables.clear()
         graph = tables.graph(batch, orders)
         kind = graph.kind
