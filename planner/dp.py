@@ -167,7 +167,10 @@ found (the first search), and after it only those of sizes whose Z is within U (
 whose Z exceeds U is skipped whenever it comes, U only falls) and, on two device classes,
 whose Zc is (:meth:`_Tables.class_bound`: Z with the DP keyed by the devices left per
 class, so that the fast class's devices are spent once; it only skips, so the sizes
-searched and their order are those of max(Q, Z)); a
+searched and their order are those of max(Q, Z)), and on three or more classes, when a
+size's turn comes and it would be searched, whose Zp is (:func:`priced_weighted_bound`,
+:mod:`planner.prices`: Z's sum with a price per device class, a Lagrangian relaxation of
+Zc's class counts, so that stages compete for the fast classes; it only skips too); a
 (state r, l) cell, with n = N - |r| devices before it, holds nothing when E[L-l, n],
 F[L-l, n] + G[l, |r|], Q[l, |r|] (least over p) or PF[L-l, n] + Q[l, |r|] exceeds U,
 and a state whose cells all do is not searched; an entry with D + max(F[L-l, n], X +
@@ -227,7 +230,9 @@ Complexity per B, with S states, E moves, C distinct compositions and P = min(L,
 max_stages) levels (p0 of them after collapsing): Z, O(L^2 N sqrt(B)) numpy work, on two
 classes after the first search Zc, O(B L^2 (c_1 + 1)(c_2 + 1) + L^2 P2) (P2 the pairs
 of a state and a group it holds, at most (c_1 + 1)^2 (c_2 + 1)^2 / 4), and unless Z or
-Zc rules the size out, the relaxed bounds, O(pc L^2 N sqrt(B)) (pc <=
+Zc rules the size out, the relaxed bounds, and before its search on three or more
+classes Zp, O(R K B log(K B)) for its stage costs and O(R K B + L^2) per ascent step (at
+most :data:`planner.prices.ITERATIONS`; R = L (L + 1) / 2 ranges), O(pc L^2 N sqrt(B)) (pc <=
 ``RELAX_LEVELS``; an O(N L) weak form beyond ``RELAX_MAX``); C head tables, each
 Algorithm 1 over the O(L^2) block ranges (those a move may use within the bound:
 pruning): a closed form for one-class groups whose times never fall with the batch,
