@@ -167,8 +167,8 @@ def test_wait_returns_at_the_abort_and_stop_ends_both_threads_at_once() -> None:
         start = time.monotonic()
         control.wait(1, timeout_s=0.2)  # nothing to wait for: the whole timeout
         assert time.monotonic() - start >= 0.2
+        start = time.monotonic()  # before the timer: its thread may start waiting at once
         threading.Timer(0.3, coordinator.abort, args=("test",)).start()
-        start = time.monotonic()
         control.wait(1, timeout_s=20.0)
         assert 0.3 <= time.monotonic() - start < 5.0  # woken by the abort, not the beat
         with pytest.raises(GenerationAborted):
