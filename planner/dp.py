@@ -170,7 +170,10 @@ class, so that the fast class's devices are spent once; it only skips, so the si
 searched and their order are those of max(Q, Z)), and on three or more classes, when a
 size's turn comes and it would be searched, whose Zp is (:func:`priced_weighted_bound`,
 :mod:`planner.prices`: Z's sum with a price per device class, a Lagrangian relaxation of
-Zc's class counts, so that stages compete for the fast classes; it only skips too); a
+Zc's class counts, so that stages compete for the fast classes; it only skips too), and,
+where max(Q, Z) is within ``STAGED_NEAR`` of U, whose Zs is
+(:meth:`_Tables.staged_bound`: Z with each stage's warm-up bubble at its own depth and
+part of the first stage's all-reduce counted whole; skips only, as Zc); a
 (state r, l) cell, with n = N - |r| devices before it, holds nothing when E[L-l, n],
 F[L-l, n] + G[l, |r|], Q[l, |r|] (least over p) or PF[L-l, n] + Q[l, |r|] exceeds U,
 and a state whose cells all do is not searched; an entry with D + max(F[L-l, n], X +
@@ -229,10 +232,12 @@ final re-scoring, which stops at the limit too.
 Complexity per B, with S states, E moves, C distinct compositions and P = min(L, N,
 max_stages) levels (p0 of them after collapsing): Z, O(L^2 N sqrt(B)) numpy work, on two
 classes after the first search Zc, O(B L^2 (c_1 + 1)(c_2 + 1) + L^2 P2) (P2 the pairs
-of a state and a group it holds, at most (c_1 + 1)^2 (c_2 + 1)^2 / 4), and unless Z or
-Zc rules the size out, the relaxed bounds, and before its search on three or more
-classes Zp, O(R K B log(K B)) for its stage costs and O(R K B + L^2) per ascent step (at
-most :data:`planner.prices.ITERATIONS`; R = L (L + 1) / 2 ranges), O(pc L^2 N sqrt(B)) (pc <=
+of a state and a group it holds, at most (c_1 + 1)^2 (c_2 + 1)^2 / 4), where max(Q, Z)
+is near the bound Zs, O(J L^2 N sqrt(B)) (J the stage levels whose warm-up is below M),
+and unless Z, Zc or Zs rules the size out, the relaxed bounds, and before its search on
+three or more classes Zp, O(R K B log(K B)) for its stage costs and O(R K B + L^2) per
+ascent step (at most :data:`planner.prices.ITERATIONS`; R = L (L + 1) / 2 ranges),
+O(pc L^2 N sqrt(B)) (pc <=
 ``RELAX_LEVELS``; an O(N L) weak form beyond ``RELAX_MAX``); C head tables, each
 Algorithm 1 over the O(L^2) block ranges (those a move may use within the bound:
 pruning): a closed form for one-class groups whose times never fall with the batch,
@@ -336,6 +341,11 @@ RELAX_MAX = 2e8
 #: Zc (:meth:`_Tables.class_bound`) is computed while its DP's (state, group) pairs x
 #: L^2 / 2 stay within this (100 blocks, 8 + 8 devices: 1,944 pairs, 1e7)
 CLASS_BOUND_WORK = 3e7
+#: Zs (:meth:`_Tables.staged_bound`) is computed for a size only when its max(Q, Z) is
+#: within this factor below the bound U (it lifted Z by 1-6% where measured), with this
+#: weight on the first stage's all-reduce (docs/decisions.md, session 9)
+STAGED_NEAR = 1.1
+STAGED_FIRST = 0.25
 
 #: head tables of a composition that at most this many states use (the ordered graph's
 #: groups that straddle two classes: one state per device order) are evaluated only on
@@ -993,6 +1003,72 @@ class _Tables:
             z_tab[a, : n_dev + 1] = (z_tab[a + 1 :][:, shift] + step).min(axis=(0, 1))
         return float(z_tab[0, n_dev])
 
+    def staged_bound(self, batch: int, m: int, warmups: list[int], lam: float) -> float:
+        """Zs: Z (:meth:`_weighted`) with each stage's warm-up bubble at its own depth and
+        part of the first stage's all-reduce counted whole (0 beyond ``RELAX_MAX``).
+
+        A stage with n stages after it has k_n = min(K, M) micro-batches in flight, K =
+        ``warmup_depth`` of the stage n + 1 from the end (a function of n alone). The
+        closed form (:func:`planner.cost.pipeline_closed_form_ms`) gives D >= C_s +
+        (M - 1) c_s + tau_s + max(0, R_s - (k_n - 1) E_f^s) >= S + (M - 1) E_b^s + (M -
+        k_n) E_f^s (S the whole traversal), and for the last stage D >= C_s + M c_s = S +
+        (M - 1) (E_f + E_b): Z's bound, which takes k_n = M for every stage but the last,
+        plus (M - k_n) E_f^s. And X >= lam (T_a of the first stage, before which PB = 0)
+        + (1 - lam) (Z's block-weighted average of T_a^s - PB_s), for lam in [0, 1]. The
+        block-weighted average of the D terms plus that X bound is additive over stages
+        with coefficients >= 0, so each figure takes its relaxed least value (Z's); a DP
+        over (first block, devices, stages after it up to the first n with k_n = M):
+
+            Zs_0[a, n] = min_g cost_0[a, L] (the last stage),
+            Zs_j[a, n] = min_{e < L, g} Zs_{j-1}[e, n - g] + cost_j[a, e]   (j < J),
+            Zs_J[a, n] = min_{e < L, g} min(Zs_{J-1}, Zs_J)[e, n - g] + cost_J[a, e],
+
+        cost_j Z's stage cost with E_f's coefficient 1 + (M - k_j) mu (mu: the stage's
+        blocks / L) and X's terms times 1 - lam, plus lam T_a where a = 0; answer the
+        least Zs_j[0, N]. Every plan's D + X is at least its value, so a size whose Zs
+        exceeds the bound U has no answer that can be re-scored. O(J L^2 N sqrt(B))."""
+        big_l, n_dev = self.n_blk, sum(self.counts)
+        shares = len({-(-batch // g) for g in range(1, min(batch, n_dev) + 1)})
+        if len(warmups) * (big_l + 1) ** 2 * (n_dev + 1) * shares / 2 > RELAX_MAX:
+            return 0.0
+        need, c_tab, ef, eb, ta, _, tau, _ = self._share_figures(batch, warmups[:1])
+        config = self.problem.config
+        max_p = min(big_l, n_dev, config.max_stages or n_dev)
+        in_flight = [1]  # the last stage: D >= C + M c, as with one in flight
+        for n in range(1, max_p):
+            k = min(config.warmup_depth(max_p - 1 - n, max_p, m), m)
+            if k >= m:
+                break
+            in_flight.append(k)
+        in_flight.append(m)
+        cut = np.arange(big_l + 1)
+        mu = (cut[None, :] - cut[:, None]) / big_l  # [first, end): its blocks' weight
+        after = (big_l - cut) / big_l  # [end]
+        one_way = tau[:, None, :] / 2
+        with np.errstate(invalid="ignore"):
+            x_terms = (1 - lam) * (mu * ta - (eb + one_way) * after)
+            rest = eb * (1 + (m - 1) * mu) + 2 * one_way + x_terms
+            costs = [np.where(np.isfinite(c_tab[0]), ef * (1 + (m - k) * mu) + rest, INF)
+                     for k in in_flight]  # fmt: skip
+        first = lam * ta  # added to the stage that starts at block 0
+        shift = np.arange(n_dev + 1)[None, :] - need[:, None]
+        shift = np.where(shift >= 0, shift, n_dev + 1)
+        top = len(in_flight) - 1
+        z = np.full((top + 1, big_l + 1, n_dev + 2), INF)
+        for a in range(big_l - 1, -1, -1):
+            extra = first[:, a] if a == 0 else np.zeros_like(first[:, a])  # (share, end)
+            last = (costs[0][:, a, big_l] + extra[:, big_l])[:, None]  # (share, 1)
+            z[0, a, : n_dev + 1] = (last + np.where(shift <= n_dev, 0.0, INF)).min(axis=0)
+            if a + 1 == big_l:
+                continue
+            for j in range(1, top + 1):
+                sub = z[j - 1, a + 1 : big_l]
+                if j == top:
+                    sub = np.minimum(sub, z[j, a + 1 : big_l])
+                step = costs[j][:, a, a + 1 : big_l] + extra[:, a + 1 : big_l]
+                z[j, a, : n_dev + 1] = (sub[:, shift] + step.T[:, :, None]).min(axis=(0, 1))
+        return float(z[:, 0, n_dev].min())
+
     def class_bound(self, batch: int, m: int, warmups: list[int]) -> float:
         """Zc: Z (:meth:`_weighted`) with the devices counted per class, for two classes
         (0 otherwise, or beyond ``CLASS_BOUND_WORK``). Z lets every stage take each block's
@@ -1258,6 +1334,13 @@ def weighted_bound(tables: _Tables, batch: int) -> float:
     """Z of :func:`relaxed_bounds` alone (:meth:`_Tables.weighted_bound`)."""
     m, warmups, _ = _relax_levels(tables, batch)
     return tables.weighted_bound(batch, m, warmups)
+
+
+def staged_weighted_bound(tables: _Tables, batch: int) -> float:
+    """Zs of :meth:`_Tables.staged_bound` at micro-batch ``batch``, ``STAGED_FIRST`` of
+    the first stage's all-reduce counted whole."""
+    m, warmups, _ = _relax_levels(tables, batch)
+    return tables.staged_bound(batch, m, warmups, STAGED_FIRST)
 
 
 def class_weighted_bound(tables: _Tables, batch: int) -> float:
@@ -2132,6 +2215,7 @@ def best_plan(
     relaxed: dict[int, _Relaxed] = {}
     weighted: dict[int, float] = {}  # Z alone, of the sizes whose tables are not built
     by_class: dict[int, float] = {}  # Zc of the sizes after the first (skips only)
+    staged: dict[int, float] = {}  # Zs of the sizes after the first near U (skips only)
 
     def root(b: int) -> float:
         """max(Q(L, N), Z), or Z (a lower bound on it) where the tables are not built."""
@@ -2167,7 +2251,9 @@ def best_plan(
             # same as without it
             if b not in relaxed and weighted[b] <= fastest * (1 + RESCORE_MARGIN):
                 by_class[b] = class_weighted_bound(tables, b)
-                if by_class[b] <= fastest * (1 + RESCORE_MARGIN):
+                if weighted[b] * STAGED_NEAR > fastest * (1 + RESCORE_MARGIN):
+                    staged[b] = staged_weighted_bound(tables, b)
+                if max(by_class[b], staged.get(b, 0.0)) <= fastest * (1 + RESCORE_MARGIN):
                     relaxed[b] = relaxed_bounds(tables, b)
         yield from sorted((b for b in sizes if b != first), key=lambda b: (root(b), b))
 
@@ -2182,6 +2268,12 @@ def best_plan(
         # re-scored, so the search drops what cannot finish below that
         if max(root(batch), by_class.get(batch, 0.0)) > fastest * (1 + RESCORE_MARGIN):
             continue  # no answer at this micro-batch size could be re-scored
+        # Zs (warm-up bubbles at their depth, the first stage's all-reduce) only skips, as
+        # Zc: the sizes searched keep their order; computed where max(Q, Z) is near U
+        if batch not in staged and root(batch) * STAGED_NEAR > fastest * (1 + RESCORE_MARGIN):
+            staged[batch] = staged_weighted_bound(tables, batch)
+        if staged.get(batch, 0.0) > fastest * (1 + RESCORE_MARGIN):
+            continue
         # Zp (stages priced per device class, three or more classes) is computed only for
         # a size that would be searched now, against the bound it would be searched
         # under; like Zc it only skips

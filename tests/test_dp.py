@@ -349,9 +349,11 @@ def test_sizes_skipped_by_the_class_bound_change_no_plan(monkeypatch):
     # 20 blocks on 4 fast and 4 slow devices: after the first search, Zc (devices counted
     # per class) exceeds the bound at micro-batch 16, whose Z does not: its tables are not
     # built and it is not searched. With a Zc of 0 it is, and the plans are the same (Zc
-    # only skips sizes that could return nothing to re-score; the order stays max(Q, Z)'s)
+    # only skips sizes that could return nothing to re-score; the order stays max(Q, Z)'s).
+    # Zs (_Tables.staged_bound) also skips micro-batch 16 here: 0 in both runs
     problem = random_problem(20, 8, seed=2, global_batch=32, candidates=None,
                              bandwidth_mbps=1000.0)  # fmt: skip
+    monkeypatch.setattr(dp_module, "staged_weighted_bound", lambda tables, batch: 0.0)
     built = sizes_with_relaxed_tables(monkeypatch)
     skipped = plan_dp(problem)
     assert 16 not in built
@@ -362,6 +364,35 @@ def test_sizes_skipped_by_the_class_bound_change_no_plan(monkeypatch):
     assert searched.partition == skipped.partition
     assert searched.dp_value_ms == skipped.dp_value_ms
     assert searched.candidates == skipped.candidates
+
+
+@pytest.mark.usefixtures("untimed_rescoring")
+def test_sizes_skipped_by_the_staged_bound_change_no_plan(monkeypatch):
+    # 200 blocks on 16 identical devices (benchmarks/planner_scaling.py's synthetic
+    # model): after the first search, Zs exceeds the bound at micro-batch 16, whose
+    # max(Q, Z) does not, and it is not searched. With a Zs of 0 it is, and the plan, its
+    # value and the per-size figures are the same (Zs only skips sizes that could return
+    # nothing to re-score; the order stays max(Q, Z)'s)
+    from benchmarks.planner_scaling import synthetic
+
+    problem = synthetic(200, 16, 1)
+    searched: list[int] = []
+    run = dp_module._BatchSearch.run
+
+    def recording(search):
+        searched.append(search.batch)
+        return run(search)
+
+    monkeypatch.setattr(dp_module._BatchSearch, "run", recording)
+    skipped = plan_dp(problem)
+    assert 16 not in searched
+    searched.clear()
+    monkeypatch.setattr(dp_module, "staged_weighted_bound", lambda tables, batch: 0.0)
+    every = plan_dp(problem)
+    assert 16 in searched
+    assert every.partition == skipped.partition
+    assert every.dp_value_ms == skipped.dp_value_ms
+    assert every.candidates == skipped.candidates
 
 
 def test_z_alone_is_the_relaxed_tables_z():
@@ -595,11 +626,18 @@ def memory_bound(seed: int):
 def test_relaxed_bounds_never_exceed_any_plans_closed_form(build, seed):
     # every memory-feasible plan of the full space (the oracle's enumeration), split at
     # every stage boundary into a prefix and a suffix of p stages: the relaxed tables
-    # (planner.dp._Tables.relaxed) the search prunes by, and Zc (devices counted per
-    # class, _Tables.class_bound; the two-class instances), stay at or below its closed
-    # form
+    # (planner.dp._Tables.relaxed) the search prunes by, Zc (devices counted per
+    # class, _Tables.class_bound; the two-class instances) and Zs (bubbles at their
+    # warm-up depth, part of the first all-reduce counted whole, _Tables.staged_bound,
+    # at first-stage weights 0, 0.25 and 1), stay at or below its closed form
     from planner.classes import device_classes
-    from planner.dp import _BatchSearch, _Tables, class_weighted_bound, device_orders
+    from planner.dp import (
+        _BatchSearch,
+        _relax_levels,
+        _Tables,
+        class_weighted_bound,
+        device_orders,
+    )
     from tests.oracles import all_partitions
 
     problem = build(seed)
@@ -614,6 +652,8 @@ def test_relaxed_bounds_never_exceed_any_plans_closed_form(build, seed):
         relaxed = _BatchSearch(tables, graph, batch, time.perf_counter() + 60, lambda: None).relaxed
         levels = relaxed.g.shape[0]
         by_class = class_weighted_bound(tables, batch)
+        m, warmups, _ = _relax_levels(tables, batch)
+        staged = max(tables.staged_bound(batch, m, warmups, lam) for lam in (0.0, 0.25, 1.0))
         for part in all_partitions(problem, batch):
             cost = cm.evaluate(part)
             if not cost.memory_ok:
@@ -623,6 +663,7 @@ def test_relaxed_bounds_never_exceed_any_plans_closed_form(build, seed):
             assert relaxed.q[:, big_l, n_dev].min() <= value
             assert relaxed.z <= value
             assert by_class <= value
+            assert staged <= value
             forward = 0.0  # the stages' E_f and one-way links before stage k
             for k, stage in enumerate(part.stages):
                 j = stage.first
