@@ -13,6 +13,7 @@ from planner.classes import device_classes
 from planner.cost import CostModel, pipeline_closed_form_ms
 from planner.dp import _relax_levels, _Tables, plan_dp, weighted_bound
 from planner.prices import priced_bound
+from planner.problem import Problem
 from tests.oracles import all_partitions
 from tests.test_dp import mixed, tiny
 
@@ -22,6 +23,19 @@ def zp(tables: _Tables, batch: int, target: float) -> float:
     m, warmups, _ = _relax_levels(tables, batch)
     costs = tables.priced_costs(batch, m, warmups[0])
     return priced_bound(costs, tables.rows_first, tables.rows_end, tables.counts, target)
+
+
+def least_closed_form(cm: CostModel, problem: Problem, batch: int) -> float:
+    """The least closed form D + X over every memory-feasible plan of the full space at
+    micro-batch size ``batch`` (the oracle's enumeration), inf where none fits."""
+    return min(
+        (
+            pipeline_closed_form_ms(cm, part)
+            for part in all_partitions(problem, batch)
+            if cm.evaluate(part).memory_ok
+        ),
+        default=np.inf,
+    )
 
 
 @pytest.mark.parametrize(
@@ -39,14 +53,7 @@ def test_priced_bound_never_exceeds_the_best_plans_closed_form(build, seed):
     cm = CostModel(problem, max(sizes))
     tables = _Tables(problem, cm, device_classes(problem))
     for batch in sizes:
-        best = min(
-            (
-                pipeline_closed_form_ms(cm, part)
-                for part in all_partitions(problem, batch)
-                if cm.evaluate(part).memory_ok
-            ),
-            default=np.inf,
-        )
+        best = least_closed_form(cm, problem, batch)
         if np.isfinite(best):
             assert zp(tables, batch, 2 * best) <= best * (1 + 1e-9)
 
@@ -60,11 +67,7 @@ def test_priced_bound_sees_the_fast_device_run_out():
     cm = CostModel(problem, max(sizes))
     tables = _Tables(problem, cm, device_classes(problem))
     for batch in sizes:
-        best = min(
-            pipeline_closed_form_ms(cm, part)
-            for part in all_partitions(problem, batch)
-            if cm.evaluate(part).memory_ok
-        )
+        best = least_closed_form(cm, problem, batch)
         z, priced = weighted_bound(tables, batch), zp(tables, batch, 2 * best)
         assert 1.05 * z < priced <= best * (1 + 1e-9)
 
