@@ -25,20 +25,31 @@ whole cluster**. The sender reserves when it posts the send: ``start = max(now,
 channel free)``, ``channel free = start + duration``; a pair's channel and an uplink
 live in the sender process, a downlink and the shared channel in the run's store (the
 launcher's, or torchrun's agent's), reserved by compare-and-set on ``emu/down/<rank>``
-or ``emu/channel`` (first come, first served, in wall-clock order of posting). The real
+or ``emu/channel`` (first come, first served, in wall-clock order of posting; each
+channel also counts the seconds ever reserved on it, for the replicas below). The real
 data and a one-element header carrying the arrival time
 ``start + duration + latency`` go at once (header tag = data tag + ``HEADER_TAG``); the
 receiver's ``wait()`` returns when both are in and the arrival time has passed; the
 sender's ``wait()`` when its data is out and ``start + duration`` has passed.
 
 **Replicas** (:meth:`EmulatedTransport.occupy`, called by a replication point's
-background thread, executor/replication.py). A replica's real bytes go over the
-replica process group at once; the owner then sleeps through the transfer on the link
-to the holder, ``k * n / bw`` reserved on the same channels as above one piece of
-``k * PIECE_MS`` at a time (each after the one before ended, so activations posted
-meanwhile take turns with it), plus ``k * lat``, and acknowledges the point only then.
-The links of a recovering generation's rank reach its spares too (a standby holds a
-one-device plan's replica).
+background thread, executor/replication.py): a **background flow, of lower priority
+than the training's transfers**, as a replica paced beside training would be sent on
+a real link (a lower-priority access category or traffic class). A replica's real bytes
+go over the replica process group at once; the owner then sleeps through the transfer
+on the link to the holder, ``k * n / bw`` of channel time, and acknowledges the point
+only then. Every channel has a background lane beside its foreground one (store key or
+channel table entry + :data:`BACKGROUND`): the replica takes it one piece of ``k *
+PIECE_MS`` at a time, first come, first served among replicas, and a piece counts only
+for the part of it in which the foreground channels of the transfer were free (the
+busiest of them: :func:`busy_between`; on a switched network the uplink's and the
+downlink's busy times are not added up), so pieces follow until the counted time makes
+up the transfer; then ``k * lat`` passes. The foreground never waits for a replica:
+activations, gradients and all-reduces reserve the foreground lane alone, as without
+replicas. A replica thus takes the channel time that training leaves, which is what
+:meth:`planner.cost.CostModel.replica_transfer_ms` predicts (docs/decisions.md, "Replicas
+yield to the pipeline"). The links of a recovering generation's rank reach its spares
+too (a standby holds a one-device plan's replica).
 
 **All-reduce** (the hook's ``after_reduce``). After the real ``REDUCE_GRAD`` of a group
 of ``g > 1`` devices (which returns once the last member arrives), every member waits
@@ -74,7 +85,6 @@ compute waits woke, summed: the host's scheduling delay, not the emulation's) an
 from __future__ import annotations
 
 import json
-import math
 import secrets
 import threading
 import time
@@ -98,12 +108,19 @@ from planner.schedule import Action, ActionType
 
 #: added to a data tag to make the tag of its arrival-time header
 HEADER_TAG = 1 << 20
-#: store key of the shared channel's free-at time (seconds since the epoch) and claimant
+#: store key of the shared channel: its free-at time (seconds since the epoch), the
+#: seconds ever reserved on it and the claimant (:func:`reserve`)
 CHANNEL_KEY = "emu/channel"
+#: a fresh channel's value
+EMPTY = "0 0 -"
 #: store key prefix of each rank's downlink on a switched network (``emu/down/<rank>``)
 DOWNLINK_KEY = "emu/down"
 #: the sender's own uplink in :class:`EmulatedTransport`'s channel table
 UPLINK = -1
+#: the suffix of a channel's background lane (store key or channel table entry): the
+#: pieces of replicas (:meth:`EmulatedTransport.occupy`) queue among themselves there,
+#: and the foreground (activations, gradients, all-reduce) never waits for them
+BACKGROUND = "/background"
 #: link time (ms, before the time scale) of one piece of a long transfer that
 #: :meth:`EmulatedTransport.occupy` reserves at a time
 PIECE_MS = 10.0
@@ -120,17 +137,49 @@ def reserve(store: dist.Store, key: str, duration_s: float, not_before: float = 
     free)``; returns the start. Compare-and-set on the store, retried until it wins:
     O(contenders).
 
-    The value is ``"<free-at> <claimant>"``: the claimant (a fresh random token per
-    attempt) makes two contenders' new values differ even when their times agree, so
-    a loser can never mistake the winner's value for its own."""
-    current = store.compare_set(key, "", "0 -").decode()
+    The value is ``"<free-at> <reserved> <claimant>"``: ``reserved``, the seconds ever
+    reserved on the key, lets a background flow count the channel's busy time
+    (:func:`busy_between`); the claimant (a fresh random token per attempt) makes two
+    contenders' new values differ even when their times agree, so a loser can never
+    mistake the winner's value for its own."""
+    current = store.compare_set(key, "", EMPTY).decode()
     while True:
-        start = max(time.time(), not_before, float(current.split()[0]))
-        desired = f"{start + duration_s!r} {secrets.token_hex(8)}"
+        free, reserved = (float(x) for x in current.split()[:2])
+        start = max(time.time(), not_before, free)
+        desired = f"{start + duration_s!r} {reserved + duration_s!r} {secrets.token_hex(8)}"
         got = store.compare_set(key, current, desired).decode()
         if got == desired:
             return start
         current = got
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A channel read at clock ``at``: it is reserved until ``free`` (seconds since the
+    epoch) and ``reserved`` seconds were ever reserved on it."""
+
+    at: float
+    free: float
+    reserved: float
+
+
+def read(store: dist.Store, key: str) -> Reading:
+    """The channel at ``key`` (kept by :func:`reserve`) now."""
+    at = time.time()
+    free, reserved = (float(x) for x in store.compare_set(key, "", EMPTY).decode().split()[:2])
+    return Reading(at, free, reserved)
+
+
+def busy_between(a: Reading, b: Reading) -> float:
+    """Seconds of ``[a.at, b.at]`` for which the channel was reserved, from two readings.
+
+    Reservations start no earlier than they are made and queue first come, first
+    served (``start = max(now, free)``), so at any moment ``t`` what is reserved after
+    ``t`` is the one stretch ``[t, free]``: the busy time after ``a.at`` known at ``b.at``
+    is ``max(0, a.free - a.at)`` plus what was reserved in between, ``b.reserved -
+    a.reserved``, of which ``max(0, b.free - b.at)`` lies after ``b.at``. O(1)."""
+    busy = (b.reserved - a.reserved + max(0.0, a.free - a.at) - max(0.0, b.free - b.at))
+    return min(max(busy, 0.0), b.at - a.at)
 
 
 @dataclass(frozen=True)
@@ -154,48 +203,76 @@ class EmulatedTransport(Transport):
                  pg: dist.ProcessGroup | None = None):
         super().__init__(pg)
         self.links, self.k, self.store = links, time_scale, store
-        self._free: dict[int, float] = {}
-        # the training thread's sends and a replication thread's :meth:`occupy`
-        # reserve this process's channels (a pair's, its uplink) side by side
+        # this process's channels (a pair's, its uplink) by (lane, rank or UPLINK): free-at
+        # and the seconds ever reserved; the training thread's sends and a replication
+        # thread's :meth:`occupy` use them side by side
+        self._free: dict[tuple[str, int], tuple[float, float]] = {}
         self._lock = threading.Lock()
 
-    def _reserve(self, dst: int, duration: float) -> float:
+    def _local(self, key: tuple[str, int], duration: float, not_before: float = 0.0) -> float:
+        """:func:`reserve` on a channel of this process (``self._lock`` held)."""
+        free, reserved = self._free.get(key, (0.0, 0.0))
+        start = max(time.time(), not_before, free)
+        self._free[key] = (start + duration, reserved + duration)
+        return start
+
+    def _reserve(self, dst: int, duration: float, lane: str = "") -> float:
+        """Reserve the channels of a transfer to ``dst`` on ``lane`` ("" the foreground,
+        :data:`BACKGROUND`); returns the start."""
         if self.links.topology == "point_to_point":
             with self._lock:
-                start = max(time.time(), self._free.get(dst, 0.0))
-                self._free[dst] = start + duration
-            return start
+                return self._local((lane, dst), duration)
         assert self.store is not None
         if self.links.topology == "shared_medium":
-            return reserve(self.store, CHANNEL_KEY, duration)
+            return reserve(self.store, CHANNEL_KEY + lane, duration)
         with self._lock:
-            uplink_free = max(time.time(), self._free.get(UPLINK, 0.0))
-            start = reserve(self.store, f"{DOWNLINK_KEY}/{dst}", duration,
-                            not_before=uplink_free)
-            self._free[UPLINK] = start + duration
+            uplink_free = self._free.get((lane, UPLINK), (0.0, 0.0))[0]
+            start = reserve(self.store, f"{DOWNLINK_KEY}/{dst}{lane}", duration,
+                            not_before=max(time.time(), uplink_free))
+            reserved = self._free.get((lane, UPLINK), (0.0, 0.0))[1]
+            self._free[(lane, UPLINK)] = (start + duration, reserved + duration)
         return start
+
+    def _foreground(self, dst: int) -> list[Reading]:
+        """The foreground channels of a transfer to ``dst``, read now."""
+        topology = self.links.topology
+        if topology == "shared_medium":
+            assert self.store is not None
+            return [read(self.store, CHANNEL_KEY)]
+        own = dst if topology == "point_to_point" else UPLINK
+        with self._lock:
+            mine = Reading(time.time(), *self._free.get(("", own), (0.0, 0.0)))
+        if topology == "point_to_point":
+            return [mine]
+        assert self.store is not None
+        return [mine, read(self.store, f"{DOWNLINK_KEY}/{dst}")]
 
     def occupy(self, dst: int, nbytes: int, piece_ms: float = PIECE_MS,
                check: Callable[[], None] = lambda: None) -> None:
         """Sleep through the emulated transfer of ``nbytes`` to ``dst`` whose real data
-        has already gone (a replica, executor/replication.py): its channel is reserved
-        one piece of at most ``piece_ms`` of link time (x the time scale) at a time,
-        each after the one before ended, so that activations posted meanwhile take
-        turns with it (a long transfer as interleaved packets, not one block), then the
-        link's latency passes. Returns at the emulated arrival. ``check()`` runs before
-        each piece (a recovering rank's: raises once its generation is aborted, so a
-        dead generation's thread stops taking the channel). O(transfer time / piece)
-        reservations."""
+        has already gone (a replica, executor/replication.py), as a **background** flow
+        that yields to the foreground (module docstring, "Replicas"): pieces of at most
+        ``piece_ms`` of link time (x the time scale) queue one after the other on the
+        channels' background lane, and each counts only for the part of it in which
+        its busiest foreground channel was free (:func:`busy_between`); pieces follow
+        until the counted time makes up the transfer, then the link's latency passes.
+        Returns at the emulated arrival. ``check()`` runs before each piece (a
+        recovering rank's: raises once its generation is aborted, so a dead
+        generation's thread stops). O(transfer time / (piece x the foreground's idle
+        share)) reservations."""
         total, most = self.k * nbytes / self.links.bytes_per_ms[dst] / 1e3, self.k * piece_ms / 1e3
-        end = time.time()
-        # whole pieces counted, not a running remainder (its rounding added a last piece
-        # of ~1e-20 s)
-        for i in range(math.ceil(total / most - 1e-9) if total > 0 else 0):
+        sent = 0.0
+        while total - sent > 1e-9:
             check()
-            piece = min(most, total - i * most)
-            end = self._reserve(dst, piece) + piece
-            _sleep_until(end)
-        _sleep_until(end + self.k * self.links.latency_ms[dst] / 1e3)
+            piece = min(most, total - sent)
+            start = self._reserve(dst, piece, BACKGROUND)
+            _sleep_until(start)
+            before = self._foreground(dst)
+            _sleep_until(start + piece)
+            busy = max(busy_between(a, b)
+                       for a, b in zip(before, self._foreground(dst), strict=True))
+            sent += max(0.0, piece - busy)
+        _sleep_until(time.time() + self.k * self.links.latency_ms[dst] / 1e3)
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
         nbytes = tensor.numel() * tensor.element_size()

@@ -80,7 +80,9 @@ takes the most loaded channel plus the largest latency (:func:`migration_ms`).
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
+import sys
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass
@@ -193,13 +195,45 @@ def migration_ms(transfers: list[tuple[str, str, float, float]], topology: Topol
     return max((ms for _, ms in loads), default=0.0) + max((m[3] for m in moves), default=0.0)
 
 
+def background_ms(transfers: list[tuple[str, str, float, float]],
+                  foreground: dict[str, float], iteration_ms: float,
+                  topology: Topology) -> float:
+    """Time of ``transfers`` ``(sender, receiver, ms at the pair's rate, latency ms)``
+    started together as a **background** flow beside training (a replication point,
+    docs/decisions.md "Replicas yield to the pipeline"), each iteration of
+    ``iteration_ms`` holding channel c for ``foreground[c]`` ms
+    (:meth:`CostModel.iteration_channel_ms`).
+
+    A background transfer yields to the foreground: it progresses only while the
+    busiest foreground channel it holds (:func:`channels`) is free, at the share
+    ``s = 1 - max_c foreground[c] / iteration_ms`` of its pair's rate, so its ``ms``
+    become ``ms / s``; background transfers on one channel go one after the other, as
+    a migration's do (:func:`migration_ms` of the stretched transfers: the most loaded
+    channel plus the largest latency). The busiest channel, not the sum over a
+    transfer's channels (switched: an uplink and a downlink), is what the emulation
+    counts too (executor/emulation.py, "Replicas"); it is exact on a shared medium and
+    point to point. ``inf`` when a transfer's channel is never free (s <= 0). O(T)."""
+    stretched = []
+    for a, b, ms, lat in transfers:
+        busy = max(foreground.get(c, 0.0) for c in channels(a, b, topology))
+        share = 1.0 - busy / iteration_ms if iteration_ms > 0 else 1.0
+        if ms > 0 and share <= 0:
+            return math.inf
+        stretched.append((a, b, ms / share if ms > 0 else 0.0, lat))
+    return migration_ms(stretched, topology)
+
+
 def hiding_interval(transfer_ms: float, iteration_ms: float) -> int:
     """The smallest replication interval k whose k steps hide a replication point's
     transfer: a point travels beside the steps of its interval (docs/fault-tolerance.md,
     "Points in flight"), so the commit that makes the next point waits
-    max(0, transfer - k x iteration); k = max(1, ceil(transfer / iteration))."""
+    max(0, transfer - k x iteration); k = max(1, ceil(transfer / iteration)). A transfer
+    that never ends (``inf``, :func:`background_ms` on a channel never free) is hidden by
+    no interval: ``sys.maxsize`` (``make_plan`` caps it at the config's maximum)."""
     if not iteration_ms > 0:
         return 1
+    if math.isinf(transfer_ms):
+        return sys.maxsize
     return max(1, math.ceil(transfer_ms / iteration_ms))
 
 
@@ -939,14 +973,15 @@ class CostModel:
         return float((self.state_factor - 1) * (self.param_prefix[end] - self.param_prefix[first]))
 
     def replica_transfer_ms(self, partition: Partition) -> float:
-        """Predicted time of one replication point's transfers under ``partition``: every
-        ring replica (:meth:`replica_bytes` of its stage) from the stage's device to its
-        holder, all started together and sharing channels as a migration's transfers do
-        (:func:`migration_ms`: the most loaded channel plus the largest latency; on a
-        shared medium one channel for all). Activations that use the same channels
-        meanwhile are not counted (the emulation interleaves them, executor/emulation.py,
-        "Replicas"). 0 without ring replicas (a data-parallel stage's peers are its
-        replicas; interval 0). O(P)."""
+        """Predicted time of one replication point's transfers under ``partition``,
+        beside training: every ring replica (:meth:`replica_bytes` of its stage) from
+        the stage's device to its holder, all started together as a background flow
+        that takes only the channel time the iteration's own transfers
+        (:meth:`iteration_channel_ms`) leave free (:func:`background_ms`, at the
+        partition's predicted iteration; the emulation paces replicas so,
+        executor/emulation.py, "Replicas"). 0 without ring replicas (a data-parallel
+        stage's peers are its replicas; interval 0); ``inf`` when a replica's channel is
+        never free. O(P x g) plus one :meth:`evaluate`."""
         cluster = self.problem.cluster
         transfers = []
         for r in self.replicas(partition):
@@ -957,7 +992,27 @@ class CostModel:
             transfers.append((owner, holder,
                               self.replica_bytes(r.first, r.end) / cluster.bytes_per_ms(i, j),
                               cluster.latency_ms(i, j)))
-        return migration_ms(transfers, cluster.network.kind)
+        if not transfers:
+            return 0.0
+        return background_ms(transfers, self.iteration_channel_ms(partition),
+                             self.evaluate(partition).iteration_ms, cluster.network.kind)
+
+    def iteration_channel_ms(self, partition: Partition) -> dict[str, float]:
+        """Channel time per channel (:func:`channels`) of one iteration's own transfers
+        under ``partition``: each boundary's activation and gradient pieces once per
+        micro-batch (:meth:`link_transfer`) and each ring all-reduce's chunks once per
+        ring step, 2(g - 1) (:meth:`ring`). O(P x g)."""
+        cluster, stages = self.problem.cluster, partition.stages
+        m = partition.num_micro_batches
+        pieces = []
+        for a, b in itertools.pairwise(stages):
+            link = self.link_transfer(a, b)
+            pieces += [(x.src, x.dst, m * x.ms) for x in (*link.forward, *link.backward)]
+        for stage in stages:
+            ring = self.ring(stage.first, stage.end, [cluster.index(d) for d in stage.devices])
+            steps = 2 * (len(ring.chunks) - 1)
+            pieces += [(x.src, x.dst, steps * x.ms) for x in ring.chunks]
+        return dict(channel_loads(pieces, cluster.network.kind))
 
     def replicas(self, partition: Partition) -> tuple[Replica, ...]:
         """Where each stage's state is replicated (:func:`planner.replicas.placement` with

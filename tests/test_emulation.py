@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from executor.emulation import (
+    CHANNEL_KEY,
     EmulatedTransport,
     LinkFigures,
     calibrated_time_scale,
@@ -85,6 +86,31 @@ def test_a_paced_replica_takes_its_channel_piece_by_piece_and_stops_when_checked
     with pytest.raises(RuntimeError, match="generation aborted"):
         transport.occupy(1, LINK_BYTES, check=aborted_at_the_third)
     assert len(checks) == 3  # a dead generation's thread takes no further piece
+
+
+@pytest.mark.serial  # wall-clock verdict: a wait under 100 ms, a transfer of 750-950 ms
+def test_an_activation_never_waits_behind_a_replica_which_takes_the_time_left() -> None:
+    # Wi-Fi at 100 bytes per ms, time scale 1: a replica of 60 kB is 600 ms of link in
+    # pieces of 200 ms; 50 ms into it an activation takes the channel for 150 ms
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=10))
+    links = LinkFigures((float("inf"), 100.0), (0.0, 0.0), "shared_medium")
+    replica = EmulatedTransport(links, 1.0, dist.TCPStore(
+        "127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=10)))
+    ended: list[float] = []
+    began = time.time()
+    thread = threading.Thread(target=lambda: (replica.occupy(1, 60_000, piece_ms=200.0),
+                                              ended.append(time.time())))
+    thread.start()
+    time.sleep(0.05)
+    posted = time.time()
+    start = reserve(store, CHANNEL_KEY, 0.15)  # what an activation's send reserves
+    thread.join(timeout=10)
+    # the activation starts at once, not after the replica's piece (150 ms later)
+    assert start - posted < 0.1
+    # the replica's pieces count only the channel's free time: 600 ms of its own + the
+    # activation's 150 ms (pieces: 50 of the first, then 200, 200, 150)
+    assert 0.75 - 0.005 < ended[0] - began < 0.95
 
 
 # -- links: real gloo processes ---------------------------------------------------------

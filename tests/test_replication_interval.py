@@ -9,6 +9,8 @@ samples, final weights and Adam state). Every child is reaped by PID.
 
 from __future__ import annotations
 
+import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,7 @@ import pytest
 from executor.recovery import commit_blocked, replication_points
 from executor.worker import WorkerOptions
 from planner.cli import main
-from planner.cost import CostModel, hiding_interval
+from planner.cost import CostModel, background_ms, hiding_interval
 from planner.plan import replication_note
 from tests.executor_helpers import emulated_plan, write_plan
 from tests.test_recovery import (
@@ -146,10 +148,36 @@ def test_two_ring_replicas_share_the_medium_and_take_their_own_switch_ports(shar
                          bandwidth_mbps=8.0, latency_ms=1.0, shared=shared)
     cm = CostModel(plan.problem, 2)
     a, b = cm.replica_bytes(0, 3) / 1000, cm.replica_bytes(3, 6) / 1000
+    # the iteration's own transfers: each of the 2 micro-batches' activations (2
+    # samples) d0 -> d1 and its gradients back, at 1000 bytes per ms
+    act = 2 * plan.problem.model.blocks[2].output_bytes_per_sample / 1000
     # switched: d0's uplink and d1's downlink for one, the reverse for the other, so
-    # they run side by side; Wi-Fi: one medium, one after the other
-    want = (a + b if channels == "one" else max(a, b)) + 1.0
+    # they run side by side, each in the time its ports' busier direction leaves free
+    # (2 activations, or 2 gradients); Wi-Fi: one medium, one after the other, in the
+    # time all 4 transfers leave free
+    free = 1 - (4 if channels == "one" else 2) * act / plan.cost.iteration_ms
+    want = (a + b if channels == "one" else max(a, b)) / free + 1.0
     assert cm.replica_transfer_ms(plan.partition) == pytest.approx(want)
+
+
+def test_a_background_transfer_takes_the_channel_time_training_leaves():
+    # 100 ms of replica on a medium that each 50 ms iteration holds for 25 ms: 200 ms,
+    # then 1 ms latency
+    assert background_ms([("a", "b", 100.0, 1.0)], {"medium": 25.0}, 50.0,
+                         "shared_medium") == 201.0
+    # two on one medium go one after the other: (100 + 50) / (1 - 10 / 40), latency 2
+    assert background_ms([("a", "b", 100.0, 1.0), ("b", "a", 50.0, 2.0)],
+                         {"medium": 10.0}, 40.0, "shared_medium") == 202.0
+    # switched: the busier of its uplink (10 of 40 ms) and downlink (20), not their sum
+    assert background_ms([("a", "b", 100.0, 0.0)], {"a up": 10.0, "b down": 20.0}, 40.0,
+                         "switched") == 200.0
+    # point to point: only its own pair's foreground counts
+    assert background_ms([("a", "b", 100.0, 0.0)], {"b->a": 30.0}, 40.0,
+                         "point_to_point") == 100.0
+    # a channel never free: no interval hides it
+    never = background_ms([("a", "b", 1.0, 0.0)], {"medium": 40.0}, 40.0, "shared_medium")
+    assert never == math.inf
+    assert hiding_interval(never, 40.0) == sys.maxsize
 
 
 def test_the_interval_that_hides_a_transfer_is_its_length_in_steps_rounded_up():
