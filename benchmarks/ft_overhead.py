@@ -28,7 +28,8 @@ the per-repeat ratios over an even number of repeats cancels it:
   :meth:`planner.cost.CostModel.replica_transfer_ms`; every single-device stage's
   weights and optimizer state go to its replica holder every that many steps, in the
   background beside the steps of the interval, paced at the emulated link between
-  owner and holder), with the commit vote before every optimizer step.
+  owner and holder as a background flow that yields to the activations,
+  executor/emulation.py "Replicas"), with the commit vote before every optimizer step.
 
 Throughput is the global batch over the mean **step period** (the difference of two
 consecutive steps' ``started_at`` on a device, the largest device's, steps after the

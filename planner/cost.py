@@ -75,6 +75,12 @@ weights and optimizer state, ``(1 + k_opt) * W`` bytes, point to point (``transf
 over the pair's bandwidth and latency). All transfers start together and share the
 network's channels as a boundary's pieces do (:func:`channel_loads`), so the migration
 takes the most loaded channel plus the largest latency (:func:`migration_ms`).
+
+Replication point (:meth:`CostModel.replica_transfer_ms`): the ring replicas' transfers
+started together as a migration's, but as a background flow beside training: each
+takes only the channel time the iteration's own transfers leave free on its busiest
+channel (:func:`background_ms`), and the interval that hides it is
+:func:`hiding_interval`.
 """
 
 from __future__ import annotations
