@@ -209,10 +209,10 @@ class EmulatedTransport(Transport):
         self._free: dict[tuple[str, int], tuple[float, float]] = {}
         self._lock = threading.Lock()
 
-    def _local(self, key: tuple[str, int], duration: float, not_before: float = 0.0) -> float:
+    def _local(self, key: tuple[str, int], duration: float) -> float:
         """:func:`reserve` on a channel of this process (``self._lock`` held)."""
         free, reserved = self._free.get(key, (0.0, 0.0))
-        start = max(time.time(), not_before, free)
+        start = max(time.time(), free)
         self._free[key] = (start + duration, reserved + duration)
         return start
 
@@ -226,10 +226,9 @@ class EmulatedTransport(Transport):
         if self.links.topology == "shared_medium":
             return reserve(self.store, CHANNEL_KEY + lane, duration)
         with self._lock:
-            uplink_free = self._free.get((lane, UPLINK), (0.0, 0.0))[0]
+            free, reserved = self._free.get((lane, UPLINK), (0.0, 0.0))
             start = reserve(self.store, f"{DOWNLINK_KEY}/{dst}{lane}", duration,
-                            not_before=max(time.time(), uplink_free))
-            reserved = self._free.get((lane, UPLINK), (0.0, 0.0))[1]
+                            not_before=max(time.time(), free))
             self._free[(lane, UPLINK)] = (start + duration, reserved + duration)
         return start
 
