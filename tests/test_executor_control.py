@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -159,8 +160,19 @@ def test_a_device_that_beat_before_a_generation_opened_gets_the_hang_timeout_in_
 def slowed_plan(profile, slowdowns):
     """Two stages of one device each, one micro-batch of 6, on devices of one CPU type
     with these slowdowns; links far faster than compute (the time scale stretches them
-    too)."""
-    return emulated_plan(profile, [(0, 2, [6]), (2, 4, [6])], 6, 1, slowdowns,
+    too). The profile's times are made even (0.1 ms a sample forward, 0.2 backward, every
+    block): its quick measurement (one round, no warm-up) under load once put a block's
+    backward far above its forward, and the time scale fitted to a forward of 1.2 s then
+    stretched that step past the gloo timeout (CI, session 9)."""
+    timing = profile.timings["host-cpu"]
+    even = replace(
+        timing,
+        forward_ms=tuple(tuple(0.1 * b for b in timing.batch_sizes) for _ in profile.blocks),
+        backward_ms=tuple(tuple(0.2 * b for b in timing.batch_sizes) for _ in profile.blocks),
+        forward_spread_ms=None, backward_spread_ms=None,
+    )
+    return emulated_plan(replace(profile, timings={"host-cpu": even}),
+                         [(0, 2, [6]), (2, 4, [6])], 6, 1, slowdowns,
                          bandwidth_mbps=1e7, latency_ms=0.0)
 
 
