@@ -42,10 +42,13 @@ What the coordinator does (docs/executor.md, "Across hosts"):
   this host, in ``--checkpoint-dir``, default ``DIR/checkpoints``) and the checkpoint to
   resume from (``--resume``: :func:`send_checkpoint`, each worker writes a copy under its
   ``--out``); metrics go to ``DIR/metrics.jsonl`` and a record of the re-planned plans
-  to ``DIR/plans`` on this host (the default DIR is the plan's folder). With
-  ``--emulate --time-scale S`` (the workers' emulation) the Supervisor's
-  :class:`~executor.slowdown.SlowdownWatch` reads every durable step's compute from the
-  workers' metrics keys and the coordinator re-partitions off a device it declares slow.
+  to ``DIR/plans`` on this host (the default DIR is the plan's folder). The
+  Supervisor's :class:`~executor.slowdown.SlowdownWatch` reads every durable step's
+  compute from the workers' metrics keys and the coordinator re-partitions off a device
+  it declares slow: against the plan's prediction times S with ``--emulate
+  --time-scale S`` (the workers' emulation), else against the prediction calibrated
+  over each plan's first steps (real devices, one per host: executor/slowdown.py,
+  "Real devices"); ``--no-watch-slowdown`` turns it off.
 * **Standbys** (``--recover --standbys N``; a plan of one stage on one device, whose
   replica no other stage can hold): the first N of the plan's standbys
   (:func:`planner.plan.replica_standbys`, best first) are members of every generation
@@ -377,12 +380,14 @@ def supervise(
     checkpoints: Checkpointing = Checkpointing(),
     emulated_time_scale: float | None = None,
     standbys: int = 0,
+    watch_slowdown: bool = True,
 ) -> Stopped:
     """Run ``plan_path``'s job for ``steps`` steps with in-process recovery on ``store``
     (module docstring, "Recovery"); returns once every step is durable and the workers
     left. ``checkpoints``: what to commit and resume from (module docstring,
     "Checkpoints"); ``emulated_time_scale``: the workers run ``--emulate`` at this time
-    scale, and the coordinator watches for slowdowns (None: they do not); ``standbys``:
+    scale (None: they do not); ``watch_slowdown``: re-partition a device that stays
+    slower than predicted (module docstring, "Recovery"); ``standbys``:
     how many standby workers of a one-device plan to expect (module docstring,
     "Standbys"; :func:`standbys_of`). Raises
     :class:`executor.recovery.RecoveryFailed` when a failure cannot be recovered."""
@@ -418,8 +423,7 @@ def supervise(
                 if out else None),
         plans_dir=folder / "plans",
         kill=lambda device: None,  # on another host: fencing keeps it out
-        slowdown=(SlowdownWatch(emulated_time_scale) if emulated_time_scale is not None
-                  else None),
+        slowdown=SlowdownWatch(emulated_time_scale) if watch_slowdown else None,
     )
     joins = JoinRequests(store, supervisor, plan, start_timeout_s)
     try:
@@ -524,7 +528,8 @@ def run(args: argparse.Namespace) -> Stopped:
         return supervise(args.plan, store, args.steps, args.out, args.hang_timeout,
                          args.start_timeout, args.deterministic,
                          Checkpointing(args.checkpoint_every, args.checkpoint_dir, args.resume),
-                         args.time_scale if args.emulate else None, args.standbys)
+                         args.time_scale if args.emulate else None, args.standbys,
+                         args.watch_slowdown)
     return coordinate(args.plan, store, args.hang_timeout, args.start_timeout)
 
 

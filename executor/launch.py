@@ -188,6 +188,7 @@ def launch(
     joins: Sequence[EmulatedJoin] = (),
     standbys: int | None = None,
     join_timeout_s: float | None = None,
+    watch_slowdown: bool | None = None,
 ) -> RunResult:
     """Run the plan of ``opts`` here, one process per plan device (module docstring).
 
@@ -203,7 +204,12 @@ def launch(
     :class:`~planner.errors.EdgepipeError` when the plan is refused. ``standbys``: at
     most this many standby processes for a one-device plan (module docstring, "Standbys";
     None: one per idle device that can hold its replica, 0: none; 1 or more in a run that
-    does not recover is an :class:`InputError`).
+    does not recover is an :class:`InputError`). ``watch_slowdown`` (a recovering run):
+    re-partition devices that stay slower than the plan predicts
+    (:mod:`executor.slowdown`); None: only when emulating, whose devices run at the
+    plan's budgets (this run's processes share this machine, so without emulation
+    their times measure its scheduling, not devices); True without emulation: the
+    predictions are calibrated over the plan's first steps ("Real devices").
     """
     if hang_timeout_s is not None and not hang_timeout_s > 2 * heartbeat_s > 0:
         raise InputError(
@@ -215,6 +221,10 @@ def launch(
     layout = preflight(opts)
     plan = load_plan(opts.plan)
     recovering = recovers(opts, plan, hang_timeout_s, recover)
+    if watch_slowdown and not recovering:
+        raise InputError("--watch-slowdown", "", "re-partitioning a slowed device is part "
+                         "of in-process recovery, which this run does not do (--no-recover, "
+                         "no control plane or replication_interval 0); drop --watch-slowdown")
     if standbys and not recovering:
         raise InputError("--standbys", str(standbys), "standby processes hold a one-device "
                          "plan's replica for in-process recovery, which this run does not "
@@ -277,9 +287,11 @@ def launch(
                     if out is not None else None),
             plans_dir=out / "plans" if out is not None else Path(scratch.name),
             kill=kill, alive=lambda d: current[d].exitcode is None,
-            # the plan predicts the emulated devices only: a real local run runs at
-            # this machine's speed, not theirs
-            slowdown=SlowdownWatch(opts.time_scale) if opts.emulate else None,
+            # the plan predicts the emulated devices; a real local run's processes
+            # share this machine, so they are watched only when asked (calibrated)
+            slowdown=(SlowdownWatch(opts.time_scale if opts.emulate else None)
+                      if (opts.emulate if watch_slowdown is None else watch_slowdown)
+                      else None),
         )
 
         def spawn(device: str, incarnation: int, role: str = "join") -> Any:

@@ -26,6 +26,19 @@ Inputs:
       the fastest device, whose budgets are the smallest, overruns first and would
       otherwise be declared slowed and re-partitioned for the host's load.
 
+Real devices (``calibrate``). On a real device the profile's times are this device's
+only up to a factor (a profile taken on a loaded machine, another software stack, a
+heat state), so the prediction is first *calibrated*: the ``calibration_steps`` steps
+after the warm-up are not judged; each device's ratio ``measured / expected`` over
+them is taken (its median), and every prediction is multiplied by the least of those
+medians, ``c`` (the run's common factor: the fastest device relative to its profile).
+From then on the recurrence below runs on ``measured / (c x expected)``. So a profile
+that is off by a common factor triggers nothing; a device slower than the others,
+relative to their profiles, by more than the threshold is declared (at once after the
+calibration when it already was during it: its profile was wrong for it, and the
+re-plan corrects the plan once), as is one that slows down later. The emulation needs
+no calibration: its devices run at their budgets times the known time scale.
+
 State per device: the current *streak* - the ratios ``r = measured / expected`` of
 the consecutive latest steps that were all slow (``r > threshold``) or all fast
 (``r < 1 / threshold``) - and whether the device was already declared.
@@ -52,8 +65,10 @@ emulation"), and real devices' throttling is a factor, not a few per cent.
 ``consecutive`` 3 steps - one or two slow steps (a garbage collection, another
 process's burst) trigger nothing; a device 3x slower is declared at the third slow step
 after the warm-up. ``warmup_steps`` 1 - step 0 of a plan carries start-up costs.
+``calibration_steps`` 3 - a median of three steps, so one noisy step does not set the
+factor (real devices only).
 
-Complexity: O(devices) per step; state O(devices x consecutive).
+Complexity: O(devices) per step; state O(devices x max(consecutive, calibration_steps)).
 """
 
 from __future__ import annotations
@@ -75,8 +90,12 @@ class SlowdownPolicy:
     threshold: float = 1.5
     consecutive: int = 3
     warmup_steps: int = 1
+    calibration_steps: int = 3
 
     def __post_init__(self) -> None:
+        if self.calibration_steps < 1:
+            raise ValueError(f"calibration_steps must be at least 1, got "
+                             f"{self.calibration_steps}")
         if not self.threshold > 1.0:
             raise ValueError(f"threshold must exceed 1, got {self.threshold}")
         if self.consecutive < 1:
@@ -118,10 +137,13 @@ def expected_compute_ms(plan: Plan, time_scale: float = 1.0) -> dict[str, float]
 
 class SlowdownDetector:
     """Declares devices slowed after ``policy.consecutive`` slow steps (module
-    docstring). ``expected_ms``: per device, its predicted compute per step (ms, > 0)."""
+    docstring). ``expected_ms``: per device, its predicted compute per step (ms, > 0);
+    ``calibrate``: real devices, whose predictions are scaled by the run's common
+    factor measured over the first steps (module docstring, "Real devices")."""
 
     def __init__(
-        self, expected_ms: Mapping[str, float], policy: SlowdownPolicy | None = None
+        self, expected_ms: Mapping[str, float], policy: SlowdownPolicy | None = None,
+        *, calibrate: bool = False,
     ) -> None:
         bad = {d: e for d, e in expected_ms.items() if not e > 0}
         if bad:
@@ -129,6 +151,9 @@ class SlowdownDetector:
         self.expected = dict(expected_ms)
         self.policy = policy or SlowdownPolicy()
         self._tracks = {d: _Track() for d in self.expected}
+        #: the common factor once calibrated (1 without calibration); None while measuring
+        self.scale: float | None = None if calibrate else 1.0
+        self._calibration: dict[str, list[float]] = {d: [] for d in self.expected}
 
     def observe(self, step: int, measured_ms: Mapping[str, float],
                 no_evidence: Collection[str] = ()) -> list[Slowdown]:
@@ -140,13 +165,16 @@ class SlowdownDetector:
             raise ValueError(f"step {step} has no compute figure for {sorted(missing)}")
         if step < self.policy.warmup_steps:
             return []
+        if self.scale is None:
+            self._calibrate(step, measured_ms, no_evidence)
+            return []
         theta = self.policy.threshold
         declared = []
         for device, expected in self.expected.items():
             track = self._tracks[device]
             if track.declared or device in no_evidence:
                 continue
-            ratio = measured_ms[device] / expected
+            ratio = measured_ms[device] / (self.scale * expected)
             direction: Direction | None = (
                 "slow" if ratio > theta else "fast" if ratio < 1.0 / theta else None
             )
@@ -162,6 +190,17 @@ class SlowdownDetector:
                                          tuple(track.ratios)))
         return declared
 
+    def _calibrate(self, step: int, measured_ms: Mapping[str, float],
+                   no_evidence: Collection[str]) -> None:
+        """One calibration step: record each device's ratio; after the last, the common
+        factor is the least of the devices' median ratios (1 if none was evidence)."""
+        for device, expected in self.expected.items():
+            if device not in no_evidence:
+                self._calibration[device].append(measured_ms[device] / expected)
+        if step + 1 >= self.policy.warmup_steps + self.policy.calibration_steps:
+            medians = [statistics.median(r) for r in self._calibration.values() if r]
+            self.scale = min(medians, default=1.0)
+
     def streak(self, device: str) -> tuple[float, ...]:
         """The current streak of ``device`` (its latest consecutive slow or fast
         ratios)."""
@@ -174,9 +213,10 @@ class SlowdownWatch:
     changes), fed each durable step's compute per device; the declared slowdowns wait
     in :meth:`take` until the coordinator re-plans for them at a step boundary.
 
-    ``time_scale``: the emulation's (1 on real devices)."""
+    ``time_scale``: the emulation's; ``None`` on real devices, whose predictions each
+    plan's detector calibrates (module docstring, "Real devices")."""
 
-    def __init__(self, time_scale: float = 1.0, policy: SlowdownPolicy | None = None) -> None:
+    def __init__(self, time_scale: float | None, policy: SlowdownPolicy | None = None) -> None:
         self.time_scale, self.policy = time_scale, policy or SlowdownPolicy()
         self._plan_id: str | None = None
         self._detector: SlowdownDetector | None = None
@@ -191,8 +231,9 @@ class SlowdownWatch:
         budget in it (no evidence). Steps count from the plan's first (its warm-up)."""
         if plan.id != self._plan_id:
             self._plan_id = plan.id
-            self._detector = SlowdownDetector(expected_compute_ms(plan, self.time_scale),
-                                              self.policy)
+            self._detector = SlowdownDetector(
+                expected_compute_ms(plan, self.time_scale or 1.0), self.policy,
+                calibrate=self.time_scale is None)
             self._first_step = step
         assert self._detector is not None
         mine = {d: compute_ms[d] for d in self._detector.expected}

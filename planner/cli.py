@@ -835,7 +835,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         result = launch.launch(  # type: ignore[attr-defined]
             opts, hang_timeout_s=args.hang_timeout, heartbeat_s=args.heartbeat,
             recover=False if args.no_recover else None, joins=joins,
-            standbys=args.standbys,
+            standbys=args.standbys, watch_slowdown=args.watch_slowdown,
         )
     except KeyboardInterrupt:
         raise EdgepipeError("interrupted: every worker was stopped") from None
@@ -1042,8 +1042,13 @@ def add_coordinate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", help="with --recover: start from this checkpoint (or the "
                    "newest in this folder); it reaches the workers through the store")
     p.add_argument("--emulate", action="store_true",
-                   help="with --recover: the workers run --emulate; devices slower than "
-                   "the plan predicts for 3 steps are re-partitioned off")
+                   help="with --recover: the workers run --emulate (the slowdown watch "
+                   "then compares with the plan times --time-scale)")
+    p.add_argument("--watch-slowdown", action=argparse.BooleanOptionalAction, default=True,
+                   help="with --recover: re-partition a device that stays 1.5x slower "
+                   "than the plan predicts for 3 steps (default on; on real devices the "
+                   "predictions are calibrated over each plan's first steps; "
+                   "docs/fault-tolerance.md, Slowdown)")
     p.add_argument("--time-scale", type=positive_float, default=1.0,
                    help="with --emulate: the workers' --time-scale")
     p.add_argument("--standbys", type=non_negative_int, default=0, metavar="N",
@@ -1404,6 +1409,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=HANG_TIMEOUT_S,
         help="seconds without a heartbeat after which a device is declared hung (a crash "
         "is seen at once; docs/executor.md, Failure detection)",
+    )
+    p.add_argument(
+        "--watch-slowdown",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="re-partition a device that stays 1.5x slower than the plan predicts for 3 "
+        "steps (default: only with --emulate; without it the local processes share this "
+        "machine, and the predictions are calibrated over the plan's first steps; "
+        "docs/fault-tolerance.md, Slowdown)",
     )
     p.add_argument(
         "--no-recover",

@@ -134,7 +134,9 @@ plan that leaves devices free is worth more than one fewer stage: seen, 16-way d
 parallel chosen over a 4-device plan 0.04% slower).
 
 Pruning (bound U, per micro-batch size: ``RESCORE_MARGIN`` above the fastest exact
-figure of the sizes already searched; for the first, which has none, a guess,
+figure of the sizes already searched, and of the warm start's plan (``incumbent``, which
+re-planning gives: its fast-path plan) when there is one; for the first search without a
+warm start, which has no figure, a guess,
 ``FIRST_GUESS`` x its relaxed bound max(Q(L, N), Z), and the search is repeated under the
 figure it found, or without a bound when it found none, whenever that figure's margin
 exceeds the guess). No answer whose DP value
@@ -276,6 +278,7 @@ from planner.cost import (
     boundary_occupancy_ms,
     link_downstream_ms,
     link_period_ms,
+    pipeline_closed_form_ms,
     ring_allreduce_ms,
     samples_that_fit,
     stage_memory_bytes,
@@ -2140,6 +2143,7 @@ def plan_dp(
     time_limit: float = DEFAULT_TIME_LIMIT,
     *,
     by_class: bool = True,
+    incumbent: Partition | None = None,
 ) -> DPResult:
     """Best partition found by the DP over every micro-batch candidate.
 
@@ -2151,11 +2155,16 @@ def plan_dp(
             returned with status ``timed_out``.
         by_class: key states by device class (default); ``False`` makes every device a
             class of its own (the device-by-device DP, for tests and benchmarks).
+        incumbent: a warm start, a known plan of ``problem`` (re-planning passes its
+            fast-path plan): scored first, so that every search, the first included,
+            runs under the bound of its exact figure instead of a guess, and kept as a
+            candidate, so the answer is never slower than it (it is returned, with its
+            closed form as the DP value, when the search finds nothing better).
 
     Raises:
         InfeasibleError: no candidate fits memory (message names the binding figure).
     """
-    result = best_plan(problem, progress, time_limit, by_class=by_class)
+    result = best_plan(problem, progress, time_limit, by_class=by_class, incumbent=incumbent)
     if result is None:
         # imported here: the diagnosis runs the DP itself (on clusters with more memory)
         from planner.diagnosis import diagnose_infeasible
@@ -2170,6 +2179,7 @@ def best_plan(
     time_limit: float = DEFAULT_TIME_LIMIT,
     *,
     by_class: bool = True,
+    incumbent: Partition | None = None,
 ) -> DPResult | None:
     """:func:`plan_dp` without the diagnosis: ``None`` when nothing fits."""
     start = time.perf_counter()
@@ -2209,6 +2219,11 @@ def best_plan(
         found.append((cost, partition, value))
         return True
 
+    if incumbent is not None:
+        # the warm start: its exact figure bounds every search from the first on (module
+        # docstring, "Pruning"), and it competes in the final choice
+        seen.add(incumbent)
+        score(pipeline_closed_form_ms(cm, incumbent), incumbent.micro_batch_size, incumbent)
     status, kind = "complete", ""
     bounds = {b: tables.lower_bound(b, per_batch_levels) for b in sizes}
     # micro-batch sizes: first the one of least lower bound on the exact figure (a small

@@ -41,10 +41,11 @@ of the full solve, which is then not computed (this is what keeps recovery in
 milliseconds). Otherwise - the fast path infeasible, beyond the margin, devices joined
 (the bound no longer holds: more devices can be faster), or ``full_solve=True`` - the
 full solve runs on the new cluster, warm-started from the old plan: the exact solver gets
-the fast-path plan as its MIP start, the DP (which takes no start) is compared against
-it as the incumbent; the fast path is kept unless the full solve is faster by more than
-the margin. The bound is exact for the exact solver and holds for the DP up to its own
-heuristic gap.
+the fast-path plan as its MIP start, the DP as its incumbent (:func:`planner.dp.plan_dp`:
+its exact figure bounds every micro-batch size's search, the first included, instead of
+a guess, and the DP returns it when it finds nothing faster); the fast path is kept
+unless the full solve is faster by more than the margin. The bound is exact for the
+exact solver and holds for the DP up to its own heuristic gap.
 
 Migration: every device receives the blocks of its new range it did not hold live,
 from the first surviving old owner (a data-parallel peer), else from the stage's ring
@@ -605,13 +606,14 @@ def _full_solver(plan: Plan) -> dict:
 def _full_solve(
     problem: Problem, solver: dict, warm: Partition | None
 ) -> tuple[Partition, PlanCost] | None:
-    """The full solve on the new cluster, warm-started from the fast-path plan where the
-    solver takes a start; ``None`` when nothing fits."""
+    """The full solve on the new cluster, warm-started from the fast-path plan (the MILP's
+    start solution; the DP's incumbent, whose figure bounds its searches from the first
+    on); ``None`` when nothing fits."""
     try:
         if solver["name"] == "milp":
             res = plan_milp(problem, solver["backend"], solver["time_limit_s"], warm_start=warm)
             return res.partition, res.cost
-        res = plan_dp(problem)
+        res = plan_dp(problem, incumbent=warm)
         return res.partition, res.cost
     except InfeasibleError:
         return None

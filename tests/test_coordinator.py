@@ -304,8 +304,11 @@ def test_losing_a_recovering_coordinator_stops_every_worker_and_keeps_its_checkp
     # checkpoints, the workers stop with one line, the newest committed one loads
     out, ckpt = tmp_path / "coord", tmp_path / "coord" / "checkpoints"
     steps = "100000"
+    # --no-watch-slowdown: the workers share this machine's cores, so their compute
+    # times measure its scheduling, not devices (executor/slowdown.py, "Real devices")
     job.start_coordinator(plan_file, "--recover", "--steps", steps, "--out", str(out),
-                          "--checkpoint-every", "5", hang_s=NO_FAILURE_HANG_S)
+                          "--checkpoint-every", "5", "--no-watch-slowdown",
+                          hang_s=NO_FAILURE_HANG_S)
     job.start_workers(plan_file, 3, "--steps", steps, "--out", str(tmp_path / "workers"))
     deadline = time.monotonic() + 180
     while len(list(ckpt.glob("step-*"))) < 2:

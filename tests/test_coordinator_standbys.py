@@ -137,7 +137,8 @@ def test_a_standby_the_coordinator_does_not_expect_or_a_second_one_is_refused(
               "--coordinator", address]
     procs = [subprocess.Popen(
         [PY, "-m", "executor.coordinator", str(path), "--port", str(port), "--recover",
-         "--steps", "2", "--standbys", "1", "--out", str(tmp_path / "run")],
+         "--steps", "2", "--standbys", "1", "--out", str(tmp_path / "run"),
+         "--no-watch-slowdown"],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     try:
         deadline = time.monotonic() + 120
@@ -218,7 +219,8 @@ def test_a_standby_that_never_starts_is_declared_lost_and_the_run_goes_on(tmp_pa
              subprocess.Popen(
                  [PY, "-m", "executor.coordinator", str(path), "--port", str(port),
                   "--recover", "--steps", str(steps), "--standbys", "2", "--start-timeout",
-                  str(start_s), "--hang-timeout", "5", "--out", str(out), "--deterministic"],
+                  str(start_s), "--hang-timeout", "5", "--out", str(out), "--deterministic",
+                  "--no-watch-slowdown"],
                  cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                  text=True)]
     try:

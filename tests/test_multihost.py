@@ -364,7 +364,7 @@ class RecoveringJob:
             0, [PY, "-m", "executor.coordinator", str(self.coord / f"{self.name}.json"),
                 "--port", str(port), "--hang-timeout", str(hang_s), "--recover", "--steps",
                 str(self.steps), "--out", str(self.out), "--deterministic",
-                *coordinator_args],
+                *self._watch(coordinator_args), *coordinator_args],
             env=self.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.port = port
         job = [h for h in self.hosts.hosts if h.index not in standbys]
@@ -372,6 +372,15 @@ class RecoveringJob:
             worker = self._worker(i, worker_args(i))
             self._start_on(i, [PY, *worker, "--standby", standbys[i]] if i in standbys
                            else torchrun_argv(job, job.index(self.hosts[i]), worker, rdzv_port))
+
+    @staticmethod
+    def _watch(coordinator_args: list[str]) -> list[str]:
+        """No slowdown watch on real devices unless the test asks for one: the hosts
+        share this machine's cores, so a real worker's compute times measure its
+        scheduling, not a device (executor/slowdown.py, "Real devices"); an emulated run
+        (``--emulate``) keeps it: its devices run at the plan's budgets."""
+        asked = {"--emulate", "--watch-slowdown", "--no-watch-slowdown"}
+        return [] if asked & set(coordinator_args) else ["--no-watch-slowdown"]
 
     def _worker(self, i: int, args: list[str]) -> list[str]:
         """The worker's arguments on host ``i`` (after ``python``)."""

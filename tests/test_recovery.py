@@ -153,6 +153,13 @@ def test_sigkill_during_forward_recovers_bit_identically(tmp_path):
     assert (event["cause"], event["device"], event["replay_from_step"]) == ("crash", "d1", 2)
     assert event["old_plan"] == plan.id and event["new_plan"] != plan.id
     assert [m["generation"] for m in result.metrics] == [1, 1, 2, 2]
+    # the phases, measured on one machine's clock: a crash is seen well under a second
+    # after the kill, and abort, re-plan, rebuild and restore follow one another within
+    # detection to first commit
+    phases = [event[f"t_{p}_s"] for p in ("abort", "replan", "rebuild", "restore")]
+    assert 0.0 <= event["t_detect_s"] < 1.0
+    assert all(t >= 0.0 for t in phases)
+    assert sum(phases) <= event["t_first_commit_s"]
 
 
 def test_sigkill_of_a_data_parallel_member_during_backward_recovers_bit_identically(

@@ -699,7 +699,7 @@ def join_across_hosts(tmp_path: Path, joiners: tuple[str, ...], steps: int = 4):
         coordinator = hosts.start(
             0, [sys.executable, "-m", "executor.coordinator", str(path), "--port", "29500",
                 "--hang-timeout", str(HANG_S), "--recover", "--steps", str(steps),
-                "--out", str(out), "--deterministic"],
+                "--out", str(out), "--deterministic", "--no-watch-slowdown"],
             env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         job = [hosts[0], hosts[1]]  # the torchrun job: hosts 0 and 1
         agents = [hosts.start(i, torchrun_argv(job, i, [*worker, "--coordinator", address]),

@@ -3,9 +3,15 @@ worked out by hand (measured / expected)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -129,6 +135,61 @@ def test_a_stricter_policy() -> None:
     assert feed(detector, [25, 19, 25, 25]) == [Slowdown("a", 2.5, 3, (2.5, 2.5))]
 
 
+# -- real devices: the prediction calibrated over the first steps ---------------------
+
+
+def calibrated() -> SlowdownDetector:
+    return SlowdownDetector(EXPECTED, calibrate=True)
+
+
+def test_a_profile_off_by_a_common_factor_triggers_nothing() -> None:
+    # every device 4x its profile (a = 40 of 10, b = 80 of 20): steps 1-3 calibrate the
+    # factor to 4, after which 4x is on time
+    detector = calibrated()
+    assert feed(detector, [40] * 10, [80] * 10) == []
+    assert detector.scale == 4.0
+
+
+def test_the_factor_is_the_least_device_median_over_the_calibration_steps() -> None:
+    # ratios over steps 1-3: a 4, 5, 6 (median 5), b 80/20, 60/20, 100/20 = 4, 3, 5
+    # (median 4): the factor is 4; step 0 (warm-up) is not used
+    detector = calibrated()
+    feed(detector, [1000, 40, 50, 60], [20, 80, 60, 100])
+    assert detector.scale == 4.0
+
+
+def test_a_device_slowed_after_the_calibration_is_declared_against_the_factor() -> None:
+    # factor 2 (a 20 of 10, b 40 of 20); from step 4 on a takes 60 = 3 x 2 x 10: declared
+    # at step 6 with factor 3
+    detector = calibrated()
+    declared = feed(detector, [20, 20, 20, 20, 60, 60, 60], [40] * 7)
+    assert declared == [Slowdown("a", 3.0, 6, (3.0, 3.0, 3.0))]
+
+
+def test_a_device_already_slow_during_the_calibration_is_declared_right_after() -> None:
+    # a runs 3x its profile relative to b from the start: factor 1 (b's), a's ratio 3
+    # from step 4 on: the three judged steps 4-6 declare it
+    detector = calibrated()
+    declared = feed(detector, [30] * 7, [20] * 7)
+    assert detector.scale == 1.0
+    assert declared == [Slowdown("a", 3.0, 6, (3.0, 3.0, 3.0))]
+
+
+def test_no_step_is_judged_before_the_calibration_ends() -> None:
+    # a 5x slow in steps 1-3 only: those steps calibrate (a's median 5, b's 1: factor 1)
+    # and are not judged; on time afterwards, nothing is declared
+    detector = calibrated()
+    assert feed(detector, [10, 50, 50, 50, 10, 10, 10], [20] * 7) == []
+
+
+def test_overrun_steps_are_left_out_of_the_calibration() -> None:
+    # b's steps 1 and 2 are no evidence: its median is that of step 3 alone (2), a's is 3
+    detector = calibrated()
+    for t, (a, b) in enumerate([(10, 20), (30, 400), (30, 400), (30, 40)]):
+        detector.observe(t, {"a": float(a), "b": float(b)}, {"b"} if t in (1, 2) else ())
+    assert detector.scale == 2.0
+
+
 def test_a_step_without_every_device_is_refused() -> None:
     with pytest.raises(ValueError, match=r"no compute figure for \['b'\]"):
         SlowdownDetector(EXPECTED).observe(1, {"a": 10.0})
@@ -138,7 +199,8 @@ def test_a_step_without_every_device_is_refused() -> None:
     "kwargs, message",
     [({"threshold": 1.0}, "threshold must exceed 1"),
      ({"consecutive": 0}, "consecutive must be at least 1"),
-     ({"warmup_steps": -1}, "warmup_steps must be >= 0")],
+     ({"warmup_steps": -1}, "warmup_steps must be >= 0"),
+     ({"calibration_steps": 0}, "calibration_steps must be at least 1")],
 )
 def test_a_policy_that_cannot_work_is_refused(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -305,3 +367,106 @@ def test_a_spare_outside_the_plans_cluster_gets_no_link_figures_and_breaks_nothi
     assert links.bytes_per_ms[:3] == (float("inf"), cluster.bytes_per_ms(0, 1),
                                       cluster.bytes_per_ms(0, 1))
     assert math.isnan(links.bytes_per_ms[3]) and math.isnan(links.latency_ms[3])
+
+
+#: a GPT-2 large enough that a step's real compute (~50-100 ms per stage here) dwarfs a
+#: 30 ms stop-and-continue cycle, small enough for a short test
+REAL = BuildSpec(
+    zoo="gpt2-small",
+    sizes={"layers": 4, "hidden": 256, "heads": 4, "vocab": 256, "max_positions": 32,
+           "seq_len": 32},
+    seed=5,
+)
+
+
+def duty_cycle(pid: int, started: Callable[[], bool], done: threading.Event,
+               run_s: float = 0.010, stop_s: float = 0.020) -> None:
+    """Once ``started()``, slow process ``pid`` down for real, as cpulimit does: SIGSTOP
+    it for ``stop_s`` after every ``run_s`` of running (3x slower at the defaults) until
+    ``done`` is set or the process is gone; it is left running."""
+    while not done.is_set() and not started():
+        time.sleep(0.05)
+    try:
+        while not done.is_set():
+            time.sleep(run_s)
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(stop_s)
+            os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        return
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
+@pytest.mark.slow
+@pytest.mark.serial
+def test_a_real_device_slowed_three_times_is_repartitioned_against_its_calibrated_profile(
+    tmp_path,
+) -> None:
+    # no emulation: the processes compute at this machine's speed and d1 is really
+    # slowed (stopped 20 ms of every 30) once 5 steps are durable; the watch calibrates
+    # the plan's prediction over steps 1-3 and declares d1 three slow steps later
+    from executor import data, zoo
+    from executor.launch import launch
+    from executor.profiler import profile_model
+    from executor.worker import WorkerOptions
+    from planner.plan import load_plan
+    from tests import reference_trainer as ref
+    from tests.executor_helpers import alive, assert_saved_state_equals, make_test_plan
+    from tests.test_recovery import GLOO_TIMEOUT_S, with_timeout_reap
+
+    steps = 16
+    torch.set_num_threads(1)
+    model = zoo.build_model(REAL.zoo, seed=REAL.seed, **REAL.sizes)
+    profile = profile_model(model, lambda b: zoo.example_input(REAL.zoo, b, **REAL.sizes),
+                            [2], "host-cpu", name=REAL.zoo, warmup=3, repeats=5, build=REAL)
+    plan = make_test_plan(profile, [(0, 3, [2]), (3, 6, [2])], 2, 2, optimizer="adam",
+                          learning_rate=0.01)
+    path = write_plan(plan, tmp_path)
+    metrics = tmp_path / "metrics.jsonl"
+
+    def five_durable() -> bool:
+        return metrics.exists() and len(metrics.read_text().splitlines()) >= 5
+
+    done, pids, slower = threading.Event(), [], []
+
+    def on_start(ranks: list[dict]) -> None:
+        pids.extend(r["pid"] for r in ranks)
+        d1 = next(r["pid"] for r in ranks if r["device"] == "d1")
+        slower.append(threading.Thread(target=duty_cycle, args=(d1, five_durable, done)))
+        slower[0].start()
+
+    try:
+        result = launch(
+            WorkerOptions(str(path), steps, str(tmp_path), deterministic=True,
+                          timeout_s=GLOO_TIMEOUT_S, save_weights=True),
+            on_start=on_start, hang_timeout_s=10.0, heartbeat_s=0.1, watch_slowdown=True,
+        )
+    finally:
+        done.set()
+        for thread in slower:
+            thread.join()
+        for pid in pids:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+            with_timeout_reap(pid)
+    assert [(e["cause"], e["device"]) for e in result.events] == [("slow", "d1")]
+    (event,) = result.events
+    new = load_plan(tmp_path / "plans" / f"{event['new_plan']}.json")
+    d1 = new.problem.cluster.devices[new.problem.cluster.index("d1")]
+    assert 2.0 < d1.slowdown < 4.5  # the measured factor, ~3
+    assert work(new, "d1") < work(plan, "d1")
+    # the same training as a single process: losses, samples, final state
+    settings = plan.problem.config.optimizer_settings()
+    want = ref.train(ref.ModelSpec(REAL.zoo, REAL.sizes, REAL.seed),
+                     data.synthetic(REAL, plan.problem.config.seed),
+                     plan.problem.config.global_batch, steps,
+                     ref.OptimizerSpec("adam", lr=settings["lr"],
+                                       betas=settings.get("betas", (0.9, 0.999)),
+                                       eps=settings.get("eps", 1e-8)),
+                     data_seed=plan.problem.config.seed)  # fmt: skip
+    assert [m["step"] for m in result.metrics] == list(range(steps))
+    assert result.losses == want.losses
+    assert [m["samples"] for m in result.metrics] == want.sample_ids
+    assert_saved_state_equals(tmp_path, REAL, want)

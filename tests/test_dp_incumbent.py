@@ -1,0 +1,100 @@
+"""The DP's warm start (``plan_dp(..., incumbent=...)``): a known plan's exact figure
+bounds every micro-batch size's search, the first included, and the plan competes in
+the final choice (planner/dp.py, "Pruning"; re-planning passes its fast-path plan)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from planner import dp as dp_module
+from planner import replanning
+from planner.cost import CostModel
+from planner.dp import TIE_TOLERANCE, plan_dp
+from planner.replanning import replan
+from tests.oracles import all_partitions, brute_force_best
+from tests.test_dp import identical, tiny
+from tests.test_replan import hand_plan
+
+
+def worst_feasible(problem):
+    """The slowest memory-feasible plan of the whole space (an incumbent to beat)."""
+    sizes = problem.config.micro_batch_sizes()
+    cm = CostModel(problem, max(sizes))
+    scored = ((cm.evaluate(p), p) for b in sizes for p in all_partitions(problem, b))
+    return max(((c.iteration_ms, p) for c, p in scored if c.memory_ok), key=lambda x: x[0])
+
+
+@pytest.mark.parametrize("seed", range(0, 24, 3))
+def test_a_slow_incumbent_does_not_keep_the_search_from_the_optimum(seed):
+    problem = tiny(seed)
+    oracle, _ = brute_force_best(problem)
+    assert np.isfinite(oracle)  # every instance of these seeds has a plan
+    worst_ms, worst = worst_feasible(problem)
+    result = plan_dp(problem, incumbent=worst)
+    assert result.cost.iteration_ms >= oracle * (1 - 1e-9)
+    assert result.cost.iteration_ms <= oracle * (1 + TIE_TOLERANCE)
+    assert result.cost.iteration_ms <= worst_ms
+
+
+@pytest.mark.parametrize("seed", range(1, 24, 3))
+def test_the_optimum_as_incumbent_is_what_comes_back(seed):
+    problem = tiny(seed)
+    oracle, best = brute_force_best(problem)
+    assert best is not None  # every instance of these seeds has a plan
+    result = plan_dp(problem, incumbent=best)
+    assert oracle * (1 - 1e-9) <= result.cost.iteration_ms <= oracle * (1 + TIE_TOLERANCE)
+
+
+def guessed_searches(monkeypatch) -> list[bool]:
+    """Records, for every micro-batch search the DP starts, whether its bound is a guess."""
+    seen: list[bool] = []
+    original = dp_module._BatchSearch.__init__
+
+    def spy(self, *args, **kwargs):
+        seen.append(bool(kwargs.get("guessed", args[7] if len(args) > 7 else False)))
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(dp_module._BatchSearch, "__init__", spy)
+    return seen
+
+
+def test_with_an_incumbent_no_search_runs_under_a_guess(monkeypatch):
+    # a guess below every plan: the cold DP's first search finds nothing and runs again
+    monkeypatch.setattr(dp_module, "FIRST_GUESS", 0.5)
+    problem = identical(16, 12, types=2)
+    seen = guessed_searches(monkeypatch)
+    cold = plan_dp(problem)
+    assert seen[0] is True and len(seen) >= 2
+    seen.clear()
+    warm = plan_dp(problem, incumbent=cold.partition)
+    assert seen and not any(seen)
+    assert warm.cost.iteration_ms <= cold.cost.iteration_ms
+
+
+def test_the_incumbent_is_returned_when_nothing_beats_it():
+    problem = identical(16, 12, types=2)
+    cold = plan_dp(problem)
+    warm = plan_dp(problem, incumbent=cold.partition)
+    assert warm.cost.iteration_ms <= cold.cost.iteration_ms * (1 + TIE_TOLERANCE)
+    assert warm.status == "complete"
+
+
+def test_replanning_warm_starts_the_dp_with_its_fast_path_plan(monkeypatch):
+    # the plan of test_replan's full-solve case: a [0,1), b,c [1,2) on 8 Mbit/s; losing
+    # a, the fast path merges [0,2) onto b,c (2000 ms of all-reduce) and the full solve
+    # pipelines b | c
+    old = hand_plan([1, 1], [(0, 1, ("a",), (4,)), (1, 2, ("b", "c"), (2, 2))],
+                    ["a", "b", "c"], bandwidth_mbps=8.0)  # fmt: skip
+    given = []
+
+    def recording(problem, *args, **kwargs):
+        given.append(kwargs.get("incumbent"))
+        return plan_dp(problem, *args, **kwargs)
+
+    monkeypatch.setattr(replanning, "plan_dp", recording)
+    fast = replan(old, lost=["a"], full_solve=False)
+    assert given == []
+    new = replan(old, lost=["a"])
+    assert given == [fast.partition]
+    assert new.changes.path == "full" and new.cost.iteration_ms < fast.cost.iteration_ms
