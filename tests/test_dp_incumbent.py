@@ -1,6 +1,7 @@
-"""The DP's warm start (``plan_dp(..., incumbent=...)``): a known plan's exact figure
+"""Warm starts. The DP's (``plan_dp(..., incumbent=...)``): a known plan's exact figure
 bounds every micro-batch size's search, the first included, and the plan competes in
-the final choice (planner/dp.py, "Pruning"; re-planning passes its fast-path plan)."""
+the final choice (planner/dp.py, "Pruning"). Re-planning's full solve gets its
+fast-path plan as the DP's incumbent or the exact solver's start solution."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from planner import dp as dp_module
 from planner import replanning
 from planner.cost import CostModel
 from planner.dp import TIE_TOLERANCE, plan_dp
+from planner.milp import plan_milp
+from planner.plan import SolverInfo, make_plan
 from planner.replanning import replan
 from tests.oracles import all_partitions, brute_force_best
 from tests.test_dp import identical, tiny
@@ -97,4 +100,24 @@ def test_replanning_warm_starts_the_dp_with_its_fast_path_plan(monkeypatch):
     assert given == []
     new = replan(old, lost=["a"])
     assert given == [fast.partition]
+    assert new.changes.path == "full" and new.cost.iteration_ms < fast.cost.iteration_ms
+
+
+def test_replanning_warm_starts_the_exact_solver_with_its_fast_path_plan(monkeypatch):
+    # the same case under an exact-solver lineage: the full solve is the MILP, given the
+    # fast-path plan as its start solution
+    hand = hand_plan([1, 1], [(0, 1, ("a",), (4,)), (1, 2, ("b", "c"), (2, 2))],
+                     ["a", "b", "c"], bandwidth_mbps=8.0)  # fmt: skip
+    old = make_plan(hand.problem, hand.partition,
+                    SolverInfo("milp", {"backend": "cpsat", "time_limit_s": 20.0}))
+    given = []
+
+    def recording(problem, backend, time_limit, warm_start=None, **kwargs):
+        given.append((backend, time_limit, warm_start))
+        return plan_milp(problem, backend, time_limit, warm_start=warm_start, **kwargs)
+
+    monkeypatch.setattr(replanning, "plan_milp", recording)
+    fast = replan(old, lost=["a"], full_solve=False)
+    new = replan(old, lost=["a"])
+    assert given == [("cpsat", 20.0, fast.partition)]
     assert new.changes.path == "full" and new.cost.iteration_ms < fast.cost.iteration_ms
