@@ -509,6 +509,10 @@ def run(args: argparse.Namespace) -> Stopped:
     needs = [f for f, v in (("--checkpoint-every", args.checkpoint_every),
                             ("--checkpoint-dir", args.checkpoint_dir),
                             ("--resume", args.resume), ("--emulate", args.emulate)) if v]
+    if args.watch_slowdown is not None and not args.recover:
+        flag = "--watch-slowdown" if args.watch_slowdown else "--no-watch-slowdown"
+        raise InputError(flag, "", "only with --recover (re-partitioning a slowed device "
+                         "is part of in-process recovery); drop it")
     if needs and not args.recover:
         raise InputError(needs[0], "", "only with --recover (without it the workers "
                          "checkpoint and emulate themselves: give it to them)")
@@ -529,7 +533,7 @@ def run(args: argparse.Namespace) -> Stopped:
                          args.start_timeout, args.deterministic,
                          Checkpointing(args.checkpoint_every, args.checkpoint_dir, args.resume),
                          args.time_scale if args.emulate else None, args.standbys,
-                         args.watch_slowdown)
+                         args.watch_slowdown is not False)
     return coordinate(args.plan, store, args.hang_timeout, args.start_timeout)
 
 

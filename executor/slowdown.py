@@ -34,10 +34,18 @@ them is taken (its median), and every prediction is multiplied by the least of t
 medians, ``c`` (the run's common factor: the fastest device relative to its profile).
 From then on the recurrence below runs on ``measured / (c x expected)``. So a profile
 that is off by a common factor triggers nothing; a device slower than the others,
-relative to their profiles, by more than the threshold is declared (at once after the
-calibration when it already was during it: its profile was wrong for it, and the
-re-plan corrects the plan once), as is one that slows down later. The emulation needs
-no calibration: its devices run at their budgets times the known time scale.
+relative to their profiles, by more than the threshold is declared (at the third judged
+step when it already was during the calibration: its profile was wrong for it, and the
+re-plan corrects the plan once), as is one that slows down later; so is one of several
+devices that is faster than its profile (the others then read slow: the plan's
+balance is off either way). A calibration step whose figure is 0 or less is no
+evidence, and the calibration goes on until some device gave evidence. When, at one
+step, every device still watched (two or more) would be declared in the same
+direction, their relative speeds did not change (the host's load, a room's heat): the
+common factor is multiplied by the median of their factors and their streaks are
+cleared, and nothing is declared. A one-device plan has no such reference: its device
+is declared. The emulation needs no calibration: its devices run at their budgets
+times the known time scale.
 
 State per device: the current *streak* - the ratios ``r = measured / expected`` of
 the consecutive latest steps that were all slow (``r > threshold``) or all fast
@@ -153,6 +161,7 @@ class SlowdownDetector:
         self._tracks = {d: _Track() for d in self.expected}
         #: the common factor once calibrated (1 without calibration); None while measuring
         self.scale: float | None = None if calibrate else 1.0
+        self.calibrating = calibrate
         self._calibration: dict[str, list[float]] = {d: [] for d in self.expected}
 
     def observe(self, step: int, measured_ms: Mapping[str, float],
@@ -170,6 +179,7 @@ class SlowdownDetector:
             return []
         theta = self.policy.threshold
         declared = []
+        watched = [d for d, t in self._tracks.items() if not t.declared]
         for device, expected in self.expected.items():
             track = self._tracks[device]
             if track.declared or device in no_evidence:
@@ -188,18 +198,29 @@ class SlowdownDetector:
                 track.declared = True
                 declared.append(Slowdown(device, statistics.median(track.ratios), step,
                                          tuple(track.ratios)))
+        if (self.calibrating and len(watched) >= 2
+                and [s.device for s in declared] == watched
+                and len({s.factor > 1 for s in declared}) == 1):
+            # every device changed alike: their relative speeds, all a re-partition
+            # could act on, did not; the common factor follows instead
+            self.scale = (self.scale or 1.0) * statistics.median(s.factor for s in declared)
+            for device in watched:
+                self._tracks[device] = _Track()
+            return []
         return declared
 
     def _calibrate(self, step: int, measured_ms: Mapping[str, float],
                    no_evidence: Collection[str]) -> None:
-        """One calibration step: record each device's ratio; after the last, the common
-        factor is the least of the devices' median ratios (1 if none was evidence)."""
+        """One calibration step: record each device's ratio (a figure of 0 or less is no
+        evidence); once the calibration steps have passed and some device gave evidence,
+        the common factor is the least of the devices' median ratios."""
         for device, expected in self.expected.items():
-            if device not in no_evidence:
-                self._calibration[device].append(measured_ms[device] / expected)
-        if step + 1 >= self.policy.warmup_steps + self.policy.calibration_steps:
-            medians = [statistics.median(r) for r in self._calibration.values() if r]
-            self.scale = min(medians, default=1.0)
+            ratio = measured_ms[device] / expected
+            if device not in no_evidence and ratio > 0:
+                self._calibration[device].append(ratio)
+        medians = [statistics.median(r) for r in self._calibration.values() if r]
+        if medians and step + 1 >= self.policy.warmup_steps + self.policy.calibration_steps:
+            self.scale = min(medians)
 
     def streak(self, device: str) -> tuple[float, ...]:
         """The current streak of ``device`` (its latest consecutive slow or fast

@@ -1044,7 +1044,7 @@ def add_coordinate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--emulate", action="store_true",
                    help="with --recover: the workers run --emulate (the slowdown watch "
                    "then compares with the plan times --time-scale)")
-    p.add_argument("--watch-slowdown", action=argparse.BooleanOptionalAction, default=True,
+    p.add_argument("--watch-slowdown", action=argparse.BooleanOptionalAction, default=None,
                    help="with --recover: re-partition a device that stays 1.5x slower "
                    "than the plan predicts for 3 steps (default on; on real devices the "
                    "predictions are calibrated over each plan's first steps; "

@@ -284,7 +284,9 @@ from planner.cost import (
     stage_memory_bytes,
     warmup_that_fits,
 )
+from planner.errors import InputError
 from planner.partition import Partition, StageAssignment
+from planner.plan import check_partition
 from planner.prices import priced_bound
 from planner.problem import Problem
 
@@ -388,7 +390,7 @@ class DPResult:
     solve_time_s: float
     candidates: dict[int, float]  # micro-batch size -> best predicted iteration ms
     status: str
-    graph: str  # complete | ordered
+    graph: str  # complete | ordered | none (no search ran: a warm start none could beat)
 
 
 class _Timeout(Exception):
@@ -2155,14 +2157,18 @@ def plan_dp(
             returned with status ``timed_out``.
         by_class: key states by device class (default); ``False`` makes every device a
             class of its own (the device-by-device DP, for tests and benchmarks).
-        incumbent: a warm start, a known plan of ``problem`` (re-planning passes its
-            fast-path plan): scored first, so that every search, the first included,
-            runs under the bound of its exact figure instead of a guess, and kept as a
-            candidate, so the answer is never slower than it (it is returned, with its
-            closed form as the DP value, when the search finds nothing better).
+        incumbent: a warm start, a known plan of ``problem`` at one of its micro-batch
+            candidates (re-planning passes its fast-path plan): scored first, so that
+            every search, the first included, runs under the bound of its exact figure
+            instead of a guess, and kept as a candidate, so the answer is never slower
+            than it beyond the tie tolerance (:func:`choose` may prefer a plan within
+            ``TIE_TOLERANCE`` on fewer devices); it is returned, with its closed form as
+            the DP value, when the search finds nothing better.
 
     Raises:
         InfeasibleError: no candidate fits memory (message names the binding figure).
+        PlanMismatchError: the incumbent is not a plan of ``problem``.
+        InputError: the incumbent's micro-batch size is not a candidate.
     """
     result = best_plan(problem, progress, time_limit, by_class=by_class, incumbent=incumbent)
     if result is None:
@@ -2222,9 +2228,14 @@ def best_plan(
     if incumbent is not None:
         # the warm start: its exact figure bounds every search from the first on (module
         # docstring, "Pruning"), and it competes in the final choice
+        check_partition(problem, incumbent)
+        if incumbent.micro_batch_size not in sizes:
+            raise InputError("incumbent", str(incumbent.micro_batch_size),
+                             f"the warm start's micro-batch size is not one of the config's "
+                             f"candidates {list(sizes)}; give a plan of the DP's space")
         seen.add(incumbent)
         score(pipeline_closed_form_ms(cm, incumbent), incumbent.micro_batch_size, incumbent)
-    status, kind = "complete", ""
+    status, kind = "complete", "none"  # the graph searched; none when no search ran
     bounds = {b: tables.lower_bound(b, per_batch_levels) for b in sizes}
     # micro-batch sizes: first the one of least lower bound on the exact figure (a small
     # size, whose search is cheap: a first plan early, also under a time limit), then in

@@ -613,7 +613,10 @@ def _full_solve(
         if solver["name"] == "milp":
             res = plan_milp(problem, solver["backend"], solver["time_limit_s"], warm_start=warm)
             return res.partition, res.cost
-        res = plan_dp(problem, incumbent=warm)
+        # a hand-made plan's micro-batch size may lie outside the DP's candidates
+        start = warm if warm and warm.micro_batch_size in problem.config.micro_batch_sizes() \
+            else None
+        res = plan_dp(problem, incumbent=start)
         return res.partition, res.cost
     except InfeasibleError:
         return None

@@ -56,6 +56,14 @@ def test_standbys_are_refused_without_recovery(tmp_path, capsys):
         "restores)")
 
 
+@pytest.mark.parametrize("flag", ["--watch-slowdown", "--no-watch-slowdown"])
+def test_the_slowdown_watch_flags_are_refused_without_recovery(tmp_path, capsys, flag):
+    path = write_plan(one_device_plan(3), tmp_path)
+    assert refusal(capsys, [str(path), flag]) == (
+        f"error: {flag}: only with --recover (re-partitioning a slowed device is part of "
+        "in-process recovery); drop it")
+
+
 def test_more_standbys_than_idle_devices_that_fit_are_refused(tmp_path, capsys):
     path = write_plan(one_device_plan(3), tmp_path)
     assert refusal(capsys, [str(path), "--recover", "--steps", "2", "--standbys", "3"]) == (

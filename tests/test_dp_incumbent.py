@@ -5,13 +5,16 @@ fast-path plan as the DP's incumbent or the exact solver's start solution."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from planner import dp as dp_module
 from planner import replanning
-from planner.cost import CostModel
+from planner.cost import CostModel, pipeline_closed_form_ms
 from planner.dp import TIE_TOLERANCE, plan_dp
+from planner.errors import InfeasibleError, InputError, PlanMismatchError
 from planner.milp import plan_milp
 from planner.plan import SolverInfo, make_plan
 from planner.replanning import replan
@@ -121,3 +124,32 @@ def test_replanning_warm_starts_the_exact_solver_with_its_fast_path_plan(monkeyp
     new = replan(old, lost=["a"])
     assert given == [("cpsat", 20.0, fast.partition)]
     assert new.changes.path == "full" and new.cost.iteration_ms < fast.cost.iteration_ms
+
+
+def test_when_no_search_beats_it_the_incumbent_comes_back_with_its_closed_form(monkeypatch):
+    # every search answers nothing: the result is the incumbent itself, its DP value the
+    # cost model's closed form of it
+    problem = identical(16, 12, types=2)
+    cold = plan_dp(problem)
+    monkeypatch.setattr(dp_module._BatchSearch, "run", lambda self: [])
+    warm = plan_dp(problem, incumbent=cold.partition)
+    assert warm.partition == cold.partition
+    cm = CostModel(problem, max(problem.config.micro_batch_sizes()))
+    assert warm.dp_value_ms == pipeline_closed_form_ms(cm, cold.partition)
+    with pytest.raises(InfeasibleError):
+        plan_dp(problem)  # the same searches without the warm start find nothing
+
+
+def test_an_incumbent_outside_the_dps_space_is_refused_in_one_line():
+    problem = identical(16, 12, types=2)
+    cold = plan_dp(problem)
+    others = tuple(b for b in (4, 8, 16) if b != cold.partition.micro_batch_size)
+    narrower = dataclasses.replace(problem, config=dataclasses.replace(
+        problem.config, micro_batch_candidates=others))
+    with pytest.raises(InputError, match=r"not one of the config's candidates"):
+        plan_dp(narrower, incumbent=cold.partition)
+    stranger = dataclasses.replace(cold.partition, stages=tuple(
+        dataclasses.replace(s, devices=tuple(f"x{d}" for d in s.devices))
+        for s in cold.partition.stages))
+    with pytest.raises(PlanMismatchError, match="not in cluster"):
+        plan_dp(problem, incumbent=stranger)
