@@ -140,9 +140,11 @@ def test_a_run_without_failure_matches_the_reference_under_the_commit_protocol(t
     assert result.events == []
     assert_matches_reference(tmp_path, plan, result)
     assert all(m["generation"] == 1 for m in result.metrics)
-    # every step replicated (interval 1): the ring holders' time is in the metrics
-    # (blocked on it, and its background half's own time: docs/fault-tolerance.md)
-    assert all(d["replication_ms"] >= 0 and d["replication_background_ms"] >= 0
+    # every step replicated (interval 1): each step's line names its own point, and every
+    # device's time on it is in the metrics (blocked: at least the snapshot of its state
+    # at the commit; its background half's own time: docs/fault-tolerance.md)
+    assert all(d["replication_point"] == m["step"] and d["replication_ms"] > 0
+               and d["replication_background_ms"] > 0
                for m in result.metrics for d in m["devices"].values())
 
 
