@@ -956,15 +956,30 @@ def run(opts: WorkerOptions, endpoint: Endpoint) -> None:
     # earlier would make a slow interpreter shutdown look like a hang)
 
 
+#: what gloo's messages say when the other end of a pair went away (a killed peer, or
+#: one the launcher stopped): reported in one line, the launcher names the culprit
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
+
+
 def spawned(opts: WorkerOptions, endpoint: Endpoint) -> None:
     """Entry point of a process started by the local launcher: exit status 0 on success,
-    2 for an edgepipe error, 1 otherwise (with the traceback on stderr)."""
+    2 for an edgepipe error, 1 otherwise: one line when a peer's connection broke (the
+    launcher's own error names the device that failed), else the traceback on
+    stderr (a bug)."""
     status = 0
     try:
         run(opts, endpoint)
     except EdgepipeError as exc:
         print(f"edgepipe worker {endpoint.rank}: {exc}", file=sys.stderr)
         status = EXIT_REFUSED
+    except RuntimeError as exc:
+        if not any(s in str(exc) for s in PEER_GONE):
+            traceback.print_exc()
+        else:
+            print(f"edgepipe worker {endpoint.rank}: stopped, a peer's connection broke "
+                  f"({next(s for s in PEER_GONE if s in str(exc)).lower()}); the "
+                  "launcher's error names the device that failed", file=sys.stderr)
+        status = EXIT_FAILED
     except BaseException:
         traceback.print_exc()
         status = EXIT_FAILED
