@@ -970,21 +970,28 @@ def spawned(opts: WorkerOptions, endpoint: Endpoint) -> None:
     try:
         run(opts, endpoint)
     except EdgepipeError as exc:
-        print(f"edgepipe worker {endpoint.rank}: {exc}", file=sys.stderr)
+        _line(f"edgepipe worker {endpoint.rank}: {exc}")
         status = EXIT_REFUSED
     except RuntimeError as exc:
         if not any(s in str(exc) for s in PEER_GONE):
             traceback.print_exc()
         else:
-            print(f"edgepipe worker {endpoint.rank}: stopped, a peer's connection broke "
+            _line(f"edgepipe worker {endpoint.rank}: stopped, a peer's connection broke "
                   f"({next(s for s in PEER_GONE if s in str(exc)).lower()}); the "
-                  "launcher's error names the device that failed", file=sys.stderr)
+                  "launcher's error names the device that failed")
         status = EXIT_FAILED
     except BaseException:
         traceback.print_exc()
         status = EXIT_FAILED
     _leave_if_recovering(opts, status)
     sys.exit(status)
+
+
+def _line(text: str) -> None:
+    """``text`` and its newline on stderr in one write, so that the lines of workers
+    sharing the launcher's stderr do not interleave."""
+    sys.stderr.flush()
+    os.write(sys.stderr.fileno(), f"{text}\n".encode())
 
 
 def _leave_if_recovering(opts: WorkerOptions, status: int) -> None:
