@@ -340,23 +340,30 @@ def work(plan, device: str) -> int:
                for d, y in zip(s.devices, s.samples, strict=True) if d == device)
 
 
+def careful_profile(spec: BuildSpec, batch_sizes: list[int]):
+    """``spec``'s zoo model profiled on this machine, warmed up, 5 rounds, one thread."""
+    from executor import zoo
+    from executor.profiler import profile_model
+
+    torch.set_num_threads(1)
+    model = zoo.build_model(spec.zoo, seed=spec.seed, **spec.sizes)
+    return profile_model(model, lambda b: zoo.example_input(spec.zoo, b, **spec.sizes),
+                         batch_sizes, "host-cpu", name=spec.zoo, warmup=3, repeats=5,
+                         build=spec)
+
+
 @pytest.mark.slow
 def test_a_device_slowed_three_times_is_repartitioned_at_a_step_boundary_never_failed(
     tmp_path,
 ) -> None:
-    from executor import zoo
     from executor.launch import launch
-    from executor.profiler import profile_model
     from executor.worker import WorkerOptions
     from planner.plan import load_plan
     from tests.test_recovery import GLOO_TIMEOUT_S, GPT2, assert_matches_reference
 
     steps = 7
-    # a careful profile (warmed up, 5 rounds): the budgets are the emulated devices' speed
-    torch.set_num_threads(1)
-    model = zoo.build_model(GPT2.zoo, seed=GPT2.seed, **GPT2.sizes)
-    profile = profile_model(model, lambda b: zoo.example_input(GPT2.zoo, b, **GPT2.sizes),
-                            [1, 2], "host-cpu", name=GPT2.zoo, warmup=3, repeats=5, build=GPT2)
+    # a careful profile: the budgets are the emulated devices' speed
+    profile = careful_profile(GPT2, [1, 2])
     # stage 0 on d0 + d1 (one sample each of every micro-batch), stage 1 on d2
     plan = emulated_plan(profile, [(0, 3, [1, 1]), (3, 6, [2])], 2, 2, [1.0, 1.0, 1.0])
     path = write_plan(plan, tmp_path)
@@ -476,9 +483,8 @@ def test_a_real_device_slowed_three_times_is_repartitioned_against_its_calibrate
     # no emulation: the processes compute at this machine's speed and d1 is really
     # slowed (stopped 20 ms of every 30) once 5 steps are durable; the watch calibrates
     # the plan's prediction (4x off) over steps 1-3 and declares d1 three slow steps later
-    from executor import data, zoo
+    from executor import data
     from executor.launch import launch
-    from executor.profiler import profile_model
     from executor.worker import WorkerOptions
     from planner.plan import load_plan
     from tests import reference_trainer as ref
@@ -486,10 +492,7 @@ def test_a_real_device_slowed_three_times_is_repartitioned_against_its_calibrate
     from tests.test_recovery import GLOO_TIMEOUT_S, with_timeout_reap
 
     steps = 16
-    torch.set_num_threads(1)
-    model = zoo.build_model(REAL.zoo, seed=REAL.seed, **REAL.sizes)
-    measured = profile_model(model, lambda b: zoo.example_input(REAL.zoo, b, **REAL.sizes),
-                             [2], "host-cpu", name=REAL.zoo, warmup=3, repeats=5, build=REAL)
+    measured = careful_profile(REAL, [2])
     # the plan's profile is 4x too fast for this machine, as one taken on a faster host
     # would be: uncalibrated, every device would read 4x slow and be re-partitioned
     profile = dataclasses.replace(measured, timings={
