@@ -49,7 +49,10 @@ def test_edgepipe_run_writes_one_metrics_line_per_step_and_a_timeline(
     for figures in first["devices"].values():
         assert figures["compute_ms"] > 0 and figures["peak_mem_bytes"] > 0
         assert {"send_ms", "recv_wait_ms", "allreduce_ms"} <= figures.keys()
-    assert first["devices"]["d2"]["allreduce_ms"] < 1.0  # a stage of one reduces nothing
+    # a stage of one reduces nothing: its REDUCE_GRAD is two clock reads (~us), not a
+    # collective with the other stage's ranks; the bound leaves room for a preemption on
+    # a loaded two-core machine (5 ms was seen in CI under 1.0)
+    assert first["devices"]["d2"]["allreduce_ms"] < 50.0
     assert first["samples_per_s"] == pytest.approx(6 / first["wall_ms"] * 1e3)
     timeline = read_jsonl(tmp_path / "timeline.jsonl")
     d2 = [(e["kind"], e["micro_batch"]) for e in timeline if e["device"] == "d2" and e["step"] == 0]
