@@ -972,19 +972,29 @@ def spawned(opts: WorkerOptions, endpoint: Endpoint) -> None:
     except EdgepipeError as exc:
         _line(f"edgepipe worker {endpoint.rank}: {exc}")
         status = EXIT_REFUSED
-    except RuntimeError as exc:
-        if not any(s in str(exc) for s in PEER_GONE):
-            traceback.print_exc()
-        else:
-            _line(f"edgepipe worker {endpoint.rank}: stopped, a peer's connection broke "
-                  f"({next(s for s in PEER_GONE if s in str(exc)).lower()}); the "
-                  "launcher's error names the device that failed")
-        status = EXIT_FAILED
-    except BaseException:
-        traceback.print_exc()
-        status = EXIT_FAILED
+    except BaseException as exc:
+        status = _failed(str(endpoint.rank), exc)
     _leave_if_recovering(opts, status)
     sys.exit(status)
+
+
+def _peer_gone(exc: BaseException) -> str | None:
+    """What gloo says when ``exc`` is the other end of a pair going away, else None."""
+    if isinstance(exc, RuntimeError):
+        return next((s for s in PEER_GONE if s in str(exc)), None)
+    return None
+
+
+def _failed(rank: str, exc: BaseException) -> int:
+    """Report a worker's failure on stderr: one line when a peer's connection broke (the
+    launcher's or the coordinator's error names the device that failed), else the
+    traceback (a bug); the exit status."""
+    if (gone := _peer_gone(exc)) is not None:
+        _line(f"edgepipe worker {rank}: stopped, a peer's connection broke "
+              f"({gone.lower()}); the launcher's error names the device that failed")
+    else:
+        traceback.print_exc()
+    return EXIT_FAILED
 
 
 def _line(text: str) -> None:
@@ -1086,11 +1096,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except EdgepipeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         status = EXIT_REFUSED
-    except BaseException:
-        if not opts.recover:
+    except BaseException as exc:
+        if not opts.recover and _peer_gone(exc) is None:
             raise
-        traceback.print_exc()
-        status = EXIT_FAILED
+        status = _failed(os.environ.get("RANK", "?"), exc)
     _leave_if_recovering(opts, status)
     return status
 
