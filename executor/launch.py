@@ -221,6 +221,7 @@ def launch(
     layout = preflight(opts)
     plan = load_plan(opts.plan)
     recovering = recovers(opts, plan, hang_timeout_s, recover)
+    watched = opts.emulate if watch_slowdown is None else watch_slowdown
     if watch_slowdown and not recovering:
         raise InputError("--watch-slowdown", "", "re-partitioning a slowed device is part "
                          "of in-process recovery, which this run does not do (--no-recover, "
@@ -289,8 +290,7 @@ def launch(
             kill=kill, alive=lambda d: current[d].exitcode is None,
             # the plan predicts the emulated devices; a real local run's processes
             # share this machine, so they are watched only when asked (calibrated)
-            slowdown=(SlowdownWatch(opts.time_scale if opts.emulate else None)
-                      if (opts.emulate if watch_slowdown is None else watch_slowdown)
+            slowdown=(SlowdownWatch(opts.time_scale if opts.emulate else None) if watched
                       else None),
         )
 

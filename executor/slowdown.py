@@ -177,14 +177,14 @@ class SlowdownDetector:
         if self.scale is None:
             self._calibrate(step, measured_ms, no_evidence)
             return []
-        theta = self.policy.threshold
+        scale, theta = self.scale, self.policy.threshold
         declared = []
         watched = [d for d, t in self._tracks.items() if not t.declared]
         for device, expected in self.expected.items():
             track = self._tracks[device]
             if track.declared or device in no_evidence:
                 continue
-            ratio = measured_ms[device] / (self.scale * expected)
+            ratio = measured_ms[device] / (scale * expected)
             direction: Direction | None = (
                 "slow" if ratio > theta else "fast" if ratio < 1.0 / theta else None
             )
@@ -203,7 +203,7 @@ class SlowdownDetector:
                 and len({s.factor > 1 for s in declared}) == 1):
             # every device changed alike: their relative speeds, all a re-partition
             # could act on, did not; the common factor follows instead
-            self.scale = (self.scale or 1.0) * statistics.median(s.factor for s in declared)
+            self.scale = scale * statistics.median(s.factor for s in declared)
             for device in watched:
                 self._tracks[device] = _Track()
             return []

@@ -1311,7 +1311,8 @@ def link_downstream_ms(occupancy, downstream, topology):
     return np.zeros_like(occupancy)
 
 
-def pipeline_closed_form_ms(cm: CostModel, partition: Partition) -> float:
+def pipeline_closed_form_ms(cm: CostModel, partition: Partition,
+                            cost: PlanCost | None = None) -> float:
     """The planners' closed-form round time of ``partition`` (the DP's objective): steps
     i = stage 0, link 0->1, stage 1, ... with traversal tau_i (stage: E_f + E_b; link:
     2 (occupancy + latency), :func:`boundary_occupancy_ms` over the groups' slowest pair
@@ -1333,8 +1334,8 @@ def pipeline_closed_form_ms(cm: CostModel, partition: Partition) -> float:
     links: pipedream-resnet18 on orin-pair-2 at micro-batch 1, a plan priced 298 ms
     without it that the schedule runs in 353 ms). With half-duplex links (pi = tau),
     w = 0 and no window it is Asteroid's closed form (:func:`closed_form_latency`).
-    O(P + g)."""
-    cost = cm.evaluate(partition)
+    O(P + g); ``cost``: ``cm.evaluate(partition)`` when the caller has it already."""
+    cost = cost if cost is not None else cm.evaluate(partition)
     cluster = cm.problem.cluster
     topology = cluster.network.kind
     m = partition.num_micro_batches

@@ -2215,10 +2215,12 @@ def best_plan(
     seen: set[Partition] = set()
     waiting: list[tuple[float, int, Partition]] = []
 
-    def score(value: float, batch: int, partition: Partition) -> bool:
-        """Score one plan by the cost model; whether it fits memory (the search checks
-        stage memory and ring replicas with a conservative holder; this is the figure)."""
-        cost = cm.evaluate(partition)
+    def score(value: float, batch: int, partition: Partition,
+              cost: PlanCost | None = None) -> bool:
+        """Score one plan by the cost model (``cost``: its figures, when evaluated
+        already); whether it fits memory (the search checks stage memory and ring
+        replicas with a conservative holder; this is the figure)."""
+        cost = cost if cost is not None else cm.evaluate(partition)
         if not cost.memory_ok:
             return False
         per_batch[batch] = min(per_batch.get(batch, INF), cost.iteration_ms)
@@ -2234,7 +2236,9 @@ def best_plan(
                              f"the warm start's micro-batch size is not one of the config's "
                              f"candidates {list(sizes)}; give a plan of the DP's space")
         seen.add(incumbent)
-        score(pipeline_closed_form_ms(cm, incumbent), incumbent.micro_batch_size, incumbent)
+        cost = cm.evaluate(incumbent)
+        score(pipeline_closed_form_ms(cm, incumbent, cost), incumbent.micro_batch_size,
+              incumbent, cost)
     status, kind = "complete", "none"  # the graph searched; none when no search ran
     bounds = {b: tables.lower_bound(b, per_batch_levels) for b in sizes}
     # micro-batch sizes: first the one of least lower bound on the exact figure (a small

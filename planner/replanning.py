@@ -614,9 +614,9 @@ def _full_solve(
             res = plan_milp(problem, solver["backend"], solver["time_limit_s"], warm_start=warm)
             return res.partition, res.cost
         # a hand-made plan's micro-batch size may lie outside the DP's candidates
-        start = warm if warm and warm.micro_batch_size in problem.config.micro_batch_sizes() \
-            else None
-        res = plan_dp(problem, incumbent=start)
+        sizes = problem.config.micro_batch_sizes()
+        res = plan_dp(problem, incumbent=warm if warm and warm.micro_batch_size in sizes
+                      else None)
         return res.partition, res.cost
     except InfeasibleError:
         return None

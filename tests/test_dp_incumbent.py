@@ -86,12 +86,16 @@ def test_the_incumbent_is_returned_when_nothing_beats_it():
     assert warm.status == "complete"
 
 
+def merge_case():
+    """The plan of test_replan's full-solve case: a [0,1), b,c [1,2) on 8 Mbit/s; losing
+    a, the fast path merges [0,2) onto b,c (2000 ms of all-reduce) and the full solve
+    pipelines b | c."""
+    return hand_plan([1, 1], [(0, 1, ("a",), (4,)), (1, 2, ("b", "c"), (2, 2))],
+                     ["a", "b", "c"], bandwidth_mbps=8.0)  # fmt: skip
+
+
 def test_replanning_warm_starts_the_dp_with_its_fast_path_plan(monkeypatch):
-    # the plan of test_replan's full-solve case: a [0,1), b,c [1,2) on 8 Mbit/s; losing
-    # a, the fast path merges [0,2) onto b,c (2000 ms of all-reduce) and the full solve
-    # pipelines b | c
-    old = hand_plan([1, 1], [(0, 1, ("a",), (4,)), (1, 2, ("b", "c"), (2, 2))],
-                    ["a", "b", "c"], bandwidth_mbps=8.0)  # fmt: skip
+    old = merge_case()
     given = []
 
     def recording(problem, *args, **kwargs):
@@ -109,8 +113,7 @@ def test_replanning_warm_starts_the_dp_with_its_fast_path_plan(monkeypatch):
 def test_replanning_warm_starts_the_exact_solver_with_its_fast_path_plan(monkeypatch):
     # the same case under an exact-solver lineage: the full solve is the MILP, given the
     # fast-path plan as its start solution
-    hand = hand_plan([1, 1], [(0, 1, ("a",), (4,)), (1, 2, ("b", "c"), (2, 2))],
-                     ["a", "b", "c"], bandwidth_mbps=8.0)  # fmt: skip
+    hand = merge_case()
     old = make_plan(hand.problem, hand.partition,
                     SolverInfo("milp", {"backend": "cpsat", "time_limit_s": 20.0}))
     given = []
