@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from planner.baselines import BASELINES, plan_baseline
 from planner.cluster import Cluster
 from planner.config import TrainingConfig
-from planner.dp import plan_dp
+from planner.dp import MULTILEVEL_ABOVE, plan_dp
 from planner.errors import InputError
 from planner.milp import DEFAULT_BACKEND, DEFAULT_TIME_LIMIT, plan_milp
 from planner.plan import Plan, SolverInfo, load_plan, make_plan, save_plan
@@ -141,6 +141,7 @@ def solve(
                 "micro_batch_sizes": problem.config.micro_batch_sizes(),
                 "time_limit_s": time_limit,
                 "state_graph": result.graph,
+                "coarse_to_fine": problem.model.num_blocks > MULTILEVEL_ABOVE,
             },
             solve_time_s=result.solve_time_s,
             status="timed_out" if result.status == "timed_out" else "heuristic",

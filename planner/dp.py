@@ -231,6 +231,12 @@ relaxed tables, nor its graph, nor its first level): the overshoot is bounded by
 size's relaxed tables, one level's state (or the first size's first level) and the
 final re-scoring, which stops at the limit too.
 
+Long chains: :func:`plan_dp` on more than ``MULTILEVEL_ABOVE`` blocks runs this DP
+twice, on ~100 merged blocks and then on the cuts within one merge width of the good
+coarse plans' cuts (:mod:`planner.multilevel`; merging is exact for every plan on the
+merged cuts, so only the cut positions are restricted); ``multilevel=False`` runs it on
+every block.
+
 Complexity per B, with S states, E moves, C distinct compositions and P = min(L, N,
 max_stages) levels (p0 of them after collapsing): Z, O(L^2 N sqrt(B)) numpy work, on two
 classes after the first search Zc, O(B L^2 (c_1 + 1)(c_2 + 1) + L^2 P2) (P2 the pairs
@@ -371,6 +377,10 @@ HEAD_CACHE_BYTES = 2**29
 #: at 1.3 most first searches ran twice)
 FIRST_GUESS = 1.7
 
+#: chains of more blocks than this are planned coarse to fine by default
+#: (:mod:`planner.multilevel`, docs/decisions.md)
+MULTILEVEL_ABOVE = 200
+
 #: default wall-clock limit of one DP run, seconds
 DEFAULT_TIME_LIMIT = 60.0
 
@@ -391,6 +401,8 @@ class DPResult:
     candidates: dict[int, float]  # micro-batch size -> best predicted iteration ms
     status: str
     graph: str  # complete | ordered | none (no search ran: a warm start none could beat)
+    #: every plan the cost model scored and found fitting memory: (figures, plan, DP value)
+    scored: tuple[tuple[PlanCost, Partition, float], ...] = ()
 
 
 class _Timeout(Exception):
@@ -2139,6 +2151,20 @@ def choose(
     )
 
 
+def check_incumbent(problem: Problem, incumbent: Partition) -> None:
+    """Raise unless ``incumbent`` is a plan of ``problem`` at one of its micro-batch
+    candidates (:class:`~planner.errors.PlanMismatchError`, :class:`InputError`)."""
+    check_partition(problem, incumbent)
+    sizes = problem.config.micro_batch_sizes()
+    if incumbent.micro_batch_size not in sizes:
+        raise InputError(
+            "incumbent",
+            str(incumbent.micro_batch_size),
+            f"the warm start's micro-batch size is not one of the config's "
+            f"candidates {list(sizes)}; give a plan of the DP's space",
+        )
+
+
 def plan_dp(
     problem: Problem,
     progress: Callable[[int, int], None] | None = None,
@@ -2146,6 +2172,7 @@ def plan_dp(
     *,
     by_class: bool = True,
     incumbent: Partition | None = None,
+    multilevel: bool = True,
 ) -> DPResult:
     """Best partition found by the DP over every micro-batch candidate.
 
@@ -2164,13 +2191,25 @@ def plan_dp(
             than it beyond the tie tolerance (:func:`choose` may prefer a plan within
             ``TIE_TOLERANCE`` on fewer devices); it is returned, with its closed form as
             the DP value, when the search finds nothing better.
+        multilevel: on a chain of more than
+            :data:`~planner.multilevel.MULTILEVEL_ABOVE` blocks, plan coarse to fine
+            (:func:`planner.multilevel.plan_multilevel`: the DP on merged blocks, then on
+            the cuts near the coarse plans' cuts); ``False`` runs the DP on every block.
 
     Raises:
         InfeasibleError: no candidate fits memory (message names the binding figure).
         PlanMismatchError: the incumbent is not a plan of ``problem``.
         InputError: the incumbent's micro-batch size is not a candidate.
     """
-    result = best_plan(problem, progress, time_limit, by_class=by_class, incumbent=incumbent)
+    if multilevel and problem.model.num_blocks > MULTILEVEL_ABOVE:
+        # imported here: the multilevel planner runs best_plan itself
+        from planner.multilevel import plan_multilevel
+
+        result = plan_multilevel(problem, progress, time_limit, by_class=by_class,
+                                 incumbent=incumbent)  # fmt: skip
+    else:
+        result = best_plan(problem, progress, time_limit, by_class=by_class,
+                           incumbent=incumbent)  # fmt: skip
     if result is None:
         # imported here: the diagnosis runs the DP itself (on clusters with more memory)
         from planner.diagnosis import diagnose_infeasible
@@ -2215,8 +2254,7 @@ def best_plan(
     seen: set[Partition] = set()
     waiting: list[tuple[float, int, Partition]] = []
 
-    def score(value: float, batch: int, partition: Partition,
-              cost: PlanCost | None = None) -> bool:
+    def score(value: float, batch: int, partition: Partition, cost: PlanCost | None = None) -> bool:
         """Score one plan by the cost model (``cost``: its figures, when evaluated
         already); whether it fits memory (the search checks stage memory and ring
         replicas with a conservative holder; this is the figure)."""
@@ -2230,15 +2268,15 @@ def best_plan(
     if incumbent is not None:
         # the warm start: its exact figure bounds every search from the first on (module
         # docstring, "Pruning"), and it competes in the final choice
-        check_partition(problem, incumbent)
-        if incumbent.micro_batch_size not in sizes:
-            raise InputError("incumbent", str(incumbent.micro_batch_size),
-                             f"the warm start's micro-batch size is not one of the config's "
-                             f"candidates {list(sizes)}; give a plan of the DP's space")
+        check_incumbent(problem, incumbent)
         seen.add(incumbent)
         cost = cm.evaluate(incumbent)
-        score(pipeline_closed_form_ms(cm, incumbent, cost), incumbent.micro_batch_size,
-              incumbent, cost)
+        score(
+            pipeline_closed_form_ms(cm, incumbent, cost),
+            incumbent.micro_batch_size,
+            incumbent,
+            cost,
+        )
     status, kind = "complete", "none"  # the graph searched; none when no search ran
     bounds = {b: tables.lower_bound(b, per_batch_levels) for b in sizes}
     # micro-batch sizes: first the one of least lower bound on the exact figure (a small
@@ -2370,11 +2408,11 @@ def best_plan(
         # add the same terms in other orders (a last-digit difference was seen: review 9
         # F1), hence the relative slack ROUNDING_SLACK
         least = max(fastest * (1 + TIE_TOLERANCE), per_batch.get(batch, INF))
-        if np.isfinite(least) and cm.round_lower_bound_ms(partition) > least * (
-                1 + ROUNDING_SLACK):
+        if np.isfinite(least) and cm.round_lower_bound_ms(partition) > least * (1 + ROUNDING_SLACK):
             continue
         score(value, batch, partition)
     if not found:
         return None
     cost, partition, value = choose(found)
-    return DPResult(partition, cost, value, time.perf_counter() - start, per_batch, status, kind)
+    return DPResult(partition, cost, value, time.perf_counter() - start, per_batch, status, kind,
+                    tuple(found))  # fmt: skip

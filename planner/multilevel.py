@@ -1,0 +1,178 @@
+"""Coarse-to-fine planning of long chains: the DP on merged blocks, then on the cuts
+near the coarse plans' cuts (multilevel refinement, issue 10; docs/decisions.md).
+
+Inputs: a :class:`~planner.problem.Problem` of L blocks, the DP's arguments.
+
+Merging is exact. Every figure of a stage is a difference of prefix sums over its block
+range (times per device type and batch, parameter and saved bytes: ``CostModel``'s
+tables, reference/asteroid.md §3) or reads the output bytes of its last block (the
+boundary after it), so a chain whose blocks between consecutive positions of a set of
+cuts are merged into one block each prices every plan whose cuts lie in that set exactly
+as the full chain does (:func:`merge_blocks`; a merged type's times are tabulated at
+every batch 1..max micro-batch, so the cost model's batch curve reads the summed curves
+of its members, not a curve fitted to summed measurements). Planning on a merged chain
+is planning on the full one with stage boundaries restricted to the cuts.
+
+Steps (:func:`plan_multilevel`):
+
+1. coarse: merge every k = ceil(L / ``COARSE_BLOCKS``) consecutive blocks and run the DP
+   (:func:`planner.dp.best_plan`) on the ~``COARSE_BLOCKS`` merged blocks;
+2. windows: every plan the coarse run scored within ``WINDOW_MARGIN`` of its fastest
+   figure (the best of each micro-batch size and the re-scored runners-up) votes its
+   cuts, and the allowed cuts are those within k blocks of a voted cut (the coarse grid
+   is k wide, so every fine position between two grid points next to a cut is allowed),
+   plus every cut of a warm start;
+3. fine: run the DP on the chain merged at the allowed cuts, warm-started from the
+   faster of the coarse plan and the caller's warm start (so the answer is never slower
+   than either beyond the tie tolerance), and return the chosen plan (the DP's tie rule
+   over the coarse and the fine plans) on the original blocks, scored by the cost model
+   of the full chain.
+
+A plan whose stage boundaries lie away from every good coarse plan's is not searched:
+this is a heuristic where the DP is (its fronts are lossy too), measured against the DP
+on every block in ``benchmarks/multilevel_quality.py`` (docs/benchmarks.md). When the
+coarse chain has no plan that fits memory (a fit may need a cut off the coarse grid),
+the DP runs on every block instead.
+
+Complexity: the DP's, on ~``COARSE_BLOCKS`` blocks, then on W <= (2k + 1) x (the voted
+cuts) + 1 merged blocks (about 2 P k for plans of P stages); the DP's work grows as the
+square of the blocks (its head ranges), so 400 blocks cost about two DPs of 100-200
+instead of one of 400. Merging is O(L x max micro-batch) per type. The time limit is
+shared: the fine run gets what the coarse one left, and is not begun when the coarse
+run timed out (its plan is returned, ``timed_out``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+import numpy as np
+
+from planner.cost import CostModel
+from planner.dp import DEFAULT_TIME_LIMIT, DPResult, best_plan, check_incumbent, choose
+from planner.partition import Partition
+from planner.problem import Problem
+from planner.profile import Block, Timing, batch_curve
+
+#: blocks of the coarse chain (at most; the merge width is ceil(L / COARSE_BLOCKS))
+COARSE_BLOCKS = 100
+
+#: coarse plans within this fraction of the fastest coarse figure vote their cuts
+WINDOW_MARGIN = 0.05
+
+
+def merge_blocks(problem: Problem, cuts: list[int]) -> Problem:
+    """``problem`` with the blocks between consecutive ``cuts`` (0 = cuts[0] < .. <
+    cuts[-1] = L) merged into one block each: parameter and saved bytes summed, the
+    output bytes of the last member, and per device type the summed batch curves at every
+    batch 1..max micro-batch candidate (exact for every plan whose cuts are in ``cuts``:
+    module docstring). O(L x max micro-batch) per type."""
+    blocks = problem.model.blocks
+    spans = list(itertools.pairwise(cuts))
+    merged = tuple(
+        Block(
+            name=blocks[a].name if b - a == 1 else f"{blocks[a].name}..{blocks[b - 1].name}",
+            param_bytes=sum(x.param_bytes for x in blocks[a:b]),
+            output_bytes_per_sample=blocks[b - 1].output_bytes_per_sample,
+            saved_bytes_per_sample=sum(x.saved_bytes_per_sample for x in blocks[a:b]),
+            members=tuple(m for x in blocks[a:b] for m in (x.members or (x.name,))),
+        )
+        for a, b in spans
+    )
+    max_batch = max(problem.config.micro_batch_sizes())
+    sizes = tuple(range(1, max_batch + 1))
+    at = np.array(cuts)
+
+    def merge(timing: Timing) -> Timing:
+        def summed(field: str) -> tuple[tuple[float, ...], ...]:
+            curves = batch_curve(timing.batch_sizes, np.asarray(getattr(timing, field)), max_batch)
+            prefix = np.vstack([np.zeros((1, max_batch + 1)), np.cumsum(curves, axis=0)])
+            per_block = prefix[at[1:], 1:] - prefix[at[:-1], 1:]
+            return tuple(tuple(float(v) for v in row) for row in per_block)
+
+        return replace(timing, batch_sizes=sizes, forward_ms=summed("forward_ms"),
+                       backward_ms=summed("backward_ms"), forward_spread_ms=None,
+                       backward_spread_ms=None)  # fmt: skip
+
+    model = replace(problem.model, blocks=merged,
+                    timings={k: merge(t) for k, t in problem.model.timings.items()})  # fmt: skip
+    return replace(problem, model=model, timings={k: merge(t) for k, t in problem.timings.items()})
+
+
+def expand(partition: Partition, cuts: list[int]) -> Partition:
+    """A plan of the chain merged at ``cuts`` as a plan of the original blocks."""
+    stages = tuple(replace(s, first=cuts[s.first], end=cuts[s.end]) for s in partition.stages)
+    return replace(partition, stages=stages)
+
+
+def contract(partition: Partition, cuts: list[int]) -> Partition:
+    """A plan of the original blocks whose cuts are all in ``cuts`` as a plan of the chain
+    merged there (the inverse of :func:`expand`)."""
+    index = {c: i for i, c in enumerate(cuts)}
+    stages = tuple(replace(s, first=index[s.first], end=index[s.end]) for s in partition.stages)
+    return replace(partition, stages=stages)
+
+
+def plan_multilevel(
+    problem: Problem,
+    progress: Callable[[int, int], None] | None = None,
+    time_limit: float = DEFAULT_TIME_LIMIT,
+    *,
+    by_class: bool = True,
+    incumbent: Partition | None = None,
+) -> DPResult | None:
+    """The DP coarse to fine (module docstring); ``None`` when nothing fits memory.
+    Arguments as :func:`planner.dp.plan_dp`'s; ``progress`` runs to half its total in the
+    coarse run and to the whole in the fine one."""
+    start = time.perf_counter()
+    n_blk = problem.model.num_blocks
+    if incumbent is not None:
+        check_incumbent(problem, incumbent)
+    width = math.ceil(n_blk / COARSE_BLOCKS)
+    grid = [*range(0, n_blk, width), n_blk]
+
+    def half(offset: int) -> Callable[[int, int], None] | None:
+        if progress is None:
+            return None
+        return lambda done, total: progress(offset * total + done, 2 * total)
+
+    coarse = best_plan(merge_blocks(problem, grid), half(0), time_limit, by_class=by_class)
+    left = time_limit - (time.perf_counter() - start)
+    if coarse is None:
+        # no coarse plan fits memory: one may need a cut off the grid
+        return best_plan(problem, progress, max(left, 0.0), by_class=by_class,
+                         incumbent=incumbent)  # fmt: skip
+    found = [(cost, expand(p, grid), value) for cost, p, value in coarse.scored]
+    cm = CostModel(problem, max(problem.config.micro_batch_sizes()))
+    if incumbent is not None:
+        cost = cm.evaluate(incumbent)
+        if cost.memory_ok:
+            found.append((cost, incumbent, cost.iteration_ms))
+    warm = min(found, key=lambda f: f[0].iteration_ms)[1]
+    fastest = min(cost.iteration_ms for cost, _, _ in found)
+    voters = [p for cost, p, _ in found if cost.iteration_ms <= fastest * (1 + WINDOW_MARGIN)]
+    allowed = {0, n_blk}
+    for plan in voters:
+        for stage in plan.stages[1:]:
+            allowed.update(range(max(1, stage.first - width), min(n_blk, stage.first + width + 1)))
+    if incumbent is not None:
+        allowed.update(s.first for s in incumbent.stages)
+    cuts = sorted(allowed)
+    status, graph = coarse.status, coarse.graph
+    candidates = dict(coarse.candidates)
+    if status != "timed_out":
+        fine = best_plan(merge_blocks(problem, cuts), half(1), max(left, 0.0),
+                         by_class=by_class, incumbent=contract(warm, cuts))  # fmt: skip
+        assert fine is not None  # the warm start fits memory
+        found += [(cost, expand(p, cuts), value) for cost, p, value in fine.scored]
+        status, graph = fine.status, fine.graph
+        for batch, ms in fine.candidates.items():
+            candidates[batch] = min(candidates.get(batch, math.inf), ms)
+    _, partition, value = choose(found)
+    cost = cm.evaluate(partition)
+    return DPResult(partition, cost, value, time.perf_counter() - start, candidates, status,
+                    graph, tuple(found))  # fmt: skip
