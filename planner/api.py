@@ -114,6 +114,7 @@ def solve(
     *,
     backend: str = DEFAULT_BACKEND,
     time_limit: float = DEFAULT_TIME_LIMIT,
+    multilevel: bool = True,
 ) -> Plan:
     """Plan ``problem`` with ``solver`` and return the scored :class:`Plan`.
 
@@ -123,7 +124,8 @@ def solve(
     ``time_limit`` in seconds, warm-started from the DP) or a baseline of
     :mod:`planner.baselines`. ``progress(done, total)`` is called as the DP finishes each
     level of a micro-batch candidate or the exact solver each (micro-batch, stage count)
-    program.
+    program. ``multilevel`` (dp only): plan a model of more than ``MULTILEVEL_ABOVE``
+    blocks coarse to fine (:mod:`planner.multilevel`; the default), or on every block.
 
     Raises:
         InfeasibleError: nothing fits memory (the message names the binding figure).
@@ -134,14 +136,15 @@ def solve(
             "--time-limit", "", f"expected seconds as a number, got a {type(time_limit).__name__}"
         )
     if solver == "dp":
-        result = plan_dp(problem, progress=progress, time_limit=time_limit)
+        result = plan_dp(problem, progress=progress, time_limit=time_limit,
+                         multilevel=multilevel)  # fmt: skip
         info = SolverInfo(
             name="dp",
             settings={
                 "micro_batch_sizes": problem.config.micro_batch_sizes(),
                 "time_limit_s": time_limit,
                 "state_graph": result.graph,
-                "coarse_to_fine": problem.model.num_blocks > MULTILEVEL_ABOVE,
+                "coarse_to_fine": multilevel and problem.model.num_blocks > MULTILEVEL_ABOVE,
             },
             solve_time_s=result.solve_time_s,
             status="timed_out" if result.status == "timed_out" else "heuristic",

@@ -93,7 +93,7 @@ CONFIG_FLAGS = {
 }
 
 #: solver flags -> the planners they apply to (anything else given with them is an error)
-SOLVER_FLAGS = {"backend": ("milp",), "time_limit": ("dp", "milp")}
+SOLVER_FLAGS = {"backend": ("milp",), "time_limit": ("dp", "milp"), "every_block": ("dp",)}
 
 
 def _config_from_args(args: argparse.Namespace) -> TrainingConfig:
@@ -113,7 +113,7 @@ def _config_from_args(args: argparse.Namespace) -> TrainingConfig:
 def _check_solver_flags(args: argparse.Namespace, planners: Sequence[str]) -> None:
     """A solver flag given explicitly for planners none of which it applies to is an error."""
     for flag, applies in SOLVER_FLAGS.items():
-        if getattr(args, flag) is not None and not set(planners) & set(applies):
+        if getattr(args, flag, None) is not None and not set(planners) & set(applies):
             option = "--" + flag.replace("_", "-")
             raise InputError(
                 option,
@@ -288,6 +288,7 @@ def _solve(args: argparse.Namespace) -> Plan:
             _progress_callback(progress, label),
             backend=backend,
             time_limit=time_limit,
+            multilevel=not args.every_block,
         )
 
 
@@ -1243,6 +1244,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--solver", default="dp", help=f"planner to use, one of {', '.join(api.planners())}"
     )
     _add_solver_args(p)
+    p.add_argument(
+        "--every-block", action="store_const", const=True,
+        help="dp: plan a model of more than 200 blocks on every block, not coarse to fine "
+        "(slower; docs/planners.md)",
+    )  # fmt: skip
     p.add_argument("-o", "--output", type=output_file, help="plan file to write ('-': stdout)")
     p.set_defaults(func=cmd_plan)
 

@@ -173,6 +173,7 @@ BAD_ARGUMENTS = [
     ([*PLAN, "--solver", "milp", "--time-limit", "nan"], "--time-limit"),
     ([*PLAN, "--backend", "highs"], "--backend"),
     ([*PLAN, "--solver", "gpipe", "--time-limit", "5"], "--time-limit"),
+    ([*PLAN, "--solver", "milp", "--every-block"], "--every-block"),
     ([*PLAN, "--solver", "annealing"], "--solver"),
     ([*PLAN, "-o", "{dir}"], "-o/--output"),
     ([*PLAN, "-o", "{missing}"], "-o/--output"),

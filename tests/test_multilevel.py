@@ -10,8 +10,10 @@ import itertools
 import numpy as np
 import pytest
 
+from planner import api
 from planner.cost import CostModel, pipeline_closed_form_ms
 from planner.dp import MULTILEVEL_ABOVE, TIE_TOLERANCE, plan_dp
+from planner.errors import InputError
 from planner.multilevel import contract, expand, merge_blocks
 from planner.partition import Partition, StageAssignment
 from planner.plan import check_partition
@@ -159,3 +161,24 @@ def test_progress_runs_through_the_coarse_half_then_the_fine_half():
     fractions = [d / t for d, t in seen]
     assert fractions == sorted(fractions)
     assert fractions[0] <= 0.5 < fractions[-1] <= 1.0
+
+
+def test_the_plan_records_whether_it_was_planned_coarse_to_fine():
+    problem = long_chain()
+    assert api.solve(problem, "dp").solver.settings["coarse_to_fine"] is True
+    every_block = api.solve(problem, "dp", multilevel=False)
+    assert every_block.solver.settings["coarse_to_fine"] is False
+    assert every_block.partition == plan_dp(problem, multilevel=False).partition
+    short = random_problem(40, 4, seed=3)
+    assert api.solve(short, "dp").solver.settings["coarse_to_fine"] is False
+
+
+def test_a_long_chain_refuses_a_warm_start_of_another_micro_batch_size():
+    problem = long_chain()
+    warm = plan_dp(problem).partition
+    odd = dataclasses.replace(warm, micro_batch_size=16, num_micro_batches=1,
+                              stages=tuple(dataclasses.replace(s, samples=tuple(
+                                  16 * y // warm.micro_batch_size for y in s.samples))
+                                  for s in warm.stages))  # fmt: skip
+    with pytest.raises(InputError, match="micro-batch size is not one of"):
+        plan_dp(problem, incumbent=odd)
