@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from planner.baselines import BASELINES, plan_baseline
 from planner.cluster import Cluster
 from planner.config import TrainingConfig
-from planner.dp import MULTILEVEL_ABOVE, plan_dp
+from planner.dp import plan_dp
 from planner.errors import InputError
 from planner.milp import DEFAULT_BACKEND, DEFAULT_TIME_LIMIT, plan_milp
 from planner.plan import Plan, SolverInfo, load_plan, make_plan, save_plan
@@ -124,7 +124,7 @@ def solve(
     ``time_limit`` in seconds, warm-started from the DP) or a baseline of
     :mod:`planner.baselines`. ``progress(done, total)`` is called as the DP finishes each
     level of a micro-batch candidate or the exact solver each (micro-batch, stage count)
-    program. ``multilevel`` (dp only): plan a model of more than ``MULTILEVEL_ABOVE``
+    program. ``multilevel`` (dp only): plan a model of more than ``dp.MULTILEVEL_ABOVE``
     blocks coarse to fine (:mod:`planner.multilevel`; the default), or on every block.
 
     Raises:
@@ -144,7 +144,7 @@ def solve(
                 "micro_batch_sizes": problem.config.micro_batch_sizes(),
                 "time_limit_s": time_limit,
                 "state_graph": result.graph,
-                "coarse_to_fine": multilevel and problem.model.num_blocks > MULTILEVEL_ABOVE,
+                "coarse_to_fine": result.coarse_to_fine,
             },
             solve_time_s=result.solve_time_s,
             status="timed_out" if result.status == "timed_out" else "heuristic",

@@ -403,6 +403,8 @@ class DPResult:
     graph: str  # complete | ordered | none (no search ran: a warm start none could beat)
     #: every plan the cost model scored and found fitting memory: (figures, plan, DP value)
     scored: tuple[tuple[PlanCost, Partition, float], ...] = ()
+    #: planned coarse to fine (:mod:`planner.multilevel`), not on every block
+    coarse_to_fine: bool = False
 
 
 class _Timeout(Exception):
@@ -2192,7 +2194,7 @@ def plan_dp(
             ``TIE_TOLERANCE`` on fewer devices); it is returned, with its closed form as
             the DP value, when the search finds nothing better.
         multilevel: on a chain of more than
-            :data:`~planner.multilevel.MULTILEVEL_ABOVE` blocks, plan coarse to fine
+            :data:`MULTILEVEL_ABOVE` blocks, plan coarse to fine
             (:func:`planner.multilevel.plan_multilevel`: the DP on merged blocks, then on
             the cuts near the coarse plans' cuts); ``False`` runs the DP on every block.
 

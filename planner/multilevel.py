@@ -52,7 +52,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from planner.cost import CostModel
+from planner.cost import CostModel, pipeline_closed_form_ms
 from planner.dp import DEFAULT_TIME_LIMIT, DPResult, best_plan, check_incumbent, choose
 from planner.partition import Partition
 from planner.problem import Problem
@@ -127,7 +127,14 @@ def plan_multilevel(
 ) -> DPResult | None:
     """The DP coarse to fine (module docstring); ``None`` when nothing fits memory.
     Arguments as :func:`planner.dp.plan_dp`'s; ``progress`` runs to half its total in the
-    coarse run and to the whole in the fine one."""
+    coarse run and on from there in the fine one (or the run on every block, where no
+    coarse plan fits). ``coarse_to_fine`` in the result says whether the fine run's
+    chain was the one searched last (False after the fallback to every block).
+
+    Raises:
+        PlanMismatchError: the incumbent is not a plan of ``problem``.
+        InputError: the incumbent's micro-batch size is not a candidate.
+    """
     start = time.perf_counter()
     n_blk = problem.model.num_blocks
     if incumbent is not None:
@@ -141,19 +148,18 @@ def plan_multilevel(
         return lambda done, total: progress(offset * total + done, 2 * total)
 
     coarse = best_plan(merge_blocks(problem, grid), half(0), time_limit, by_class=by_class)
-    left = time_limit - (time.perf_counter() - start)
+    left = max(time_limit - (time.perf_counter() - start), 0.0)
     if coarse is None:
         # no coarse plan fits memory: one may need a cut off the grid
-        return best_plan(problem, progress, max(left, 0.0), by_class=by_class,
-                         incumbent=incumbent)  # fmt: skip
-    found = [(cost, expand(p, grid), value) for cost, p, value in coarse.scored]
+        return best_plan(problem, half(1), left, by_class=by_class, incumbent=incumbent)
     cm = CostModel(problem, max(problem.config.micro_batch_sizes()))
+    found = [(cost, expand(p, grid), value) for cost, p, value in coarse.scored]
     if incumbent is not None:
         cost = cm.evaluate(incumbent)
         if cost.memory_ok:
-            found.append((cost, incumbent, cost.iteration_ms))
-    warm = min(found, key=lambda f: f[0].iteration_ms)[1]
+            found.append((cost, incumbent, pipeline_closed_form_ms(cm, incumbent, cost)))
     fastest = min(cost.iteration_ms for cost, _, _ in found)
+    warm = next(p for cost, p, _ in found if cost.iteration_ms == fastest)
     voters = [p for cost, p, _ in found if cost.iteration_ms <= fastest * (1 + WINDOW_MARGIN)]
     allowed = {0, n_blk}
     for plan in voters:
@@ -163,16 +169,19 @@ def plan_multilevel(
         allowed.update(s.first for s in incumbent.stages)
     cuts = sorted(allowed)
     status, graph = coarse.status, coarse.graph
-    candidates = dict(coarse.candidates)
     if status != "timed_out":
-        fine = best_plan(merge_blocks(problem, cuts), half(1), max(left, 0.0),
-                         by_class=by_class, incumbent=contract(warm, cuts))  # fmt: skip
-        assert fine is not None  # the warm start fits memory
-        found += [(cost, expand(p, cuts), value) for cost, p, value in fine.scored]
-        status, graph = fine.status, fine.graph
-        for batch, ms in fine.candidates.items():
-            candidates[batch] = min(candidates.get(batch, math.inf), ms)
+        fine = best_plan(merge_blocks(problem, cuts), half(1), left, by_class=by_class,
+                         incumbent=contract(warm, cuts))  # fmt: skip
+        # None only if the warm start fits the full chain's memory but not, by a rounding
+        # of the merged sums, the fine chain's: the coarse plans stand
+        if fine is not None:
+            found += [(cost, expand(p, cuts), value) for cost, p, value in fine.scored]
+            status = fine.status
+            graph = graph if fine.graph == "none" else fine.graph
+    candidates: dict[int, float] = {}
+    for cost, plan, _ in found:
+        batch = plan.micro_batch_size
+        candidates[batch] = min(candidates.get(batch, math.inf), cost.iteration_ms)
     _, partition, value = choose(found)
-    cost = cm.evaluate(partition)
-    return DPResult(partition, cost, value, time.perf_counter() - start, candidates, status,
-                    graph, tuple(found))  # fmt: skip
+    return DPResult(partition, cm.evaluate(partition), value, time.perf_counter() - start,
+                    candidates, status, graph, tuple(found), coarse_to_fine=True)  # fmt: skip

@@ -10,7 +10,7 @@ import itertools
 import numpy as np
 import pytest
 
-from planner import api
+from planner import api, multilevel
 from planner.cost import CostModel, pipeline_closed_form_ms
 from planner.dp import MULTILEVEL_ABOVE, TIE_TOLERANCE, plan_dp
 from planner.errors import InputError
@@ -113,17 +113,51 @@ def test_a_long_chain_stays_near_the_dp_on_every_block():
     assert plan_dp(problem).cost.iteration_ms <= every_block.cost.iteration_ms * 1.02
 
 
-def test_a_chain_up_to_the_threshold_is_planned_on_every_block():
-    problem = long_chain(blocks=MULTILEVEL_ABOVE)
-    assert plan_dp(problem).partition == plan_dp(problem, multilevel=False).partition
+def refuse_coarse_to_fine(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("planned coarse to fine")
+
+    monkeypatch.setattr(multilevel, "plan_multilevel", refuse)
+
+
+def test_a_chain_up_to_the_threshold_is_planned_on_every_block(monkeypatch):
+    refuse_coarse_to_fine(monkeypatch)
+    assert not plan_dp(long_chain(blocks=MULTILEVEL_ABOVE)).coarse_to_fine
+    with pytest.raises(AssertionError, match="coarse to fine"):
+        plan_dp(long_chain(blocks=MULTILEVEL_ABOVE + 1))
+
+
+def test_every_block_when_asked(monkeypatch):
+    refuse_coarse_to_fine(monkeypatch)
+    assert not plan_dp(long_chain(), multilevel=False).coarse_to_fine
 
 
 def test_the_coarse_to_fine_plan_is_never_slower_than_its_warm_start():
-    problem = long_chain(seed=2)
+    problem = long_chain()
     warm = plan_dp(problem, multilevel=False).partition
-    warm_ms = CostModel(problem, 8).evaluate(warm).iteration_ms
+    cm = CostModel(problem, 8)
+    warm_ms = cm.evaluate(warm).iteration_ms
+    # without it the coarse-to-fine plan is 1.34% slower on this instance
+    assert plan_dp(problem).cost.iteration_ms > warm_ms * (1 + TIE_TOLERANCE)
     result = plan_dp(problem, incumbent=warm)
     assert result.cost.iteration_ms <= warm_ms * (1 + TIE_TOLERANCE)
+    # what comes back carries its figures: its DP value is its closed form, and its
+    # micro-batch size's candidate figure is at most its own
+    assert result.dp_value_ms == pytest.approx(pipeline_closed_form_ms(cm, result.partition))
+    batch = result.partition.micro_batch_size
+    assert result.candidates[batch] <= result.cost.iteration_ms
+
+
+def test_a_warm_start_returned_at_once_keeps_its_figures():
+    # out of time after the coarse run's first level: the warm start is the best plan
+    problem = long_chain()
+    warm = plan_dp(problem, multilevel=False).partition
+    cm = CostModel(problem, 8)
+    result = plan_dp(problem, incumbent=warm, time_limit=1e-3)
+    assert result.status == "timed_out"
+    assert result.partition == warm
+    assert result.dp_value_ms == pytest.approx(pipeline_closed_form_ms(cm, warm))
+    assert result.candidates[warm.micro_batch_size] == cm.evaluate(warm).iteration_ms
 
 
 def test_a_fit_off_the_coarse_grid_falls_back_to_every_block():
@@ -141,15 +175,38 @@ def test_a_fit_off_the_coarse_grid_falls_back_to_every_block():
     model = dataclasses.replace(problem.model, blocks=blocks)
     config = dataclasses.replace(problem.config, replication_interval=0)  # no ring replicas
     problem = dataclasses.replace(problem, model=model, config=config)
-    result = plan_dp(problem)
+    seen: list[tuple[int, int]] = []
+    result = plan_dp(problem, progress=lambda done, total: seen.append((done, total)))
     assert [s.first for s in result.partition.stages][1] in (100, 101)
     assert result.partition == plan_dp(problem, multilevel=False).partition
+    assert not result.coarse_to_fine
+    assert api.solve(problem, "dp").solver.settings["coarse_to_fine"] is False
+    # the run on every block reports on from the coarse half
+    fractions = [d / t for d, t in seen]
+    assert fractions == sorted(fractions)
+    assert fractions[-1] > 0.5
 
 
-def test_a_time_limit_returns_the_coarse_plan_timed_out():
+def test_a_time_limit_returns_the_coarse_plan_timed_out(monkeypatch):
+    runs: list[int] = []  # blocks of each chain the DP searched
+    search = multilevel.best_plan
+
+    def spy(problem, *args, **kwargs):
+        runs.append(problem.model.num_blocks)
+        return search(problem, *args, **kwargs)
+
+    monkeypatch.setattr(multilevel, "best_plan", spy)
     problem = long_chain()
     result = plan_dp(problem, time_limit=1e-3)
     assert result.status == "timed_out"
+    check_partition(problem, result.partition)
+    assert runs == [80]  # the coarse chain only: the fine run is not begun
+
+
+def test_by_class_false_plans_coarse_to_fine_too():
+    problem = long_chain(blocks=MULTILEVEL_ABOVE + 10)
+    result = plan_dp(problem, by_class=False)
+    assert result.coarse_to_fine
     check_partition(problem, result.partition)
 
 
@@ -166,6 +223,7 @@ def test_progress_runs_through_the_coarse_half_then_the_fine_half():
 def test_the_plan_records_whether_it_was_planned_coarse_to_fine():
     problem = long_chain()
     assert api.solve(problem, "dp").solver.settings["coarse_to_fine"] is True
+    assert plan_dp(problem).coarse_to_fine
     every_block = api.solve(problem, "dp", multilevel=False)
     assert every_block.solver.settings["coarse_to_fine"] is False
     assert every_block.partition == plan_dp(problem, multilevel=False).partition
