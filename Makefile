@@ -18,10 +18,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check planner executor tests benchmarks
-	# two pytest calls, both always run: every test but the `serial` ones on two workers
-	# (xdist_group marks keep a group on one worker), then the `serial` ones alone; the
+	# two pytest calls, both always run: every test but the `serial` ones on two workers,
+	# then the `serial` ones alone; the
 	# status is non-zero if either failed (README, "Tests"; docs/decisions.md)
 	status=0; \
-	$(VENV)/bin/python -m pytest -q -n 2 --dist loadgroup -m "not serial" --durations=15 || status=$$?; \
+	$(VENV)/bin/python -m pytest -q -n 2 -m "not serial" --durations=15 || status=$$?; \
 	$(VENV)/bin/python -m pytest -q -m serial || status=$$?; \
 	exit $$status

@@ -1,8 +1,9 @@
 """Set-up shared across test modules: expensive runs that several tests only read.
 
-A session-scoped fixture runs once per pytest process, so once per xdist worker: the
-tests that share one carry the same ``xdist_group`` mark (``"demo"`` for
-:func:`demo_run`), which ``--dist loadgroup`` sends to one worker.
+A session-scoped fixture runs once per pytest process, so once per xdist worker that
+runs a test using it: every check of :func:`demo_run` is in one test
+(tests/test_emulation.py), since ``xdist_group`` marks no longer keep tests on one worker
+under pytest 9.2 (pytest-dev/pytest-xdist#1386; README, "Tests").
 """
 
 from __future__ import annotations

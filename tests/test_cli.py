@@ -93,14 +93,6 @@ def test_infeasible_memory_is_reported_not_raised(tmp_path, capsys):
     assert "memory" in err and "short by" in err
 
 
-@pytest.mark.slow
-@pytest.mark.xdist_group("demo")
-def test_demo_writes_plan_and_chart(demo_run):
-    assert demo_run.status == 0
-    assert load_plan(demo_run.out / "plan.json").problem.cluster.name == "jetson-testbed-6"
-    assert (demo_run.out / "gantt.png").stat().st_size > 0
-
-
 def tiny_resnet_profile_args(batch_sizes: str, output) -> list[str]:
     """``edgepipe profile`` of a small ResNet-18 (32x32 input, quarter width)."""
     return [
