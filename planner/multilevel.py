@@ -11,7 +11,11 @@ cuts are merged into one block each prices every plan whose cuts lie in that set
 as the full chain does (:func:`merge_blocks`; a merged type's times are tabulated at
 every batch 1..max micro-batch, so the cost model's batch curve reads the summed curves
 of its members, not a curve fitted to summed measurements). Planning on a merged chain
-is planning on the full one with stage boundaries restricted to the cuts.
+is planning on the full one with stage boundaries restricted to the cuts, up to the DP's
+own search heuristics that read a profile's measurements rather than its figures (the
+speed that orders device classes, :func:`planner.dp.device_orders`, reads the largest
+candidate's time clamped to the measured sizes; whether a class's times never fall with
+the batch is judged per block): they may search the merged chain in another order.
 
 Steps (:func:`plan_multilevel`):
 
