@@ -8,8 +8,9 @@ the gap's median, mean and worst; positive gaps are the coarse-to-fine plan bein
 Instances: random chains (tests/synthetic.py ``random_problem``: two device types,
 shared 100 Mbit/s medium) of 220, 300 and 400 blocks on 8 devices, seeds 0-2; the
 planner_scaling synthetic chains (switched 1 Gbit/s) of 300 and 400 blocks on 16
-identical devices and on 12 devices of 3 types; and the NASNet-like graph (252 fused
-blocks) on 16 Orin Nanos.
+identical devices and on 12 devices of 3 types; the NASNet-like graph (252 fused
+blocks) on 16 Orin Nanos and on the six-device Jetson testbed; and the 240-block chain of
+tests/test_multilevel.py.
 
     .venv/bin/python benchmarks/multilevel_quality.py [--markdown out.md] [--only NAME]
 """
@@ -27,8 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from planner_scaling import nasnet, synthetic
 
+from planner import api
+from planner.cluster import Cluster
+from planner.config import TrainingConfig
 from planner.dp import plan_dp
-from tests.synthetic import random_problem
+from planner.importers.pipedream import parse_pipedream
+from planner.problem import Problem, make_problem
+from tests.synthetic import nasnet_like, random_problem
 
 
 def instances() -> dict[str, object]:
@@ -42,7 +48,18 @@ def instances() -> dict[str, object]:
         out[f"synthetic {blocks} x 16 identical"] = lambda b=blocks: synthetic(b, 16, 1)
         out[f"synthetic {blocks} x 12, 3 types"] = lambda b=blocks: synthetic(b, 12, 3)
     out["nasnet-like 252 x 16 orin nanos"] = lambda: nasnet(16)
+    out["nasnet-like 252 x jetson-testbed-6"] = nasnet_testbed
+    out["random 240 x 6 mixed, global batch 16 (tests/test_multilevel.py)"] = lambda: (
+        random_problem(240, 6, seed=0, global_batch=16, candidates=(2, 4, 8))
+    )
     return out
+
+
+def nasnet_testbed() -> Problem:
+    """The NASNet-like graph on the six-device Jetson testbed (four types, Wi-Fi)."""
+    profile = parse_pipedream(nasnet_like(), "nasnet-like", batch_size=32, device_type="v100")
+    cluster = Cluster.load(api.resolve("jetson-testbed-6", "clusters"))
+    return make_problem(profile, cluster, TrainingConfig(32))
 
 
 def timed(problem, multilevel: bool) -> tuple[float, float]:

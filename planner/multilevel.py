@@ -19,12 +19,13 @@ the batch is judged per block): they may search the merged chain in another orde
 
 Steps (:func:`plan_multilevel`):
 
-1. coarse: merge every k = ceil(L / ``COARSE_BLOCKS``) consecutive blocks and run the DP
-   (:func:`planner.dp.best_plan`) on the ~``COARSE_BLOCKS`` merged blocks;
-2. windows: every plan the coarse run scored within ``WINDOW_MARGIN`` of its fastest
-   figure (the best of each micro-batch size and the re-scored runners-up) votes its
-   cuts, and the allowed cuts are those within k blocks of a voted cut (the coarse grid
-   is k wide, so every fine position between two grid points next to a cut is allowed),
+1. coarse: with k = ceil(L / ``COARSE_BLOCKS``), keep in every window of k consecutive
+   cut positions the one whose boundary carries the fewest bytes (:func:`coarse_cuts`),
+   merge the blocks between them and run the DP (:func:`planner.dp.best_plan`) on the
+   ~``COARSE_BLOCKS`` merged blocks;
+2. windows: the fastest plan the coarse run scored at each micro-batch size, where it is
+   within ``WINDOW_MARGIN`` of the fastest figure, votes its cuts, and the allowed cuts
+   are those within k blocks of a voted cut (every position of the windows next to it),
    plus every cut of a warm start;
 3. fine: run the DP on the chain merged at the allowed cuts, warm-started from the
    faster of the coarse plan and the caller's warm start (so the answer is never slower
@@ -39,7 +40,8 @@ coarse chain has no plan that fits memory (a fit may need a cut off the coarse g
 the DP runs on every block instead.
 
 Complexity: the DP's, on ~``COARSE_BLOCKS`` blocks, then on W <= (2k + 1) x (the voted
-cuts) + 1 merged blocks (about 2 P k for plans of P stages); the DP's work grows as the
+cuts) + 1 merged blocks (about 2 P k per voting micro-batch size for plans of P stages),
+the choice of the coarse cuts O(L); the DP's work grows as the
 square of the blocks (its head ranges), so 400 blocks cost about two DPs of 100-200
 instead of one of 400. Merging is O(L x max micro-batch) per type. The time limit is
 shared: the fine run gets what the coarse one left, and is not begun when the coarse
@@ -65,7 +67,8 @@ from planner.profile import Block, Timing, batch_curve
 #: blocks of the coarse chain (at most; the merge width is ceil(L / COARSE_BLOCKS))
 COARSE_BLOCKS = 100
 
-#: coarse plans within this fraction of the fastest coarse figure vote their cuts
+#: the fastest coarse plan of each micro-batch size within this fraction of the fastest
+#: coarse figure votes its cuts
 WINDOW_MARGIN = 0.05
 
 
@@ -107,6 +110,23 @@ def merge_blocks(problem: Problem, cuts: list[int]) -> Problem:
     return replace(problem, model=model, timings={k: merge(t) for k, t in problem.timings.items()})
 
 
+def coarse_cuts(problem: Problem, width: int) -> list[int]:
+    """The coarse chain's cuts: 0, L, and in every window of ``width`` consecutive cut
+    positions (1..width, width+1..2 width, ...) the one whose boundary carries the fewest
+    bytes per sample (the first such). A branchy graph imported node by node crosses
+    cheaply only at a few positions (a cell's end): shifting such a cut by one block
+    costs 27-31% of the iteration on the NASNet-like graph (docs/decisions.md), so a
+    grid of every width-th position would hide them; the cheapest position of each
+    window keeps them wherever they are. O(L)."""
+    n_blk = problem.model.num_blocks
+    out_bytes = [b.output_bytes_per_sample for b in problem.model.blocks]
+    picks = [
+        min(range(start, min(start + width, n_blk)), key=lambda c: out_bytes[c - 1])
+        for start in range(1, n_blk, width)
+    ]
+    return [0, *picks, n_blk]
+
+
 def expand(partition: Partition, cuts: list[int]) -> Partition:
     """A plan of the chain merged at ``cuts`` as a plan of the original blocks."""
     stages = tuple(replace(s, first=cuts[s.first], end=cuts[s.end]) for s in partition.stages)
@@ -144,7 +164,7 @@ def plan_multilevel(
     if incumbent is not None:
         check_incumbent(problem, incumbent)
     width = math.ceil(n_blk / COARSE_BLOCKS)
-    grid = [*range(0, n_blk, width), n_blk]
+    grid = coarse_cuts(problem, width)
 
     def half(offset: int) -> Callable[[int, int], None] | None:
         if progress is None:
@@ -164,9 +184,15 @@ def plan_multilevel(
             found.append((cost, incumbent, pipeline_closed_form_ms(cm, incumbent, cost)))
     fastest = min(cost.iteration_ms for cost, _, _ in found)
     warm = next(p for cost, p, _ in found if cost.iteration_ms == fastest)
-    voters = [p for cost, p, _ in found if cost.iteration_ms <= fastest * (1 + WINDOW_MARGIN)]
+    # the fastest plan of each micro-batch size within the margin votes (plans of one size
+    # mostly differ by a few cuts; more voters widen the fine chain for little: the
+    # decision record)
+    voters: dict[int, Partition] = {}
+    for cost, p, _ in sorted(found, key=lambda f: f[0].iteration_ms):
+        if cost.iteration_ms <= fastest * (1 + WINDOW_MARGIN):
+            voters.setdefault(p.micro_batch_size, p)
     allowed = {0, n_blk}
-    for plan in voters:
+    for plan in voters.values():
         for stage in plan.stages[1:]:
             allowed.update(range(max(1, stage.first - width), min(n_blk, stage.first + width + 1)))
     if incumbent is not None:
