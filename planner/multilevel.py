@@ -23,10 +23,10 @@ Steps (:func:`plan_multilevel`):
    cut positions the one whose boundary carries the fewest bytes (:func:`coarse_cuts`),
    merge the blocks between them and run the DP (:func:`planner.dp.best_plan`) on the
    ~``COARSE_BLOCKS`` merged blocks;
-2. windows: the fastest plan the coarse run scored at each micro-batch size, where it is
-   within ``WINDOW_MARGIN`` of the fastest figure, votes its cuts, and the allowed cuts
-   are those within k blocks of a voted cut (every position of the windows next to it),
-   plus every cut of a warm start;
+2. windows: among the plans the coarse run scored and the caller's warm start, the
+   fastest of each micro-batch size, where it is within ``WINDOW_MARGIN`` of the fastest
+   figure, votes its cuts; the allowed cuts are those within k blocks of a voted cut,
+   plus every cut of the caller's warm start;
 3. fine: run the DP on the chain merged at the allowed cuts, warm-started from the
    faster of the coarse plan and the caller's warm start (so the answer is never slower
    than either beyond the tie tolerance), and return the chosen plan (the DP's tie rule
@@ -64,11 +64,12 @@ from planner.partition import Partition
 from planner.problem import Problem
 from planner.profile import Block, Timing, batch_curve
 
-#: blocks of the coarse chain (at most; the merge width is ceil(L / COARSE_BLOCKS))
+#: blocks of the coarse chain, about (ceil((L - 1) / k) + 1 for the width k =
+#: ceil(L / COARSE_BLOCKS): 101 at 300 and 400 blocks)
 COARSE_BLOCKS = 100
 
-#: the fastest coarse plan of each micro-batch size within this fraction of the fastest
-#: coarse figure votes its cuts
+#: the fastest plan of each micro-batch size (coarse, or the caller's warm start) within
+#: this fraction of the fastest figure votes its cuts
 WINDOW_MARGIN = 0.05
 
 
@@ -114,7 +115,7 @@ def coarse_cuts(problem: Problem, width: int) -> list[int]:
     """The coarse chain's cuts: 0, L, and in every window of ``width`` consecutive cut
     positions (1..width, width+1..2 width, ...) the one whose boundary carries the fewest
     bytes per sample (the first such). A branchy graph imported node by node crosses
-    cheaply only at a few positions (a cell's end): shifting such a cut by one block
+    cheaply only at a few positions (a cell's end): shifting such a cut by 1-3 blocks
     costs 27-31% of the iteration on the NASNet-like graph (docs/decisions.md), so a
     grid of every width-th position would hide them; the cheapest position of each
     window keeps them wherever they are. O(L)."""

@@ -109,9 +109,8 @@ def test_a_branchy_graphs_cheap_boundaries_stay_cuttable():
     problem = make_problem(profile, cluster, TrainingConfig(32))
     grid = coarse_cuts(problem, 3)
     assert {86, 142, 230} <= set(grid)
-    assert not {86, 142, 230} <= set(range(0, 253, 3))
-    # measured: 3,453.5 ms coarse to fine and on every block (the uniform grid of every
-    # third position gave 3,548.8: one stage)
+    # measured: 3,453.5 ms coarse to fine and on every block (a grid of every third
+    # position gave 3,526.9, cut at 48, 147 and 230)
     assert plan_dp(problem).cost.iteration_ms == pytest.approx(3453.5, abs=0.1)
 
 
@@ -201,8 +200,9 @@ def test_a_warm_start_returned_at_once_keeps_its_figures():
 def test_a_fit_off_the_coarse_grid_falls_back_to_every_block():
     # 201 blocks of equal parameters and no activations on two devices that each hold at
     # most 101 of them: the only cuts that fit are 100 and 101; the boundaries at
-    # positions 3, 6, .., 201 are the cheapest of their windows of 3, so the coarse grid
-    # is every third position and the coarse chain has no plan
+    # positions 3, 6, .., 198 are the cheapest of their windows of 3, so the coarse cuts
+    # are 3, 6, .., 198, 199 (the last window {199, 200} is even) and the coarse chain
+    # has no plan
     problem = random_problem(201, 2, seed=1, global_batch=8, candidates=(4,),
                              memory=(4e9, 4e9))  # fmt: skip
     budget = CostModel(problem).budget[0]
