@@ -12,6 +12,10 @@ Cases (each run in a fresh process, so its peak resident memory is its own):
   imported by the PipeDream importer (252 blocks: its lossless fusion) on 16 Orin Nanos,
   global batch 64 (as benchmarks/import_pipedream_profiles.py).
 
+The DP runs as ``plan_dp`` does by default: chains of more than 200 blocks (the 400-block
+and NASNet-like cases) coarse to fine (planner/multilevel.py; ``benchmarks/
+multilevel_quality.py`` compares that with the DP on every block).
+
 Targets on the 2-core development machine: 100 blocks x 16 mixed devices <= 2 s;
 64 identical devices <= 1 s; 512 devices of 8 types with 100 blocks <= 30 s and <= 2 GB;
 400 blocks on 16 identical devices <= 5 s; every shipped PipeDream profile on 16
