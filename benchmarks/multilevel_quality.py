@@ -32,9 +32,8 @@ from planner import api
 from planner.cluster import Cluster
 from planner.config import TrainingConfig
 from planner.dp import plan_dp
-from planner.importers.pipedream import parse_pipedream
 from planner.problem import Problem, make_problem
-from tests.synthetic import nasnet_like, random_problem
+from tests.synthetic import nasnet_profile, random_problem
 
 
 def instances() -> dict[str, object]:
@@ -57,7 +56,7 @@ def instances() -> dict[str, object]:
 
 def nasnet_testbed() -> Problem:
     """The NASNet-like graph on the six-device Jetson testbed (four types, Wi-Fi)."""
-    profile = parse_pipedream(nasnet_like(), "nasnet-like", batch_size=32, device_type="v100")
+    profile = nasnet_profile()
     cluster = Cluster.load(api.resolve("jetson-testbed-6", "clusters"))
     return make_problem(profile, cluster, TrainingConfig(32))
 

@@ -42,10 +42,9 @@ from planner import api
 from planner.cluster import Cluster, Device, Network, load_catalog
 from planner.config import TrainingConfig
 from planner.dp import plan_dp
-from planner.importers.pipedream import parse_pipedream
 from planner.problem import Problem, make_problem
 from planner.profile import ModelProfile
-from tests.synthetic import device_type, nasnet_like, random_problem
+from tests.synthetic import device_type, nasnet_profile, random_problem
 
 #: name -> (blocks, devices, types, target seconds, target GiB)
 SYNTHETIC = {
@@ -95,7 +94,7 @@ def nanos(model: str, n_dev: int) -> Problem:
 
 
 def nasnet(n_dev: int) -> Problem:
-    profile = parse_pipedream(nasnet_like(), "nasnet-like", batch_size=32, device_type="v100")
+    profile = nasnet_profile()
     catalog = load_catalog()
     kinds = {"jetson-orin-nano": catalog["jetson-orin-nano"], "v100": catalog["v100"]}
     devices = tuple(Device(f"orin-{i}", "jetson-orin-nano") for i in range(n_dev))

@@ -106,9 +106,15 @@ def merge_blocks(problem: Problem, cuts: list[int]) -> Problem:
                        backward_ms=summed("backward_ms"), forward_spread_ms=None,
                        backward_spread_ms=None)  # fmt: skip
 
+    # the problem's timings are mostly the profile's own objects: each merged once
+    merged_of: dict[int, Timing] = {}
+    for t in [*problem.model.timings.values(), *problem.timings.values()]:
+        if id(t) not in merged_of:
+            merged_of[id(t)] = merge(t)
     model = replace(problem.model, blocks=merged,
-                    timings={k: merge(t) for k, t in problem.model.timings.items()})  # fmt: skip
-    return replace(problem, model=model, timings={k: merge(t) for k, t in problem.timings.items()})
+                    timings={k: merged_of[id(t)] for k, t in problem.model.timings.items()})
+    return replace(problem, model=model,
+                   timings={k: merged_of[id(t)] for k, t in problem.timings.items()})
 
 
 def coarse_cuts(problem: Problem, width: int) -> list[int]:
@@ -183,13 +189,13 @@ def plan_multilevel(
         cost = cm.evaluate(incumbent)
         if cost.memory_ok:
             found.append((cost, incumbent, pipeline_closed_form_ms(cm, incumbent, cost)))
-    fastest = min(cost.iteration_ms for cost, _, _ in found)
-    warm = next(p for cost, p, _ in found if cost.iteration_ms == fastest)
+    ranked = sorted(found, key=lambda f: f[0].iteration_ms)
+    fastest, warm = ranked[0][0].iteration_ms, ranked[0][1]
     # the fastest plan of each micro-batch size within the margin votes (plans of one size
     # mostly differ by a few cuts; more voters widen the fine chain for little: the
     # decision record)
     voters: dict[int, Partition] = {}
-    for cost, p, _ in sorted(found, key=lambda f: f[0].iteration_ms):
+    for cost, p, _ in ranked:
         if cost.iteration_ms <= fastest * (1 + WINDOW_MARGIN):
             voters.setdefault(p.micro_batch_size, p)
     allowed = {0, n_blk}

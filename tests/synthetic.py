@@ -13,6 +13,7 @@ import numpy as np
 
 from planner.cluster import Cluster, Device, DeviceType, Link, Network, Topology
 from planner.config import TrainingConfig
+from planner.importers.pipedream import parse_pipedream
 from planner.partition import Partition, StageAssignment
 from planner.problem import Problem, make_problem
 from planner.profile import Block, ModelProfile, Timing
@@ -163,6 +164,12 @@ def random_plans(
         )
         out.append((problem, random_partition(problem, rng)))
     return out
+
+
+def nasnet_profile() -> ModelProfile:
+    """The NASNet-like graph (:func:`nasnet_like`, 25 cells) imported by the PipeDream
+    importer as the benchmarks and tests plan it: batch 32, times on a V100."""
+    return parse_pipedream(nasnet_like(), "nasnet-like", batch_size=32, device_type="v100")
 
 
 def nasnet_like(cells: int = 25, seed: int = 0, batch: int = 32) -> str:

@@ -11,13 +11,16 @@ import numpy as np
 import pytest
 
 from planner import api, multilevel
+from planner.cluster import Cluster
+from planner.config import TrainingConfig
 from planner.cost import CostModel, pipeline_closed_form_ms
 from planner.dp import MULTILEVEL_ABOVE, TIE_TOLERANCE, plan_dp
 from planner.errors import InputError
 from planner.multilevel import coarse_cuts, contract, expand, merge_blocks
 from planner.partition import Partition, StageAssignment
 from planner.plan import check_partition
-from tests.synthetic import random_problem
+from planner.problem import make_problem
+from tests.synthetic import nasnet_profile, random_problem
 
 
 def one_device_stages(problem, cuts, batch):
@@ -98,15 +101,8 @@ def test_a_branchy_graphs_cheap_boundaries_stay_cuttable():
     # the NASNet-like graph (252 blocks) on the six-device testbed: its cheap crossings
     # lie off every third position, and the plan on every block cuts at three of them
     # (86, 142, 230; moving any by 1-3 blocks costs 27-31% of the iteration)
-    from planner.cluster import Cluster
-    from planner.config import TrainingConfig
-    from planner.importers.pipedream import parse_pipedream
-    from planner.problem import make_problem
-    from tests.synthetic import nasnet_like
-
-    profile = parse_pipedream(nasnet_like(), "nasnet-like", batch_size=32, device_type="v100")
     cluster = Cluster.load(api.resolve("jetson-testbed-6", "clusters"))
-    problem = make_problem(profile, cluster, TrainingConfig(32))
+    problem = make_problem(nasnet_profile(), cluster, TrainingConfig(32))
     grid = coarse_cuts(problem, 3)
     assert {86, 142, 230} <= set(grid)
     # measured: 3,453.5 ms coarse to fine and on every block (a grid of every third
