@@ -175,7 +175,10 @@ size's turn comes and it would be searched, whose Zp is (:func:`priced_weighted_
 Zc's class counts, so that stages compete for the fast classes; it only skips too), and,
 where max(Q, Z) is within ``STAGED_NEAR`` of U, whose Zs is
 (:meth:`_Tables.staged_bound`: Z with each stage's warm-up bubble at its own depth and
-part of the first stage's all-reduce counted whole; skips only, as Zc); a
+part of the first stage's all-reduce counted whole; skips only, as Zc) and whose Zw is
+(:func:`reweighted_bound`, :mod:`planner.block_weights`: Z's block weights, one
+distribution for the D terms and one for the X terms, raised by subgradient ascent
+until above U; skips only, and before the size's relaxed tables are built); a
 (state r, l) cell, with n = N - |r| devices before it, holds nothing when E[L-l, n],
 F[L-l, n] + G[l, |r|], Q[l, |r|] (least over p) or PF[L-l, n] + Q[l, |r|] exceeds U,
 and a state whose cells all do is not searched; an entry with D + max(F[L-l, n], X +
@@ -242,7 +245,8 @@ max_stages) levels (p0 of them after collapsing): Z, O(L^2 N sqrt(B)) numpy work
 classes after the first search Zc, O(B L^2 (c_1 + 1)(c_2 + 1) + L^2 P2) (P2 the pairs
 of a state and a group it holds, at most (c_1 + 1)^2 (c_2 + 1)^2 / 4), where max(Q, Z)
 is near the bound Zs, O(J L^2 N sqrt(B)) (J the stage levels whose warm-up is below M),
-and unless Z, Zc or Zs rules the size out, the relaxed bounds, and before its search on
+and Zw, O(L^2 N sqrt(B)) per ascent step (at most ``REWEIGHT_WORK`` in all), and unless
+Z, Zc, Zs or Zw rules the size out, the relaxed bounds, and before its search on
 three or more classes Zp, O(R K B log(K B)) for its stage costs and O(R K B + L^2) per
 ascent step (at most :data:`planner.prices.ITERATIONS`; R = L (L + 1) / 2 ranges),
 O(pc L^2 N sqrt(B)) (pc <=
@@ -277,6 +281,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from planner.allocation import allocate, allocate_classes
+from planner.block_weights import block_weighted_bound
 from planner.classes import DeviceClass, class_network, device_classes
 from planner.cost import (
     CostModel,
@@ -360,6 +365,12 @@ CLASS_BOUND_WORK = 3e7
 #: weight on the first stage's all-reduce (docs/decisions.md, session 9)
 STAGED_NEAR = 1.1
 STAGED_FIRST = 0.25
+#: Zw (:func:`reweighted_bound`) is computed, like Zs, where max(Q, Z) is within
+#: ``STAGED_NEAR`` of the bound, with at most this much DP work (about 0.5 s here: a step
+#: on 100 blocks x 64 devices at B = 16 takes 5 ms), and not where that allows fewer than
+#: ``REWEIGHT_STEPS`` steps of its ascent
+REWEIGHT_WORK = 2e8
+REWEIGHT_STEPS = 10
 
 #: head tables of a composition that at most this many states use (the ordered graph's
 #: groups that straddle two classes: one state per device order) are evaluated only on
@@ -1365,6 +1376,22 @@ def staged_weighted_bound(tables: _Tables, batch: int) -> float:
     return tables.staged_bound(batch, m, warmups, STAGED_FIRST)
 
 
+def reweighted_bound(tables: _Tables, batch: int, target: float) -> float:
+    """Zw (:func:`planner.block_weights.block_weighted_bound`: Z with its block weights
+    raised by subgradient ascent) at micro-batch ``batch``; its ascent stops once above
+    ``target``. 0 beyond ``RELAX_MAX`` (Z's cap) or where ``REWEIGHT_WORK`` allows fewer
+    than ``REWEIGHT_STEPS`` steps."""
+    m, warmups, _ = _relax_levels(tables, batch)
+    big_l, n_dev = tables.n_blk, sum(tables.counts)
+    shares = len({-(-batch // g) for g in range(1, min(batch, n_dev) + 1)})
+    per_step = (big_l + 1) ** 2 * (n_dev + 1) * shares / 2
+    if per_step > RELAX_MAX or per_step * REWEIGHT_STEPS > REWEIGHT_WORK:
+        return 0.0
+    need, c_tab, ef, eb, ta, _, tau, _ = tables._share_figures(batch, warmups[:1])
+    return block_weighted_bound(need, np.isfinite(c_tab[0]), ef, eb, ta, tau / 2, m, n_dev,
+                                target, int(REWEIGHT_WORK // per_step))  # fmt: skip
+
+
 def class_weighted_bound(tables: _Tables, batch: int) -> float:
     """Zc of :meth:`_Tables.class_bound` at micro-batch ``batch`` (0 where not computed)."""
     m, warmups, _ = _relax_levels(tables, batch)
@@ -2289,6 +2316,7 @@ def best_plan(
     weighted: dict[int, float] = {}  # Z alone, of the sizes whose tables are not built
     by_class: dict[int, float] = {}  # Zc of the sizes after the first (skips only)
     staged: dict[int, float] = {}  # Zs of the sizes after the first near U (skips only)
+    reweighted: dict[int, float] = {}  # Zw where Zs is computed (skips only)
 
     def root(b: int) -> float:
         """max(Q(L, N), Z), or Z (a lower bound on it) where the tables are not built."""
@@ -2326,7 +2354,11 @@ def best_plan(
                 by_class[b] = class_weighted_bound(tables, b)
                 if weighted[b] * STAGED_NEAR > fastest * (1 + RESCORE_MARGIN):
                     staged[b] = staged_weighted_bound(tables, b)
-                if max(by_class[b], staged.get(b, 0.0)) <= fastest * (1 + RESCORE_MARGIN):
+                if max(by_class[b], staged.get(b, 0.0)) > fastest * (1 + RESCORE_MARGIN):
+                    continue
+                if b in staged:  # near the bound: Zw, as Zs
+                    reweighted[b] = reweighted_bound(tables, b, fastest * (1 + RESCORE_MARGIN))
+                if reweighted.get(b, 0.0) <= fastest * (1 + RESCORE_MARGIN):
                     relaxed[b] = relaxed_bounds(tables, b)
         yield from sorted((b for b in sizes if b != first), key=lambda b: (root(b), b))
 
@@ -2346,6 +2378,11 @@ def best_plan(
         if batch not in staged and root(batch) * STAGED_NEAR > fastest * (1 + RESCORE_MARGIN):
             staged[batch] = staged_weighted_bound(tables, batch)
         if staged.get(batch, 0.0) > fastest * (1 + RESCORE_MARGIN):
+            continue
+        # Zw (block weights by ascent) only skips too, computed where Zs is
+        if batch in staged and batch not in reweighted:
+            reweighted[batch] = reweighted_bound(tables, batch, fastest * (1 + RESCORE_MARGIN))
+        if reweighted.get(batch, 0.0) > fastest * (1 + RESCORE_MARGIN):
             continue
         # Zp (stages priced per device class, three or more classes) is computed only for
         # a size that would be searched now, against the bound it would be searched

@@ -350,10 +350,12 @@ def test_sizes_skipped_by_the_class_bound_change_no_plan(monkeypatch):
     # per class) exceeds the bound at micro-batch 16, whose Z does not: its tables are not
     # built and it is not searched. With a Zc of 0 it is, and the plans are the same (Zc
     # only skips sizes that could return nothing to re-score; the order stays max(Q, Z)'s).
-    # Zs (_Tables.staged_bound) also skips micro-batch 16 here: 0 in both runs
+    # Zs (_Tables.staged_bound) and Zw (reweighted_bound) also skip micro-batch 16 here: 0
+    # in both runs
     problem = random_problem(20, 8, seed=2, global_batch=32, candidates=None,
                              bandwidth_mbps=1000.0)  # fmt: skip
     monkeypatch.setattr(dp_module, "staged_weighted_bound", lambda tables, batch: 0.0)
+    monkeypatch.setattr(dp_module, "reweighted_bound", lambda tables, batch, target: 0.0)
     built = sizes_with_relaxed_tables(monkeypatch)
     skipped = plan_dp(problem)
     assert 16 not in built
@@ -372,9 +374,11 @@ def test_sizes_skipped_by_the_staged_bound_change_no_plan(monkeypatch):
     # model): after the first search, Zs exceeds the bound at micro-batch 16, whose
     # max(Q, Z) does not, and it is not searched. With a Zs of 0 it is, and the plan, its
     # value and the per-size figures are the same (Zs only skips sizes that could return
-    # nothing to re-score; the order stays max(Q, Z)'s)
+    # nothing to re-score; the order stays max(Q, Z)'s). Zw (reweighted_bound) skips it
+    # too: 0 in both runs
     from benchmarks.planner_scaling import synthetic
 
+    monkeypatch.setattr(dp_module, "reweighted_bound", lambda tables, batch, target: 0.0)
     problem = synthetic(200, 16, 1)
     searched: list[int] = []
     run = dp_module._BatchSearch.run
