@@ -2053,37 +2053,39 @@ class _BatchSearch:
             def take(a: np.ndarray) -> np.ndarray:
                 return a[..., r0:r1, lo : hi + 1]
 
-        figures = np.stack([take(h) for h in heads])[..., None]  # (T, 7, l, l', 1)
-        c0, eb0, ta0, y0, hold_b, hold_y, used = (figures[:, i] for i in range(7))
+        # candidates are laid out (l, T, l', f): a row's candidates are contiguous, in
+        # the order (move, l', slot) that _decode reads
+        figures = np.stack([take(h) for h in heads], axis=2)[..., None]  # (7, l, T, l', 1)
+        c0, eb0, ta0, y0, hold_b, hold_y, used = figures
         if band:
-            c0 = np.where(off_band[None, :, :, None], INF, c0)
-            at = (np.array(subs)[:, None, None], lp[None], slice(0, f))  # (T, l, j, f)
+            c0 = np.where(off_band[:, None, :, None], INF, c0)
+            at = (np.array(subs)[None, :, None], lp[:, None, :], slice(0, f))  # (l, T, j, f)
             sub_d, sub_x, sub_h, sub_s, sub_y, sub_o, sub_n, sub_free, sub_tail = (
                 v[at] for v in (front.d, front.x, front.h, front.s, front.y, front.o,
                                 front.n, front.free, front.tail)
             )  # fmt: skip
-            per_sample = self.per_sample[lp][None, :, :, None]
-            masks = self.mask[sub_h]  # (T, l, j, f, K)
+            per_sample = self.per_sample[lp][:, None, :, None]
+            masks = self.mask[sub_h]  # (l, T, j, f, K)
         else:
             window = (subs, slice(lo, hi + 1), slice(0, f))
             sub_d, sub_x, sub_h = front.d[window], front.x[window], front.h[window]
-            sub_s, sub_y = front.s[window][:, None], front.y[window][:, None]  # (T, 1, l', f)
-            sub_o = front.o[window][:, None]
-            sub_n = front.n[window][:, None]
-            sub_free, sub_tail = front.free[window][:, None], front.tail[window][:, None]
+            sub_s, sub_y = front.s[window][None], front.y[window][None]  # (1, T, l', f)
+            sub_o = front.o[window][None]
+            sub_n = front.n[window][None]
+            sub_free, sub_tail = front.free[window][None], front.tail[window][None]
             per_sample = self.per_sample[None, None, lo : hi + 1, None]
-            masks = self.mask[sub_h][:, None]  # (T, 1, l', f, K); h = -1: the empty row
-            sub_d, sub_x = sub_d[:, None], sub_x[:, None]
+            masks = self.mask[sub_h][None]  # (1, T, l', f, K); h = -1: the empty row
+            sub_d, sub_x = sub_d[None], sub_x[None]
         # link from the head group to each entry's head group (slowest pair, largest
         # latency), priced by the cost model's closed-form boundary
         own = self.mask[cids]  # (T, K)
         bw_row = np.where(own[:, :, None], t.bw[None], INF).min(axis=1)  # (T, K)
         lat_row = np.where(own[:, :, None], t.lat[None], 0.0).max(axis=1)
-        bw = np.where(masks, bw_row[:, None, None, None, :], INF).min(axis=-1)
-        lat = np.where(masks, lat_row[:, None, None, None, :], 0.0).max(axis=-1)
+        bw = np.where(masks, bw_row[None, :, None, None, :], INF).min(axis=-1)
+        lat = np.where(masks, lat_row[None, :, None, None, :], 0.0).max(axis=-1)
         with np.errstate(invalid="ignore"):
             occ = boundary_occupancy_ms(per_sample, y0, sub_y, self.batch, bw, t.topology)
-            one_way = occ + lat  # (T, l, l', f)
+            one_way = occ + lat  # (l, T, l', f)
             tau1 = 2 * one_way
             rest = tau1 + sub_s
             ef0 = c0 - eb0
@@ -2101,22 +2103,22 @@ class _BatchSearch:
         # ring replicas (planner.replicas): a one-device head's replica goes to the
         # entry's head holder; a complete plan's (row l = L) first stage holds the
         # replica of its last
-        replica = take(t.dense_replica)[None, :, :, None]
+        replica = take(t.dense_replica)[:, None, :, None]
         fits = ~((used == 1) & (sub_free < replica))
         if r1 == big_l + 1:
             with np.errstate(invalid="ignore"):  # the complete plans' row, l = L
-                free = hold_b[:, -1] - stage_memory_bytes(
-                    t.dense_static[big_l, lp[-1]][None, :, None], self.k_of[sub_n[:, -1] + 1],
-                    hold_y[:, -1], t.dense_saved[big_l, lp[-1]][None, :, None],
+                free = hold_b[-1] - stage_memory_bytes(
+                    t.dense_static[big_l, lp[-1]][None, :, None], self.k_of[sub_n[-1] + 1],
+                    hold_y[-1], t.dense_saved[big_l, lp[-1]][None, :, None],
                 )  # fmt: skip
-            fits[:, -1] &= free >= sub_tail[:, -1]
+            fits[-1] &= free >= sub_tail[-1]
         keep = np.isfinite(sub_d) & np.isfinite(c0) & fits
-        keep &= d_new + before[None, :, None, None] <= self.early
+        keep &= d_new + before[:, None, None, None] <= self.early
         d_new = np.where(keep, d_new, INF)
         n_l = r1 - r0
         self._layout = (lo, f, band, moves)
         return tuple(
-            np.moveaxis(np.broadcast_to(v, d_new.shape), 1, 0).reshape(n_l, -1)
+            np.broadcast_to(v, d_new.shape).reshape(n_l, -1)
             for v in (d_new, x_new, s_new, o_new, y0)
         )
 
