@@ -39,7 +39,15 @@ device would get no sample; the same plan is a smaller group plus skips) and a g
 s devices of one class whose times never fall with the batch size when a smaller group
 s' < s of that class has the same largest share ceil(B/s') = ceil(B/s) (the same stage
 times and memory, a cheaper all-reduce, fewer devices used). So a class contributes
-O(sqrt B) homogeneous group sizes.
+O(sqrt B) homogeneous group sizes. The ordered graph also keeps a group of several
+classes (one that straddles a class boundary of an order) only at those sizes, where
+the even share ceil(B/s) falls (:meth:`_Tables.falls`). This is a heuristic cut, not a
+dominance (a mixed group's split is Algorithm 1's, not even): such groups are most of
+the compositions on many classes (3,472 of 3,560 at B = 32 on 512 devices of 8 types,
+each used by one state per order) and most of the head evaluations; measured on 35
+ordered-graph instances of 2-8 classes (docs/decisions.md, session 12) the plans were
+the same on 32, better on two (-0.32%, -1.27%) and worse on one (+0.70%), in 0.6-0.95x
+the time (512 x 8: 0.6x).
 
 Value (objective: :func:`planner.cost.pipeline_closed_form_ms`, whose pieces - stage
 figures, all-reduce, the closed-form boundary :func:`~planner.cost.boundary_occupancy_ms`
@@ -1282,6 +1290,16 @@ class _Tables:
                 return size == -(-batch // share)
         return True
 
+    def falls(self, g: tuple[int, ...], batch: int) -> bool:
+        """Whether the ordered graph keeps group g (module docstring): a one-class group
+        always (:meth:`useful` has dropped its dominated sizes), a group of several
+        classes only at a size where the even share falls, |g| = ceil(B / ceil(B / |g|))
+        (the sizes a one-class group of a monotone class keeps)."""
+        if np.count_nonzero(g) == 1:
+            return True
+        size = sum(g)
+        return size == -(-batch // -(-batch // size))
+
     def graph(self, batch: int, orders: list[list[int]]) -> _Graph:
         """The complete graph if it has at most ``COMPLETE_MOVES`` moves, else the
         ordered one (module docstring)."""
@@ -1324,7 +1342,7 @@ class _Tables:
                 seen.add((index[r], -1, index[vecs[n - 1]]))
                 for n_sub in range(max(0, n - batch), n):
                     g = tuple(a - b for a, b in zip(r, vecs[n_sub], strict=True))
-                    if self.useful(g, batch):
+                    if self.useful(g, batch) and self.falls(g, batch):
                         seen.add((index[r], self.comp(g), index[vecs[n_sub]]))
         edges = sorted(seen)
         out: list[list[int]] = [[] for _ in states]

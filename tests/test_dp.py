@@ -309,6 +309,23 @@ def test_caches_that_keep_one_entry_change_no_plan(monkeypatch):
     assert evicting.dp_value_ms == kept.dp_value_ms
 
 
+def test_the_ordered_graph_keeps_mixed_groups_where_the_even_share_falls(monkeypatch):
+    # 4 + 4 devices of 2 types at B = 8, the ordered graph forced: the even share
+    # ceil(8 / s) falls at s = 1, 2, 3, 4, 8 (8, 4, 3, 2, 1 samples) and not at 5, 6, 7
+    # (2 samples, as at 4). One-class groups keep 1, 2, 3, 4 (useful: both types' times
+    # grow with the batch); groups that straddle the classes keep 2, 3, 4 and 8 = 4 + 4
+    monkeypatch.setattr(dp_module, "COMPLETE_MOVES", 0)
+    problem = identical(8, 6, types=2)
+    sizes = problem.config.micro_batch_sizes()
+    classes = dp_module.device_classes(problem)
+    tables = dp_module._Tables(problem, CostModel(problem, max(sizes)), classes)
+    graph = tables.graph(8, dp_module.device_orders(problem, classes))
+    assert graph.kind == "ordered"
+    groups = {tables.comps[c] for _, c, _ in graph.edges if c >= 0}
+    assert {sum(g) for g in groups if min(g) == 0} == {1, 2, 3, 4}
+    assert {sum(g) for g in groups if min(g) > 0} == {2, 3, 4, 8}
+
+
 def sizes_with_relaxed_tables(monkeypatch) -> list[int]:
     """The micro-batch sizes whose relaxed tables (``relaxed_bounds``) the DP builds from
     now on, in order."""
