@@ -239,8 +239,9 @@ answer) always completes, so a plan is returned whenever one fits memory. The si
 and relaxed tables are built before the first search only while the limit lasts, and
 once it has passed with a plan found no further micro-batch size is begun (neither its
 relaxed tables, nor its graph, nor its first level): the overshoot is bounded by one
-size's relaxed tables, one level's state (or the first size's first level) and the
-final re-scoring, which stops at the limit too.
+size's relaxed tables and skip bounds (Zw at most ``REWEIGHT_WORK``), one level's state
+(or the first size's first level) and the final re-scoring, which stops at the limit
+too.
 
 Long chains: :func:`plan_dp` on more than ``MULTILEVEL_ABOVE`` blocks runs this DP
 twice, on ~100 merged blocks and then on the cuts within one merge width of the good
