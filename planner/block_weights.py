@@ -36,8 +36,9 @@ steps, or when the step has shrunk below ``MIN_STEP``.
 
 Why: the averages lose where one stage's term stands out. On 100 blocks x 64 identical
 devices at B = 16 (benchmarks/planner_scaling.py) Z is 1,625 ms, Zs (planner.dp's staged
-bound) 1,651, the search bound U 1,672, and the best plan the DP finds 1,984: the search
-ran 0.4 s for nothing. The ascent passes 1,672 within a few dozen steps.
+bound) 1,651, the search bound U 1,698 (1,672 once micro-batch 2 is scored), and the
+best plan the DP finds 1,984: the search ran 0.4 s for nothing. The ascent passes either
+bound within a few dozen steps (0.06-0.08 s).
 
 Complexity: per step O(L^2 S N) for the DP (S the distinct shares ceil(B / g), at most
 2 sqrt(B); N the devices), O(L) for the supergradient and the projections; at most
@@ -47,6 +48,8 @@ Complexity: per step O(L^2 S N) for the DP (S the distinct shares ceil(B / g), a
 from __future__ import annotations
 
 import numpy as np
+
+from planner.ascent import StepScale
 
 #: at most this many ascent steps per bound
 ITERATIONS = 40
@@ -91,7 +94,7 @@ def block_weighted_bound(
     shift = np.arange(n_dev + 1)[None, :] - need[:, None]  # (share, n): devices left
     shift = np.where(shift >= 0, shift, n_dev + 1)  # n_dev + 1: the inf column
     w = v = np.full(big_l, 1.0 / big_l)
-    best, scale, stale = -np.inf, 1.0, 0
+    steps = StepScale()
     for _ in range(min(iterations, ITERATIONS)):
         cum_w, cum_v = np.r_[0.0, np.cumsum(w)], np.r_[0.0, np.cumsum(v)]
         w_stage = cum_w[None, :] - cum_w[:, None]  # [first, end]
@@ -116,13 +119,8 @@ def block_weighted_bound(
         value = float(table[0, n_dev])
         if not np.isfinite(value):
             return np.inf
-        if value > best:
-            best, stale = value, 0
-        else:
-            stale += 1
-            if stale >= 3:
-                scale, stale = scale / 2, 0
-        if best > target or scale < MIN_STEP:
+        steps.record(value)
+        if steps.done(target, MIN_STEP):
             break
         # the minimising plan's stages and their two terms
         stages, a, n = [], 0, n_dev
@@ -142,6 +140,6 @@ def block_weighted_bound(
         norm = float(grad_w @ grad_w + grad_v @ grad_v)
         if norm <= 1e-12 * value * value:
             break  # every block's terms equal (up to rounding): no direction to climb
-        step_size = scale * (1.05 * target - value) / norm
+        step_size = steps.scale * (1.05 * target - value) / norm
         w, v = _simplex(w + step_size * grad_w), _simplex(v + step_size * grad_v)
-    return best
+    return steps.best

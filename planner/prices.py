@@ -33,8 +33,9 @@ gives a bound; the best found is returned.
 The multipliers: projected subgradient ascent from lambda = 0 (Zp(0) is Z with Zc's
 per-class figures), the step Polyak's toward 1.05 x ``target`` along the subgradient
 (the chain's fractional devices per class, sum_s B / y_s of its class, minus c), halved
-after 3 steps without a new best; it stops once the best exceeds ``target`` (the size is
-skipped), after ``ITERATIONS`` steps or when the step has shrunk below ``MIN_STEP``.
+after 3 steps without a new best (:class:`planner.ascent.StepScale`); it stops once the
+best exceeds ``target`` (the size is skipped), after ``ITERATIONS`` steps or when the
+step has shrunk below ``MIN_STEP``.
 
 Complexity: per step O(R K B) for H (R = L (L + 1) / 2 ranges) and O(L^2) for the chain;
 at most ``ITERATIONS`` steps (100 blocks x 8 classes x B = 64: about 5 ms a step).
@@ -43,6 +44,8 @@ at most ``ITERATIONS`` steps (100 blocks x 8 classes x B = 64: about 5 ms a step
 from __future__ import annotations
 
 import numpy as np
+
+from planner.ascent import StepScale
 
 #: at most this many subgradient steps per bound
 ITERATIONS = 100
@@ -67,7 +70,7 @@ def priced_bound(
     rng_at = np.full((big_l + 1, big_l + 1), -1)
     rng_at[first, end] = np.arange(n_rng)
     price = np.zeros(n_cls)
-    best, scale, stale = -np.inf, 1.0, 0
+    steps = StepScale()
     for _ in range(ITERATIONS):
         total = flat + (price[:, None] * devices[None, :]).reshape(-1)
         pick = total.argmin(axis=1)
@@ -82,13 +85,8 @@ def priced_bound(
         if not np.isfinite(chain[0]):
             return np.inf
         value = float(chain[0] - price @ have)
-        if value > best:
-            best, stale = value, 0
-        else:
-            stale += 1
-            if stale >= 3:
-                scale, stale = scale / 2, 0
-        if best > target or scale < MIN_STEP:
+        steps.record(value)
+        if steps.done(target, MIN_STEP):
             break
         used = np.zeros(n_cls)
         a = 0
@@ -100,5 +98,5 @@ def priced_bound(
         norm = float(slope @ slope)
         if norm == 0.0:
             break
-        price = np.maximum(0.0, price + scale * (1.05 * target - value) / norm * slope)
-    return best
+        price = np.maximum(0.0, price + steps.scale * (1.05 * target - value) / norm * slope)
+    return steps.best

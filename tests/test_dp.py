@@ -326,6 +326,19 @@ def test_the_ordered_graph_keeps_mixed_groups_where_the_even_share_falls(monkeyp
     assert {sum(g) for g in groups if min(g) > 0} == {2, 3, 4, 8}
 
 
+def searched_sizes(monkeypatch) -> list[int]:
+    """The micro-batch sizes the DP searches from now on, in order."""
+    searched: list[int] = []
+    run = dp_module._BatchSearch.run
+
+    def recording(search):
+        searched.append(search.batch)
+        return run(search)
+
+    monkeypatch.setattr(dp_module._BatchSearch, "run", recording)
+    return searched
+
+
 def sizes_with_relaxed_tables(monkeypatch) -> list[int]:
     """The micro-batch sizes whose relaxed tables (``relaxed_bounds``) the DP builds from
     now on, in order."""
@@ -397,14 +410,7 @@ def test_sizes_skipped_by_the_staged_bound_change_no_plan(monkeypatch):
 
     monkeypatch.setattr(dp_module, "reweighted_bound", lambda tables, batch, target: 0.0)
     problem = synthetic(200, 16, 1)
-    searched: list[int] = []
-    run = dp_module._BatchSearch.run
-
-    def recording(search):
-        searched.append(search.batch)
-        return run(search)
-
-    monkeypatch.setattr(dp_module._BatchSearch, "run", recording)
+    searched = searched_sizes(monkeypatch)
     skipped = plan_dp(problem)
     assert 16 not in searched
     searched.clear()

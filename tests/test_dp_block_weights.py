@@ -16,8 +16,8 @@ from planner.cost import CostModel
 from planner.dp import _Tables, plan_dp, reweighted_bound, staged_weighted_bound, weighted_bound
 from planner.problem import Problem
 from tests.synthetic import random_problem
-from tests.test_dp import mixed, tiny
-from tests.test_dp_prices import least_closed_form
+from tests.test_dp import mixed, searched_sizes, tiny
+from tests.test_dp_prices import best_per_size
 
 
 def hidden_all_reduce(seed: int) -> Problem:
@@ -44,15 +44,10 @@ def test_reweighted_bound_never_exceeds_the_best_plans_closed_form(build, seed):
     # the least closed form D + X over every memory-feasible plan of the full space (the
     # oracle's enumeration), per micro-batch size; the ascent aims at twice it, so it
     # moves the weights as far as it goes
-    problem = build(seed)
-    sizes = problem.config.micro_batch_sizes()
-    cm = CostModel(problem, max(sizes))
-    tables = _Tables(problem, cm, device_classes(problem))
-    for batch in sizes:
-        best = least_closed_form(cm, problem, batch)
-        if np.isfinite(best):
-            zw = reweighted_bound(tables, batch, 2 * best)
-            assert weighted_bound(tables, batch) <= zw <= best * (1 + 1e-9)
+    tables, best = best_per_size(build(seed))
+    for batch, least in best.items():
+        zw = reweighted_bound(tables, batch, 2 * least)
+        assert weighted_bound(tables, batch) <= zw <= least * (1 + 1e-9)
 
 
 def test_reweighted_bound_lifts_z_above_the_search_bound_where_one_stage_stands_out():
@@ -84,14 +79,7 @@ def test_sizes_skipped_by_the_reweighted_bound_change_no_plan(monkeypatch):
     # by count and margin only, so that both runs re-score the same answers
     monkeypatch.setattr(dp_module, "RESCORE_MIN_S", float("inf"))
     problem = synthetic(100, 64, 1)
-    searched: list[int] = []
-    run = dp_module._BatchSearch.run
-
-    def recording(search):
-        searched.append(search.batch)
-        return run(search)
-
-    monkeypatch.setattr(dp_module._BatchSearch, "run", recording)
+    searched = searched_sizes(monkeypatch)
     skipped = plan_dp(problem)
     assert 16 not in searched
     searched.clear()
