@@ -150,6 +150,9 @@ def time_model_problems(timing: Timing, held_out: int) -> list[str]:
     return problems
 
 
+# measured times within 10% (monotone) and 20% (the held-out batch): the other xdist
+# worker's processes on this 2-core machine broke all three attempts once (session 12)
+@pytest.mark.serial
 def test_times_grow_with_batch_and_the_fitted_curve_predicts_a_held_out_batch() -> None:
     # Each block takes ~2-10 ms per pass at these sizes, far above timer resolution.
     # This CPU is shared (2 cores); a run that overlaps a burst of work from another
