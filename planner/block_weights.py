@@ -68,6 +68,53 @@ def _simplex(x: np.ndarray) -> np.ndarray:
     return np.maximum(x - run[last] / (last + 1), 0.0)
 
 
+def stage_costs(
+    w_stage: np.ndarray,
+    v_stage: np.ndarray,
+    v_after: np.ndarray,
+    m: int,
+    fits: np.ndarray,
+    ef: np.ndarray,
+    eb: np.ndarray,
+    ta: np.ndarray,
+    one_way: np.ndarray,
+) -> np.ndarray:
+    """(S, L + 1, L + 1) each stage's term in the weighted sum (module docstring) per
+    share and block range [first, end), inf where it does not fit: ``w_stage`` and
+    ``v_stage`` [first, end] the range's D and X weights, ``v_after`` [end] the X weight
+    of the blocks after it; the other arrays as :func:`block_weighted_bound`'s."""
+    last = np.arange(ef.shape[1]) == ef.shape[1] - 1  # [end]: the stage that ends the chain
+    with np.errstate(invalid="ignore"):
+        cost = (
+            ef * (1 + (m - 1) * w_stage * last)
+            + eb * (1 - v_after + (m - 1) * w_stage)
+            + one_way[:, None, :] * (2 - v_after)
+            + v_stage * ta
+        )
+    return np.where(fits, cost, np.inf)
+
+
+def chain(cost: np.ndarray, need: np.ndarray, n_dev: int) -> tuple[np.ndarray, np.ndarray]:
+    """The DP over (first block, devices) of the module docstring on stage costs
+    ``cost`` (S, L + 1, L + 1), a stage of share i using ``need[i]`` devices: the table
+    [a, n] (L + 1, N + 2; column N + 1 the inf pad) of the least sum over chains of
+    stages covering the blocks [a, L) on at most n devices, and per (a, n) the flat
+    (end - a - 1, share) index of its first stage. O(L^2 S N)."""
+    size = cost.shape[1]
+    big_l = size - 1
+    shift = np.arange(n_dev + 1)[None, :] - need[:, None]  # (share, n): devices left
+    shift = np.where(shift >= 0, shift, n_dev + 1)  # n_dev + 1: the inf column
+    table = np.full((size, n_dev + 2), np.inf)
+    table[big_l, : n_dev + 1] = 0.0
+    pick = np.zeros((big_l, n_dev + 1), dtype=np.int64)
+    for a in range(big_l - 1, -1, -1):
+        step = table[a + 1 :][:, shift] + cost[:, a, a + 1 :].T[:, :, None]
+        flat = step.reshape(-1, n_dev + 1)
+        pick[a] = flat.argmin(axis=0)
+        table[a, : n_dev + 1] = flat[pick[a], np.arange(n_dev + 1)]
+    return table, pick
+
+
 def block_weighted_bound(
     need: np.ndarray,
     fits: np.ndarray,
@@ -90,32 +137,15 @@ def block_weighted_bound(
     covers the blocks."""
     n_sh, size, _ = ef.shape
     big_l = size - 1
-    last = np.arange(size) == big_l  # [end]: the stage that ends the chain
-    shift = np.arange(n_dev + 1)[None, :] - need[:, None]  # (share, n): devices left
-    shift = np.where(shift >= 0, shift, n_dev + 1)  # n_dev + 1: the inf column
     w = v = np.full(big_l, 1.0 / big_l)
     steps = StepScale()
     for _ in range(min(iterations, ITERATIONS)):
         cum_w, cum_v = np.r_[0.0, np.cumsum(w)], np.r_[0.0, np.cumsum(v)]
-        w_stage = cum_w[None, :] - cum_w[:, None]  # [first, end]
-        v_stage = cum_v[None, :] - cum_v[:, None]
-        v_after = cum_v[big_l] - cum_v  # [end]
-        with np.errstate(invalid="ignore"):
-            cost = (
-                ef * (1 + (m - 1) * w_stage * last)
-                + eb * (1 + (m - 1) * w_stage - v_after)
-                + one_way[:, None, :] * (2 - v_after)
-                + v_stage * ta
-            )
-        cost = np.where(fits, cost, np.inf)
-        table = np.full((size, n_dev + 2), np.inf)
-        table[big_l, : n_dev + 1] = 0.0
-        pick = np.zeros((big_l, n_dev + 1), dtype=np.int64)  # flat (end, share) index
-        for a in range(big_l - 1, -1, -1):
-            step = table[a + 1 :][:, shift] + cost[:, a, a + 1 :].T[:, :, None]
-            flat = step.reshape(-1, n_dev + 1)
-            pick[a] = flat.argmin(axis=0)
-            table[a, : n_dev + 1] = flat[pick[a], np.arange(n_dev + 1)]
+        cost = stage_costs(
+            cum_w[None, :] - cum_w[:, None], cum_v[None, :] - cum_v[:, None],
+            cum_v[big_l] - cum_v, m, fits, ef, eb, ta, one_way,
+        )  # fmt: skip
+        table, pick = chain(cost, need, n_dev)
         value = float(table[0, n_dev])
         if not np.isfinite(value):
             return np.inf

@@ -292,7 +292,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from planner.allocation import allocate, allocate_classes
-from planner.block_weights import block_weighted_bound
+from planner.block_weights import block_weighted_bound, chain, stage_costs
 from planner.classes import DeviceClass, class_network, device_classes
 from planner.cost import (
     CostModel,
@@ -1029,23 +1029,8 @@ class _Tables:
         cut = np.arange(big_l + 1)
         mu = (cut[None, :] - cut[:, None]) / big_l  # [first, end): its blocks' weight
         after = (big_l - cut) / big_l  # [end]
-        last = cut == big_l
-        with np.errstate(invalid="ignore"):
-            cost = (
-                ef * (1 + (m - 1) * mu * last)
-                + eb * (1 - after + (m - 1) * mu)
-                + one_way[:, None, :] * (2 - after)
-                + mu * ta
-            )
-        cost = np.where(np.isfinite(c), cost, INF)  # (share, first, end)
-        shift = np.arange(n_dev + 1)[None, :] - need[:, None]
-        shift = np.where(shift >= 0, shift, n_dev + 1)
-        z_tab = np.full((big_l + 1, n_dev + 2), INF)
-        z_tab[big_l, : n_dev + 1] = 0.0
-        for a in range(big_l - 1, -1, -1):
-            step = cost[:, a, a + 1 :].T[:, :, None]  # (end, share, 1)
-            z_tab[a, : n_dev + 1] = (z_tab[a + 1 :][:, shift] + step).min(axis=(0, 1))
-        return float(z_tab[0, n_dev])
+        cost = stage_costs(mu, mu, after, m, np.isfinite(c), ef, eb, ta, one_way)
+        return float(chain(cost, need, n_dev)[0][0, n_dev])
 
     def staged_bound(self, batch: int, m: int, warmups: list[int], lam: float) -> float:
         """Zs: Z (:meth:`_weighted`) with each stage's warm-up bubble at its own depth and
