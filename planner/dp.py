@@ -287,7 +287,7 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -467,20 +467,12 @@ def device_orders(problem: Problem, classes: list[DeviceClass]) -> list[list[int
 @dataclass
 class _Graph:
     """States (count vectors, ascending size), edges (state, composition or -1 for a
-    skip, next state) and each state's edge indices; ``cid`` and ``sub``: the edges'
-    compositions and next states as arrays (read per front cell by
-    :meth:`_BatchSearch._carry`)."""
+    skip, next state) and each state's edge indices."""
 
     states: list[tuple[int, ...]]
     edges: list[tuple[int, int, int]]
     out: list[list[int]]
     kind: str
-    cid: np.ndarray = field(init=False)
-    sub: np.ndarray = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.cid = np.array([e[1] for e in self.edges], dtype=np.int64)
-        self.sub = np.array([e[2] for e in self.edges], dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -758,9 +750,12 @@ class _Tables:
         size = self.n_blk + 1
         n_rows = len(self.rows_first)
         if key not in self._tables:
-            self._tables[key] = (np.full((7, size, size), INF), np.zeros(n_rows, dtype=bool))
+            self._tables[key] = (np.full((7, size, size), INF), np.zeros(n_rows, dtype=bool),
+                                 np.zeros(1, dtype=np.int64))  # fmt: skip
         entry = self._tables[key]
-        out, done = entry
+        out, done, filled = entry  # filled: how many ranges are done
+        if filled[0] == n_rows:
+            return out
         todo = np.flatnonzero(~done) if rows is None else rows[~done[rows]]
         if not len(todo):
             return out
@@ -791,6 +786,7 @@ class _Tables:
         for i, values in enumerate((ef + eb, eb, ta, y.max(axis=1), hold_budget, hold_y, used)):
             out[i][at] = np.where(ok, values, INF)
         done[todo] = True
+        filled[0] = np.count_nonzero(done)
         self._tables[key] = entry  # set again: filling may have evicted it
         return out
 
@@ -1571,7 +1567,12 @@ class _BatchSearch:
         self.answers: list[tuple[float, int, int, int, int, int, int]] = []
         self._pending: list[tuple[float, int, int, int, int, int, int]] = []
         self.root = len(graph.states) - 1
-        self.mask = tables.masks()
+        #: per composition (the last row: none) the id of its set of classes; the link
+        #: from a head group to an entry's head group is priced per pair of sets
+        #: (:meth:`_links_from`), not per class of every candidate
+        self.sets, self.class_set = np.unique(tables.masks(), axis=0, return_inverse=True)
+        self.class_set = self.class_set.ravel()
+        self._links: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         #: per composition, the number of states whose moves use it (:meth:`_heads`)
         used = {(a, c) for a, c, _ in graph.edges if c >= 0}
         self.users = np.bincount([c for _, c in used], minlength=len(tables.comps))
@@ -1595,6 +1596,8 @@ class _BatchSearch:
         self.before, self.pf = self._before()
         self.hidden = self._hidden()
         self._layout: tuple[int, int, bool, list[int]] = (0, 1, False, [])
+        #: the base heads of the state being filled, every row from the first (_level)
+        self._base_rows: tuple[int, tuple[np.ndarray, ...] | None] = (0, None)
 
     def _before(self) -> tuple[np.ndarray, np.ndarray]:
         """Two (states, L + 1) tables: for a suffix of l blocks on devices drawn from
@@ -1756,19 +1759,21 @@ class _BatchSearch:
             sources: list[tuple[list[int], _Level | None, bool]] = []
             if p == 1:
                 sources.append((moves, None, False))
+                if moves:  # base heads do not depend on l' < l: every row at once
+                    first, end = chunks[0][0], chunks[-1][1]
+                    self._base_rows = (first, self._moves(moves, p, warm, None, first, end))
             else:
                 assert prev is not None
                 sources.append((self._live(moves, prev), prev, False))
             if collapsed and not only_root:
                 sources.append((self._live(moves, level), level, True))
             for r0, r1 in chunks:
-                self._rows(level, prev, s, p, warm, sources, skips, r0, r1)
+                self._rows(level, s, p, warm, sources, skips, r0, r1)
         return level
 
     def _rows(
         self,
         level: _Level,
-        prev: _Level | None,
         s: int,
         p: int,
         warm: int,
@@ -1784,7 +1789,11 @@ class _BatchSearch:
         parts: list[tuple[np.ndarray, ...]] = []
         meta: list[_Source] = []
         for mv, front, same in sources:
-            if mv:
+            if mv and front is None:  # base heads, computed for every row (_level)
+                first, whole = self._base_rows
+                parts.append(tuple(v[r0 - first : r1 - first] for v in whole))
+                meta.append(_Source("base", mv, same, len(mv), 0, 1, False))
+            elif mv:
                 part = self._moves(mv, p, warm, front, r0, r1)
                 if part is None:
                     continue
@@ -1794,13 +1803,13 @@ class _BatchSearch:
                                     part[0].shape[1], lo, f, band))  # fmt: skip
         for e in skips:
             sub = graph.edges[e][2]
-            values = (level.d, level.x, level.s, level.o, level.y)
+            values = (level.d, level.x, level.s, level.o, level.y, level.n, level.free, level.tail)
             parts.append(tuple(v[sub, r0:r1] for v in values))
             meta.append(_Source("skip", [e], True, FRONT, 0, FRONT))
         if not parts:
             return
-        d, x, carry_s, carry_o, cand_y = (
-            np.concatenate([q[i] for q in parts], axis=1) for i in range(5)
+        d, x, carry_s, carry_o, cand_y, cand_n, cand_free, cand_tail = (
+            np.concatenate([q[i] for q in parts], axis=1) for i in range(8)
         )
         x_seen = np.maximum(x, self.hidden[s, r0:r1][:, None])
         chosen, ok = _pareto(d, np.where(np.isfinite(d), x_seen, INF), carry_s, cand_y, FRONT)
@@ -1818,14 +1827,11 @@ class _BatchSearch:
         level.x[at] = np.where(ok, x[rows, chosen], INF)
         level.s[at] = np.where(ok, carry_s[rows, chosen], INF)
         level.o[at] = np.where(ok, carry_o[rows, chosen], INF)
+        level.y[at] = np.where(ok, cand_y[rows, chosen], INF)
+        level.n[at] = np.where(ok, cand_n[rows, chosen], 0)
+        level.free[at] = np.where(ok, cand_free[rows, chosen], -INF)
+        level.tail[at] = np.where(ok, cand_tail[rows, chosen], INF)
         edge, head, l_sub, k_sub, same = self._decode(meta, chosen, l_here, level)
-        carry_y, carry_n, carry_free, carry_tail = self._carry(
-            meta, chosen, edge, l_sub, k_sub, l_here, level, prev
-        )
-        level.y[at] = np.where(ok, carry_y, INF)
-        level.n[at] = np.where(ok, carry_n, 0)
-        level.free[at] = np.where(ok, carry_free, -INF)
-        level.tail[at] = np.where(ok, carry_tail, INF)
         level.h[at] = np.where(ok, head, -1)
         level.edge[at] = np.where(ok, edge, -1)
         level.l_sub[at] = l_sub
@@ -1883,64 +1889,19 @@ class _BatchSearch:
             offset += width
         return edge, head, l_sub, k_sub, same
 
-    def _carry(
-        self,
-        meta: list[_Source],
-        chosen: np.ndarray,
-        edge: np.ndarray,
-        l_sub: np.ndarray,
-        k_sub: np.ndarray,
-        l_here: np.ndarray,
-        level: _Level,
-        prev: _Level | None,
-    ) -> tuple[np.ndarray, ...]:
-        """The carried values (Y, N, FREE, TAIL) of the chosen candidates (module
-        docstring), computed for them alone from their decoded parents: a head's Y and
-        holder from its tables at [l, l'], N and TAIL from the entry it was composed onto
-        (N = 1 and TAIL = its own replica for a base head), a skip's copied."""
-        t, graph = self.t, self.g
-        shape = chosen.shape
-        l_full = np.broadcast_to(l_here, shape)
-        y = np.full(shape, INF)
-        n = np.zeros(shape, dtype=np.int64)
-        free = np.full(shape, -INF)
-        tail = np.full(shape, INF)
-        cid, sub = graph.cid[edge], graph.sub[edge]
-        offset = 0
-        for src in meta:
-            here = (chosen >= offset) & (chosen < offset + src.width)
-            offset += src.width
-            if not here.any():
-                continue
-            if src.kind == "skip":
-                at = (sub[here], l_full[here], k_sub[here])
-                y[here], n[here] = level.y[at], level.n[at]
-                free[here], tail[here] = level.free[at], level.tail[at]
-                continue
-            l_h, lp_h = l_full[here], l_sub[here]
-            if src.kind == "base":
-                n_h = np.ones(len(l_h), dtype=np.int64)
-            else:
-                front = level if src.same else prev
-                assert front is not None
-                at = (sub[here], lp_h, k_sub[here])
-                n_h = front.n[at] + 1
-                tail[here] = front.tail[at]
-            y0, hold_b, hold_y, used = (np.empty(len(l_h)) for _ in range(4))
-            kinds, which = np.unique(cid[here], return_inverse=True)
-            for i, c in enumerate(kinds):
-                sel = which == i
-                at_h = (l_h[sel], lp_h[sel])
-                tab = t.head(int(c), level.warm, self.batch, t.range_at[at_h])
-                y0[sel], hold_b[sel], hold_y[sel], used[sel] = (tab[j][at_h] for j in range(3, 7))
-            y[here], n[here] = y0, n_h
-            with np.errstate(invalid="ignore"):
-                free[here] = hold_b - stage_memory_bytes(
-                    t.dense_static[l_h, lp_h], self.k_of[n_h], hold_y, t.dense_saved[l_h, lp_h]
-                )
-            if src.kind == "base":
-                tail[here] = np.where(used == 1, t.dense_replica[l_h, lp_h], 0.0)
-        return y, n, free, tail
+    def _links_from(self, own: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per set of classes, the slowest bandwidth and largest latency between a
+        device of set ``own`` and one of that set (Eq. 8's slowest pair; inf and 0 to
+        the empty set), cached per ``own``: O(sets x K)."""
+        if own not in self._links:
+            t, mine = self.t, self.sets[own]
+            bw_row = np.where(mine[:, None], t.bw, INF).min(axis=0)  # (K,)
+            lat_row = np.where(mine[:, None], t.lat, 0.0).max(axis=0)
+            self._links[own] = (
+                np.where(self.sets, bw_row[None, :], INF).min(axis=1),
+                np.where(self.sets, lat_row[None, :], 0.0).max(axis=1),
+            )
+        return self._links[own]
 
     def _live(self, moves: list[int], front: _Level) -> list[int]:
         """Moves whose next state has some finite entry in ``front`` (others add nothing)."""
@@ -1990,9 +1951,9 @@ class _BatchSearch:
         """(D, X) candidates of rows l = r0..r1-1 from ``moves``, their carried S and O and
         their head's Y (None when no head fits those rows),
         ring replicas checked and candidates beyond the bound dropped (module
-        docstring). The layout (first l', slots per l', band, the moves kept) goes to
-        ``self._layout``: heads alone (``front`` None) flattened per row as (move,), else
-        composed onto ``front`` as (move, l', slot < f), where the moves are those with
+        docstring). Heads alone (``front`` None) are laid out per row as (move,); moves
+        composed onto ``front`` as (move, l', slot < f), the layout (first l', slots per
+        l', band, the moves kept) going to ``self._layout``, where the moves are those with
         some pair (l, l') that can stay within the bound, f bounds the finite entries of
         the fronts moved onto and l' runs over lo..hi (the finite l' of those fronts
         with such a pair) or, when the head band is narrower (a finite bound), over
@@ -2006,10 +1967,17 @@ class _BatchSearch:
             heads = self._heads(cids, warm, state, None, [], r0)
             c0 = np.stack([h[0][r0:r1, 0] for h in heads], axis=1)  # (l, T)
             x = np.stack([h[2][r0:r1, 0] for h in heads], axis=1)
-            self._layout = (0, 1, False, moves)
             d = np.where(m * c0 + before[:, None] <= self.early, m * c0, INF)
-            y = np.stack([h[3][r0:r1, 0] for h in heads], axis=1)
-            return d, x, c0, np.zeros_like(c0), y
+            y, hold_b, hold_y, used = (
+                np.stack([h[i][r0:r1, 0] for h in heads], axis=1) for i in range(3, 7)
+            )
+            at = (slice(r0, r1), 0)
+            with np.errstate(invalid="ignore"):
+                free = hold_b - stage_memory_bytes(
+                    t.dense_static[at][:, None], self.k_of[1], hold_y, t.dense_saved[at][:, None]
+                )
+            tail = np.where(used == 1, t.dense_replica[at][:, None], 0.0)
+            return d, x, c0, np.zeros_like(c0), y, np.ones(c0.shape, np.int64), free, tail
         subs = [graph.edges[e][2] for e in moves]
         finite = np.isfinite(front.d[subs])  # (T, l', F)
         lps = np.flatnonzero(finite.any(axis=(0, 2)))
@@ -2071,7 +2039,6 @@ class _BatchSearch:
                                 front.n, front.free, front.tail)
             )  # fmt: skip
             per_sample = self.per_sample[lp][:, None, :, None]
-            masks = self.mask[sub_h]  # (l, T, j, f, K)
         else:
             window = (subs, slice(lo, hi + 1), slice(0, f))
             sub_d, sub_x, sub_h = front.d[window], front.x[window], front.h[window]
@@ -2080,15 +2047,14 @@ class _BatchSearch:
             sub_n = front.n[window][None]
             sub_free, sub_tail = front.free[window][None], front.tail[window][None]
             per_sample = self.per_sample[None, None, lo : hi + 1, None]
-            masks = self.mask[sub_h][None]  # (1, T, l', f, K); h = -1: the empty row
             sub_d, sub_x = sub_d[None], sub_x[None]
         # link from the head group to each entry's head group (slowest pair, largest
         # latency), priced by the cost model's closed-form boundary
-        own = self.mask[cids]  # (T, K)
-        bw_row = np.where(own[:, :, None], t.bw[None], INF).min(axis=1)  # (T, K)
-        lat_row = np.where(own[:, :, None], t.lat[None], 0.0).max(axis=1)
-        bw = np.where(masks, bw_row[None, :, None, None, :], INF).min(axis=-1)
-        lat = np.where(masks, lat_row[None, :, None, None, :], 0.0).max(axis=-1)
+        links = [self._links_from(int(k)) for k in self.class_set[cids]]
+        to_set = self.class_set[sub_h]  # h = -1: the empty set (inf, 0)
+        move = np.arange(len(cids))[None, :, None, None]
+        bw = np.stack([b for b, _ in links])[move, to_set]  # (l, T, l', f)
+        lat = np.stack([a for _, a in links])[move, to_set]
         with np.errstate(invalid="ignore"):
             occ = boundary_occupancy_ms(per_sample, y0, sub_y, self.batch, bw, t.topology)
             one_way = occ + lat  # (l, T, l', f)
@@ -2111,13 +2077,15 @@ class _BatchSearch:
         # replica of its last
         replica = take(t.dense_replica)[:, None, :, None]
         fits = ~((used == 1) & (sub_free < replica))
-        if r1 == big_l + 1:
-            with np.errstate(invalid="ignore"):  # the complete plans' row, l = L
-                free = hold_b[-1] - stage_memory_bytes(
-                    t.dense_static[big_l, lp[-1]][None, :, None], self.k_of[sub_n[-1] + 1],
-                    hold_y[-1], t.dense_saved[big_l, lp[-1]][None, :, None],
-                )  # fmt: skip
-            fits[-1] &= free >= sub_tail[-1]
+        # the carried N, and FREE: the head holder's memory left at its true warm-up
+        n_new = sub_n + 1
+        with np.errstate(invalid="ignore"):
+            free = hold_b - stage_memory_bytes(
+                take(t.dense_static)[:, None, :, None], self.k_of[n_new], hold_y,
+                take(t.dense_saved)[:, None, :, None],
+            )  # fmt: skip
+        if r1 == big_l + 1:  # the complete plans' row, l = L
+            fits[-1] &= free[-1] >= sub_tail[-1]
         keep = np.isfinite(sub_d) & np.isfinite(c0) & fits
         keep &= d_new + before[:, None, None, None] <= self.early
         d_new = np.where(keep, d_new, INF)
@@ -2125,7 +2093,7 @@ class _BatchSearch:
         self._layout = (lo, f, band, moves)
         return tuple(
             np.broadcast_to(v, d_new.shape).reshape(n_l, -1)
-            for v in (d_new, x_new, s_new, o_new, y0)
+            for v in (d_new, x_new, s_new, o_new, y0, n_new, free, sub_tail)
         )
 
     def reconstruct(self, answer: tuple) -> Partition:
