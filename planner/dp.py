@@ -1482,35 +1482,31 @@ class _Level:
 
     warm: int
     collapsed: bool
-    d: np.ndarray
-    x: np.ndarray
-    s: np.ndarray
-    o: np.ndarray
-    y: np.ndarray
-    n: np.ndarray
-    free: np.ndarray
-    tail: np.ndarray
-    h: np.ndarray
+    #: (states, L + 1, FRONT, 7): D, X, S, O, Y, FREE, TAIL of each entry, and (.., 2):
+    #: H, N; packed so that the search gathers an entry's values in one read
+    vals: np.ndarray
+    ints: np.ndarray
     edge: np.ndarray
     l_sub: np.ndarray
     k_sub: np.ndarray
     same: np.ndarray
 
+    def __post_init__(self) -> None:
+        self.d, self.x, self.s, self.o, self.y, self.free, self.tail = np.moveaxis(self.vals, -1, 0)
+        self.h, self.n = np.moveaxis(self.ints, -1, 0)
+
     @classmethod
     def empty(cls, n_states: int, n_blk: int, warm: int, collapsed: bool) -> _Level:
         shape = (n_states, n_blk + 1, FRONT)
+        vals = np.full((*shape, 7), INF)
+        vals[..., 5] = -INF  # FREE
+        ints = np.zeros((*shape, 2), dtype=np.int32)
+        ints[..., 0] = -1  # H
         return cls(
             warm,
             collapsed,
-            np.full(shape, INF),
-            np.full(shape, INF),
-            np.full(shape, INF),
-            np.full(shape, INF),
-            np.full(shape, INF),
-            np.zeros(shape, dtype=np.int32),
-            np.full(shape, -INF),
-            np.full(shape, INF),
-            np.full(shape, -1, dtype=np.int32),
+            vals,
+            ints,
             np.full(shape, -1, dtype=np.int32),
             np.zeros(shape, dtype=np.int32),
             np.zeros(shape, dtype=np.int8),
@@ -1519,9 +1515,8 @@ class _Level:
 
     def trim(self) -> None:
         """Keep only the traceback (the values of a finished level are no longer read)."""
-        self.d = self.x = self.s = self.o = self.y = self.n = self.free = self.tail = self.h = (
-            np.empty(0)
-        )
+        self.vals, self.ints = np.empty((0, 0, 0, 7)), np.empty((0, 0, 0, 2), dtype=np.int32)
+        self.__post_init__()
 
 
 @dataclass(frozen=True)
@@ -1803,8 +1798,8 @@ class _BatchSearch:
                                     part[0].shape[1], lo, f, band))  # fmt: skip
         for e in skips:
             sub = graph.edges[e][2]
-            values = (level.d, level.x, level.s, level.o, level.y, level.n, level.free, level.tail)
-            parts.append(tuple(v[sub, r0:r1] for v in values))
+            d, x, carry_s, carry_o, y, free, tail = np.moveaxis(level.vals[sub, r0:r1], -1, 0)
+            parts.append((d, x, carry_s, carry_o, y, level.n[sub, r0:r1], free, tail))
             meta.append(_Source("skip", [e], True, FRONT, 0, FRONT))
         if not parts:
             return
@@ -1919,10 +1914,10 @@ class _BatchSearch:
         """Head tables of the compositions ``cids`` of ``state``'s moves (onto ``front``
         at the states ``subs``, or base heads when None) for its rows l >= r0: a
         composition that at most ``LAZY_USERS`` states use is evaluated only where a
-        move may stay within the bound (module docstring, pruning): on base heads the
-        ranges [L-l, L), else the pairs (l, l') whose c0 lower bound c_lb
-        (:meth:`_Tables.head_bound`) gives max(M c_lb, c_lb + the least D of the front
-        at l') + F <= U (every pair with no bound); every other composition on
+        move may stay within the bound (module docstring, pruning): the ranges whose
+        c0 lower bound c_lb (:meth:`_Tables.head_bound`) gives M c_lb + F <= U on base
+        heads [L-l, L), max(M c_lb, c_lb + the least D of the front at l') + F <= U on
+        pairs (l, l') (every range with no bound); every other composition on
         all ranges. The fronts moved onto are final here (smaller states, or the level
         before), so the pairs of all of ``state``'s remaining row ranges are taken at
         once: Algorithm 1's vectorised rounds cost about as much for a few ranges as
@@ -1932,6 +1927,11 @@ class _BatchSearch:
         rows: dict[int, np.ndarray] = {}
         if lazy and front is None:
             rows = {c: t.range_at[r0:, 0] for c in lazy}
+            if np.isfinite(self.bound):  # a base head's D is M c0
+                before = self.before[state, r0:]
+                for c in lazy:
+                    least = t.head_bound(c, self.batch)[r0:, 0]
+                    rows[c] = rows[c][m * least + before <= self.bound]
         elif lazy:
             ranges = t.range_at[r0:]  # (l, l'), -1 where l' >= l
             if np.isfinite(self.bound):
@@ -2034,20 +2034,18 @@ class _BatchSearch:
         if band:
             c0 = np.where(off_band[:, None, :, None], INF, c0)
             at = (np.array(subs)[None, :, None], lp[:, None, :], slice(0, f))  # (l, T, j, f)
-            sub_d, sub_x, sub_h, sub_s, sub_y, sub_o, sub_n, sub_free, sub_tail = (
-                v[at] for v in (front.d, front.x, front.h, front.s, front.y, front.o,
-                                front.n, front.free, front.tail)
-            )  # fmt: skip
+            sub_d, sub_x, sub_s, sub_o, sub_y, sub_free, sub_tail = np.moveaxis(
+                front.vals[at], -1, 0
+            )
+            sub_h, sub_n = np.moveaxis(front.ints[at], -1, 0)
             per_sample = self.per_sample[lp][:, None, :, None]
         else:
-            window = (subs, slice(lo, hi + 1), slice(0, f))
-            sub_d, sub_x, sub_h = front.d[window], front.x[window], front.h[window]
-            sub_s, sub_y = front.s[window][None], front.y[window][None]  # (1, T, l', f)
-            sub_o = front.o[window][None]
-            sub_n = front.n[window][None]
-            sub_free, sub_tail = front.free[window][None], front.tail[window][None]
+            window = (subs, slice(lo, hi + 1), slice(0, f))  # (1, T, l', f) below
+            sub_d, sub_x, sub_s, sub_o, sub_y, sub_free, sub_tail = np.moveaxis(
+                front.vals[window][None], -1, 0
+            )
+            sub_h, sub_n = np.moveaxis(front.ints[window][None], -1, 0)
             per_sample = self.per_sample[None, None, lo : hi + 1, None]
-            sub_d, sub_x = sub_d[None], sub_x[None]
         # link from the head group to each entry's head group (slowest pair, largest
         # latency), priced by the cost model's closed-form boundary
         links = [self._links_from(int(k)) for k in self.class_set[cids]]
