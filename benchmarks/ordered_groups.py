@@ -1,11 +1,18 @@
-"""The ordered graph's mixed groups: every size against the sizes where the even share falls.
+"""The ordered graph's two heuristics, each against its absence, on ordered-graph instances.
 
 The DP's ordered graph (planner/dp.py, used above 1,500 moves: clusters of about 16
-devices or more in two or more classes) keeps a group that straddles a class boundary of
-a device order only at a size s where the even share ceil(B / s) falls
-(``_Tables.falls``). This script plans each instance twice, with that rule and with every
-mixed group (the rule patched out), and prints the plans' iteration times, the gap and
-the planning CPU time:
+devices or more in two or more classes, or many of one) has two rules that are measured,
+not proven:
+
+- ``--rule falls`` (the default): a group that straddles a class boundary of a device
+  order is kept only at a size s where the even share ceil(B / s) falls
+  (``_Tables.falls``); against every mixed group (the rule patched out);
+- ``--rule first-near``: the first search is the smallest micro-batch size whose relaxed
+  bound lies within ``FIRST_NEAR`` of the least; against the size of least bound
+  (``FIRST_NEAR`` 0).
+
+This script plans each instance twice, without and with the rule, and prints the plans'
+iteration times, the gap and the planning CPU time:
 
 - benchmarks/planner_scaling.py's synthetic family, 30 and 60 blocks on 16, 24 and 32
   devices of 2, 3 and 4 types, and its 100 x 16 mixed case;
@@ -13,7 +20,8 @@ the planning CPU time:
   Jetson types of jetson-testbed-6 on a 940 Mbit/s switch, global batch 32;
 - with ``--big``, the 512 devices of 8 types (about 3 minutes).
 
-    .venv/bin/python benchmarks/ordered_groups.py [--big] [--markdown out.md]
+    .venv/bin/python benchmarks/ordered_groups.py [--rule falls|first-near] [--big]
+        [--markdown out.md]
 """
 
 from __future__ import annotations
@@ -77,15 +85,28 @@ def timed(problem: Problem) -> tuple[float, float, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rule", choices=("falls", "first-near"), default="falls")
     parser.add_argument("--big", action="store_true", help="add 512 devices of 8 types")
     parser.add_argument("--markdown", help="also write the table to this file")
     args = parser.parse_args()
     # the re-scoring bounded by count and margin only, not by its time share, so that
     # both runs re-score the same answers however loaded the machine
     dp_module.RESCORE_MIN_S = float("inf")
-    falls = dp_module._Tables.falls
+    falls, near = dp_module._Tables.falls, dp_module.FIRST_NEAR
+
+    def rule(on: bool) -> None:
+        if args.rule == "falls":
+            every = lambda self, g, batch: True  # noqa: E731
+            dp_module._Tables.falls = falls if on else every  # type: ignore[method-assign]
+        else:
+            dp_module.FIRST_NEAR = near if on else 0.0
+
+    without, with_rule = {
+        "falls": ("every mixed group", "where the share falls"),
+        "first-near": ("least bound first", f"smallest within {near:.0%} first"),
+    }[args.rule]
     lines = [
-        "| instance | graph | every mixed group (ms) | CPU (s) | where the share falls (ms) "
+        f"| instance | graph | {without} (ms) | CPU (s) | {with_rule} (ms) "
         "| CPU (s) | gap | time ratio |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
@@ -93,9 +114,9 @@ def main() -> None:
     gaps, ratios = [], []
     for name, build in instances(args.big):
         problem = build()
-        dp_module._Tables.falls = lambda self, g, batch: True  # type: ignore[method-assign]
+        rule(False)
         every, t_every, graph = timed(problem)
-        dp_module._Tables.falls = falls  # type: ignore[method-assign]
+        rule(True)
         kept, t_kept, _ = timed(problem)
         gaps.append((kept - every) / every)
         ratios.append(t_kept / t_every)

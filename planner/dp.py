@@ -175,7 +175,11 @@ micro-batch sizes are searched in order of max(Q(L, N), Z) and a size whose boun
 exceeds U is skipped: every size's Z first (:func:`weighted_bound`, a tenth of its
 tables' time; in order of :meth:`_Tables.lower_bound` while the time limit lasts), then
 the tables in order of Z until no size left can have a lesser max(Q, Z) than the least
-found (the first search), and after it only those of sizes whose Z is within U (one
+found (the first search: that size, or on the ordered graph the smallest size whose
+max(Q, Z) is within ``FIRST_NEAR`` of it, as a smaller size has fewer groups to search
+and its figure then bounds the larger sizes' searches; on the complete graph searches
+are cheap and the least bound's figure prunes best), and after it only those of sizes
+whose Z is within U (one
 whose Z exceeds U is skipped whenever it comes, U only falls) and, on two device classes,
 whose Zc is (:meth:`_Tables.class_bound`: Z with the DP keyed by the devices left per
 class, so that the fast class's devices are spent once; it only skips, so the sizes
@@ -398,6 +402,11 @@ HEAD_CACHE_BYTES = 2**29
 #: (figure / bound was 1.05-1.37 on the planner_scaling cases, so U / bound up to 1.57:
 #: at 1.3 most first searches ran twice)
 FIRST_GUESS = 1.7
+#: on the ordered graph the first search is the smallest size whose relaxed bound lies
+#: within this fraction of the least (the figure of a smaller, cheaper search bounds the
+#: larger ones: 512 x 8 searched 4 before 16, 42 -> 32 s; 100 x 64 2 before 4, -7%;
+#: 100 x 16 mixed 2 before 4, -10%; same plans; docs/decisions.md, session 13)
+FIRST_NEAR = 0.15
 
 #: chains of more blocks than this are planned coarse to fine by default
 #: (:mod:`planner.multilevel`, docs/decisions.md)
@@ -1287,10 +1296,12 @@ class _Tables:
     def graph(self, batch: int, orders: list[list[int]]) -> _Graph:
         """The complete graph if it has at most ``COMPLETE_MOVES`` moves, else the
         ordered one (module docstring)."""
-        moves_bound = math.prod((c + 1) * (c + 2) // 2 for c in self.counts)
-        if moves_bound <= COMPLETE_MOVES:
-            return self._complete(batch)
-        return self._ordered(batch, orders)
+        return self._complete(batch) if self.complete else self._ordered(batch, orders)
+
+    @property
+    def complete(self) -> bool:
+        """Whether the complete graph has at most ``COMPLETE_MOVES`` moves (at any B)."""
+        return math.prod((c + 1) * (c + 2) // 2 for c in self.counts) <= COMPLETE_MOVES
 
     def _complete(self, batch: int) -> _Graph:
         states = sorted(itertools.product(*(range(c + 1) for c in self.counts)), key=sum)
@@ -2302,7 +2313,8 @@ def best_plan(
         # and while the time limit lasts; then the tables in order of Z until no size
         # left can have a lesser max(Q, Z) (>= Z) than the least found, and the search
         # of that least relaxed bound: its figure is likeliest to be low and prune the
-        # others (the cheap bound ties on every size whose share ceil(B / N) is 1)
+        # others (the cheap bound ties on every size whose share ceil(B / N) is 1); on
+        # the ordered graph the smallest size near it (FIRST_NEAR), a cheaper search
         for b in sorted(sizes, key=lambda b: (bounds[b], b)):
             weighted[b] = weighted_bound(tables, b)
             if time.perf_counter() >= deadline:
@@ -2313,7 +2325,9 @@ def best_plan(
             relaxed[b] = relaxed_bounds(tables, b)
             if time.perf_counter() >= deadline:
                 break
-        first = min(relaxed, key=lambda b: (root(b), b))
+        least = min(root(b) for b in relaxed)
+        near = 0.0 if tables.complete else FIRST_NEAR
+        first = min(b for b in relaxed if root(b) <= least * (1 + near))
         yield first
         if found and time.perf_counter() >= deadline:
             return  # out of time with a plan: no other size's tables are built

@@ -233,13 +233,14 @@ def test_the_first_search_under_a_wrong_guess_finds_the_same_plan(monkeypatch, g
 def test_a_first_search_whose_guess_proved_low_is_repeated_after_the_other_sizes(
     monkeypatch,
 ):
-    # 100 blocks on 8 + 8 devices (benchmarks/planner_scaling.py): the first size, 4, is
-    # searched under its guess (1.7 x its relaxed bound, 5,671 ms) and its figure's
-    # margin (5,791) lies above it. It is searched again last, under the bound of the
-    # fastest figure then (the least bound of any search), so that a time limit finds
-    # the other sizes' plans first
+    # 100 blocks on 8 + 8 devices (benchmarks/planner_scaling.py), the first size that of
+    # least relaxed bound (FIRST_NEAR 0): 4 is searched under its guess (1.7 x its
+    # relaxed bound, 5,671 ms) and its figure's margin (5,791) lies above it. It is
+    # searched again last, under the bound of the fastest figure then (the least bound of
+    # any search), so that a time limit finds the other sizes' plans first
     from benchmarks.planner_scaling import synthetic
 
+    monkeypatch.setattr(dp_module, "FIRST_NEAR", 0.0)
     searches: list[tuple[int, float, bool]] = []
     original = dp_module._BatchSearch.__init__
 
@@ -255,6 +256,57 @@ def test_a_first_search_whose_guess_proved_low_is_repeated_after_the_other_sizes
     assert searches[-1][0] == first and not searches[-1][2]
     assert searches[-1][1] == min(u for _, u, guessed in searches if not guessed)
     assert result.status == "complete"
+
+
+def relaxed_roots(monkeypatch) -> dict[int, float]:
+    """max(Q(L, N), Z) of every micro-batch size whose relaxed tables the DP builds from
+    now on."""
+    roots: dict[int, float] = {}
+    relaxed_bounds = dp_module.relaxed_bounds
+
+    def recording(tables, batch):
+        out = relaxed_bounds(tables, batch)
+        roots[batch] = max(out.q_root, out.z)
+        return out
+
+    monkeypatch.setattr(dp_module, "relaxed_bounds", recording)
+    return roots
+
+
+@pytest.mark.parametrize("near, first", [(0.0, 4), (0.15, 2)])
+def test_the_first_search_on_the_ordered_graph_is_the_smallest_size_near_the_least_bound(
+    monkeypatch, near, first
+):
+    # 100 blocks on 8 + 8 devices (ordered graph): before the first search the relaxed
+    # tables of 1, 2, 4 and 8 are built; 4 has the least bound and 2's lies 4.2% above it,
+    # within FIRST_NEAR (a smaller size searches fewer groups, and its figure bounds the
+    # larger ones); 1's lies 17.6% above
+    from benchmarks.planner_scaling import synthetic
+
+    monkeypatch.setattr(dp_module, "FIRST_NEAR", near)
+    roots = relaxed_roots(monkeypatch)
+    searched = searched_sizes(monkeypatch)
+    plan_dp(synthetic(100, 16, 2))
+    before_first = dict(list(roots.items())[:4])
+    assert sorted(before_first) == [1, 2, 4, 8]
+    assert min(before_first, key=before_first.get) == 4
+    assert before_first[2] / before_first[4] == pytest.approx(1.042, abs=1e-3)
+    assert before_first[1] / before_first[4] == pytest.approx(1.176, abs=1e-3)
+    assert searched[0] == first
+
+
+def test_the_first_search_on_the_complete_graph_is_the_size_of_least_bound(monkeypatch):
+    # squeezenet on 16 Jetson Nanos (complete graph: searches are cheap, and the least
+    # bound's figure prunes best): 4's bound lies 13.6% above 8's, within FIRST_NEAR, and
+    # 8 is searched first all the same
+    from benchmarks.planner_scaling import nanos
+
+    roots = relaxed_roots(monkeypatch)
+    searched = searched_sizes(monkeypatch)
+    plan_dp(nanos("pipedream-squeezenet1_0", 16))
+    assert list(roots) == [2, 4, 8]  # built before the first search, none after
+    assert roots[4] / roots[8] == pytest.approx(1.136, abs=1e-3) and roots[2] > roots[4]
+    assert searched[0] == 8
 
 
 def test_a_time_out_under_a_wrong_guess_still_returns_a_plan(monkeypatch):
