@@ -183,8 +183,9 @@ whose Z is within U (one
 whose Z exceeds U is skipped whenever it comes, U only falls) and, on two device classes,
 whose Zc is (:meth:`_Tables.class_bound`: Z with the DP keyed by the devices left per
 class, so that the fast class's devices are spent once; it only skips, so the sizes
-searched and their order are those of max(Q, Z)), and on three or more classes, when a
-size's turn comes and it would be searched, whose Zp is (:func:`priced_weighted_bound`,
+searched and their order are those of max(Q, Z)), and on three or more classes, before
+its tables are built and again when its turn comes under a bound fallen since, whose Zp
+is (:func:`priced_weighted_bound`,
 :mod:`planner.prices`: Z's sum with a price per device class, a Lagrangian relaxation of
 Zc's class counts, so that stages compete for the fast classes; it only skips too), and,
 where max(Q, Z) is within ``STAGED_NEAR`` of U, whose Zs is
@@ -1871,7 +1872,7 @@ class _BatchSearch:
             mv, width = src.edges, src.width
             per_move = width // len(mv)
             here = (chosen >= offset) & (chosen < offset + width)
-            j = np.clip(chosen - offset, 0, width - 1)
+            j = np.minimum(np.maximum(chosen - offset, 0), width - 1)  # (np.clip: slower)
             if src.kind == "base":
                 e_arr = np.array(mv)[j]
                 l_j, k_j = np.zeros_like(j), np.zeros_like(j)
@@ -2028,7 +2029,7 @@ class _BatchSearch:
         if band:
             lp = rows - 1 - np.arange(max(width_band, 1))[None, :]  # (l, j)
             off_band = (lp < lo) | (lp > hi)
-            lp = np.clip(lp, 0, big_l)
+            lp = np.minimum(np.maximum(lp, 0), big_l)
 
             def take(a: np.ndarray) -> np.ndarray:
                 return a[..., rows, lp]
@@ -2302,7 +2303,15 @@ def best_plan(
     by_class: dict[int, float] = {}  # Zc of the sizes after the first (skips only)
     staged: dict[int, float] = {}  # Zs of the sizes after the first near U (skips only)
     reweighted: dict[int, float] = {}  # Zw where Zs is computed (skips only)
+    priced: dict[int, tuple[float, float]] = {}  # Zp and the bound its ascent rose toward
     deferred: list[int] = []  # the first size, searched again after the others
+
+    def priced_above(b: int, bound: float) -> bool:
+        """Whether Zp exceeds ``bound``; Zp is raised toward ``bound`` unless a value
+        raised toward it, or one above it, is known (any Zp is a bound on every plan)."""
+        if b not in priced or priced[b][0] <= bound != priced[b][1]:
+            priced[b] = (priced_weighted_bound(tables, b, bound), bound)
+        return priced[b][0] > bound
 
     def root(b: int) -> float:
         """max(Q(L, N), Z), or Z (a lower bound on it) where the tables are not built."""
@@ -2347,7 +2356,11 @@ def best_plan(
                     continue
                 if b in staged:  # near the bound: Zw, as Zs
                     reweighted[b] = reweighted_bound(tables, b, fastest * (1 + RESCORE_MARGIN))
-                if reweighted.get(b, 0.0) <= fastest * (1 + RESCORE_MARGIN):
+                if reweighted.get(b, 0.0) > fastest * (1 + RESCORE_MARGIN):
+                    continue
+                # Zp too (skips only): a size it skips now is skipped at its turn (U only
+                # falls), so its tables are not built
+                if not priced_above(b, fastest * (1 + RESCORE_MARGIN)):
                     relaxed[b] = relaxed_bounds(tables, b)
         yield from sorted((b for b in sizes if b != first), key=lambda b: (root(b), b))
         yield from deferred  # the first size, when its guess proved low (below)
@@ -2374,11 +2387,11 @@ def best_plan(
             reweighted[batch] = reweighted_bound(tables, batch, fastest * (1 + RESCORE_MARGIN))
         if reweighted.get(batch, 0.0) > fastest * (1 + RESCORE_MARGIN):
             continue
-        # Zp (stages priced per device class, three or more classes) is computed only for
-        # a size that would be searched now, against the bound it would be searched
-        # under; like Zc it only skips
+        # Zp (stages priced per device class, three or more classes) is computed for a
+        # size that would be searched now, against the bound it would be searched under
+        # (unless known above it since its tables were considered); like Zc it only skips
         bound = fastest * (1 + RESCORE_MARGIN)
-        if np.isfinite(bound) and priced_weighted_bound(tables, batch, bound) > bound:
+        if np.isfinite(bound) and priced_above(batch, bound):
             continue
         tables.clear()
         graph = tables.graph(batch, orders)

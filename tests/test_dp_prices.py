@@ -79,26 +79,32 @@ def test_priced_bound_sees_the_fast_device_run_out():
 
 def test_sizes_skipped_by_the_priced_bound_change_no_plan(monkeypatch):
     # 30 blocks on 48 devices of 4 types (benchmarks/planner_scaling's synthetic
-    # family): after the first searches, Zp exceeds the bound at micro-batch 32, whose Z
-    # does not (and Zc is not computed on four classes): it is not searched. With a Zp of
-    # 0 it is, and the plans are the same (Zp only skips sizes that could return nothing
-    # to re-score)
+    # family): after the first search, Zp exceeds the bound at micro-batch 32 (772.5
+    # against 768.2), whose Z does not (and Zc is not computed on four classes): its
+    # relaxed tables are not built and it is not searched. With a Zp of 0 it is, and the
+    # plans are the same (Zp only skips sizes that could return nothing to re-score)
     monkeypatch.setattr(dp_module, "RESCORE_MIN_S", float("inf"))  # no time share
     problem = synthetic(30, 48, 4)
     searched: list[int] = []
-    batch_search = dp_module._BatchSearch
+    built: list[int] = []
+    batch_search, relaxed_bounds = dp_module._BatchSearch, dp_module.relaxed_bounds
 
     def recording(tables, graph, batch, *args, **kwargs):
         searched.append(batch)
         return batch_search(tables, graph, batch, *args, **kwargs)
 
+    def building(tables, batch):
+        built.append(batch)
+        return relaxed_bounds(tables, batch)
+
     monkeypatch.setattr(dp_module, "_BatchSearch", recording)
+    monkeypatch.setattr(dp_module, "relaxed_bounds", building)
     skipped = plan_dp(problem)
-    assert 32 not in searched
+    assert 32 not in searched and 32 not in built
     searched.clear()
     monkeypatch.setattr(dp_module, "priced_weighted_bound", lambda tables, batch, target: 0.0)
     every = plan_dp(problem)
-    assert 32 in searched
+    assert 32 in searched and 32 in built
     assert every.partition == skipped.partition
     assert every.dp_value_ms == skipped.dp_value_ms
     assert every.candidates == skipped.candidates
