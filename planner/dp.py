@@ -585,6 +585,8 @@ class _Tables:
         self._prefix: dict[tuple[int, str], np.ndarray] = {}
         self._curve: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._least: dict[tuple[tuple[int, ...], int], np.ndarray] = {}
+        #: Z per (B, M, K(1)): :meth:`weighted_bound` and :meth:`relaxed` give the same
+        self._z: dict[tuple[int, int, int], float] = {}
 
     def comp(self, g: tuple[int, ...]) -> int:
         if g not in self.comp_id:
@@ -935,20 +937,25 @@ class _Tables:
                         np.minimum(w, v[p, 1:suffix])
                         for w, v in ((g_sub, g_tab), (q_sub, q_tab), (s_sub, s_tab))
                     )
-                s_new = c + t + s_sub[:, shift]
+                s_sub = s_sub[:, shift]  # (l', share, n)
+                s_new = c + t + s_sub
                 # the head's bubble: M c0 + tau1 + S - (k - 1) E_f0 with k <= M in flight
-                bubble = (m - in_flight[p - 1] + 1) * f0 + m * b0 + t + s_sub[:, shift]
+                # (inf where the head does not fit: c inf)
+                bubble = (m - in_flight[p - 1] + 1) * f0 + m * b0 + t
+                bubble = bubble + np.where(np.isfinite(c), 0.0, INF) + s_sub
                 d = np.maximum(
                     np.maximum(m * c, c + t + (m - 1) * o),
-                    np.maximum(c + t + g_sub[:, shift], np.where(np.isfinite(c), bubble, INF)),
+                    np.maximum(c + t + g_sub[:, shift], bubble),
                 )
                 s_tab[p, suffix, : n_dev + 1] = s_new.min(axis=(0, 1))
                 g_tab[p, suffix, : n_dev + 1] = d.min(axis=(0, 1))
-                q = np.maximum(d + t_a, f0 + o + lat_min + q_sub[:, shift])
+                q = np.maximum(d + t_a, (f0 + o + lat_min) + q_sub[:, shift])
                 q_tab[p, suffix, : n_dev + 1] = q.min(axis=(0, 1))
-        z = self._weighted(m, need, c_tab[0], ef, eb, ta, tau / 2)
-        return _Relaxed(f_tab[:, :-1], e_tab[:, :-1], g_tab[1:, :, :-1], q_tab[1:, :, :-1], z,
-                        pf_tab[:, :-1])  # fmt: skip
+        key = (batch, m, warmups[0])
+        if key not in self._z:  # Z, unless :meth:`weighted_bound` gave it already
+            self._z[key] = self._weighted(m, need, c_tab[0], ef, eb, ta, tau / 2)
+        return _Relaxed(f_tab[:, :-1], e_tab[:, :-1], g_tab[1:, :, :-1], q_tab[1:, :, :-1],
+                        self._z[key], pf_tab[:, :-1])  # fmt: skip
 
     def _share_figures(self, batch: int, warmups: list[int]) -> tuple:
         """The relaxed stage and link figures per share s (:meth:`relaxed`): the least
@@ -1000,8 +1007,11 @@ class _Tables:
         shares = len({-(-batch // g) for g in range(1, min(batch, n_dev) + 1)})
         if len(warmups) * (big_l + 1) ** 2 * (n_dev + 1) * shares / 2 > RELAX_MAX:
             return 0.0
-        need, c_tab, ef, eb, ta, _, tau, _ = self._share_figures(batch, warmups[:1])
-        return self._weighted(m, need, c_tab[0], ef, eb, ta, tau / 2)
+        key = (batch, m, warmups[0])
+        if key not in self._z:
+            need, c_tab, ef, eb, ta, _, tau, _ = self._share_figures(batch, warmups[:1])
+            self._z[key] = self._weighted(m, need, c_tab[0], ef, eb, ta, tau / 2)
+        return self._z[key]
 
     def _weighted(
         self, m: int, need: np.ndarray, c: np.ndarray, ef: np.ndarray, eb: np.ndarray,
