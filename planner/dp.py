@@ -1491,6 +1491,21 @@ def _pareto(
     return chosen, valid
 
 
+def _front(
+    d: np.ndarray, x: np.ndarray, carry: np.ndarray, y: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_pareto`'s ``FRONT`` picks, run on the columns where some row has a finite D
+    when they are fewer than half (a column of inf D holds no candidate: the picks and
+    their order are the same; an empty slot reads column 0, as there)."""
+    live = np.flatnonzero(np.isfinite(d).any(axis=0))
+    if 2 * len(live) >= d.shape[1]:
+        return _pareto(d, x, carry, y, FRONT)
+    if not len(live):
+        return np.zeros((len(d), FRONT), dtype=np.int64), np.zeros((len(d), FRONT), dtype=bool)
+    chosen, ok = _pareto(d[:, live], x[:, live], carry[:, live], y[:, live], FRONT)
+    return np.where(ok, live[chosen], 0), ok
+
+
 @dataclass
 class _Level:
     """Fronts of one level over every state: values D, X, the carried S (summed
@@ -1829,19 +1844,19 @@ class _BatchSearch:
             np.concatenate([q[i] for q in parts], axis=1) for i in range(8)
         )
         x_seen = np.maximum(x, self.hidden[s, r0:r1][:, None])
-        chosen, ok = _pareto(d, np.where(np.isfinite(d), x_seen, INF), carry_s, cand_y, FRONT)
+        chosen, ok = _front(d, np.where(np.isfinite(d), x_seen, INF), carry_s, cand_y)
         # an entry whose D plus what the blocks before it add (F), or whose D + X plus
         # their least forward traversal (PF), exceeds the bound reaches no root answer
         # within it; it takes part in the selection (a slot it wins is not handed to
         # another candidate) and is then dropped (under a guessed bound: ``early``)
+        d_kept, x_kept = d[rows, chosen], x[rows, chosen]
         if self.by_pf:
+            before, forward = self.before[s, r0:r1][:, None], self.pf[s, r0:r1][:, None]
             with np.errstate(invalid="ignore"):
-                hopeless = d + np.maximum(self.before[s, r0:r1][:, None],
-                                          x + self.pf[s, r0:r1][:, None]) > self.bound  # fmt: skip
-            ok &= ~hopeless[rows, chosen]
+                ok &= ~(d_kept + np.maximum(before, x_kept + forward) > self.bound)
         at = (s, slice(r0, r1))
-        level.d[at] = np.where(ok, d[rows, chosen], INF)
-        level.x[at] = np.where(ok, x[rows, chosen], INF)
+        level.d[at] = np.where(ok, d_kept, INF)
+        level.x[at] = np.where(ok, x_kept, INF)
         level.s[at] = np.where(ok, carry_s[rows, chosen], INF)
         level.o[at] = np.where(ok, carry_o[rows, chosen], INF)
         level.y[at] = np.where(ok, cand_y[rows, chosen], INF)

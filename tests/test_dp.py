@@ -935,3 +935,22 @@ def test_the_forward_traversal_rule_empties_cells_the_other_rules_keep():
                     assert search.before[s, blocks] == np.inf
                     only_pf += 1
     assert only_pf > 0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_fronts_picked_on_the_live_columns_are_those_of_every_column(seed):
+    # most columns of a band's candidates hold no candidate (inf D in every row): the
+    # front is picked on the others alone, and the picks (column indices, empty slots at
+    # column 0) are those of the selection over every column
+    rng = np.random.default_rng(seed)
+    rows, cols = 6, 40
+    d = rng.integers(1, 9, (rows, cols)).astype(float)
+    d[:, rng.random(cols) < 0.8] = np.inf  # dead columns
+    d[rng.random((rows, cols)) < 0.2] = np.inf  # dead cells
+    d[0] = np.inf  # a row without any candidate
+    x, carry, y = (rng.integers(0, 9, (rows, cols)).astype(float) for _ in range(3))
+    x = np.where(np.isfinite(d), x, np.inf)
+    every = dp_module._pareto(d, x, carry, y, dp_module.FRONT)
+    live = dp_module._front(d, x, carry, y)
+    assert np.isfinite(d).any(axis=0).sum() * 2 < cols  # the compressed path runs
+    assert (live[1] == every[1]).all() and (live[0] == every[0]).all()
