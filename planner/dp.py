@@ -368,8 +368,11 @@ BAND_USE = 0.75
 
 #: the relaxed lower bound (:meth:`_Tables.relaxed`) tracks the suffix's stage count p
 #: (whose warm-up K(p) its memory check and bubble read) while pc x L^2 N sqrt(B) / 2
-#: stays within this; beyond, p >= pc share K(pc)'s memory and K(P)'s bubble
-RELAX_WORK = 3e7
+#: stays within this; beyond, p >= pc share K(pc)'s memory and K(P)'s bubble (3e7 until
+#: session 13: on 100 x 64 identical its 4 levels cost 7% of the planning instructions
+#: and pruned nothing the 2 or 3 levels of 1e6 do not; the same plans on all 121
+#: solver_vs_dp rows, whose tables stay within it, and the 34 ordered-graph instances)
+RELAX_WORK = 1e6
 RELAX_LEVELS = 4
 #: above this work the relaxed bound takes its weak O(N L) form (:meth:`_Tables.relaxed`)
 RELAX_MAX = 2e8
