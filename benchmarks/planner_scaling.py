@@ -21,7 +21,11 @@ Targets on the 2-core development machine: 100 blocks x 16 mixed devices <= 2 s;
 400 blocks on 16 identical devices <= 5 s; every shipped PipeDream profile on 16
 identical devices <= 0.5 s. Prints a markdown table (also written with --markdown) with
 wall-clock and process CPU time; the verdict uses CPU time, which other jobs on a shared
-machine inflate far less than wall time (both are reported).
+machine inflate far less than wall time (both are reported). A virtual machine's CPU time
+still varies with its host's load (by 10-50% within an hour on the development machine,
+docs/benchmarks.md), so the run also times a fixed reference workload (pure Python and
+numpy, nothing of the planner) before and after the cases: a run whose reference is
+slow ran on a slow machine.
 
     .venv/bin/python benchmarks/planner_scaling.py [--repeat 3] [--markdown out.md]
         [--time-limit 120] [--only NAME]
@@ -35,6 +39,8 @@ import resource
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -120,6 +126,22 @@ def cases() -> dict[str, tuple]:
     return out
 
 
+def reference_seconds() -> float:
+    """CPU seconds of a fixed workload that shares no code with the planner (a Python
+    loop and small numpy operations, as the DP's time is spent), best of 3."""
+    best = float("inf")
+    for _ in range(3):
+        start = time.process_time()
+        total = 0
+        for i in range(1_000_000):
+            total += i % 7
+        values = np.arange(20_000.0)
+        for _ in range(2_000):
+            values = np.minimum(values + 1.0, values[::-1] * 0.5)
+        best = min(best, time.process_time() - start)
+    return best
+
+
 def run_case(spec: tuple, repeat: int, time_limit: float, queue) -> None:
     problem = build(spec)
     best = cpu = float("inf")
@@ -162,6 +184,8 @@ def main() -> None:
         "| graph | stages | devices used | micro-batch | iteration (ms) | target (on CPU time) |",
         "|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---|",
     ]
+    before = reference_seconds()
+    print(f"reference workload: {before:.3f} s CPU before the cases", flush=True)
     print(lines[0], flush=True)
     ctx = multiprocessing.get_context("spawn")
     for name, (spec, target_s, target_gb) in cases().items():
@@ -186,8 +210,11 @@ def main() -> None:
             f"{graph} | {stages} | {used} | {batch} | {ms:.1f} | {verdict} |"
         )
         print(lines[-1], flush=True)
+    after = reference_seconds()
+    note = f"reference workload: {before:.3f} s CPU before the cases, {after:.3f} s after"
+    print(note)
     if args.markdown:
-        Path(args.markdown).write_text("\n".join(lines) + "\n")
+        Path(args.markdown).write_text("\n".join([*lines, "", note]) + "\n")
 
 
 if __name__ == "__main__":
