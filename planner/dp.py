@@ -193,15 +193,18 @@ where max(Q, Z) is within ``STAGED_NEAR`` of U, whose Zs is
 part of the first stage's all-reduce counted whole; skips only, as Zc) and whose Zw is
 (:func:`reweighted_bound`, :mod:`planner.block_weights`: Z's block weights, one
 distribution for the D terms and one for the X terms, raised by subgradient ascent
-until above U; skips only, and before the size's relaxed tables are built); a
-(state r, l) cell, with n = N - |r| devices before it, holds nothing when E[L-l, n],
-F[L-l, n] + G[l, |r|], Q[l, |r|] (least over p) or PF[L-l, n] + Q[l, |r|] exceeds U,
-and a state whose cells all do is not searched; an entry with D + max(F[L-l, n], X +
-PF[L-l, n]) > U is dropped *after* its front is selected (:func:`_pareto` picks among
+until above U; skips only, and before the size's relaxed tables are built). Per
+search, P[r, l] (:meth:`_BatchSearch._prefix`) bounds what the stages before a cell
+add to D over the graph's own paths from the root to r (the groups' classes and
+counts, where F lets n devices of any class run every block): with F' = max(F[L-l,
+n], P[r, l]), a (state r, l) cell, with n = N - |r| devices before it, holds nothing
+when E[L-l, n], F' + G[l, |r|], Q[l, |r|] (least over p) or PF[L-l, n] + Q[l, |r|]
+exceeds U, and a state whose cells all do is not searched; an entry with D + max(F',
+X + PF[L-l, n]) > U is dropped *after* its front is selected (:func:`_pareto` picks among
 all candidates, so a slot such an entry wins stays empty instead of going to another
 candidate: dropped before, a freed slot changed which entries a front keeps, so a
 tighter bound lost plans, docs/decisions.md); a pair (l, l') of a move
-whose max(M c0, c0 + the least D of its front at l') + max(F, T_a0 + PF) > U is never
+whose max(M c0, c0 + the least D of its front at l') + max(F', T_a0 + PF) > U is never
 built (D' is at least the first term, X' at least T_a0), so a move without any other
 pair is not composed, l' runs over the pairs left, and a head of
 l - l' blocks is composed only within the *head band* of the widest head among them
@@ -266,7 +269,7 @@ Z, Zc, Zs or Zw rules the size out, the relaxed bounds, and before its search on
 three or more classes Zp, O(R K B log(K B)) for its stage costs and O(R K B + L^2) per
 ascent step (at most :data:`planner.prices.ITERATIONS`; R = L (L + 1) / 2 ranges),
 O(pc L^2 N sqrt(B)) (pc <=
-``RELAX_LEVELS``; an O(N L) weak form beyond ``RELAX_MAX``); C head tables, each
+``RELAX_LEVELS``; an O(N L) weak form beyond ``RELAX_MAX``); P, O(E L^2); C head tables, each
 Algorithm 1 over the O(L^2) block ranges (those a move may use within the bound:
 pruning): a closed form for one-class groups whose times never fall with the batch,
 else class by class, O(K) per range and move
@@ -1475,21 +1478,21 @@ def _pareto(
         if j == 3:
             fewer = alive & (y < y_first) & ~y_kept
             key = np.where(fewer.any(axis=1, keepdims=True), np.where(fewer, d, INF), total)
-        least = np.where(alive, key, INF).min(axis=1, keepdims=True)
-        pick = np.argmin(np.where(alive & (key == least), d, INF), axis=1)
+        masked = np.where(alive, key, INF)
+        least = masked.min(axis=1, keepdims=True)
+        # a row with no alive candidate (least inf) picks a dead one: found is false
+        pick = np.argmin(np.where(masked == least, d, INF), axis=1)
         found = alive[rows, pick]
-        chosen[:, j], valid[:, j] = pick, found
+        chosen[:, j], valid[:, j] = np.where(found, pick, 0), found  # empty: column 0
         if not found.any():
             break
         if j == 0:
             y_first = y[rows, pick][:, None]
         y_kept |= (y[rows, pick][:, None] < y_first) & found[:, None]
-        dominated = (
-            (d >= d[rows, pick][:, None])
-            & (x >= x[rows, pick][:, None])
-            & (carry >= carry[rows, pick][:, None])
-        )
-        alive &= ~(dominated & found[:, None])
+        # keep what the pick does not dominate in (D, X, S): alive candidates are finite
+        # in all three, and a row without a pick compares with inf (keeps every one)
+        d_pick = np.where(found, d[rows, pick], INF)[:, None]
+        alive &= (d < d_pick) | (x < x[rows, pick][:, None]) | (carry < carry[rows, pick][:, None])
         alive[rows, pick] = False
     return chosen, valid
 
@@ -1639,29 +1642,82 @@ class _BatchSearch:
         state r, lower bounds on what the blocks before it add to the DP value of a
         complete plan, or inf where no such plan can stay within the bound (module
         docstring, pruning). The blocks before it run on the n = N - |r| devices outside
-        r and add at least F[L - l, n] to the suffix's D, and PF[L - l, n] to its D + X
-        (:meth:`_Tables.relaxed`); the cell holds nothing when the root's D + X must
-        exceed the bound: E[L - l, n], F[L - l, n] + G[l, |r|], Q[l, |r|] or
-        PF[L - l, n] + Q[l, |r|] (least over the stage counts p) above it."""
+        r and add at least max(F[L - l, n], P[r, l]) to the suffix's D (:meth:`_prefix`),
+        and PF[L - l, n] to its D + X (:meth:`_Tables.relaxed`); the cell holds nothing
+        when the root's D + X must exceed the bound: E[L - l, n], that first bound + G[l,
+        |r|], Q[l, |r|] or PF[L - l, n] + Q[l, |r|] (least over the stage counts p) above
+        it."""
         t, relaxed = self.t, self.relaxed
         big_l, n_dev = t.n_blk, sum(t.counts)
         rows = np.arange(big_l + 1)
         g_least, q_least = relaxed.g.min(axis=0), relaxed.q.min(axis=0)
+        prefix = self._prefix()
         out = np.full((len(self.sizes), big_l + 1), INF)
         out_pf = np.full((len(self.sizes), big_l + 1), INF)
         for size in np.unique(self.sizes):
+            at = self.sizes == size
             n_pre = n_dev - int(size)
-            here = relaxed.f[big_l - rows, n_pre]
+            here = np.maximum(relaxed.f[big_l - rows, n_pre][None, :], prefix[at])
             forward = relaxed.pf[big_l - rows, n_pre] if self.by_pf else np.zeros(big_l + 1)
             least = np.maximum(
-                np.maximum(relaxed.e[big_l - rows, n_pre], q_least[rows, size]),
-                here + g_least[rows, size],
+                np.maximum(relaxed.e[big_l - rows, n_pre], q_least[rows, size])[None, :],
+                here + g_least[rows, size][None, :],
             )
             if self.by_pf:
-                least = np.maximum(least, forward + q_least[rows, size])
-            out[self.sizes == size] = np.where(least <= self.bound, here, INF)
-            out_pf[self.sizes == size] = np.where(least <= self.bound, forward, INF)
+                least = np.maximum(least, (forward + q_least[rows, size])[None, :])
+            out[at] = np.where(least <= self.bound, here, INF)
+            out_pf[at] = np.where(least <= self.bound, forward[None, :], INF)
         return out, out_pf
+
+    def _prefix(self) -> np.ndarray:
+        """P (states, L + 1): for a suffix of l blocks on devices drawn from state r, a
+        lower bound on the summed c + tau of the stages before it, over this graph's own
+        paths from the root to r (F relaxes which devices those stages have; P keeps
+        each path's groups, so the classes and counts outside r). A move r -> r' with
+        group g heading [L-l, L-l') adds at least c_lb + tau_lb: c_lb the head's
+        :meth:`_Tables.head_bound`, inf where the range cannot fit even the fewest
+        samples its busiest device holds, ceil(B / |g|), on the group's largest memory at
+        the least warm-up any level uses, K(1); tau_lb = 2 (its cut's bytes per sample
+        x the fewest samples the link carries (ceil(B / |g|) on a switch, ceil(B / N)
+        point to point, B on a shared medium) / the fastest pair's rate + the least
+        latency). D' >= c0 + tau1 + D along the chain, so the root's D is at least P[r,
+        l] + the entry's D. Recurrence from P[root, L] = 0, states in descending size:
+        P[r', l'] = min over edges r -> r' of P[r, l'] (a skip) or min over l > l' of
+        P[r, l] + c_lb + tau_lb. O(E L^2) numpy work, E the moves."""
+        t, graph = self.t, self.g
+        big_l, n_dev = t.n_blk, sum(t.counts)
+        pairs = np.isfinite(t.bw)
+        bw_max = float(t.bw[pairs].max()) if pairs.any() else INF
+        lat_min = float(t.lat[pairs].min()) if pairs.any() else 0.0
+        warm = self.warmup(1)
+        per_sample = np.where(np.arange(big_l + 1) > 0, self.per_sample, 0.0)  # by l'
+        cost: dict[tuple[tuple[int, ...], int], np.ndarray] = {}
+        out = np.full((len(graph.states), big_l + 1), INF)
+        out[self.root, big_l] = 0.0
+        for s in range(self.root, -1, -1):
+            if not np.isfinite(out[s]).any():
+                continue
+            for e in graph.out[s]:
+                _, cid, sub = graph.edges[e]
+                if cid < 0:
+                    np.minimum(out[sub], out[s], out=out[sub])
+                    continue
+                g = t.comps[cid]
+                present = tuple(int(k) for k in np.flatnonzero(g))
+                share = -(-self.batch // sum(g))
+                if (present, share) not in cost:
+                    fits = samples_that_fit(float(t.budget[list(present)].max()), t.dense_static,
+                                            warm, t.dense_saved, self.batch) >= share  # fmt: skip
+                    carried = {"switched": share, "shared_medium": self.batch}.get(
+                        t.topology, -(-self.batch // n_dev)
+                    )
+                    tau = 2 * (per_sample * carried / bw_max + lat_min)
+                    cost[present, share] = np.where(
+                        fits, t.head_bound(cid, self.batch) + tau[None, :], INF
+                    )
+                step = (out[s][:, None] + cost[present, share]).min(axis=0)
+                np.minimum(out[sub], step, out=out[sub])
+        return out
 
     def _hidden(self) -> np.ndarray:
         """(states, L + 1): for a suffix of l blocks on devices drawn from state r, a lower

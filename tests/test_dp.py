@@ -789,6 +789,77 @@ def test_relaxed_bounds_never_exceed_any_plans_closed_form(build, seed):
     assert checked or not np.isfinite(brute_force_best(problem)[0])
 
 
+def test_prefix_bound_on_the_ordered_graph_reaches_every_state_through_skips(monkeypatch):
+    # on the ordered graph a state holds the whole model when the devices before it in
+    # its order stay idle (skips from the root): nothing comes before, P = 0; and a
+    # state whose suffix is shorter has had some stage before it, P > 0
+    from planner.classes import device_classes
+    from planner.dp import _BatchSearch, _Tables, device_orders
+
+    monkeypatch.setattr(dp_module, "COMPLETE_MOVES", 0)
+    problem = mixed(3, 3, 5, seed=2)
+    classes = device_classes(problem)
+    tables = _Tables(problem, CostModel(problem, 8), classes)
+    graph = tables.graph(4, device_orders(problem, classes))
+    assert graph.kind == "ordered"
+    prefix = _BatchSearch(tables, graph, 4, time.perf_counter() + 60, lambda: None)._prefix()
+    assert (prefix[:, 5] == 0.0).all()
+    assert (prefix[:, :5] > 0.0).all()
+
+
+def slow_switch(seed: int):
+    """3 blocks on 4 devices (two of each type) behind a slow switch: links weigh, and a
+    group of two carries half a micro-batch per port."""
+    return random_problem(3, 4, seed=seed, global_batch=8, candidates=(4,), topology="switched",
+                          bandwidth_mbps=20.0)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("build", "seed"),
+    [(tiny, seed) for seed in range(1, 24, 2)]
+    + [(memory_bound, seed) for seed in range(3)]
+    + [(lambda seed: mixed(2, 2, 4, seed), seed) for seed in range(1, 3)]
+    + [(slow_switch, seed) for seed in range(2)],
+)
+def test_prefix_bound_never_exceeds_the_stages_before_any_cut(build, seed):
+    # every memory-feasible plan of the full space (the oracle's enumeration), cut before
+    # each of its stages: P (planner.dp._BatchSearch._prefix), at the complete graph's
+    # state of the devices the stages before the cut leave and the suffix's block count,
+    # stays at or below those stages' summed E_f + E_b and round-trip links
+    from planner.classes import device_classes
+    from planner.dp import _BatchSearch, _Tables, device_orders
+    from tests.oracles import all_partitions
+
+    problem = build(seed)
+    sizes = problem.config.micro_batch_sizes()
+    cm = CostModel(problem, max(sizes))
+    classes = device_classes(problem)
+    tables = _Tables(problem, cm, classes)
+    class_of = {d: k for k, c in enumerate(classes) for d in c.members}
+    big_l = problem.model.num_blocks
+    checked = 0
+    for batch in sizes:
+        graph = tables.graph(batch, device_orders(problem, classes))
+        assert graph.kind == "complete"
+        search = _BatchSearch(tables, graph, batch, time.perf_counter() + 60, lambda: None)
+        prefix = search._prefix()
+        for part in all_partitions(problem, batch):
+            cost = cm.evaluate(part)
+            if not cost.memory_ok:
+                continue
+            left = list(tables.counts)
+            before = 0.0  # the stages' E_f + E_b and round-trip links before stage k
+            for k, stage in enumerate(part.stages):
+                state = graph.states.index(tuple(left))
+                assert prefix[state, big_l - stage.first] <= before * (1 + 1e-9) + 1e-9
+                checked += 1
+                before += cost.stages[k].forward_ms + cost.stages[k].backward_ms
+                before += 2 * one_way_ms(cm, part, k)
+                for d in stage.devices:
+                    left[class_of[problem.cluster.index(d)]] -= 1
+    assert checked
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_class_bound_is_the_best_plan_on_one_block(seed):
     # one block on fast and slow devices (two classes, alternating) with a near-free
@@ -863,13 +934,14 @@ def test_stage_figures_equal_the_per_device_maxima_on_splits_of_every_shape(seed
     [(tiny, seed) for seed in range(1, 24, 2)] + [(memory_bound, seed) for seed in range(3)],
 )
 def test_no_cell_of_a_plan_within_the_bound_is_emptied(build, seed):
-    # review 8 F7: the cell rules (_BatchSearch._before: E, F + G, Q and PF + Q against
-    # the bound U) may empty a (state, l) cell only when no plan can pass through it
-    # within U. Oracle: every memory-feasible plan of the full space (any device order,
-    # idle devices), priced by the cost model's closed form v; under U = v, the cell of
-    # each of its suffixes (the class counts of the suffix's devices, its block count)
-    # stays open, and the forward traversal the search adds before it (PF) is at most the
-    # plan's own (stages' E_f and one-way links before the suffix)
+    # review 8 F7: the cell rules (_BatchSearch._before: E, F' + G with F' = max(F, P),
+    # Q and PF + Q against the bound U) may empty a (state, l) cell only when no plan
+    # can pass through it within U. Oracle: every memory-feasible plan of the full
+    # space (any device order, idle devices), priced by the cost model's closed form v;
+    # under U = v, the cell of each of its suffixes on the DP's path to it (the class
+    # counts of the devices the stages before it leave, idle ones included; its block
+    # count) stays open, and the forward traversal the search adds before it (PF) is at
+    # most the plan's own (stages' E_f and one-way links before the suffix)
     from planner.classes import device_classes
     from planner.dp import _BatchSearch, _Tables, device_orders
     from tests.oracles import all_partitions
@@ -895,10 +967,10 @@ def test_no_cell_of_a_plan_within_the_bound_is_emptied(build, seed):
             before, pf = search._before()
             forward = 0.0
             for k, stage in enumerate(part.stages):
-                counts = [0] * len(classes)
-                for later in part.stages[k:]:
-                    for d in later.devices:
-                        counts[class_of[d]] += 1
+                counts = list(tables.counts)
+                for earlier in part.stages[:k]:
+                    for d in earlier.devices:
+                        counts[class_of[d]] -= 1
                 cell = (state[tuple(counts)], big_l - stage.first)
                 assert np.isfinite(before[cell]), (part, k)
                 assert pf[cell] <= forward * (1 + 1e-9) + 1e-9
