@@ -300,6 +300,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.allocation import allocate, allocate_classes
+from planner.allocator import retain_freed_memory
 from planner.block_weights import block_weighted_bound, chain, stage_costs
 from planner.classes import DeviceClass, class_network, device_classes
 from planner.cost import (
@@ -2326,6 +2327,7 @@ def best_plan(
     incumbent: Partition | None = None,
 ) -> DPResult | None:
     """:func:`plan_dp` without the diagnosis: ``None`` when nothing fits."""
+    retain_freed_memory()  # the searches' arrays stay on mapped pages (planner.allocator)
     start = time.perf_counter()
     deadline = start + time_limit
     sizes = problem.config.micro_batch_sizes()
