@@ -1513,6 +1513,11 @@ def _front(
     return np.where(ok, live[chosen], 0), ok
 
 
+def _fields(packed: np.ndarray) -> np.ndarray:
+    """``packed`` with its last axis (an entry's fields) first, a view to unpack."""
+    return packed.transpose(packed.ndim - 1, *range(packed.ndim - 1))
+
+
 @dataclass
 class _Level:
     """Fronts of one level over every state: values D, X, the carried S (summed
@@ -1536,8 +1541,8 @@ class _Level:
     same: np.ndarray
 
     def __post_init__(self) -> None:
-        self.d, self.x, self.s, self.o, self.y, self.free, self.tail = np.moveaxis(self.vals, -1, 0)
-        self.h, self.n = np.moveaxis(self.ints, -1, 0)
+        self.d, self.x, self.s, self.o, self.y, self.free, self.tail = _fields(self.vals)
+        self.h, self.n = _fields(self.ints)
 
     @classmethod
     def empty(cls, n_states: int, n_blk: int, warm: int, collapsed: bool) -> _Level:
@@ -1895,7 +1900,7 @@ class _BatchSearch:
                                     part[0].shape[1], lo, f, band))  # fmt: skip
         for e in skips:
             sub = graph.edges[e][2]
-            d, x, carry_s, carry_o, y, free, tail = np.moveaxis(level.vals[sub, r0:r1], -1, 0)
+            d, x, carry_s, carry_o, y, free, tail = _fields(level.vals[sub, r0:r1])
             parts.append((d, x, carry_s, carry_o, y, level.n[sub, r0:r1], free, tail))
             meta.append(_Source("skip", [e], True, FRONT, 0, FRONT))
         if not parts:
@@ -2062,11 +2067,11 @@ class _BatchSearch:
         before, forward = self.before[state, r0:r1], self.pf[state, r0:r1]
         if front is None:
             heads = self._heads(cids, warm, state, None, [], r0)
-            c0 = np.stack([h[0][r0:r1, 0] for h in heads], axis=1)  # (l, T)
-            x = np.stack([h[2][r0:r1, 0] for h in heads], axis=1)
+            c0 = np.array([h[0][r0:r1, 0] for h in heads]).T  # (l, T)
+            x = np.array([h[2][r0:r1, 0] for h in heads]).T
             d = np.where(m * c0 + before[:, None] <= self.early, m * c0, INF)
             y, hold_b, hold_y, used = (
-                np.stack([h[i][r0:r1, 0] for h in heads], axis=1) for i in range(3, 7)
+                np.array([h[i][r0:r1, 0] for h in heads]).T for i in range(3, 7)
             )
             at = (slice(r0, r1), 0)
             with np.errstate(invalid="ignore"):
@@ -2091,10 +2096,10 @@ class _BatchSearch:
             # and the head band is their longest head l - l' (heads read inf on the
             # pairs :meth:`_heads` left out, which hold nothing)
             d_least = front.d[subs, lo : hi + 1].min(axis=2)[:, None, :]
-            c_win = np.stack([h[0, r0:r1, lo : hi + 1] for h in heads])  # (T, l, l')
+            c_win = np.array([h[0, r0:r1, lo : hi + 1] for h in heads])  # (T, l, l')
             added = before[None, :, None]
             if self.by_pf:  # X' >= T_a0
-                ta_win = np.stack([h[2, r0:r1, lo : hi + 1] for h in heads])
+                ta_win = np.array([h[2, r0:r1, lo : hi + 1] for h in heads])
                 added = np.maximum(added, ta_win + forward[None, :, None])
             alive = np.maximum(m * c_win, c_win + d_least) + added <= self.bound
             live = np.flatnonzero(alive.any(axis=(1, 2)))
@@ -2126,30 +2131,29 @@ class _BatchSearch:
 
         # candidates are laid out (l, T, l', f): a row's candidates are contiguous, in
         # the order (move, l', slot) that _decode reads
-        figures = np.stack([take(h) for h in heads], axis=2)[..., None]  # (7, l, T, l', 1)
+        # (7, l, T, l', 1), from (T, 7, l, l')
+        figures = np.array([take(h) for h in heads]).transpose(1, 2, 0, 3)[..., None]
         c0, eb0, ta0, y0, hold_b, hold_y, used = figures
         if band:
             c0 = np.where(off_band[:, None, :, None], INF, c0)
             at = (np.array(subs)[None, :, None], lp[:, None, :], slice(0, f))  # (l, T, j, f)
-            sub_d, sub_x, sub_s, sub_o, sub_y, sub_free, sub_tail = np.moveaxis(
-                front.vals[at], -1, 0
-            )
-            sub_h, sub_n = np.moveaxis(front.ints[at], -1, 0)
+            sub_d, sub_x, sub_s, sub_o, sub_y, sub_free, sub_tail = _fields(front.vals[at])
+            sub_h, sub_n = _fields(front.ints[at])
             per_sample = self.per_sample[lp][:, None, :, None]
         else:
             window = (subs, slice(lo, hi + 1), slice(0, f))  # (1, T, l', f) below
-            sub_d, sub_x, sub_s, sub_o, sub_y, sub_free, sub_tail = np.moveaxis(
-                front.vals[window][None], -1, 0
+            sub_d, sub_x, sub_s, sub_o, sub_y, sub_free, sub_tail = _fields(
+                front.vals[window][None]
             )
-            sub_h, sub_n = np.moveaxis(front.ints[window][None], -1, 0)
+            sub_h, sub_n = _fields(front.ints[window][None])
             per_sample = self.per_sample[None, None, lo : hi + 1, None]
         # link from the head group to each entry's head group (slowest pair, largest
         # latency), priced by the cost model's closed-form boundary
         links = [self._links_from(int(k)) for k in self.class_set[cids]]
         to_set = self.class_set[sub_h]  # h = -1: the empty set (inf, 0)
         move = np.arange(len(cids))[None, :, None, None]
-        bw = np.stack([b for b, _ in links])[move, to_set]  # (l, T, l', f)
-        lat = np.stack([a for _, a in links])[move, to_set]
+        bw = np.array([b for b, _ in links])[move, to_set]  # (l, T, l', f)
+        lat = np.array([a for _, a in links])[move, to_set]
         with np.errstate(invalid="ignore"):
             occ = boundary_occupancy_ms(per_sample, y0, sub_y, self.batch, bw, t.topology)
             one_way = occ + lat  # (l, T, l', f)
@@ -2187,7 +2191,7 @@ class _BatchSearch:
         n_l = r1 - r0
         self._layout = (lo, f, band, moves)
         return tuple(
-            np.broadcast_to(v, d_new.shape).reshape(n_l, -1)
+            (v if v.shape == d_new.shape else np.broadcast_to(v, d_new.shape)).reshape(n_l, -1)
             for v in (d_new, x_new, s_new, o_new, y0, n_new, free, sub_tail)
         )
 
