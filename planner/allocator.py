@@ -11,7 +11,7 @@ between identical runs (docs/decisions.md, session 14). :func:`retain_freed_memo
 raises both thresholds once per process: allocations up to ``MMAP_THRESHOLD`` come from
 the heap, and up to ``TRIM_THRESHOLD`` of free heap stays mapped for the next one (0.76 s,
 a few dozen faults). The cost is that the process keeps its peak heap (the DP's peak
-resident memory is unchanged: 0.84 GiB on 512 devices of 8 types) until it exits.
+resident memory is unchanged: 0.82-0.84 GiB on 512 devices of 8 types) until it exits.
 
 Elsewhere than on glibc (musl, macOS) the call does nothing and returns False.
 """

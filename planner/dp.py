@@ -194,10 +194,10 @@ part of the first stage's all-reduce counted whole; skips only, as Zc) and whose
 (:func:`reweighted_bound`, :mod:`planner.block_weights`: Z's block weights, one
 distribution for the D terms and one for the X terms, raised by subgradient ascent
 until above U; skips only, and before the size's relaxed tables are built). Per
-search, P[r, l] (:meth:`_BatchSearch._prefix`) bounds what the stages before a cell
+search, Fg[r, l] (:meth:`_BatchSearch._prefix`) bounds what the stages before a cell
 add to D over the graph's own paths from the root to r (the groups' classes and
 counts, where F lets n devices of any class run every block): with F' = max(F[L-l,
-n], P[r, l]), a (state r, l) cell, with n = N - |r| devices before it, holds nothing
+n], Fg[r, l]), a (state r, l) cell, with n = N - |r| devices before it, holds nothing
 when E[L-l, n], F' + G[l, |r|], Q[l, |r|] (least over p) or PF[L-l, n] + Q[l, |r|]
 exceeds U, and a state whose cells all do is not searched; an entry with D + max(F',
 X + PF[L-l, n]) > U is dropped *after* its front is selected (:func:`_pareto` picks among
@@ -269,8 +269,8 @@ Z, Zc, Zs or Zw rules the size out, the relaxed bounds, and before its search on
 three or more classes Zp, O(R K B log(K B)) for its stage costs and O(R K B + L^2) per
 ascent step (at most :data:`planner.prices.ITERATIONS`; R = L (L + 1) / 2 ranges),
 O(pc L^2 N sqrt(B)) (pc <=
-``RELAX_LEVELS``; an O(N L) weak form beyond ``RELAX_MAX``); P, O(E L^2); C head tables, each
-Algorithm 1 over the O(L^2) block ranges (those a move may use within the bound:
+``RELAX_LEVELS``; an O(N L) weak form beyond ``RELAX_MAX``); Fg, O(E L^2); C head
+tables, each Algorithm 1 over the O(L^2) block ranges (those a move may use within the bound:
 pruning): a closed form for one-class groups whose times never fall with the batch,
 else class by class, O(K) per range and move
 (:func:`~planner.allocation.allocate_classes`, from one (K, L^2, B + 1) table of the
@@ -1649,7 +1649,7 @@ class _BatchSearch:
         state r, lower bounds on what the blocks before it add to the DP value of a
         complete plan, or inf where no such plan can stay within the bound (module
         docstring, pruning). The blocks before it run on the n = N - |r| devices outside
-        r and add at least max(F[L - l, n], P[r, l]) to the suffix's D (:meth:`_prefix`),
+        r and add at least max(F[L - l, n], Fg[r, l]) to the suffix's D (:meth:`_prefix`),
         and PF[L - l, n] to its D + X (:meth:`_Tables.relaxed`); the cell holds nothing
         when the root's D + X must exceed the bound: E[L - l, n], that first bound + G[l,
         |r|], Q[l, |r|] or PF[L - l, n] + Q[l, |r|] (least over the stage counts p) above
@@ -1677,9 +1677,9 @@ class _BatchSearch:
         return out, out_pf
 
     def _prefix(self) -> np.ndarray:
-        """P (states, L + 1): for a suffix of l blocks on devices drawn from state r, a
+        """Fg (states, L + 1): for a suffix of l blocks on devices drawn from state r, a
         lower bound on the summed c + tau of the stages before it, over this graph's own
-        paths from the root to r (F relaxes which devices those stages have; P keeps
+        paths from the root to r (F relaxes which devices those stages have; Fg keeps
         each path's groups, so the classes and counts outside r). A move r -> r' with
         group g heading [L-l, L-l') adds at least c_lb + tau_lb: c_lb the head's
         :meth:`_Tables.head_bound`, inf where the range cannot fit even the fewest
@@ -1687,10 +1687,10 @@ class _BatchSearch:
         the least warm-up any level uses, K(1); tau_lb = 2 (its cut's bytes per sample
         x the fewest samples the link carries (ceil(B / |g|) on a switch, ceil(B / N)
         point to point, B on a shared medium) / the fastest pair's rate + the least
-        latency). D' >= c0 + tau1 + D along the chain, so the root's D is at least P[r,
-        l] + the entry's D. Recurrence from P[root, L] = 0, states in descending size:
-        P[r', l'] = min over edges r -> r' of P[r, l'] (a skip) or min over l > l' of
-        P[r, l] + c_lb + tau_lb. O(E L^2) numpy work, E the moves."""
+        latency). D' >= c0 + tau1 + D along the chain, so the root's D is at least Fg[r,
+        l] + the entry's D. Recurrence from Fg[root, L] = 0, states in descending size:
+        Fg[r', l'] = min over edges r -> r' of Fg[r, l'] (a skip) or min over l > l' of
+        Fg[r, l] + c_lb + tau_lb. O(E L^2) numpy work, E the moves."""
         t, graph = self.t, self.g
         big_l, n_dev = t.n_blk, sum(t.counts)
         pairs = np.isfinite(t.bw)

@@ -791,8 +791,8 @@ def test_relaxed_bounds_never_exceed_any_plans_closed_form(build, seed):
 
 def test_prefix_bound_on_the_ordered_graph_reaches_every_state_through_skips(monkeypatch):
     # on the ordered graph a state holds the whole model when the devices before it in
-    # its order stay idle (skips from the root): nothing comes before, P = 0; and a
-    # state whose suffix is shorter has had some stage before it, P > 0
+    # its order stay idle (skips from the root): nothing comes before, Fg = 0; and a
+    # state whose suffix is shorter has had some stage before it, Fg > 0
     from planner.classes import device_classes
     from planner.dp import _BatchSearch, _Tables, device_orders
 
@@ -823,7 +823,7 @@ def slow_switch(seed: int):
 )
 def test_prefix_bound_never_exceeds_the_stages_before_any_cut(build, seed):
     # every memory-feasible plan of the full space (the oracle's enumeration), cut before
-    # each of its stages: P (planner.dp._BatchSearch._prefix), at the complete graph's
+    # each of its stages: Fg (planner.dp._BatchSearch._prefix), at the complete graph's
     # state of the devices the stages before the cut leave and the suffix's block count,
     # stays at or below those stages' summed E_f + E_b and round-trip links
     from planner.classes import device_classes
@@ -934,7 +934,7 @@ def test_stage_figures_equal_the_per_device_maxima_on_splits_of_every_shape(seed
     [(tiny, seed) for seed in range(1, 24, 2)] + [(memory_bound, seed) for seed in range(3)],
 )
 def test_no_cell_of_a_plan_within_the_bound_is_emptied(build, seed):
-    # review 8 F7: the cell rules (_BatchSearch._before: E, F' + G with F' = max(F, P),
+    # review 8 F7: the cell rules (_BatchSearch._before: E, F' + G with F' = max(F, Fg),
     # Q and PF + Q against the bound U) may empty a (state, l) cell only when no plan
     # can pass through it within U. Oracle: every memory-feasible plan of the full
     # space (any device order, idle devices), priced by the cost model's closed form v;
