@@ -587,7 +587,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
     out.print(simulation_summary(plan, timeline.makespan_ms))
     out.print(f"wrote {path} and {outdir / 'gantt.png'}", highlight=False)
     out.rule("the DP against the exact solver and the baselines")
-    _run_compare(problem, None, DEFAULT_BACKEND, DEFAULT_TIME_LIMIT, outdir)
+    _run_compare(problem, None, DEFAULT_BACKEND, args.time_limit, outdir)
     if args.run_steps:
         _demo_run(outdir, args.run_steps)
 
@@ -1501,6 +1501,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=3,
         help="also run a plan of resnet18 here for this many emulated steps (0: skip)",
+    )
+    p.add_argument(
+        "--time-limit",
+        type=positive_float,
+        default=DEFAULT_TIME_LIMIT,
+        help="wall-clock limit in seconds of the comparison's exact solver (and its dp) "
+        f"(default {DEFAULT_TIME_LIMIT:g})",
     )
     p.set_defaults(func=cmd_demo)
     return parser

@@ -18,8 +18,8 @@ import pytest
 
 @dataclass(frozen=True)
 class DemoRun:
-    """One ``edgepipe demo --run-steps 2``: its exit status, its ``--out`` folder and
-    what it printed on standard output."""
+    """One ``edgepipe demo --run-steps 2 --time-limit 10``: its exit status, its ``--out``
+    folder and what it printed on standard output."""
 
     status: int
     out: Path
@@ -31,8 +31,8 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
     """The whole demo, run once for every test that checks a part of it.
 
     It plans, compares the DP with the exact solver and the baselines (the exact solver
-    alone takes up to its 60 s time limit) and runs a plan on local processes with
-    emulated devices: over a minute on two cores, which two tests used to pay each.
+    under a 10 s limit here: at the demo's default, 60 s, it alone ran for its whole
+    limit) and runs a plan on local processes with emulated devices.
     Standard output is captured by swapping ``sys.stdout``: the CLI's rich console
     writes to whatever ``sys.stdout`` is when it prints.
     """
@@ -41,5 +41,5 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
     out = tmp_path_factory.mktemp("demo")
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        status = main(["demo", "--out", str(out), "--run-steps", "2"])
+        status = main(["demo", "--out", str(out), "--run-steps", "2", "--time-limit", "10"])
     return DemoRun(status, out, printed.getvalue())
