@@ -556,6 +556,10 @@ class _Tables:
         self.fb = self.fwd + self.bwd
         self.budget = np.array([c.budget for c in classes])
         self.bw, self.lat = class_network(cm, classes)
+        #: the fastest pair's rate and the least latency (the relaxed bounds' links)
+        pairs = np.isfinite(self.bw)
+        self.bw_max = float(self.bw[pairs].max()) if pairs.any() else INF
+        self.lat_min = float(self.lat[pairs].min()) if pairs.any() else 0.0
         self.topology = problem.cluster.network.kind
         #: per class, whether every block's forward and backward times never fall as the
         #: batch grows (then even splits are Algorithm 1's and dominate, docstring)
@@ -980,9 +984,7 @@ class _Tables:
         saved = cm.saved_prefix[end] - cm.saved_prefix[first]
         grad = np.where(first < end, cm.param_prefix[end] - cm.param_prefix[first], 0.0)
         budget = float(self.budget.max())
-        pairs = np.isfinite(self.bw)
-        bw_max = float(self.bw[pairs].max()) if pairs.any() else INF
-        lat_min = float(self.lat[pairs].min()) if pairs.any() else 0.0
+        bw_max, lat_min = self.bw_max, self.lat_min
         per_sample = np.concatenate([[0.0], cm.boundary[: big_l - 1], [0.0]])  # by cut
         n_s, depth = len(shares), len(warmups)
         # [warm-up, share, first, end]: stage c where it fits memory (inf elsewhere)
@@ -991,7 +993,6 @@ class _Tables:
         eb = np.zeros((n_s, big_l + 1, big_l + 1))
         ta = np.zeros((n_s, big_l + 1, big_l + 1))
         occ = np.zeros((n_s, big_l + 1))  # [share, cut]
-        link = {"switched": None, "shared_medium": batch}.get(self.topology, -(-batch // n_dev))
         for i, s in enumerate(shares):
             cum = self._share_prefix(s)
             c = np.where(first < end, cum[end] - cum[first], INF)
@@ -1003,10 +1004,21 @@ class _Tables:
                 fits = samples_that_fit(budget, static, warm, saved, batch) >= s
                 c_tab[k, i] = np.where(fits, c, INF)
             ta[i] = ring_allreduce_ms(grad, need[i], bw_max, lat_min, self.cm.shared_medium)
-            occ[i] = per_sample * (s if link is None else link) / bw_max
+            occ[i] = per_sample * self.carried(batch, s) / bw_max
         tau = 2 * (occ + lat_min)
         tau[:, [0, big_l]] = 0.0
         return need, c_tab, ef, eb, ta, occ, tau, lat_min
+
+    def carried(self, batch: int, share: int) -> int:
+        """The fewest samples per micro-batch a boundary's busiest channel carries when
+        the sending stage's group has ``share`` = ceil(B / g) samples per device: that
+        share on a switch (the sender's busiest port), ceil(B / N) point to point (the
+        least piece), all B on a shared medium."""
+        if self.topology == "switched":
+            return share
+        if self.topology == "shared_medium":
+            return batch
+        return -(-batch // sum(self.counts))
 
     def weighted_bound(self, batch: int, m: int, warmups: list[int]) -> float:
         """Z alone (:meth:`_weighted`), as :meth:`relaxed` gives it (0 beyond
@@ -1220,9 +1232,7 @@ class _Tables:
             cap = samples_that_fit(self.budget[k], self.static, warmup, self.saved, batch)
             value = alpha[:, None] * least[0] + beta[:, None] * least[1]
             w[k] = np.where(y[None, :] <= cap[:, None], value, INF).T
-        pairs_ok = np.isfinite(self.bw)
-        bw_max = float(self.bw[pairs_ok].max()) if pairs_ok.any() else INF
-        lat_min = float(self.lat[pairs_ok].min()) if pairs_ok.any() else 0.0
+        bw_max, lat_min = self.bw_max, self.lat_min
         most = min(batch, n_dev)
         shares = sorted({-(-batch // g) for g in range(1, most + 1)})
         one_way = tau / 2
@@ -1638,6 +1648,8 @@ class _BatchSearch:
         self.early = INF if self.by_pf else bound
         #: per (state, l): lower bounds on what the blocks before the suffix add to its D
         #: (F) and to its D + X (PF), inf where the cell holds nothing (:meth:`_before`)
+        #: Fg (:meth:`_prefix`): it does not depend on the bound, so once per search
+        self.prefix = self._prefix()
         self.before, self.pf = self._before()
         self.hidden = self._hidden()
         self._layout: tuple[int, int, bool, list[int]] = (0, 1, False, [])
@@ -1658,13 +1670,12 @@ class _BatchSearch:
         big_l, n_dev = t.n_blk, sum(t.counts)
         rows = np.arange(big_l + 1)
         g_least, q_least = relaxed.g.min(axis=0), relaxed.q.min(axis=0)
-        prefix = self._prefix()
         out = np.full((len(self.sizes), big_l + 1), INF)
         out_pf = np.full((len(self.sizes), big_l + 1), INF)
         for size in np.unique(self.sizes):
             at = self.sizes == size
             n_pre = n_dev - int(size)
-            here = np.maximum(relaxed.f[big_l - rows, n_pre][None, :], prefix[at])
+            here = np.maximum(relaxed.f[big_l - rows, n_pre][None, :], self.prefix[at])
             forward = relaxed.pf[big_l - rows, n_pre] if self.by_pf else np.zeros(big_l + 1)
             least = np.maximum(
                 np.maximum(relaxed.e[big_l - rows, n_pre], q_least[rows, size])[None, :],
@@ -1692,10 +1703,7 @@ class _BatchSearch:
         Fg[r', l'] = min over edges r -> r' of Fg[r, l'] (a skip) or min over l > l' of
         Fg[r, l] + c_lb + tau_lb. O(E L^2) numpy work, E the moves."""
         t, graph = self.t, self.g
-        big_l, n_dev = t.n_blk, sum(t.counts)
-        pairs = np.isfinite(t.bw)
-        bw_max = float(t.bw[pairs].max()) if pairs.any() else INF
-        lat_min = float(t.lat[pairs].min()) if pairs.any() else 0.0
+        big_l = t.n_blk
         warm = self.warmup(1)
         per_sample = np.where(np.arange(big_l + 1) > 0, self.per_sample, 0.0)  # by l'
         cost: dict[tuple[tuple[int, ...], int], np.ndarray] = {}
@@ -1715,10 +1723,8 @@ class _BatchSearch:
                 if (present, share) not in cost:
                     fits = samples_that_fit(float(t.budget[list(present)].max()), t.dense_static,
                                             warm, t.dense_saved, self.batch) >= share  # fmt: skip
-                    carried = {"switched": share, "shared_medium": self.batch}.get(
-                        t.topology, -(-self.batch // n_dev)
-                    )
-                    tau = 2 * (per_sample * carried / bw_max + lat_min)
+                    carried = t.carried(self.batch, share)
+                    tau = 2 * (per_sample * carried / t.bw_max + t.lat_min)
                     cost[present, share] = np.where(
                         fits, t.head_bound(cid, self.batch) + tau[None, :], INF
                     )
