@@ -1,6 +1,6 @@
 # The two set-up commands of the README. Both create .venv and install what they need.
 #   make demo   plan the demo model on the demo cluster and show the result
-#   make test   lint and run the whole test suite (what CI runs)
+#   make test   lint, type-check and run the whole test suite (what CI runs)
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 
@@ -12,11 +12,19 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install -q -e '.[executor,dev]'
 	touch $(STAMP)
 
-.PHONY: demo test
+.PHONY: demo test typecheck
 demo: $(STAMP)
 	$(VENV)/bin/edgepipe demo --out out/demo
 
-test: $(STAMP)
+# mypy reads the packages under their installed names through links (pyproject.toml, [tool.mypy])
+typecheck: $(STAMP)
+	mkdir -p build/typecheck/edgepipe
+	ln -sfn ../../../planner build/typecheck/edgepipe/planner
+	ln -sfn ../../../executor build/typecheck/edgepipe/executor
+	cd build/typecheck && ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml \
+		-p edgepipe.planner -p edgepipe.executor
+
+test: $(STAMP) typecheck
 	$(VENV)/bin/ruff check planner executor tests benchmarks
 	# two pytest calls, both always run: every test but the `serial` ones on two workers,
 	# then the `serial` ones alone; the

@@ -1,13 +1,15 @@
-"""Held-out error of the analytic batch curve (executor.analytic) on the measured profiles.
+"""Held-out error of the analytic batch curve (executor.profiling.analytic) on the measured
+profiles.
 
 For every measurement (the batch curves in ``profiles/raw/batch-curves/``, then the
 shipped measured profiles ``profiles/models/*-cpu.json``, timing ``host-cpu``):
 
-1. leave-one-out over every measured size: each block's curve (executor.analytic.fit_curve:
+1. leave-one-out over every measured size: each block's curve
+(executor.profiling.analytic.fit_curve:
    a line, or a line with a knot) fitted to all other sizes, the model's summed forward
    and backward time predicted at the held-out size, relative error predicted / measured
    - 1;
-2. the validated range (executor.analytic.validated_range): the widest run of
+2. the validated range (executor.profiling.analytic.validated_range): the widest run of
    consecutive measured sizes over which leave-one-out stays within 15%; the worst error
    there; the same check with time proportional to batch (no fixed cost); and, for each
    size outside the range, the error of the fit to the range extrapolated to it (what a
@@ -20,8 +22,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from executor.analytic import TOLERANCE, held_out_errors, validated_range
-from planner.profile import ModelProfile, Timing
+from edgepipe.executor.profiling.analytic import TOLERANCE, held_out_errors, validated_range
+from edgepipe.planner.inputs.profile import ModelProfile, Timing
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "profiles" / "models"

@@ -1,10 +1,10 @@
 """The cost model against the independent simulator, by network kind.
 
-For a seeded grid of random plans (tests/synthetic.py random_plans: random problems on
+For a seeded grid of random plans (tests/helpers/synthetic.py random_plans: random problems on
 point-to-point, switched and shared-medium networks, random valid partitions) compares
 the cost model's iteration time (what every plan reports), Asteroid's closed form
 (``PlanCost.closed_form_ms``) and the DP's search objective (``pipeline_closed_form_ms``)
-with the makespan of planner.simulator, which prices every device
+with the makespan of planner.check.simulator, which prices every device
 and every transfer on its own channel and shares no code with the cost model. Relative
 error = prediction / simulated - 1 (negative: optimistic). Also prints the time spent in
 the cost model and in the simulator over the grid (a ratio within one run).
@@ -23,10 +23,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from edgepipe.planner.check.simulator import simulate
+from edgepipe.planner.cost.model import CostModel, pipeline_closed_form_ms
+
 from benchmarks.markdown_table import emit
-from planner.cost import CostModel, pipeline_closed_form_ms
-from planner.simulator import simulate
-from tests.synthetic import random_plans
+from tests.helpers.synthetic import random_plans
 
 
 def main() -> None:

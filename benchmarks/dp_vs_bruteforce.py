@@ -21,10 +21,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from edgepipe.planner.solvers.dp.driver import plan_dp
+
 from benchmarks.markdown_table import emit
-from planner.dp import plan_dp
-from tests.oracles import brute_force_best
-from tests.synthetic import random_problem
+from tests.helpers.oracles import brute_force_best
+from tests.helpers.synthetic import random_problem
 
 
 def main() -> None:

@@ -3,7 +3,7 @@
 Plans: the DP's answers for three of benchmarks/planner_scaling.py's synthetic problems
 (50 blocks x 8 mixed devices, 100 x 16 mixed, 100 x 64 identical; global batch 64), each
 evaluated on its network as built (1 Gbit/s switched) and with the topology replaced by
-point_to_point and by shared_medium. The "before" cost model is planner/cost.py at git
+point_to_point and by shared_medium. The "before" cost model is planner/cost/model.py at git
 revision ``--before`` (loaded from ``git show`` into a temporary module); "after" is the
 working tree's. Both run alternately in the same process, so load from other jobs hits
 both alike; the table gives evaluations per second (process time, best of
@@ -34,19 +34,18 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import planner_scaling  # noqa: E402
-
-from planner import cost as after  # noqa: E402
-from planner.dp import plan_dp  # noqa: E402
-from planner.partition import Partition  # noqa: E402
-from planner.problem import Problem  # noqa: E402
+from edgepipe.planner.cost import model as after  # noqa: E402
+from edgepipe.planner.inputs.problem import Problem  # noqa: E402
+from edgepipe.planner.partition import Partition  # noqa: E402
+from edgepipe.planner.solvers.dp.driver import plan_dp  # noqa: E402
 
 CASES = {"8 mixed": (50, 8, 2), "16 mixed": (100, 16, 2), "64 identical": (100, 64, 1)}
 TOPOLOGIES = ("switched", "point_to_point", "shared_medium")
 
 
 def load_before(rev: str, workdir: Path):
-    """planner/cost.py at ``rev`` as a module of its own."""
-    text = subprocess.run(["git", "show", f"{rev}:planner/cost.py"], cwd=ROOT, check=True,
+    """planner/cost/model.py at ``rev`` as a module of its own."""
+    text = subprocess.run(["git", "show", f"{rev}:planner/cost/model.py"], cwd=ROOT, check=True,
                           capture_output=True, text=True).stdout  # fmt: skip
     path = workdir / "cost_before.py"
     path.write_text(text)

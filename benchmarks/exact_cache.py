@@ -28,11 +28,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from planner import milp
-from planner.cost import CostModel
-from planner.milp import MILPResult, plan_milp
-from planner.partition import Partition, StageAssignment
-from planner.problem import Problem
+from edgepipe.planner.cost.model import CostModel
+from edgepipe.planner.inputs.problem import Problem
+from edgepipe.planner.partition import Partition, StageAssignment
+from edgepipe.planner.solvers.exact import solver as milp
+from edgepipe.planner.solvers.exact.solver import MILPResult, plan_milp
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -166,7 +166,8 @@ class ExactCache:
         self, label: str, problem: Problem, warm_start: Partition, dp: dict[str, Any]
     ) -> dict[str, Any]:
         """Solve ``problem`` with the exact solver warm-started from ``warm_start``, the
-        DP's plan (what :func:`planner.milp.plan_milp` does by default), store and return
+        DP's plan (what :func:`planner.solvers.exact.solver.plan_milp` does by default), store and
+        return
         the entry; ``dp``: that DP run's figures, kept beside it."""
         load_before = os.getloadavg()[0]
         r: MILPResult = plan_milp(

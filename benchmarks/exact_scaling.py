@@ -32,17 +32,21 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np
-
-from planner import api
-from planner.classes import device_classes
-from planner.cluster import Cluster, Device, Network, load_catalog
-from planner.config import TrainingConfig
-from planner.cost import CostModel
-from planner.dp import plan_dp
-from planner.milp import CUTOFF_SLACK, plan_milp, program_bounds, quick_bound
-from planner.milp_formulation import Tables
-from planner.problem import Problem, make_problem
-from planner.profile import ModelProfile
+from edgepipe.planner import api
+from edgepipe.planner.cost.model import CostModel
+from edgepipe.planner.inputs.cluster import Cluster, Device, Network, load_catalog
+from edgepipe.planner.inputs.config import TrainingConfig
+from edgepipe.planner.inputs.problem import Problem, make_problem
+from edgepipe.planner.inputs.profile import ModelProfile
+from edgepipe.planner.solvers.classes import device_classes
+from edgepipe.planner.solvers.dp.driver import plan_dp
+from edgepipe.planner.solvers.exact.formulation import Tables
+from edgepipe.planner.solvers.exact.solver import (
+    CUTOFF_SLACK,
+    plan_milp,
+    program_bounds,
+    quick_bound,
+)
 
 TYPES = ("jetson-nano", "jetson-tx2", "jetson-xavier-nx", "jetson-orin-nano")
 

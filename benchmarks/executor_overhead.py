@@ -33,16 +33,18 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from edgepipe.executor.core import data
+from edgepipe.executor.launch import launch
+from edgepipe.executor.profiling import zoo
+from edgepipe.executor.profiling.profiler import profile_model
+from edgepipe.executor.worker import WorkerOptions
+from edgepipe.planner.inputs.config import TrainingConfig
+from edgepipe.planner.inputs.problem import make_problem
+from edgepipe.planner.inputs.profile import BuildSpec
+from edgepipe.planner.partition import Partition, StageAssignment
+from edgepipe.planner.plan import SolverInfo, make_plan, save_plan
+
 from benchmarks.local_cluster import identical_cpus
-from executor import data, zoo
-from executor.launch import launch
-from executor.profiler import profile_model
-from executor.worker import WorkerOptions
-from planner.config import TrainingConfig
-from planner.partition import Partition, StageAssignment
-from planner.plan import SolverInfo, make_plan, save_plan
-from planner.problem import make_problem
-from planner.profile import BuildSpec
 
 BUILD = BuildSpec(zoo="bert-small", sizes={"layers": 4, "hidden": 256, "heads": 4, "vocab": 1000,
                                            "seq_len": 64, "max_positions": 64}, seed=0)

@@ -24,12 +24,12 @@ the per-repeat ratios over an even number of repeats cancels it:
 * ``heartbeats + replication``: in-process recovery at the replication interval
   ``--interval`` (default ``auto``, the training config's default: the smallest
   interval whose steps hide a point's predicted transfer, which
-  :func:`planner.plan.make_plan` resolves, :func:`planner.cost.hiding_interval` of
-  :meth:`planner.cost.CostModel.replica_transfer_ms`; every single-device stage's
+  :func:`planner.plan.make_plan` resolves, :func:`planner.cost.model.hiding_interval` of
+  :meth:`planner.cost.model.CostModel.replica_transfer_ms`; every single-device stage's
   weights and optimizer state go to its replica holder every that many steps, in the
   background beside the steps of the interval, paced at the emulated link between
   owner and holder as a background flow that yields to the activations,
-  executor/emulation.py "Replicas"), with the commit vote before every optimizer step.
+  executor/core/emulation.py "Replicas"), with the commit vote before every optimizer step.
 
 Throughput is the global batch over the mean **step period** (the difference of two
 consecutive steps' ``started_at`` on a device, the largest device's, steps after the
@@ -64,16 +64,16 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from executor import emulation
-from executor.launch import launch
-from executor.worker import WorkerOptions
-from planner import api
-from planner.cli import DEMO_RUN_BATCH, DEMO_RUN_HOST, DEMO_RUN_MODEL
-from planner.config import AUTO
-from planner.cost import CostModel
-from planner.partition import Partition, StageAssignment
-from planner.plan import Plan, SolverInfo, make_plan, save_plan
-from planner.profile import ModelProfile
+from edgepipe.executor.core import emulation
+from edgepipe.executor.launch import launch
+from edgepipe.executor.worker import WorkerOptions
+from edgepipe.planner import api
+from edgepipe.planner.cli.main import DEMO_RUN_BATCH, DEMO_RUN_HOST, DEMO_RUN_MODEL
+from edgepipe.planner.cost.model import CostModel
+from edgepipe.planner.inputs.config import AUTO
+from edgepipe.planner.inputs.profile import ModelProfile
+from edgepipe.planner.partition import Partition, StageAssignment
+from edgepipe.planner.plan import Plan, SolverInfo, make_plan, save_plan
 
 #: name -> launch keyword arguments
 CONFIGS = {

@@ -41,13 +41,14 @@ sys.path.insert(0, str(REPO))
 
 import time  # noqa: E402
 
-from planner.cluster import Cluster, Device, Network, load_catalog  # noqa: E402
-from planner.config import TrainingConfig  # noqa: E402
-from planner.dp import plan_dp  # noqa: E402
-from planner.importers.pipedream import import_pipedream, parse_pipedream  # noqa: E402
-from planner.problem import make_problem  # noqa: E402
-from planner.profile import ModelProfile  # noqa: E402
-from tests.synthetic import nasnet_like  # noqa: E402
+from edgepipe.planner.inputs.cluster import Cluster, Device, Network, load_catalog  # noqa: E402
+from edgepipe.planner.inputs.config import TrainingConfig  # noqa: E402
+from edgepipe.planner.inputs.importers.pipedream import import_pipedream, parse_pipedream  # noqa: E402
+from edgepipe.planner.inputs.problem import make_problem  # noqa: E402
+from edgepipe.planner.inputs.profile import ModelProfile  # noqa: E402
+from edgepipe.planner.solvers.dp.driver import plan_dp  # noqa: E402
+
+from tests.helpers.synthetic import nasnet_like  # noqa: E402
 
 #: model -> profiled minibatch (see the module docstring for the evidence)
 BATCH = {"alexnet": 256, "vgg16": 128, "resnet18": 256, "squeezenet1_0": 256}

@@ -3,7 +3,7 @@ machine (benchmarks/recovery.py, benchmarks/executor_overhead.py)."""
 
 from __future__ import annotations
 
-from planner.cluster import Cluster
+from edgepipe.planner.inputs.cluster import Cluster
 
 
 def identical_cpus(n: int) -> Cluster:

@@ -1,16 +1,17 @@
-"""Coarse-to-fine planning against the DP on every block (planner/multilevel.py, issue 10).
+"""Coarse-to-fine planning against the DP on every block (planner/solvers/dp/multilevel.py, issue
+10).
 
 On long chains (more than ``MULTILEVEL_ABOVE`` blocks) ``plan_dp`` plans on merged
 blocks, then near the coarse plans' cuts. This prints, per instance, the iteration time
 of both plans (the cost model's exact figure) and both planning times (process CPU), and
 the gap's median, mean and worst; positive gaps are the coarse-to-fine plan being slower.
 
-Instances: random chains (tests/synthetic.py ``random_problem``: two device types,
+Instances: random chains (tests/helpers/synthetic.py ``random_problem``: two device types,
 shared 100 Mbit/s medium) of 220, 300 and 400 blocks on 8 devices, seeds 0-2; the
 planner_scaling synthetic chains (switched 1 Gbit/s) of 300 and 400 blocks on 16
 identical devices and on 12 devices of 3 types; the NASNet-like graph (252 fused
 blocks) on 16 Orin Nanos and on the six-device Jetson testbed; and the 240-block chain of
-tests/test_multilevel.py.
+tests/unit/test_multilevel.py.
 
     .venv/bin/python benchmarks/multilevel_quality.py [--markdown out.md] [--only NAME]
 """
@@ -26,14 +27,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from edgepipe.planner import api
+from edgepipe.planner.inputs.cluster import Cluster
+from edgepipe.planner.inputs.config import TrainingConfig
+from edgepipe.planner.inputs.problem import Problem, make_problem
+from edgepipe.planner.solvers.dp.driver import plan_dp
 from planner_scaling import nasnet, synthetic
 
-from planner import api
-from planner.cluster import Cluster
-from planner.config import TrainingConfig
-from planner.dp import plan_dp
-from planner.problem import Problem, make_problem
-from tests.synthetic import nasnet_profile, random_problem
+from tests.helpers.synthetic import nasnet_profile, random_problem
 
 
 def instances() -> dict[str, object]:
@@ -48,7 +49,7 @@ def instances() -> dict[str, object]:
         out[f"synthetic {blocks} x 12, 3 types"] = lambda b=blocks: synthetic(b, 12, 3)
     out["nasnet-like 252 x 16 orin nanos"] = lambda: nasnet(16)
     out["nasnet-like 252 x jetson-testbed-6"] = nasnet_testbed
-    out["random 240 x 6 mixed, global batch 16 (tests/test_multilevel.py)"] = lambda: (
+    out["random 240 x 6 mixed, global batch 16 (tests/unit/test_multilevel.py)"] = lambda: (
         random_problem(240, 6, seed=0, global_batch=16, candidates=(2, 4, 8))
     )
     return out

@@ -1,6 +1,6 @@
 """The ordered graph's two heuristics, each against its absence, on ordered-graph instances.
 
-The DP's ordered graph (planner/dp.py, used above 1,500 moves: clusters of about 16
+The DP's ordered graph (planner/solvers/dp/driver.py, used above 1,500 moves: clusters of about 16
 devices or more in two or more classes, or many of one) has two rules that are measured,
 not proven:
 
@@ -35,13 +35,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from edgepipe.planner import api
+from edgepipe.planner.inputs.cluster import Cluster, Device, Network
+from edgepipe.planner.inputs.config import TrainingConfig
+from edgepipe.planner.inputs.problem import Problem, make_problem
+from edgepipe.planner.inputs.profile import ModelProfile
+from edgepipe.planner.solvers.dp import driver as dp_module
+
 from benchmarks.planner_scaling import synthetic
-from planner import api
-from planner import dp as dp_module
-from planner.cluster import Cluster, Device, Network
-from planner.config import TrainingConfig
-from planner.problem import Problem, make_problem
-from planner.profile import ModelProfile
 
 JETSONS = ("jetson-nano", "jetson-tx2", "jetson-xavier-nx", "jetson-orin-nano")
 MODELS = (

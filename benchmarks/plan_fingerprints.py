@@ -19,8 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from edgepipe.planner.solvers.dp.driver import plan_dp
+
 from benchmarks import planner_scaling, solver_vs_dp
-from planner.dp import plan_dp
 
 
 def fingerprint(label: str, problem) -> str:

@@ -7,11 +7,11 @@ pipeline baselines. Each runs ``--steps`` steps with ``edgepipe run --emulate
 --no-recover`` (a device that looks slow or lost under load stops the run instead of
 re-partitioning it mid-measurement) at one time scale ``k`` of its own (from this
 machine's measured profile ``resnet18-cpu``, see
-:func:`executor.emulation.time_scale_for`), so each device computes for ``k x`` its
+:func:`executor.core.emulation.time_scale_for`), so each device computes for ``k x`` its
 profiled time and every transfer takes ``k x`` its link time on the shared channel;
 measured times are divided by ``k`` back into the devices' milliseconds. ``k`` is
 calibrated per plan by a 3-step emulated run first (real compute per unit of budget as
-measured under the machine's current load, :func:`executor.emulation.calibrated_time_scale`).
+measured under the machine's current load, :func:`executor.core.emulation.calibrated_time_scale`).
 
 Table: per plan, the predicted iteration (``plan.cost.iteration_ms``), the measured one
 (median step wall time after the first, divided by ``k``), their ratio, and the
@@ -29,14 +29,14 @@ import statistics
 import time
 from pathlib import Path
 
-from executor.emulation import calibrated_time_scale, read_reports, time_scale_for
-from executor.launch import launch
-from executor.worker import WorkerOptions
-from planner import api
-from planner.errors import EdgepipeError
-from planner.plan import save_plan
-from planner.profile import ModelProfile
-from planner.report import build_report
+from edgepipe.executor.core.emulation import calibrated_time_scale, read_reports, time_scale_for
+from edgepipe.executor.launch import launch
+from edgepipe.executor.worker import WorkerOptions
+from edgepipe.planner import api
+from edgepipe.planner.check.report import build_report
+from edgepipe.planner.errors import EdgepipeError
+from edgepipe.planner.inputs.profile import ModelProfile
+from edgepipe.planner.plan import save_plan
 
 MODEL, HOST_PROFILE, CLUSTER = "resnet18-analytic", "resnet18-cpu", "jetson-testbed-6"
 

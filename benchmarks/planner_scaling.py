@@ -2,18 +2,18 @@
 
 Cases (each run in a fresh process, so its peak resident memory is its own):
 
-- synthetic models (tests/synthetic.py: random blocks, two timed device types) on
+- synthetic models (tests/helpers/synthetic.py: random blocks, two timed device types) on
   clusters of N devices in T types (type t has t+1 times the base throughput pattern of
   "fast"/"slow" alternately; 1 Gbit/s switched network), global batch 64, every divisor
   of 64 as micro-batch candidate (seven DP runs);
 - PipeDream's shipped profiles on 16 identical Jetson Nanos and vgg16 on 64 (global
   batch 32, the CLI defaults);
-- the densely branched NASNet-style graph of tests/synthetic.py (25 cells, 402 layers)
+- the densely branched NASNet-style graph of tests/helpers/synthetic.py (25 cells, 402 layers)
   imported by the PipeDream importer (252 blocks: its lossless fusion) on 16 Orin Nanos,
   global batch 64 (as benchmarks/import_pipedream_profiles.py).
 
 The DP runs as ``plan_dp`` does by default: chains of more than 200 blocks (the 400-block
-and NASNet-like cases) coarse to fine (planner/multilevel.py; ``benchmarks/
+and NASNet-like cases) coarse to fine (planner/solvers/dp/multilevel.py; ``benchmarks/
 multilevel_quality.py`` compares that with the DP on every block).
 
 Targets on the 2-core development machine: 100 blocks x 16 mixed devices <= 2 s;
@@ -44,13 +44,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from planner import api
-from planner.cluster import Cluster, Device, Network, load_catalog
-from planner.config import TrainingConfig
-from planner.dp import plan_dp
-from planner.problem import Problem, make_problem
-from planner.profile import ModelProfile
-from tests.synthetic import device_type, nasnet_profile, random_problem
+from edgepipe.planner import api
+from edgepipe.planner.inputs.cluster import Cluster, Device, Network, load_catalog
+from edgepipe.planner.inputs.config import TrainingConfig
+from edgepipe.planner.inputs.problem import Problem, make_problem
+from edgepipe.planner.inputs.profile import ModelProfile
+from edgepipe.planner.solvers.dp.driver import plan_dp
+
+from tests.helpers.synthetic import device_type, nasnet_profile, random_problem
 
 #: name -> (blocks, devices, types, target seconds, target GiB)
 SYNTHETIC = {

@@ -6,7 +6,7 @@ classes; transformers at their full configuration with 128-token sequences) this
 * ``profiles/models/<model>-cpu.json``: measured on this machine (timing key
   ``--device-type``, default ``host-cpu``), and
 * ``profiles/models/<model>-analytic.json``: the same blocks with analytic times for
-  every device type of the shipped catalog (``executor.analytic``: FLOPs over each
+  every device type of the shipped catalog (``executor.profiling.analytic``: FLOPs over each
   type's throughput, with per-block fixed costs fitted from the measured batch curve:
   ``profiles/raw/batch-curves/<model>-cpu-b1-*.json`` where one is shipped, more batch
   sizes and repeats than the profile, else the profile's own), no measured times,
@@ -31,11 +31,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from executor import zoo
-from executor.analytic import analytic_profile
-from executor.profiler import profile_model
-from planner.cluster import load_catalog
-from planner.profile import BuildSpec, ModelProfile, Timing
+from edgepipe.executor.profiling import zoo
+from edgepipe.executor.profiling.analytic import analytic_profile
+from edgepipe.executor.profiling.profiler import profile_model
+from edgepipe.planner.inputs.cluster import load_catalog
+from edgepipe.planner.inputs.profile import BuildSpec, ModelProfile, Timing
 
 OUT = Path(__file__).resolve().parent.parent / "profiles" / "models"
 CURVES = Path(__file__).resolve().parent.parent / "profiles" / "raw" / "batch-curves"

@@ -1,8 +1,8 @@
 """Recovery time: from a device's crash to the first committed step under a new plan.
 
-**In-process recovery** (executor/recovery.py, docs/fault-tolerance.md): the device
+**In-process recovery** (executor/ft/recovery.py, docs/fault-tolerance.md): the device
 kills itself (SIGKILL) after its first forward of step ``--fail-at``
-(:mod:`executor.faults`, which stamps the fault's wall-clock time); the survivors keep
+(:mod:`executor.ft.faults`, which stamps the fault's wall-clock time); the survivors keep
 their processes, the supervisor re-plans (``planner.replan``, a pre-computed lookup for
 a single loss), the survivors rebuild their process groups, restore the last durable
 state (their own copies and the lost stage's ring replica) and replay. Phases from the
@@ -16,7 +16,7 @@ the commit vote).
 The baseline is what torchrun's elastic restart gives (reference/fault-tolerance.md §1,
 "torchelastic"): every worker is stopped, the surviving devices are planned from
 scratch (the DP, ``planner.api.solve``), every worker is started again and resumes
-from the last checkpoint (``--resume``, executor/checkpoint.py). Phases, all wall
+from the last checkpoint (``--resume``, executor/ft/checkpoint.py). Phases, all wall
 clock on this machine, from the SIGKILL of the device:
 
 * **detect**: until the launcher declares the device dead (its exit status);
@@ -58,17 +58,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from edgepipe.executor.launch import RunFailed, launch
+from edgepipe.executor.profiling import zoo
+from edgepipe.executor.profiling.profiler import profile_model
+from edgepipe.executor.worker import WorkerOptions
+from edgepipe.planner import api
+from edgepipe.planner.inputs.config import TrainingConfig
+from edgepipe.planner.inputs.problem import make_problem
+from edgepipe.planner.inputs.profile import BuildSpec
+from edgepipe.planner.partition import Partition, StageAssignment
+from edgepipe.planner.plan import Plan, SolverInfo, make_plan, save_plan
+
 from benchmarks.local_cluster import identical_cpus
-from executor import zoo
-from executor.launch import RunFailed, launch
-from executor.profiler import profile_model
-from executor.worker import WorkerOptions
-from planner import api
-from planner.config import TrainingConfig
-from planner.partition import Partition, StageAssignment
-from planner.plan import Plan, SolverInfo, make_plan, save_plan
-from planner.problem import make_problem
-from planner.profile import BuildSpec
 
 BUILD = BuildSpec(zoo="gpt2-small", sizes={"layers": 4, "hidden": 16, "heads": 2, "vocab": 32,
                                            "max_positions": 8, "seq_len": 4}, seed=3)

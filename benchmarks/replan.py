@@ -22,15 +22,15 @@ import statistics
 import time
 from dataclasses import replace
 
-from planner import api
-from planner.errors import EdgepipeError
-from planner.plan import Plan
-from planner.problem import make_problem
-from planner.replanning import replan
+from edgepipe.planner import api
+from edgepipe.planner.errors import EdgepipeError
+from edgepipe.planner.inputs.problem import make_problem
+from edgepipe.planner.plan import Plan
+from edgepipe.planner.replan.incremental import replan
 
 CASES = [
     (api.DEMO_MODEL, api.DEMO_CLUSTER, api.DEMO_GLOBAL_BATCH),
-    # the plan `edgepipe demo` runs (planner/cli.py: DEMO_RUN_*): one Orin and a standby
+    # the plan `edgepipe demo` runs (planner/cli/main.py: DEMO_RUN_*): one Orin and a standby
     ("resnet18-analytic", api.DEMO_CLUSTER, 8),
     ("pipedream-vgg16", "home-mixed-5", 32),
     ("resnet18-analytic", "pi-lab-4", 64),

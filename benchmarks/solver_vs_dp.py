@@ -46,14 +46,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from edgepipe.planner import api
+from edgepipe.planner.inputs.cluster import Cluster
+from edgepipe.planner.inputs.config import TrainingConfig
+from edgepipe.planner.inputs.problem import Problem, make_problem
+from edgepipe.planner.inputs.profile import ModelProfile
+from edgepipe.planner.solvers.dp.driver import TIE_TOLERANCE, plan_dp
+from edgepipe.planner.solvers.exact.solver import plan_milp
+
 from benchmarks import exact_cache
-from planner import api
-from planner.cluster import Cluster
-from planner.config import TrainingConfig
-from planner.dp import TIE_TOLERANCE, plan_dp
-from planner.milp import plan_milp
-from planner.problem import Problem, make_problem
-from planner.profile import ModelProfile
 
 CONFIGS = {
     "g32": TrainingConfig(32),

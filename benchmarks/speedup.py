@@ -32,13 +32,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from edgepipe.planner import api, compare
+from edgepipe.planner.inputs.cluster import Cluster
+from edgepipe.planner.inputs.problem import make_problem
+from edgepipe.planner.inputs.profile import ModelProfile
+from edgepipe.planner.solvers.baselines import BASELINES
+
 from benchmarks import exact_cache
 from benchmarks.solver_vs_dp import CONFIGS, ETHERNET, cluster_variant, models
-from planner import api, compare
-from planner.baselines import BASELINES
-from planner.cluster import Cluster
-from planner.problem import make_problem
-from planner.profile import ModelProfile
 
 CONVENTIONAL = ("data-parallel", "gpipe", "torchgpipe", "deepspeed")
 HYBRID = ("pipedream", "hetpipe")

@@ -13,8 +13,8 @@ The culprit of a failure is the first child seen dead; when several are seen dea
 once, one killed by a signal or one that died without publishing an error (its peers
 publish "connection closed" errors) is named.
 
-**Control plane** (:mod:`executor.control`; docs/executor.md, "Failure detection"): the
-launcher owns the run's :class:`~executor.control.Coordinator` on its store (members:
+**Control plane** (:mod:`executor.ft.control`; docs/executor.md, "Failure detection"): the
+launcher owns the run's :class:`~executor.ft.control.Coordinator` on its store (members:
 the plan's devices; ``exited``: the children with a non-zero exit status) and opens its
 generation before any child starts; every child beats every ``heartbeat_s`` and checks
 before every action. Each poll the launcher asks the coordinator for failures: a crash
@@ -41,7 +41,7 @@ over (none left: the run goes on unreplicated, the recovery event's ``warning`` 
 so). ``ranks.json`` gains a line (rank ``null``, ``"role": "standby"``) per standby.
 
 **Joins** (``joins``, ``edgepipe run --emulate-join FILE@STEP``; a recovering run only):
-:class:`executor.joins.JoinSchedule` starts each joining device's process (a
+:class:`executor.ft.joins.JoinSchedule` starts each joining device's process (a
 :class:`~executor.worker.RecoveringWorker` with ``WorkerOptions.device``) and has the
 Supervisor admit it at the step boundary; the launcher then tracks the device's newest
 process (a rejoined device's old one is gone), and ``ranks.json`` gains a line (rank
@@ -66,23 +66,23 @@ from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
-
-from executor import checkpoint, data
-from executor.checkpoint import check_resume
-from executor.control import Coordinator, Failure, generation_store
-from executor.coordinator import standbys_of
-from executor.faults import parse as parse_faults
-from executor.joins import FAILED as JOIN_FAILED
-from executor.joins import FLAG, EmulatedJoin, JoinSchedule, check_joins
-from executor.layout import RankLayout, check_runnable
-from executor.metrics import MetricsWriter, read_jsonl
-from executor.recovery import Supervisor
-from executor.slowdown import SlowdownWatch
-from executor.stage import check_build
-from executor.worker import Endpoint, WorkerOptions, spawned
-from planner.errors import EdgepipeError, InputError
-from planner.plan import Plan, load_plan, replica_standbys
-from planner.timeouts import HANG_TIMEOUT_S, HEARTBEAT_S, START_TIMEOUT_S
+from edgepipe.executor.core import data
+from edgepipe.executor.core.layout import RankLayout, check_runnable
+from edgepipe.executor.core.metrics import MetricsWriter, read_jsonl
+from edgepipe.executor.core.stage import check_build
+from edgepipe.executor.ft import checkpoint
+from edgepipe.executor.ft.checkpoint import check_resume
+from edgepipe.executor.ft.control import Coordinator, Failure, generation_store
+from edgepipe.executor.ft.coordinator import standbys_of
+from edgepipe.executor.ft.faults import parse as parse_faults
+from edgepipe.executor.ft.joins import FAILED as JOIN_FAILED
+from edgepipe.executor.ft.joins import FLAG, EmulatedJoin, JoinSchedule, check_joins
+from edgepipe.executor.ft.recovery import Supervisor
+from edgepipe.executor.ft.slowdown import SlowdownWatch
+from edgepipe.executor.worker import Endpoint, WorkerOptions, spawned
+from edgepipe.planner.errors import EdgepipeError, InputError
+from edgepipe.planner.plan import Plan, load_plan, replica_standbys
+from edgepipe.planner.timeouts import HANG_TIMEOUT_S, HEARTBEAT_S, START_TIMEOUT_S
 
 POLL_S = 0.02
 GRACE_S = 2.0
@@ -111,12 +111,12 @@ class RunFailed(EdgepipeError):
 @dataclass
 class RunResult:
     """A finished run: its directory, its step lines and its events (recovery lines of
-    ``metrics.jsonl``, :mod:`executor.recovery`)."""
+    ``metrics.jsonl``, :mod:`executor.ft.recovery`)."""
 
     out_dir: Path
     metrics: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
-    #: the ``join_failed`` lines: joins dropped while the run went on (executor/joins.py)
+    #: the ``join_failed`` lines: joins dropped while the run went on (executor/ft/joins.py)
     join_failures: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
@@ -195,18 +195,18 @@ def launch(
     ``on_start(ranks)`` is called with the ``ranks.json`` entries once every child has
     started. ``hang_timeout_s`` (None: no control plane) must exceed twice
     ``heartbeat_s``. ``recover`` (:func:`recovers`): recover from a lost or hung device
-    in-process (:mod:`executor.recovery`) instead of stopping. ``joins``: devices that
+    in-process (:mod:`executor.ft.recovery`) instead of stopping. ``joins``: devices that
     join mid-run (module docstring, "Joins"; needs recovery); ``join_timeout_s``: how
     long a joining process may take to beat (default: the start time-out,
     max(``START_TIMEOUT_S``, the gloo timeout)), or its join is dropped. Raises
     :class:`RunFailed` when a worker dies or hangs (without recovery),
-    :class:`~executor.recovery.RecoveryFailed` when recovery is impossible, any other
+    :class:`~executor.ft.recovery.RecoveryFailed` when recovery is impossible, any other
     :class:`~planner.errors.EdgepipeError` when the plan is refused. ``standbys``: at
     most this many standby processes for a one-device plan (module docstring, "Standbys";
     None: one per idle device that can hold its replica, 0: none; 1 or more in a run that
     does not recover is an :class:`InputError`). ``watch_slowdown`` (a recovering run):
     re-partition devices that stay slower than the plan predicts
-    (:mod:`executor.slowdown`); None: only when emulating, whose devices run at the
+    (:mod:`executor.ft.slowdown`); None: only when emulating, whose devices run at the
     plan's budgets (this run's processes share this machine, so without emulation
     their times measure its scheduling, not devices); True without emulation: the
     predictions are calibrated over the plan's first steps ("Real devices").
@@ -365,7 +365,7 @@ def _supervise(current: dict[str, Any], supervisor: Supervisor, coordinator: Coo
         if failures := coordinator.poll():
             supervisor.recover(failures)
         elif supervisor.slowdown is not None and (slowed := supervisor.slowdown.take()):
-            # slow, not failed: re-partition at the next step boundary (executor/slowdown.py)
+            # slow, not failed: re-partition at the next step boundary (executor/ft/slowdown.py)
             supervisor.repartition("slow", ",".join(slowed), slowed=slowed)
         elif joins is not None:
             joins.poll()

@@ -4,14 +4,14 @@
 [--dataset NAME] [--timeout S] [--save-weights]`` reads ``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` from the
 environment (torchrun sets them); the local launcher calls :func:`run` directly in each
-spawned child. Rank ``r`` runs plan device ``r`` in :mod:`executor.layout` order (stage
+spawned child. Rank ``r`` runs plan device ``r`` in :mod:`executor.core.layout` order (stage
 by stage, the plan's device order within a stage); ``EDGEPIPE_DEVICE``, when set, must
 name that device (a guard against a mis-ordered multi-host start).
-``--emulate [--time-scale K]`` runs with :mod:`executor.emulation`'s hooks;
+``--emulate [--time-scale K]`` runs with :mod:`executor.core.emulation`'s hooks;
 ``--checkpoint-every N [--checkpoint-dir DIR]`` saves and ``--resume DIR`` continues a
-run with :mod:`executor.checkpoint` (``--steps`` counts from step 0 either way).
+run with :mod:`executor.ft.checkpoint` (``--steps`` counts from step 0 either way).
 ``--heartbeat S`` (the local launcher sets it; off under torchrun, which has no
-coordinator yet) starts a :class:`executor.control.WorkerControl` on its own store
+coordinator yet) starts a :class:`executor.ft.control.WorkerControl` on its own store
 connection that beats every S seconds; the rank checks it before every action, at the
 start of every step and after every commit, and stops (exit status 2) when the launcher
 aborted its generation or fenced its device.
@@ -19,7 +19,7 @@ aborted its generation or fenced its device.
 Sequence: refuse a mismatched start (world size vs plan devices) before touching the
 network; connect to the run's store (hosted by the launcher, by torchrun's agent when
 ``TORCHELASTIC_USE_AGENT_STORE=True``, else by rank 0) under the generation's prefix
-``gen<G>`` (:func:`executor.control.generation_store`); build and check the stage's
+``gen<G>`` (:func:`executor.ft.control.generation_store`); build and check the stage's
 blocks; init the process group (gloo, or nccl when every local rank has its own GPU)
 with a short timeout; create every stage's
 data-parallel group; discover boundary shapes; then per step: read the step's rows,
@@ -56,22 +56,24 @@ os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 import numpy as np
 import torch
 import torch.distributed as dist
-
-from executor import checkpoint, data, storeblob
-from executor.comm import StageGroup, StageLinks, Transport
-from executor.control import (
+from edgepipe.executor.core import data, storeblob
+from edgepipe.executor.core.comm import StageGroup, StageLinks, Transport
+from edgepipe.executor.core.emulation import EmulatedSlowdown, Emulation
+from edgepipe.executor.core.layout import RankInfo, RankLayout, check_runnable
+from edgepipe.executor.core.metrics import MetricsWriter, rank_payload
+from edgepipe.executor.core.runtime import ComputeHook, StageRuntime, make_optimizer
+from edgepipe.executor.core.stage import build_stage, stage_loss
+from edgepipe.executor.ft import checkpoint
+from edgepipe.executor.ft.control import (
     CoordinatorLost,
     GenerationAborted,
     WorkerControl,
     generation_store,
 )
-from executor.emulation import EmulatedSlowdown, Emulation
-from executor.faults import Injector
-from executor.faults import parse as parse_faults
-from executor.layout import RankInfo, RankLayout, check_runnable
-from executor.metrics import MetricsWriter, rank_payload
-from executor.recovery import replication_points
-from executor.replication import (
+from edgepipe.executor.ft.faults import Injector
+from edgepipe.executor.ft.faults import parse as parse_faults
+from edgepipe.executor.ft.recovery import replication_points
+from edgepipe.executor.ft.replication import (
     MIGRATION_TAG,
     REPLICA_TAG,
     Background,
@@ -86,21 +88,19 @@ from executor.replication import (
     receive_body,
     receive_header,
 )
-from executor.runtime import ComputeHook, StageRuntime, make_optimizer
-from executor.stage import build_stage, stage_loss
-from planner.errors import EdgepipeError, InputError, PlanMismatchError, UnrecoverableError
-from planner.plan import Plan, load_plan, plan_from_dict, replica_placement
-from planner.replicas import RING
-from planner.schedule import Action, ActionType
-from planner.schedule import build as build_schedule
-from planner.timeouts import GLOO_TIMEOUT_S
+from edgepipe.planner.errors import EdgepipeError, InputError, PlanMismatchError, UnrecoverableError
+from edgepipe.planner.plan import Plan, load_plan, plan_from_dict, replica_placement
+from edgepipe.planner.replan.replicas import RING
+from edgepipe.planner.schedule import Action, ActionType
+from edgepipe.planner.schedule import build as build_schedule
+from edgepipe.planner.timeouts import GLOO_TIMEOUT_S
 
 #: exit status of a worker that refused or failed with an edgepipe error
 EXIT_REFUSED = 2
 #: exit status of a worker that failed otherwise
 EXIT_FAILED = 1
 #: store timeout of the heartbeat connection: a lost coordinator is noticed after about
-#: three of them (the store client's reconnection attempts, executor.control)
+#: three of them (the store client's reconnection attempts, executor.ft.control)
 CONTROL_STORE_TIMEOUT_S = 10.0
 #: seconds a recovering worker whose training thread failed waits for the coordinator's
 #: abort (a peer's death reaches the data plane first) before it fails itself
@@ -125,24 +125,24 @@ class WorkerOptions:
     checkpoint_dir: str | None = None
     resume: str | None = None
     heartbeat_s: float = 0.0
-    #: with ``emulate``: devices that slow down mid-run (executor/emulation.py)
+    #: with ``emulate``: devices that slow down mid-run (executor/core/emulation.py)
     emulate_slowdown: tuple[EmulatedSlowdown, ...] = ()
     recover: bool = False
     faults: str = ""
     #: the device this process runs, when it is not the plan's rank-th (a joining one,
     #: or a standby: ``--standby DEV``; the rank is then its place in the generation)
     device: str | None = None
-    #: a re-admitted device's incarnation (executor/control.py, "Re-admission")
+    #: a re-admitted device's incarnation (executor/ft/control.py, "Re-admission")
     incarnation: int = 0
-    #: ``HOST:PORT`` of a cross-host coordinator (executor/coordinator.py) to join
+    #: ``HOST:PORT`` of a cross-host coordinator (executor/ft/coordinator.py) to join
     coordinator: str | None = None
     #: ``FILE[@STEP]``: a cluster file naming the one device this worker runs, which
     #: joins the run mid-training through the coordinator, not before STEP
-    #: (executor/joins.py, "Across hosts")
+    #: (executor/ft/joins.py, "Across hosts")
     join: str | None = None
     #: seconds a recovering worker whose training thread failed waits for the
     #: coordinator's abort before it fails itself (a cross-host coordinator sets its own
-    #: detection bound: executor/coordinator.py)
+    #: detection bound: executor/ft/coordinator.py)
     abort_wait_s: float = ERROR_ABORT_WAIT_S
 
 
@@ -504,7 +504,7 @@ class RecoveringWorker:
         self.store = self._connect()
         self.faults = Injector(self.device_id, parse_faults(opts.faults), self.store)
         if self.joining:
-            self.faults.at(0, "join")  # before its first heartbeat (executor/faults.py)
+            self.faults.at(0, "join")  # before its first heartbeat (executor/ft/faults.py)
         self.control = WorkerControl(self._control_store, self.device_id,
                                      opts.heartbeat_s, opts.incarnation).start()
         self.dead: set[int] = set()
@@ -649,7 +649,7 @@ class _GenerationRun:
 
         An owner posts point n only after the commit of step n - 1, and that commit
         needs the point before n durable (every member acknowledged it;
-        :func:`executor.recovery.commit_blocked`); so when point n arrives the point
+        :func:`executor.ft.recovery.commit_blocked`); so when point n arrives the point
         before it is durable and is promoted here, as the training ranks promote at the
         commit that needs it."""
         self._stamp("rebuilt")
@@ -893,7 +893,7 @@ class _GenerationRun:
 
 class _FaultHook(ComputeHook):
     """The compute hook with the fault points ``forward`` / ``backward``
-    (:mod:`executor.faults`) of the step in :attr:`step`; ``settle(step)`` runs before
+    (:mod:`executor.ft.faults`) of the step in :attr:`step`; ``settle(step)`` runs before
     one fires (a recovering run's: when the step is itself a replication point, wait until
     that point is durable; at a step beside which a point travels it fires at once,
     docs/fault-tolerance.md, "Fault injection")."""
@@ -1060,10 +1060,10 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerOptions:
     p.add_argument("--join", metavar="FILE[@STEP]", help="with --coordinator, outside the "
                    "torchrun job: join the running job as the one device of cluster file "
                    "FILE (a new device, or one lost earlier) at the next step boundary, not "
-                   "before STEP (executor/joins.py)")
+                   "before STEP (executor/ft/joins.py)")
     p.add_argument("--standby", metavar="DEV", help="with --coordinator, outside the "
                    "torchrun job: run idle device DEV as a standby of a one-device plan "
-                   "(the coordinator's --standbys; executor/coordinator.py)")
+                   "(the coordinator's --standbys; executor/ft/coordinator.py)")
     a = p.parse_args(argv)
     return WorkerOptions(a.plan, a.steps, a.out, a.deterministic, a.dataset, a.timeout,
                          a.save_weights, a.generation, a.emulate, a.time_scale,
@@ -1089,7 +1089,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             endpoint = endpoint_from_env()
         if opts.coordinator:
-            from executor.coordinator import join
+            from edgepipe.executor.ft.coordinator import join
 
             opts, endpoint = join(opts, endpoint, opts.coordinator)
         run(opts, endpoint)

@@ -1,6 +1,6 @@
 """The library's front door: load inputs by path or shipped name, and solve.
 
->>> from planner import api
+>>> from edgepipe.planner import api
 >>> problem = api.load_problem("pipedream-vgg16", "jetson-testbed-6", global_batch=32)
 >>> plan = api.solve(problem)                      # the DP planner
 >>> plan.cost.iteration_ms, plan.partition.num_stages
@@ -16,20 +16,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from planner.baselines import BASELINES, plan_baseline
-from planner.cluster import Cluster
-from planner.config import TrainingConfig
-from planner.dp import plan_dp
-from planner.errors import InputError
-from planner.milp import DEFAULT_BACKEND, DEFAULT_TIME_LIMIT, plan_milp
-from planner.plan import Plan, SolverInfo, load_plan, make_plan, save_plan
-from planner.problem import Problem, make_problem
-from planner.profile import ModelProfile
-from planner.replanning import precompute, replan
-from planner.resources import data_dir
+from edgepipe.planner.errors import InputError
+from edgepipe.planner.inputs.cluster import Cluster
+from edgepipe.planner.inputs.config import TrainingConfig
+from edgepipe.planner.inputs.problem import Problem, make_problem
+from edgepipe.planner.inputs.profile import ModelProfile
+from edgepipe.planner.inputs.resources import data_dir
+from edgepipe.planner.plan import Plan, SolverInfo, load_plan, make_plan, save_plan
+from edgepipe.planner.replan.incremental import precompute, replan
+from edgepipe.planner.solvers.baselines import BASELINES, plan_baseline
+from edgepipe.planner.solvers.dp.driver import plan_dp
+from edgepipe.planner.solvers.exact.solver import DEFAULT_BACKEND, DEFAULT_TIME_LIMIT, plan_milp
 
 if TYPE_CHECKING:
-    from planner.comparison import ComparisonResult
+    from edgepipe.planner.solvers.comparison import ComparisonResult
 
 __all__ = [
     "load_plan",
@@ -118,14 +118,16 @@ def solve(
 ) -> Plan:
     """Plan ``problem`` with ``solver`` and return the scored :class:`Plan`.
 
-    ``solver``: ``"dp"`` (Asteroid's DP, :mod:`planner.dp`; past ``time_limit`` seconds
+    ``solver``: ``"dp"`` (Asteroid's DP, :mod:`planner.solvers.dp.driver`; past ``time_limit``
+    seconds
     it returns its best plan so far with status ``timed_out``), ``"milp"`` (the exact
-    solver, :mod:`planner.milp`, with ``backend`` in cpsat | cbc | highs and a wall-clock
+    solver, :mod:`planner.solvers.exact.solver`, with ``backend`` in cpsat | cbc | highs and a
+    wall-clock
     ``time_limit`` in seconds, warm-started from the DP) or a baseline of
-    :mod:`planner.baselines`. ``progress(done, total)`` is called as the DP finishes each
+    :mod:`planner.solvers.baselines`. ``progress(done, total)`` is called as the DP finishes each
     level of a micro-batch candidate or the exact solver each (micro-batch, stage count)
     program. ``multilevel`` (dp only): plan a model of more than ``dp.MULTILEVEL_ABOVE``
-    blocks coarse to fine (:mod:`planner.multilevel`; the default), or on every block.
+    blocks coarse to fine (:mod:`planner.solvers.dp.multilevel`; the default), or on every block.
 
     Raises:
         InfeasibleError: nothing fits memory (the message names the binding figure).
@@ -191,7 +193,7 @@ def compare(
     progress: Callable[[str, int, int], None] | None = None,
 ) -> ComparisonResult:
     """Run several planners on ``problem`` and tabulate them
-    (:func:`planner.comparison.compare`)."""
-    from planner.comparison import compare as run_comparison
+    (:func:`planner.solvers.comparison.compare`)."""
+    from edgepipe.planner.solvers.comparison import compare as run_comparison
 
     return run_comparison(problem, planners, backend, time_limit, progress)

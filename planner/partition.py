@@ -1,6 +1,6 @@
 """The decision a planner makes: micro-batch size and count, and per stage its block
 range and its devices with their sample counts. Plain data, no figures: every figure of a
-partition comes from :mod:`planner.cost`."""
+partition comes from :mod:`planner.cost.model`."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 A plan file embeds the model profile, the cluster and the training config it was solved
 for, so ``simulate``, ``show``, ``replan`` and ``run`` need nothing else. On load, the
 decision (micro-batch size and count, stages, samples) and the inputs are authoritative;
-every predicted figure is recomputed by :mod:`planner.cost`. Loading re-checks everything
+every predicted figure is recomputed by :mod:`planner.cost.model`. Loading re-checks everything
 ``edgepipe plan`` guarantees and raises :class:`~planner.errors.PlanMismatchError` where
 a check fails:
 
@@ -26,15 +26,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from planner.cluster import Cluster
-from planner.config import AUTO, MAX_REPLICATION_INTERVAL, TrainingConfig
-from planner.cost import CostModel, PlanCost, hiding_interval
-from planner.errors import PlanMismatchError
-from planner.partition import Partition, StageAssignment
-from planner.problem import Problem, batch_range_notes, make_problem
-from planner.profile import ModelProfile
-from planner.replicas import Replica
-from planner.schema import load_document, validate, write_text_atomic
+from edgepipe.planner.cost.model import CostModel, PlanCost, hiding_interval
+from edgepipe.planner.errors import PlanMismatchError
+from edgepipe.planner.inputs.cluster import Cluster
+from edgepipe.planner.inputs.config import AUTO, MAX_REPLICATION_INTERVAL, TrainingConfig
+from edgepipe.planner.inputs.problem import Problem, batch_range_notes, make_problem
+from edgepipe.planner.inputs.profile import ModelProfile
+from edgepipe.planner.inputs.schema import load_document, validate, write_text_atomic
+from edgepipe.planner.partition import Partition, StageAssignment
+from edgepipe.planner.replan.replicas import Replica
 
 KIND = "edgepipe.plan"
 GIB = 2**30
@@ -56,7 +56,7 @@ class SolverInfo:
 class Transfer:
     """One move of a migration: device ``to`` gets blocks ``[first, end)`` (weights and
     optimizer state, ``bytes``) from device ``source``, predicted to take ``ms``.
-    ``from_replica``: the source serves its replica copy (:mod:`planner.replicas`), not
+    ``from_replica``: the source serves its replica copy (:mod:`planner.replan.replicas`), not
     its live stage. ``source == to`` is a local promotion of a replica: no bytes move."""
 
     to: str
@@ -70,7 +70,8 @@ class Transfer:
 
 @dataclass(frozen=True)
 class Changes:
-    """What a re-plan (:mod:`planner.replanning`) changed from its parent plan: devices lost,
+    """What a re-plan (:mod:`planner.replan.incremental`) changed from its parent plan: devices
+    lost,
     slowed (id -> factor on the parent's slowdown) and joined; ``path`` ``fast`` (the local
     repair) or ``full`` (a full solve), and why."""
 
@@ -100,8 +101,8 @@ class Plan:
     @property
     def assumptions(self) -> tuple[str, ...]:
         """The problem's assumptions plus this plan's batch-range notes
-        (:func:`planner.problem.batch_range_notes`), for a one-device plan whose
-        replica no idle device can hold, why (:func:`planner.replicas.refusal`), and
+        (:func:`planner.inputs.problem.batch_range_notes`), for a one-device plan whose
+        replica no idle device can hold, why (:func:`planner.replan.replicas.refusal`), and
         when its replication interval is too short to hide a point's transfer, by how
         much (:func:`replication_note`)."""
         refused = CostModel(self.problem, self.partition.micro_batch_size).replica_refusal(
@@ -120,7 +121,7 @@ def interval_note(plan: Plan) -> str | None:
 def short_run_note(plan: Plan, steps: int) -> str | None:
     """:func:`interval_note`, else, for a replicating plan, one line when a run of
     ``steps`` steps is shorter than the interval that hides a point's transfer
-    (:func:`planner.cost.hiding_interval`): its start state's point then has fewer
+    (:func:`planner.cost.model.hiding_interval`): its start state's point then has fewer
     steps to travel beside than its transfer takes, and the commit before its last step
     waits for the rest (docs/fault-tolerance.md, "Points in flight"), whatever the
     interval. ``edgepipe demo`` runs such a short run without replicas. O(P)."""
@@ -154,7 +155,7 @@ def replication_note(interval: int, transfer_ms: float, iteration_ms: float) -> 
     replication point's transfer of ``transfer_ms`` (:meth:`CostModel.replica_transfer_ms`):
     the commit that makes each next point then waits for the rest, so throughput falls
     to interval x iteration / transfer of the unreplicated run; it names the smallest
-    interval that hides it (:func:`planner.cost.hiding_interval`) and what that costs
+    interval that hides it (:func:`planner.cost.model.hiding_interval`) and what that costs
     a loss (a replay of up to 2k - 1 steps, docs/fault-tolerance.md, "Points in
     flight"). None when the interval hides it or replication is off. O(1)."""
     k = hiding_interval(transfer_ms, iteration_ms)
@@ -303,11 +304,11 @@ def make_plan(
     """Check ``partition`` against ``problem``, score it and wrap it as a :class:`Plan`.
 
     A config whose ``replication_interval`` is ``auto`` is resolved here, after the
-    search, to :func:`planner.cost.hiding_interval` of the partition's predicted
+    search, to :func:`planner.cost.model.hiding_interval` of the partition's predicted
     replication transfer and iteration: the search depends only on whether replicas
     are kept (their memory is the same at every interval > 0), so the partition is the
     same whatever the interval, and the plan holds the integer (at most
-    :data:`planner.config.MAX_REPLICATION_INTERVAL`: a transfer that spans more steps
+    :data:`planner.inputs.config.MAX_REPLICATION_INTERVAL`: a transfer that spans more steps
     leaves the plan's :func:`interval_note` among its assumptions). The id is a content
     hash of inputs (the resolved config) and decision, so the same plan has the same id.
 
@@ -425,13 +426,13 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
 
 
 def replica_placement(plan: Plan) -> tuple[Replica, ...]:
-    """Where each stage's committed state is replicated (:mod:`planner.replicas`)."""
+    """Where each stage's committed state is replicated (:mod:`planner.replan.replicas`)."""
     return CostModel(plan.problem, plan.partition.micro_batch_size).replicas(plan.partition)
 
 
 def replica_standbys(plan: Plan) -> tuple[str, ...]:
     """The idle devices that can hold a one-device plan's replica, best first; the first
-    holds it (:func:`planner.replicas.standbys`). Empty for every other plan."""
+    holds it (:func:`planner.replan.replicas.standbys`). Empty for every other plan."""
     return CostModel(plan.problem, plan.partition.micro_batch_size).replica_standbys(
         plan.partition)
 
@@ -574,7 +575,8 @@ def _excerpt(value: str, limit: int = 40) -> str:
 
 
 def save_plan(plan: Plan, path: str | Path) -> None:
-    """Write the plan as indented JSON, atomically (:func:`planner.schema.write_text_atomic`)."""
+    """Write the plan as indented JSON, atomically
+    (:func:`planner.inputs.schema.write_text_atomic`)."""
     write_text_atomic(path, json.dumps(plan_to_dict(plan), indent=1) + "\n")
 
 

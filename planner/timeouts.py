@@ -1,9 +1,9 @@
 """The control plane's default timeouts and intervals, in seconds: one source for the
-CLI's defaults (planner/cli.py: ``edgepipe run``, ``edgepipe coordinate``) and the
-executor's (executor/launch.py, executor/coordinator.py, executor/worker.py).
+CLI's defaults (planner/cli/main.py: ``edgepipe run``, ``edgepipe coordinate``) and the
+executor's (executor/launch.py, executor/ft/coordinator.py, executor/worker.py).
 
 Pure Python with no imports, so the planner side, which never imports torch or
-executor/ (tests/test_packaging.py), and the executor can both read it.
+executor/ (tests/integration/test_packaging.py), and the executor can both read it.
 """
 
 #: heartbeat silence after which a device is declared dead (hung, or its host lost)

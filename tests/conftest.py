@@ -2,7 +2,8 @@
 
 A session-scoped fixture runs once per pytest process, so once per xdist worker that
 runs a test using it: every check of :func:`demo_run` is in one test
-(tests/test_emulation.py), since ``xdist_group`` marks no longer keep tests on one worker
+(tests/integration/test_emulation.py), since ``xdist_group`` marks no longer keep tests on
+one worker
 under pytest 9.2 (pytest-dev/pytest-xdist#1386; README, "Tests").
 """
 
@@ -36,7 +37,7 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
     Standard output is captured by swapping ``sys.stdout``: the CLI's rich console
     writes to whatever ``sys.stdout`` is when it prints.
     """
-    from planner.cli import main
+    from edgepipe.planner.cli.main import main
 
     out = tmp_path_factory.mktemp("demo")
     printed = io.StringIO()

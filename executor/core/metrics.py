@@ -1,0 +1,152 @@
+"""Run metrics: what each rank reports per step, and the two JSON-lines files of a run.
+
+A run directory holds ``plan.json`` (the plan as run), ``ranks.json`` (rank -> device,
+stage, pid; written by the local launcher), ``metrics.jsonl`` and ``timeline.jsonl``
+(format in docs/executor.md). Ranks publish one small JSON payload per step on the run's
+store; a thread of rank 0 merges them into one metrics line per step (in step order)
+and the timeline lines (appended to when a run resumes from a checkpoint). Reading
+these files needs no torch.
+
+Per-device figures of a step: ``compute_ms`` (F + B), ``send_ms`` (posting sends and
+waiting for them at the end of the step), ``recv_wait_ms`` (waiting for activations and
+gradients), ``allreduce_ms`` (REDUCE_GRAD), ``optim_ms``, ``wall_ms`` (the rank's step
+from its start to its optimizer step), ``started_at`` (the wall clock at its start;
+step periods, replication included, are differences of it) and ``peak_mem_bytes``
+(CUDA: peak allocated;
+CPU: the process's peak resident set size, which includes the interpreter and torch).
+The step's ``wall_ms`` is the largest rank's, ``samples_per_s`` the global batch over it.
+Deterministic-mode loss: ``L = l_0.clone(); L.add_(l_i) ...; L.div_(B)`` over the
+per-sample losses in global position order (DETERMINISTIC.md); fast mode: the sum of the
+last stage's scaled slice losses in rank order.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+from pathlib import Path
+from typing import Any
+
+import torch
+from edgepipe.executor.core.layout import RankLayout
+from edgepipe.executor.core.runtime import StepRecord
+
+COMPUTE = ("F", "B")
+SEND = ("SEND_F", "SEND_B", "SEND_WAIT")
+RECV = ("RECV_F", "RECV_B")
+#: per-device figures that payloads of older writers, or of runs without replication, lack
+OPTIONAL = ("started_at", "replication_ms", "replication_background_ms", "replication_point",
+            "replication_acked_at")
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def rank_payload(record: StepRecord, device: torch.device) -> dict[str, Any]:
+    """The JSON-able summary of one rank's step that it publishes."""
+    return {
+        "step": record.step,
+        "losses": record.losses,
+        "loss_sum": record.loss_sum,
+        "compute_ms": record.total(*COMPUTE),
+        "send_ms": record.total(*SEND),
+        "recv_wait_ms": record.total(*RECV),
+        "allreduce_ms": record.total("REDUCE_GRAD"),
+        "optim_ms": record.total("OPTIM"),
+        "wall_ms": record.wall_ms,
+        "started_at": record.started_at,
+        "peak_mem_bytes": peak_memory_bytes(device),
+        "intervals": [
+            [i.kind, i.micro_batch, round(i.start_ms, 4), round(i.end_ms, 4)]
+            for i in record.intervals
+        ],
+    }
+
+
+def step_loss(payloads: list[dict[str, Any]], global_batch: int, deterministic: bool) -> float:
+    """The step's loss from every rank's payload (module docstring)."""
+    if deterministic:
+        per_position = dict(pos_loss for p in payloads for pos_loss in p["losses"])
+        if sorted(per_position) != list(range(global_batch)):
+            raise RuntimeError(f"losses of positions {sorted(per_position)} reported")
+        total = torch.tensor(per_position[0], dtype=torch.float32)
+        for i in range(1, global_batch):
+            total.add_(torch.tensor(per_position[i], dtype=torch.float32))
+        total.div_(global_batch)
+        return float(total)
+    return float(sum(p["loss_sum"] for p in payloads if p["loss_sum"] is not None))
+
+
+class MetricsWriter:
+    """Appends merged step lines to ``metrics.jsonl`` and ``timeline.jsonl``."""
+
+    def __init__(
+        self, out_dir: Path, layout: RankLayout, deterministic: bool, append: bool = False
+    ) -> None:
+        self.layout = layout
+        self.deterministic = deterministic
+        out_dir.mkdir(parents=True, exist_ok=True)
+        mode = "a" if append else "w"
+        self.metrics = (out_dir / "metrics.jsonl").open(mode)
+        self.timeline = (out_dir / "timeline.jsonl").open(mode)
+
+    def write_step(
+        self, step: int, payloads: list[dict[str, Any]], extra: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Merge one step's payloads (index = rank) and write its lines (``extra``: more
+        keys of the metrics line); returns the metrics line."""
+        wall = max(p["wall_ms"] for p in payloads)
+        devices = {}
+        for info, p in zip(self.layout.ranks, payloads, strict=True):
+            devices[info.device] = {
+                "rank": info.rank,
+                "stage": info.stage,
+                **{k: p[k] for k in ("compute_ms", "send_ms", "recv_wait_ms", "allreduce_ms",
+                                     "optim_ms", "wall_ms", "peak_mem_bytes")},
+                **{k: p[k] for k in OPTIONAL if k in p},
+            }
+            for kind, m, start, end in p["intervals"]:
+                self.timeline.write(
+                    json.dumps(
+                        {
+                            "device": info.device,
+                            "rank": info.rank,
+                            "stage": info.stage,
+                            "step": step,
+                            "kind": kind,
+                            "micro_batch": m,
+                            "start_ms": start,
+                            "end_ms": end,
+                        }
+                    )
+                    + "\n"
+                )
+        line = {
+            "step": step,
+            "loss": step_loss(payloads, self.layout.global_batch, self.deterministic),
+            "wall_ms": wall,
+            "samples_per_s": self.layout.global_batch / wall * 1e3 if wall > 0 else None,
+            "devices": devices,
+            **(extra or {}),
+        }
+        self.metrics.write(json.dumps(line) + "\n")
+        self.metrics.flush()
+        self.timeline.flush()
+        return line
+
+    def write_event(self, event: dict[str, Any]) -> None:
+        """A line that is not a step (e.g. a recovery event, ``"type": "recovery"``)."""
+        self.metrics.write(json.dumps(event) + "\n")
+        self.metrics.flush()
+
+    def close(self) -> None:
+        self.metrics.close()
+        self.timeline.close()
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """The lines of a ``metrics.jsonl`` or ``timeline.jsonl`` file."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

@@ -1,0 +1,1 @@
+"""edgepipe.executor.ft"""

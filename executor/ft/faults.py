@@ -1,0 +1,95 @@
+"""Fault injection at named points of a recovering run (tests, benchmarks; torchft's
+``EventInjector.fail_at(rank, step)`` and PyTorch's elastic tests do the same).
+
+A spec is ``DEVICE:STEP:PHASE[:SIGNAL]``, several separated by commas
+(``WorkerOptions.faults``, ``python -m executor.worker --inject``):
+
+* ``DEVICE`` the plan device that faults; ``STEP`` the 0-based training step (``*``:
+  the first time the phase is reached);
+* ``PHASE`` one of ``forward`` (after the device's first forward of the step),
+  ``backward`` (after its first backward; in a recovering run both fire only once the
+  replication point posted before the step is durable: its replicas travel in the
+  background beside the step's compute, and a fault while they are in flight is the
+  ``replication`` phase, so these two always replay from the step itself),
+  ``optimizer`` (the coordinator committed the
+  step; before this device applies its optimizer step: every other device may already
+  have applied it), ``replication`` (its replica sends of the state after the step are
+  posted, not yet acknowledged; on a standby holding a one-device plan's replica:
+  received, not yet acknowledged; STEP counts the steps whose state is replicated minus
+  one), ``restore`` (a recovery generation's process groups are built, its state not yet
+  restored; STEP is the step it replays from, ``*`` any), ``join`` (a joining device's
+  process, or a standby's, which waits for its generation the same way, is up and
+  connected to the store, before its first heartbeat: KILL is a joiner that exits
+  before it is admitted, or a standby lost before it first beats, STOP one that never
+  beats; STEP must be ``*``, such a process has this point once);
+* ``SIGNAL`` ``KILL`` (default: a crash) or ``STOP`` (a hang: no FIN, no heartbeat).
+
+The device signals itself (``signal.pthread_kill`` of the calling thread: a process-directed
+signal can stop another thread first while this one runs on) after writing the wall-clock
+time on the store (``ctl/fault/<device>``), so the coordinator can measure the time to
+detect exactly. Each spec fires at most once per process. A run without recovery
+(``--no-recover``) has the ``forward`` and ``backward`` points only.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from dataclasses import dataclass
+
+from edgepipe.planner.errors import InputError
+from torch.distributed import Store
+
+PHASES = ("forward", "backward", "optimizer", "replication", "restore", "join")
+SIGNALS = {"KILL": signal.SIGKILL, "STOP": signal.SIGSTOP}
+
+
+@dataclass(frozen=True)
+class Fault:
+    device: str
+    step: int | None
+    phase: str
+    signal: str = "KILL"
+
+
+def parse(spec: str) -> tuple[Fault, ...]:
+    """The faults of ``spec`` (module docstring); raises :class:`InputError` naming a bad
+    one."""
+    out = []
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        parts = item.split(":")
+        if len(parts) not in (3, 4) or parts[2] not in PHASES or (
+            len(parts) == 4 and parts[3] not in SIGNALS
+        ) or not (parts[1] == "*" or (parts[1].isdigit() and parts[2] != "join")):
+            raise InputError(
+                "--inject", item, f"expected DEVICE:STEP:PHASE[:SIGNAL] with STEP a number "
+                f"or * (* for join), PHASE one of {', '.join(PHASES)}, SIGNAL one of "
+                f"{', '.join(SIGNALS)}"
+            )
+        step = None if parts[1] == "*" else int(parts[1])
+        out.append(Fault(parts[0], step, parts[2], parts[3] if len(parts) == 4 else "KILL"))
+    return tuple(out)
+
+
+class Injector:
+    """The faults of one device; :meth:`at` fires the one matching (step, phase)."""
+
+    def __init__(self, device: str, faults: tuple[Fault, ...], store: Store | None) -> None:
+        self.faults = [f for f in faults if f.device == device]
+        self.device, self.store = device, store
+
+    def due(self, step: int, phase: str) -> bool:
+        """Whether :meth:`at` of (``step``, ``phase``) would fire."""
+        return any(f.phase == phase and f.step in (None, step) for f in self.faults)
+
+    def at(self, step: int, phase: str) -> None:
+        for f in self.faults:
+            if f.phase == phase and f.step in (None, step):
+                self.faults.remove(f)
+                if self.store is not None:
+                    self.store.set(f"ctl/fault/{self.device}", repr(time.time()))
+                # to this thread, not the process: a process-directed SIGSTOP may stop
+                # another thread first while this one runs on into its next write
+                signal.pthread_kill(threading.get_ident(), SIGNALS[f.signal])
+                return

@@ -1,0 +1,1 @@
+"""edgepipe.planner.replan"""

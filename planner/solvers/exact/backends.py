@@ -1,0 +1,239 @@
+"""Solver backends of the exact planner: lower a :class:`~planner.solvers.exact.formulation.Model`
+to a solver, solve it under a time limit, and report status, values and bound.
+
+Backends: OR-Tools CP-SAT (``cpsat``: integer program; times scaled to integer units of
+about 1e-8 of the incumbent, memory rounded conservatively to bytes, indicators as
+enforcement literals, the DP plan as a solution hint, one worker per program) and pulp
+with CBC (``cbc``: big-M indicators, the DP plan as MIP start) or HiGHS (``highs``:
+big-M, the DP value as the objective cutoff; pulp's HiGHS interface has no MIP start).
+CP-SAT's optimum is exact up to that time resolution (relative error below about 1e-5).
+
+Standard output: CP-SAT and CBC (a subprocess of pulp's) print nothing when told to be
+quiet, but HiGHS prints a banner from C++ straight to file descriptor 1 the first time a
+solver object is built in a process. Redirecting descriptor 1 around it would silence
+every thread of the caller's process, so HiGHS programs run in worker processes
+(:class:`HighsWorkers`, spawned, their descriptor 1 on /dev/null); the caller's stdout
+is never touched.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import re
+import sys
+import tempfile
+import time
+import warnings
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgepipe.planner.solvers.exact.formulation import BIN, INT, TIME, Model, axpy
+
+
+# --------------------------------------------------------------------------------------
+# backends
+# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Outcome:
+    """One program's result: ``status`` optimal | feasible (limit hit, solution) |
+    infeasible (nothing at or under the cutoff) | unknown (limit hit, no solution);
+    ``values`` per variable (times in ms); ``bound_ms`` a lower bound on the program's
+    optimum (None if the solver has none)."""
+
+    status: str
+    values: list[float] | None
+    bound_ms: float | None
+
+
+def solve_cpsat(
+    md: Model, hint: dict[int, float], time_limit: float, units_per_ms: float
+) -> Outcome:
+    """Lower the program to CP-SAT (times in integer units of 1 / ``units_per_ms`` ms,
+    memory rounded conservatively, indicator rows as enforcement literals) and solve it
+    with 2 workers, ``hint`` as the solution hint."""
+    from ortools.sat.python import cp_model
+
+    model = cp_model.CpModel()
+    scale = units_per_ms
+    cp_vars = []
+    for lb, ub, kind in zip(md.lb, md.ub, md.kind, strict=True):
+        if kind in (BIN, INT):
+            cp_vars.append(model.NewIntVar(int(lb), int(ub), ""))
+        else:
+            cp_vars.append(model.NewIntVar(math.floor(lb * scale), math.ceil(ub * scale), ""))
+    for row in md.rows:
+        coefs: list[int] = []
+        if row.unit == "ms":
+            for v, c in row.terms.items():
+                coefs.append(int(c) if md.kind[v] == TIME else round(c * scale))
+            rhs = round(row.rhs * scale)
+        elif row.unit == "bytes":  # only <= rows: round up the load, down the budget
+            coefs = [math.ceil(c) for c in row.terms.values()]
+            rhs = math.floor(row.rhs)
+        else:
+            coefs = [round(c) for c in row.terms.values()]
+            rhs = round(row.rhs)
+        expr = sum(c * cp_vars[v] for v, c in zip(row.terms, coefs, strict=True))
+        if row.sense == ">=":
+            ct = model.Add(expr >= rhs)
+        elif row.sense == "<=":
+            ct = model.Add(expr <= rhs)
+        else:
+            ct = model.Add(expr == rhs)
+        if row.enforce:
+            ct.OnlyEnforceIf([cp_vars[v] for v in row.enforce])
+    model.Minimize(cp_vars[md.objective])
+    for v, value in hint.items():
+        model.AddHint(cp_vars[v], round(value))
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(time_limit, 0.01)
+    solver.parameters.num_workers = 1  # PARALLEL programs run side by side
+    solver.parameters.log_search_progress = False
+    status = solver.Solve(model)
+    bound = solver.BestObjectiveBound() / scale
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        values = [
+            solver.Value(v) / scale if kind == TIME else float(solver.Value(v))
+            for v, kind in zip(cp_vars, md.kind, strict=True)
+        ]
+        if status == cp_model.OPTIMAL:
+            return Outcome("optimal", values, solver.ObjectiveValue() / scale)
+        return Outcome("feasible", values, bound)
+    if status == cp_model.INFEASIBLE:
+        return Outcome("infeasible", None, None)
+    return Outcome("unknown", None, bound if math.isfinite(bound) else None)
+
+
+def solve_pulp(md: Model, hint: dict[int, float], time_limit: float, backend: str) -> Outcome:
+    """Lower the program to pulp (indicator rows as big-M rows from the variables'
+    bounds, memory in MiB) and solve it with CBC (MIP start from ``hint``) or HiGHS."""
+    import pulp
+
+    prob = pulp.LpProblem("edgepipe", pulp.LpMinimize)
+    cats = {BIN: "Integer", INT: "Integer", TIME: "Continuous"}
+    lp_vars = [
+        prob.add_variable(f"v{i}", lowBound=lb, upBound=ub, cat=cats[kind])
+        for i, (lb, ub, kind) in enumerate(zip(md.lb, md.ub, md.kind, strict=True))
+    ]
+    prob += lp_vars[md.objective]
+    for row in md.rows:
+        terms, rhs = dict(row.terms), row.rhs
+        if row.unit == "bytes":  # MiB keeps the big-M coefficients moderate
+            terms = {v: c / 2**20 for v, c in terms.items()}
+            rhs /= 2**20
+        if row.enforce:
+            # slack by `big` unless every literal is 1; a row that always holds is dropped
+            literals = {v: 1.0 for v in row.enforce}
+            if row.sense == ">=":
+                big = rhs - md.minimum(terms)
+                terms, rhs = axpy(terms, -big, literals), rhs - big * len(literals)
+            else:
+                big = md.maximum(terms) - rhs
+                terms, rhs = axpy(terms, big, literals), rhs + big * len(literals)
+            if big <= 0:
+                continue
+        expr = pulp.lpSum(c * lp_vars[v] for v, c in terms.items())
+        prob += {">=": expr >= rhs, "<=": expr <= rhs, "==": expr == rhs}[row.sense]
+    deadline = time.perf_counter() + max(time_limit, 0.01)
+    if backend == "cbc":
+        for v, value in hint.items():
+            lp_vars[v].setInitialValue(round(value))
+        with tempfile.TemporaryDirectory() as tmp:
+            log = Path(tmp) / "cbc.log"
+            with warnings.catch_warnings():
+                # pulp 3 deprecates PULP_CBC_CMD, its only way to the bundled CBC binary
+                warnings.simplefilter("ignore", DeprecationWarning)
+                solver = pulp.PULP_CBC_CMD(
+                    msg=False,
+                    timeLimit=max(time_limit, 0.01),
+                    warmStart=bool(hint),
+                    logPath=str(log),
+                    threads=1,
+                )
+            prob.solve(solver)
+            verdict, bound = cbc_result(log.read_text() if log.exists() else "")
+        if prob.status == pulp.LpStatusInfeasible or verdict == "infeasible":
+            return Outcome("infeasible", None, None)
+        stopped = verdict != "optimal"
+    else:
+        import highspy
+
+        for presolve in ("choose", "off"):
+            solver = pulp.HiGHS(
+                msg=False,
+                timeLimit=max(deadline - time.perf_counter(), 0.01),
+                threads=1,
+                mip_rel_gap=0.0,
+                presolve=presolve,
+            )
+            prob.solve(solver)
+            status = prob.solverModel.getModelStatus()
+            # HiGHS 1.16's presolve can end in a solve error ("MIP solver claims
+            # optimality, but with ... infeasibilities"): solve again without presolve
+            if status != highspy.HighsModelStatus.kSolveError:
+                break
+        if status == highspy.HighsModelStatus.kInfeasible:
+            return Outcome("infeasible", None, None)
+        stopped = status != highspy.HighsModelStatus.kOptimal
+        dual = float(prob.solverModel.getInfo().mip_dual_bound)
+        bound = dual if math.isfinite(dual) else None
+    solved = prob.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
+    # a variable in no row (pulp leaves it out of the solver's model) takes its lower bound
+    values = (
+        [
+            float(lb if v.varValue is None else v.varValue)
+            for v, lb in zip(lp_vars, md.lb, strict=True)
+        ]
+        if solved
+        else None
+    )
+    if values is not None and not stopped:
+        return Outcome("optimal", values, values[md.objective])
+    return Outcome("feasible" if values is not None else "unknown", values, bound)
+
+
+def cbc_result(log: str) -> tuple[str, float | None]:
+    """CBC's verdict (optimal | infeasible | stopped) and final lower bound from its log."""
+    verdict = re.search(r"Result - (.*)", log)
+    text = verdict.group(1).lower() if verdict else ""
+    found = re.search(r"Lower bound:\s*([-+0-9.eE]+)", log)
+    bound = float(found.group(1)) if found else None
+    if "infeasible" in text:
+        return "infeasible", None
+    if "optimal" in text:
+        return "optimal", bound
+    return "stopped", bound
+
+
+def _silence_stdout() -> None:
+    """Worker initializer: descriptor 1 (and ``sys.stdout``) to /dev/null, in this
+    worker process only."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the worker
+
+
+class HighsWorkers:
+    """HiGHS programs solved in ``workers`` spawned processes whose stdout is /dev/null
+    (module docstring). Use as a context manager; :meth:`solve` blocks until the
+    program's result is back."""
+
+    def __init__(self, workers: int) -> None:
+        self.pool = ProcessPoolExecutor(
+            max_workers=workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_silence_stdout,
+        )
+
+    def solve(self, md: Model, hint: dict[int, float], time_limit: float) -> Outcome:
+        return self.pool.submit(solve_pulp, md, hint, time_limit, "highs").result()
+
+    def __enter__(self) -> HighsWorkers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)

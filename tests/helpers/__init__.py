@@ -1,0 +1,1 @@
+"""Helpers the tests share: fixtures, oracles, process and host tools."""

@@ -1,0 +1,1 @@
+"""Tests that start processes, hosts or time the wall clock."""

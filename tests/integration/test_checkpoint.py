@@ -1,0 +1,111 @@
+"""Checkpoints (executor/ft/checkpoint.py): saved atomically under one plan, resumed under
+another plan of the same model bit-identically (weights, optimizer state, step, the
+remaining losses) against an uninterrupted single-process reference; refused when
+nothing is committed or the training differs. Real processes over gloo, real DCP files."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from edgepipe.executor.core import data
+from edgepipe.executor.ft import checkpoint
+from edgepipe.executor.launch import launch
+from edgepipe.executor.profiling import zoo
+from edgepipe.executor.worker import WorkerOptions
+from edgepipe.planner.errors import InputError
+from edgepipe.planner.inputs.profile import BuildSpec
+from edgepipe.planner.plan import load_plan
+
+from tests.helpers import reference_trainer as ref
+from tests.helpers.executor_helpers import (
+    assert_saved_state_equals,
+    make_test_plan,
+    profile_of,
+    write_plan,
+)
+
+GPT2 = BuildSpec(
+    zoo="gpt2-small",
+    sizes={"layers": 4, "hidden": 16, "heads": 2, "vocab": 32, "max_positions": 8, "seq_len": 4},
+    seed=3,
+)
+CONFIG = {"optimizer": "adam", "learning_rate": 0.01}
+
+
+@pytest.fixture(scope="module")
+def gpt2_profile():
+    return profile_of(GPT2, lambda b: zoo.example_input("gpt2-small", b, **GPT2.sizes),
+                      name="gpt2-small")
+
+
+def opts(plan_path: Path, out: Path, steps: int, **kw) -> WorkerOptions:
+    return WorkerOptions(str(plan_path), steps, str(out), deterministic=True, timeout_s=60,
+                         **kw)
+
+
+@pytest.mark.slow
+def test_saved_under_one_plan_resumed_under_another_is_bit_identical(tmp_path: Path,
+                                                                    gpt2_profile) -> None:
+    # plan A: two-stage pipeline; plan B: a 2 -> 1 hybrid with another cut and split
+    plan_a = make_test_plan(gpt2_profile, [(0, 2, [3]), (2, 6, [3])], 3, 2, **CONFIG)
+    plan_b = make_test_plan(gpt2_profile, [(0, 4, [1, 2]), (4, 6, [3])], 3, 2, **CONFIG)
+    path_a = write_plan(plan_a, tmp_path, "a.json")
+    path_b = write_plan(plan_b, tmp_path, "b.json")
+    first = launch(opts(path_a, tmp_path / "a", 2, checkpoint_every=2))
+    saved = tmp_path / "a" / "checkpoints" / "step-00000002"
+    assert (saved / checkpoint.MARKER).is_file()
+    assert not list((tmp_path / "a" / "checkpoints").glob(".*.tmp"))
+    second = launch(opts(path_b, tmp_path / "b", 4, resume=str(tmp_path / "a"),
+                         save_weights=True))
+    config = plan_a.problem.config
+    settings = config.optimizer_settings()
+    reference = ref.train(
+        ref.ModelSpec(GPT2.zoo, GPT2.sizes, GPT2.seed), data.synthetic(GPT2, config.seed),
+        config.global_batch, 4,
+        ref.OptimizerSpec("adam", lr=settings["lr"], betas=settings["betas"],
+                          eps=settings["eps"]),
+        data_seed=config.seed,
+    )
+    assert first.losses + second.losses == reference.losses
+    assert [m["step"] for m in second.metrics] == [2, 3]
+    assert_saved_state_equals(tmp_path / "b", GPT2, reference)
+
+
+def test_an_uncommitted_checkpoint_is_never_resumed(tmp_path: Path) -> None:
+    (tmp_path / "checkpoints" / "step-00000004").mkdir(parents=True)  # no marker
+    (tmp_path / "checkpoints" / ".step-00000006.tmp").mkdir()
+    done = tmp_path / "checkpoints" / "step-00000002"
+    done.mkdir()
+    (done / checkpoint.MARKER).write_text("2\n")
+    assert checkpoint.resolve(tmp_path) == done
+    assert checkpoint.resolve(done) == done
+    with pytest.raises(InputError, match="no committed checkpoint"):
+        checkpoint.resolve(tmp_path / "checkpoints" / "step-00000004")
+
+
+@pytest.mark.slow
+def test_resuming_with_another_optimizer_is_refused_before_any_process(
+    tmp_path: Path, gpt2_profile
+) -> None:
+    plan_a = make_test_plan(gpt2_profile, [(0, 6, [3])], 3, 2, **CONFIG)
+    launch(opts(write_plan(plan_a, tmp_path, "a.json"), tmp_path / "a", 1, checkpoint_every=1))
+    plan_b = make_test_plan(gpt2_profile, [(0, 6, [3])], 3, 2, optimizer="momentum")
+    path_b = write_plan(plan_b, tmp_path, "b.json")
+    with pytest.raises(InputError, match="checkpoint has optimizer 'adam' but plan"):
+        launch(opts(path_b, tmp_path / "b", 2, resume=str(tmp_path / "a")))
+    assert not (tmp_path / "b" / "ranks.json").exists()
+    assert checkpoint.check_resume(load_plan(tmp_path / "a.json"), tmp_path / "a")
+
+
+def test_a_worker_imports_torchs_distributed_checkpoint_only_when_it_uses_it():
+    # DCP pulls in DTensor and sympy: about 1 s of CPU per worker process here, paid by
+    # every local rank at start-up unless the import waits for a DCP save or load
+    probe = ("import sys, edgepipe.executor.worker, edgepipe.executor.launch; "
+             "print(sorted(m for m in ('torch.distributed.checkpoint', 'sympy') "
+             "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).resolve().parents[2]).stdout
+    assert out == "[]\n"
