@@ -7,7 +7,6 @@ mlp``), so the executor's worker processes import this module; their weights com
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from itertools import pairwise
 from pathlib import Path
@@ -29,6 +28,13 @@ if TYPE_CHECKING:
     from tests.helpers.reference_trainer import Result
 
 MLP_IN, MLP_CLASSES = 6, 3
+#: the tests' device type, ``host-cpu``: this machine on a 1 Gbit/s loopback
+HOST_CPU = {
+    "description": "this machine (tests)", "memory_bytes": 8 * 2**30, "usable_fraction": 0.9,
+    "peak_fp32_gflops": 100, "efficiency": 0.5,
+    "network": {"interface": "loopback", "bandwidth_mbps": 1000},
+    "sources": {"all": "test figures"},
+}
 
 
 def _seeded(blocks: list[nn.Module], seed: int) -> list[nn.Module]:
@@ -93,17 +99,7 @@ def cluster(n: int, memory_bytes: float = 8 * 2**30) -> Cluster:
         "schema_version": 1,
         "kind": "edgepipe.cluster",
         "name": f"test-{n}",
-        "device_types": {
-            "host-cpu": {
-                "description": "this machine (tests)",
-                "memory_bytes": memory_bytes,
-                "usable_fraction": 0.9,
-                "peak_fp32_gflops": 100,
-                "efficiency": 0.5,
-                "network": {"interface": "loopback", "bandwidth_mbps": 1000},
-                "sources": {"all": "test figures"},
-            }
-        },
+        "device_types": {"host-cpu": {**HOST_CPU, "memory_bytes": memory_bytes}},
         "devices": [{"id": f"d{i}", "type": "host-cpu"} for i in range(n)],
         "network": {"bandwidth_mbps": 1000, "latency_ms": 0.1},
     }
@@ -177,27 +173,13 @@ def assert_saved_state_equals(out: Path, build: BuildSpec, want: Result) -> None
     assert seen == set(want.state)
 
 
-def alive(pid: int) -> bool:
-    """Whether a process with ``pid`` still exists (a zombie counts until reaped)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def emulated_plan(profile, stages, micro_batch, micro_batches, slowdowns, *,
                   bandwidth_mbps=1000.0, latency_ms=0.1, shared=False):
     """A hand-made plan on devices d0.. of one CPU type with per-device slowdowns,
     replicated every step (as :func:`make_test_plan`)."""
     doc = {
         "schema_version": 1, "kind": "edgepipe.cluster", "name": "emulated",
-        "device_types": {"host-cpu": {
-            "description": "this machine (tests)", "memory_bytes": 8 * 2**30,
-            "usable_fraction": 0.9, "peak_fp32_gflops": 100, "efficiency": 0.5,
-            "network": {"interface": "loopback", "bandwidth_mbps": 1000},
-            "sources": {"all": "test figures"},
-        }},
+        "device_types": {"host-cpu": HOST_CPU},
         "devices": [{"id": f"d{i}", "type": "host-cpu", "slowdown": s}
                     for i, s in enumerate(slowdowns)],
         "network": {"bandwidth_mbps": bandwidth_mbps, "latency_ms": latency_ms,

@@ -12,9 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -33,9 +31,9 @@ from edgepipe.planner.inputs.profile import BuildSpec
 from edgepipe.planner.plan import load_plan
 
 from tests.helpers.executor_helpers import MLP_IN, make_test_plan, profile_of, write_plan
+from tests.helpers.paths import REPO
+from tests.helpers.processes import PY, free_port
 
-PY = sys.executable
-REPO = Path(__file__).resolve().parents[2]
 MLP = BuildSpec(callable="tests.helpers.executor_helpers:mlp", kwargs={"width": 8})
 DATASET = "tests.helpers.executor_helpers:mlp_dataset"
 STAGES = [(0, 1, [2]), (1, 2, [2]), (2, 4, [2])]
@@ -44,12 +42,6 @@ HANG_S = 3.0
 NO_FAILURE_HANG_S = 20.0
 #: scheduling slack on a loaded two-core machine
 SLACK_S = 3.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Job:

@@ -30,9 +30,17 @@ from edgepipe.planner.cli.main import main as edgepipe
 from edgepipe.planner.errors import InputError
 
 from tests.helpers.executor_helpers import make_test_plan, write_plan
-from tests.integration.test_coordinator import PY, REPO, free_port
-from tests.integration.test_recovery import GLOO_TIMEOUT_S, THREE_STAGES, profile
-from tests.integration.test_recovery_spare import one_device_plan
+from tests.helpers.paths import REPO
+from tests.helpers.processes import PY, free_port
+from tests.helpers.recovery_runs import (
+    GLOO_TIMEOUT_S,
+    THREE_STAGES,
+    assert_final_state_is_the_references,
+    fixed_profile,
+    one_device_plan,
+    profile,
+    reference,
+)
 
 
 def refusal(capsys, argv: list[str]) -> str:
@@ -205,9 +213,6 @@ def test_a_standby_that_never_starts_is_declared_lost_and_the_run_goes_on(tmp_pa
     # start, bit-identical
     from edgepipe.executor.core.metrics import read_jsonl
     from edgepipe.planner.plan import load_plan, replica_placement
-
-    from tests.integration.test_recovery import assert_final_state_is_the_references, reference
-    from tests.integration.test_recovery_join import fixed_profile
 
     plan = one_device_plan(3, model_profile=fixed_profile())
     path = write_plan(plan, tmp_path)

@@ -25,12 +25,12 @@ from edgepipe.planner.inputs.profile import BuildSpec
 
 from tests.helpers.executor_helpers import (
     MLP_IN,
-    alive,
     emulated_plan,
     make_test_plan,
     profile_of,
     write_plan,
 )
+from tests.helpers.processes import alive
 
 MLP = BuildSpec(callable="tests.helpers.executor_helpers:mlp", kwargs={"width": 8})
 DATASET = "tests.helpers.executor_helpers:mlp_dataset"

@@ -21,7 +21,8 @@ from edgepipe.executor.worker import WorkerOptions
 from edgepipe.planner.cli.main import main
 from edgepipe.planner.inputs.profile import BuildSpec
 
-from tests.helpers.executor_helpers import MLP_IN, alive, make_test_plan, profile_of, write_plan
+from tests.helpers.executor_helpers import MLP_IN, make_test_plan, profile_of, write_plan
+from tests.helpers.processes import alive
 
 MLP = BuildSpec(callable="tests.helpers.executor_helpers:mlp", kwargs={"width": 8})
 DATASET = "tests.helpers.executor_helpers:mlp_dataset"

@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,8 +19,8 @@ from edgepipe.planner.inputs.profile import BuildSpec
 from edgepipe.planner.plan import plan_from_dict
 
 from tests.helpers.executor_helpers import MLP_IN, make_test_plan, profile_of, write_plan
+from tests.helpers.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 MLP = BuildSpec(callable="tests.helpers.executor_helpers:mlp", kwargs={"width": 8})
 DATASET = "tests.helpers.executor_helpers:mlp_dataset"
 

@@ -9,10 +9,9 @@ import os
 import shlex
 import shutil
 import subprocess
-import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
 
@@ -29,18 +28,31 @@ from edgepipe.planner.plan import Plan, load_plan, replica_placement
 
 from tests.helpers import netns
 from tests.helpers import reference_trainer as ref
-from tests.helpers.executor_helpers import MLP_IN, make_test_plan, profile_of, write_plan
-from tests.integration.test_recovery import assert_final_state_is_the_references
+from tests.helpers.executor_helpers import (
+    MLP_IN,
+    emulated_plan,
+    make_test_plan,
+    profile_of,
+    write_plan,
+)
+from tests.helpers.join_runs import assert_each_serves_blocks_received_from_their_owner, join_doc
+from tests.helpers.paths import REPO
+from tests.helpers.processes import PY, torchrun_argv
+from tests.helpers.recovery_runs import GPT2 as TOY_GPT2
+from tests.helpers.recovery_runs import (
+    assert_final_state_is_the_references,
+    fixed_profile,
+    one_device_plan,
+    reference,
+)
+from tests.helpers.slowdown_runs import TIME_SCALE, careful_profile, work
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
     reason="network namespaces need root and iproute2 (ip, tc)",
 )
 
-PY = sys.executable
-REPO = Path(__file__).resolve().parents[2]
 MLP = BuildSpec(callable="tests.helpers.executor_helpers:mlp", kwargs={"width": 8})
-TORCHRUN = str(Path(PY).with_name("torchrun"))
 
 RECEIVER = textwrap.dedent("""
     import socket, sys, time
@@ -150,18 +162,6 @@ ALL_REDUCE = textwrap.dedent("""
 """)
 
 
-def torchrun_argv(hosts: netns.Hosts | Sequence[netns.Host], index: int, script: list[str],
-                  port: int = 29400) -> list[str]:
-    """The documented recipe (docs/executor.md): one agent per host, c10d rendezvous at
-    host 0, which hosts the store; --local-addr orders the node ranks."""
-    return [
-        TORCHRUN, "--nnodes", str(len(hosts)), "--nproc-per-node", "1",
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{hosts[0].address}:{port}",
-        "--rdzv-id", "edgepipe-test", "--rdzv-conf", f"is_host={int(index == 0)}",
-        "--local-addr", hosts[index].address, "--max-restarts", "0", *script,
-    ]
-
-
 def run_on_all(hosts: netns.Hosts, script: list[str], timeout: float,
                env_of: Callable[[int], dict[str, str]] = lambda i: {}) -> None:
     """torchrun ``script`` on every host at once; fails with every host's log unless all
@@ -222,23 +222,16 @@ def test_a_hybrid_plan_on_three_hosts_under_torchrun_is_bit_identical_to_the_ref
     with netns.Hosts(3, rate_mbit=100) as hosts:
         run_on_all(hosts, worker, timeout=240,
                    env_of=lambda i: {"EDGEPIPE_DEVICE": devices[i]})
-    config = plan.problem.config
-    settings = config.optimizer_settings()
-    reference = ref.train(
-        ref.ModelSpec(GPT2.zoo, GPT2.sizes, GPT2.seed), data.synthetic(GPT2, config.seed),
-        config.global_batch, STEPS,
-        ref.OptimizerSpec("momentum", lr=settings["lr"], momentum=settings["momentum"]),
-        data_seed=config.seed,
-    )
-    assert [m["loss"] for m in read_jsonl(out / "metrics.jsonl")] == reference.losses
+    want = gpt2_reference(plan, STEPS)
+    assert [m["loss"] for m in read_jsonl(out / "metrics.jsonl")] == want.losses
     seen = set()
     for rank in range(3):
         saved = torch.load(out / "weights" / f"rank{rank}.pt")
         assert saved["device"] == devices[rank]
         for key, value in saved["model"].items():
-            assert torch.equal(value, reference.state[key]), (rank, key)
+            assert torch.equal(value, want.state[key]), (rank, key)
             seen.add(key)
-    assert seen == set(reference.state)
+    assert seen == set(want.state)
 
 
 # -- losing a whole host under the cross-host coordinator (issue 8) ------------------------
@@ -483,6 +476,8 @@ def bit_identical(job: RecoveringJob, lines: list[dict], want) -> tuple[list[dic
 
 
 def gpt2_reference(plan, steps: int):
+    """The reference trainer's ``steps`` of :data:`GPT2` under ``plan``'s momentum
+    settings, batch and data seed."""
     config = plan.problem.config
     settings = config.optimizer_settings()
     return ref.train(
@@ -593,18 +588,9 @@ def test_a_host_slowed_three_times_is_repartitioned_across_hosts_never_failed(
     # slow at step 1, re-plans at a step boundary and the run finishes bit-identically;
     # host 0's device is 3x slow for one step only (step 6) and triggers nothing
     from edgepipe.executor.core.emulation import read_reports
-    from edgepipe.executor.profiling.profiler import profile_model
-
-    from tests.helpers.executor_helpers import emulated_plan
-    from tests.integration import test_recovery as rec
-    from tests.integration.test_slowdown import TIME_SCALE, work
 
     steps = 8
-    torch.set_num_threads(1)
-    model = zoo.build_model(rec.GPT2.zoo, seed=rec.GPT2.seed, **rec.GPT2.sizes)
-    profile = profile_model(
-        model, lambda b: zoo.example_input(rec.GPT2.zoo, b, **rec.GPT2.sizes), [1, 2],
-        "host-cpu", name=rec.GPT2.zoo, warmup=3, repeats=5, build=rec.GPT2)
+    profile = careful_profile(TOY_GPT2, [1, 2])
     # stage 0 on d0 (host 0) + d1 (host 1), one sample each of every micro-batch; stage 1
     # on d2 (host 2)
     plan = emulated_plan(profile, [(0, 3, [1, 1]), (3, 6, [2])], 2, 2, [1.0, 1.0, 1.0])
@@ -616,7 +602,7 @@ def test_a_host_slowed_three_times_is_repartitioned_across_hosts_never_failed(
         # no device is lost here: a long hang timeout keeps a starved one (load) alive
         job.start(emulate, lambda i: emulate + slowed.get(i, []), hang_s=20.0)
         lines = job.finish(survivors=[0, 1, 2])
-    events, metrics = bit_identical(job, lines, rec.reference(plan, steps))
+    events, metrics = bit_identical(job, lines, reference(plan, steps))
     # declared at the third slow step after the first (steps 1, 2, 3), never failed
     assert [(e["cause"], e["device"]) for e in events] == [("slow", "d1")]
     (event,) = events
@@ -641,9 +627,6 @@ def start_one_device_job_with_standbys(tmp_path: Path, hosts: netns.Hosts, name:
     """The toy model on d0 alone (host 1, torchrun; fixed block times) in a cluster of
     three, the coordinator (--standbys 2) expecting d1 (host 2, the replica's holder)
     and d2 (host 0); returns once two steps are durable."""
-    from tests.integration.test_recovery_join import fixed_profile
-    from tests.integration.test_recovery_spare import one_device_plan
-
     plan = one_device_plan(3, model_profile=fixed_profile())
     job = RecoveringJob(tmp_path, hosts, write_plan(plan, tmp_path), name, steps)
     job.start(["--standbys", "2"], lambda i: [], hang_s=5.0, standbys={0: "d2", 2: "d1"})
@@ -662,8 +645,6 @@ def test_a_one_device_plan_survives_the_loss_of_its_host_through_a_standby_on_an
     # the re-plan (fixed block times: the same on any machine) runs the stage on d1 and
     # d2 as data-parallel peers; d1 promotes the replica it holds and sends d2 its copy
     # across hosts; the run ends bit-identical to the reference
-    from tests.integration.test_recovery import reference
-
     steps = 30
     with netns.Hosts(3, rate_mbit=100) as hosts:
         plan, job = start_one_device_job_with_standbys(tmp_path, hosts, "w", steps)
@@ -696,8 +677,6 @@ def test_the_replica_moves_to_the_next_standby_when_the_holders_host_is_lost(
     # as above (d0 on host 1, holder d1 on host 2, d2 on host 0); first host 2's link
     # goes down: the plan keeps d0, the replica moves to d2; later every process of host
     # 1 is killed: d2, the only copy left, serves alone (unreplicated, with a warning)
-    from tests.integration.test_recovery import reference
-
     steps = 60
     with netns.Hosts(3, rate_mbit=100) as hosts:
         plan, job = start_one_device_job_with_standbys(tmp_path, hosts, "h", steps)
@@ -728,12 +707,6 @@ def test_a_standby_whose_host_is_killed_comes_back_with_join_into_the_plan(
     # (--join d1.json, no step: the next boundary) and is admitted like any join, into
     # the plan where it helps: it serves blocks received from d0, across hosts, and the
     # run ends bit-identical
-    from tests.integration.test_recovery import reference
-    from tests.integration.test_recovery_join import (
-        assert_each_serves_blocks_received_from_their_owner,
-        join_doc,
-    )
-
     steps = 80
     with netns.Hosts(3, rate_mbit=100) as hosts:
         plan, job = start_one_device_job_with_standbys(tmp_path, hosts, "j", steps)

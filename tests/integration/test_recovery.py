@@ -6,134 +6,31 @@ final weights and optimizer state ``torch.equal`` to the single-process referenc
 trainer (``tests/helpers/reference_trainer.py``, which shares no code with the executor's
 recovery), every committed step must have used exactly the reference's samples, and the
 step counter in ``metrics.jsonl`` must go 0, 1, 2, ... once each. Every child is reaped
-by PID, SIGSTOPped ones included, whatever happens.
+by PID, SIGSTOPped ones included, whatever happens (the runs and the checks:
+``tests/helpers/recovery_runs.py``).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import time
-from pathlib import Path
 
 import pytest
-from edgepipe.executor.core import data
 from edgepipe.executor.ft.recovery import RecoveryFailed
-from edgepipe.executor.launch import launch
-from edgepipe.executor.profiling import zoo
-from edgepipe.executor.worker import WorkerOptions
 from edgepipe.planner.cli.main import main
-from edgepipe.planner.inputs.profile import BuildSpec
 from edgepipe.planner.plan import load_plan
 
-from tests.helpers import reference_trainer as ref
-from tests.helpers.executor_helpers import (
-    alive,
-    assert_saved_state_equals,
-    make_test_plan,
-    profile_of,
-    write_plan,
+from tests.helpers.executor_helpers import make_test_plan, write_plan
+from tests.helpers.processes import alive
+from tests.helpers.recovery_runs import (
+    BEAT_S,
+    GLOO_TIMEOUT_S,
+    HANG_S,
+    THREE_STAGES,
+    assert_matches_reference,
+    profile,
+    run,
 )
-
-GPT2 = BuildSpec(
-    zoo="gpt2-small",
-    sizes={"layers": 4, "hidden": 8, "heads": 2, "vocab": 16, "max_positions": 4, "seq_len": 3},
-    seed=3,
-)
-STEPS = 4
-#: a hang timeout well above the heartbeat stalls of a loaded two-core machine (a 2 s
-#: timeout once declared a starved but live device hung there; the run still recovered)
-HANG_S, BEAT_S = 5.0, 0.1
-GLOO_TIMEOUT_S = 20.0
-
-_PROFILE: list = []
-
-
-def profile():
-    if not _PROFILE:
-        _PROFILE.append(profile_of(
-            GPT2, lambda b: zoo.example_input(GPT2.zoo, b, **GPT2.sizes), name=GPT2.zoo))
-    return _PROFILE[0]
-
-
-_REFERENCE: dict = {}
-
-
-def reference(plan, steps: int):
-    config = plan.problem.config
-    key = (config.optimizer, config.global_batch, steps)
-    if key not in _REFERENCE:
-        settings = config.optimizer_settings()
-        _REFERENCE[key] = ref.train(
-            ref.ModelSpec(GPT2.zoo, GPT2.sizes, GPT2.seed), data.synthetic(GPT2, config.seed),
-            config.global_batch, steps,
-            ref.OptimizerSpec(config.optimizer, lr=settings["lr"],
-                              momentum=settings.get("momentum", 0.9),
-                              betas=settings.get("betas", (0.9, 0.999)),
-                              eps=settings.get("eps", 1e-8)),
-            data_seed=config.seed,
-        )
-    return _REFERENCE[key]
-
-
-def run(tmp_path: Path, stages, faults: str = "", steps: int = STEPS, joins=(),
-        model_profile=None, join_timeout_s: float | None = None, **cfg):
-    """Run a 2-micro-batch plan of ``stages`` (of ``model_profile``, default
-    :func:`profile`) with ``faults`` (and ``joins``: :class:`executor.ft.joins.EmulatedJoin`,
-    ``join_timeout_s``: :func:`executor.launch.launch`'s); reap every child."""
-    plan = make_test_plan(model_profile or profile(), stages, 2, 2,
-                          optimizer=cfg.pop("optimizer", "adam"), learning_rate=0.01, **cfg)
-    path = write_plan(plan, tmp_path)
-    return plan, launch_reaped(
-        WorkerOptions(str(path), steps, str(tmp_path), deterministic=True,
-                      timeout_s=GLOO_TIMEOUT_S, save_weights=True, faults=faults),
-        joins=joins, join_timeout_s=join_timeout_s)
-
-
-def launch_reaped(options: WorkerOptions, **kw):
-    """:func:`executor.launch.launch` ``options`` (``kw``: its other arguments) with the
-    tests' hang timeout and heartbeat; SIGKILL and reap every child it started, also
-    when the launch raises."""
-    pids: list[int] = []
-    try:
-        return launch(options, on_start=lambda ranks: pids.extend(r["pid"] for r in ranks),
-                      hang_timeout_s=HANG_S, heartbeat_s=BEAT_S, **kw)
-    finally:
-        for pid in pids:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
-        for pid in pids:
-            with_timeout_reap(pid)
-
-
-def with_timeout_reap(pid: int) -> None:
-    deadline = time.monotonic() + 5
-    while alive(pid) and time.monotonic() < deadline:
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            return
-        time.sleep(0.01)
-
-
-def assert_matches_reference(tmp_path: Path, plan, result, steps: int = STEPS) -> None:
-    want = reference(plan, steps)
-    assert [m["step"] for m in result.metrics] == list(range(steps))
-    assert result.losses == want.losses
-    assert [m["samples"] for m in result.metrics] == want.sample_ids
-    assert_final_state_is_the_references(tmp_path, want)
-    final = {e["new_plan"] for e in result.events[-1:]} or {plan.id}
-    assert result.metrics[-1]["plan_id"] in final
-
-
-def assert_final_state_is_the_references(out: Path, want) -> None:
-    """Every rank's saved weights and optimizer state (``out/weights``) equal the
-    reference's, and together they cover every parameter of :data:`GPT2`."""
-    assert_saved_state_equals(out, GPT2, want)
-
-
-THREE_STAGES = [(0, 2, [2]), (2, 4, [2]), (4, 6, [1, 1])]
 
 
 def test_a_run_without_failure_matches_the_reference_under_the_commit_protocol(tmp_path):

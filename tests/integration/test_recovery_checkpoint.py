@@ -15,15 +15,15 @@ from edgepipe.executor.ft.recovery import RecoveryFailed
 from edgepipe.executor.worker import WorkerOptions
 
 from tests.helpers.executor_helpers import make_test_plan, write_plan
-from tests.integration.test_recovery import (
+from tests.helpers.recovery_runs import (
     GLOO_TIMEOUT_S,
     THREE_STAGES,
     assert_final_state_is_the_references,
     launch_reaped,
+    one_device_plan,
     profile,
     reference,
 )
-from tests.integration.test_recovery_spare import one_device_plan
 
 OTHER = [(0, 4, [1, 1]), (4, 6, [2])]
 

@@ -6,7 +6,7 @@ Real processes over gloo in deterministic mode, the launcher's ``joins``
 device killed earlier that comes back as a fresh process under the same id. Each run
 must end bit-identical to the single-process reference trainer
 (``tests/helpers/reference_trainer.py``: per-step losses, samples, final weights and Adam state;
-``tests.integration.test_recovery``'s checks, shared), and the plan written to ``--out/plans``
+``tests.helpers.recovery_runs``' checks, shared), and the plan written to ``--out/plans``
 after the join must give the joined device blocks and samples.
 """
 
@@ -20,7 +20,6 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -36,61 +35,37 @@ from edgepipe.executor.worker import WorkerOptions
 from edgepipe.planner.cli.main import main
 from edgepipe.planner.errors import InputError
 from edgepipe.planner.inputs.cluster import Cluster
-from edgepipe.planner.inputs.profile import Timing
-from edgepipe.planner.plan import load_plan, plan_to_dict
+from edgepipe.planner.plan import plan_to_dict
 
 from tests.helpers import netns
-from tests.helpers.executor_helpers import alive, make_test_plan, write_plan
-from tests.integration.test_multihost import REPO, torchrun_argv
-from tests.integration.test_recovery import (
+from tests.helpers.executor_helpers import make_test_plan, write_plan
+from tests.helpers.join_runs import (
+    assert_each_serves_blocks_received_from_their_owner,
+    join_doc,
+    serves,
+)
+from tests.helpers.paths import REPO
+from tests.helpers.processes import alive, torchrun_argv
+from tests.helpers.recovery_runs import (
     BEAT_S,
     GLOO_TIMEOUT_S,
     HANG_S,
     THREE_STAGES,
     assert_final_state_is_the_references,
     assert_matches_reference,
+    fixed_profile,
     launch_reaped,
-    profile,
+    one_device_plan,
+    plan_of,
     reference,
     run,
 )
-from tests.integration.test_recovery_spare import one_device_plan
-
-#: the tests' device type (tests.helpers.executor_helpers.cluster's), embedded in join files
-HOST_CPU = {
-    "description": "this machine (tests)", "memory_bytes": 8 * 2**30, "usable_fraction": 0.9,
-    "peak_fp32_gflops": 100, "efficiency": 0.5,
-    "network": {"interface": "loopback", "bandwidth_mbps": 1000},
-    "sources": {"all": "test figures"},
-}
-
-
-def join_doc(*ids: str) -> dict:
-    return {
-        "schema_version": 1, "kind": "edgepipe.cluster", "name": "joining",
-        "device_types": {"host-cpu": HOST_CPU},
-        "devices": [{"id": d, "type": "host-cpu"} for d in ids],
-        "network": {"bandwidth_mbps": 1000, "latency_ms": 0.1},
-    }
 
 
 def join_at(tmp_path: Path, step: int, *ids: str) -> EmulatedJoin:
     path = tmp_path / f"join-{'-'.join(ids)}.json"
     path.write_text(json.dumps(join_doc(*ids)))
     return EmulatedJoin(str(path), Cluster.load(path, catalog={}), step)
-
-
-#: per-block forward ms of one sample (backward twice that): blocks 2, 3 (d1's stage)
-#: are the bottleneck, so a joining device has something to take on
-BLOCK_MS = (1.0, 1.0, 3.0, 3.0, 1.0, 1.0)
-
-
-def fixed_profile():
-    """:func:`tests.integration.test_recovery.profile` with fixed times instead of measured ones, so
-    that the re-plan of a join does not depend on this machine's noise."""
-    timing = Timing((1, 2), tuple((t, 2 * t) for t in BLOCK_MS),
-                    tuple((2 * t, 4 * t) for t in BLOCK_MS), source="derived")
-    return replace(profile(), timings={"host-cpu": timing})
 
 
 def the_plan():
@@ -100,18 +75,6 @@ def the_plan():
 
 def run_joining(tmp_path: Path, joins, faults: str = "", **kw):
     return run(tmp_path, THREE_STAGES, faults, joins=joins, model_profile=fixed_profile(), **kw)
-
-
-def plan_after(tmp_path: Path, event: dict):
-    return load_plan(tmp_path / "plans" / f"{event['new_plan']}.json")
-
-
-def serves(plan, device: str) -> tuple[int, int, int]:
-    """(first block, end block, samples per micro-batch) of ``device`` in ``plan``."""
-    for stage in plan.partition.stages:
-        if device in stage.devices:
-            return stage.first, stage.end, stage.samples[stage.devices.index(device)]
-    raise AssertionError(f"{device} serves no stage of {plan.id}")
 
 
 def assert_every_process_reaped(tmp_path: Path) -> None:
@@ -129,7 +92,7 @@ def test_a_new_device_joins_at_a_step_boundary_and_the_run_stays_bit_identical(
     (event,) = result.events
     assert (event["cause"], event["device"], event["replay_from_step"]) == ("join", "e", 2)
     assert event["t_detect_s"] == 0.0 and event["t_first_commit_s"] is not None
-    new = plan_after(tmp_path, event)
+    new = plan_of(tmp_path, event)
     assert new.changes is not None and new.changes.joined == ("e",)
     first, end, samples = serves(new, "e")
     assert end > first and samples > 0
@@ -153,19 +116,6 @@ def test_a_new_device_joins_at_a_step_boundary_and_the_run_stays_bit_identical(
     assert " join " in shown and "recoveries below" in shown, shown
 
 
-def assert_each_serves_blocks_received_from_their_owner(plan, new, devices) -> None:
-    """Each of ``devices`` serves blocks and samples in ``new``, and every block it
-    serves was sent to it by a device that served that block under ``plan``."""
-    for device in devices:
-        first, end, samples = serves(new, device)
-        assert end > first and samples > 0
-        moved = [t for t in new.migration if t.to == device]
-        assert sorted(i for t in moved for i in range(t.first, t.end)) == list(
-            range(first, end))
-        assert all(serves(plan, t.source)[0] <= t.first < t.end <= serves(plan, t.source)[1]
-                   for t in moved)
-
-
 @pytest.mark.slow
 def test_two_join_files_for_one_step_are_admitted_together_in_one_re_partition(tmp_path):
     # e.json@2 and f.json@2 (two --emulate-join flags, one step): the run holds at step 2
@@ -177,7 +127,7 @@ def test_two_join_files_for_one_step_are_admitted_together_in_one_re_partition(t
     (event,) = result.events
     assert (event["cause"], event["device"], event["replay_from_step"], event["generation"]
             ) == ("join", "e,f", 2, 2)
-    new = plan_after(tmp_path, event)
+    new = plan_of(tmp_path, event)
     assert new.changes is not None and new.changes.joined == ("e", "f")
     assert_each_serves_blocks_received_from_their_owner(plan, new, ("e", "f"))
     assert [m["generation"] for m in result.metrics] == [1, 1, 2, 2]
@@ -198,7 +148,7 @@ def test_a_failed_join_file_leaves_the_other_file_for_its_step_admitted_alone(tm
                            "joining device 'e' exited with status -9 before it was admitted")
     (event,) = result.events
     assert (event["cause"], event["device"], event["replay_from_step"]) == ("join", "f", 2)
-    new = plan_after(tmp_path, event)
+    new = plan_of(tmp_path, event)
     assert new.changes is not None and new.changes.joined == ("f",)
     assert serves(new, "f")[2] > 0
     assert [m["generation"] for m in result.metrics] == [1, 1, 2, 2]
@@ -217,9 +167,9 @@ def test_a_killed_device_rejoins_as_a_fresh_process_under_a_new_generation(tmp_p
     assert (lost["cause"], lost["device"], lost["replay_from_step"]) == ("crash", "d1", 1)
     assert (back["cause"], back["device"], back["replay_from_step"]) == ("join", "d1", 3)
     assert back["generation"] == 3 and back["old_plan"] == lost["new_plan"]
-    without = plan_after(tmp_path, lost)
+    without = plan_of(tmp_path, lost)
     assert "d1" not in without.partition.used_devices()
-    first, end, samples = serves(plan_after(tmp_path, back), "d1")
+    first, end, samples = serves(plan_of(tmp_path, back), "d1")
     assert end > first and samples > 0
     assert [m["generation"] for m in result.metrics] == [1, 2, 2, 3, 3]
     ranks = json.loads((tmp_path / "ranks.json").read_text())
@@ -246,7 +196,7 @@ def test_a_standby_killed_mid_run_rejoins_at_a_step_boundary_into_the_plan(tmp_p
     assert_matches_reference(tmp_path, plan, result, steps=5)
     lost, back = result.events
     assert (lost["cause"], lost["device"], lost["replay_from_step"]) == ("crash", "d1", 1)
-    (replica,) = plan_to_dict(plan_after(tmp_path, lost))["replicas"]
+    (replica,) = plan_to_dict(plan_of(tmp_path, lost))["replicas"]
     if devices == 3:
         assert replica["holders"] == ["d2"] and "warning" not in lost
     else:
@@ -254,7 +204,7 @@ def test_a_standby_killed_mid_run_rejoins_at_a_step_boundary_into_the_plan(tmp_p
     assert (back["cause"], back["device"], back["replay_from_step"], back["generation"]
             ) == ("join", "d1", 3, 3)
     assert back["old_plan"] == lost["new_plan"]
-    new = plan_after(tmp_path, back)
+    new = plan_of(tmp_path, back)
     assert new.changes is not None and new.changes.joined == ("d1",)
     assert_each_serves_blocks_received_from_their_owner(plan, new, ("d1",))
     # every stage of the new plan has a copy on another device that runs a process
@@ -592,7 +542,7 @@ def test_devices_registered_for_one_boundary_are_admitted_together_in_one_re_par
     event = reg.requests.poll()
     assert event is not None and (event["device"], event["replay_from_step"]) == ("e,f", 0)
     assert sup.gen.number == 2 and {"e", "f"} <= set(sup.gen.members)
-    new = plan_after(tmp_path, event)
+    new = plan_of(tmp_path, event)
     assert new.changes is not None and new.changes.joined == ("e", "f")
 
 
@@ -744,7 +694,7 @@ def test_a_device_joins_a_job_across_hosts_through_the_coordinator(tmp_path):
     # admits it at that step boundary; bit-identical to the reference
     _, out, event = join_across_hosts(tmp_path, ("e",))
     assert (event["cause"], event["device"], event["replay_from_step"]) == ("join", "e", 2)
-    new = plan_after(out, event)
+    new = plan_of(out, event)
     first, end, samples = serves(new, "e")
     assert end > first and samples > 0
 
@@ -760,7 +710,7 @@ def test_two_devices_on_two_hosts_join_across_hosts_at_one_boundary_in_one_re_pa
     plan, out, event = join_across_hosts(tmp_path, ("e", "f"))
     assert (event["cause"], event["replay_from_step"], event["generation"]) == ("join", 2, 2)
     assert sorted(event["device"].split(",")) == ["e", "f"]
-    new = plan_after(out, event)
+    new = plan_of(out, event)
     assert new.changes is not None and sorted(new.changes.joined) == ["e", "f"]
     assert_each_serves_blocks_received_from_their_owner(plan, new, ("e", "f"))
     metrics = [m for m in read_jsonl(out / "metrics.jsonl") if "type" not in m]

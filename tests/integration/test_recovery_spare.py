@@ -2,14 +2,14 @@
 "every stage's weights and optimizer state exist in the memory of at least one other
 device"), and recovers from the loss of either (item 4).
 
-The plan runs the 4-block GPT-2-shaped toy model of ``tests.integration.test_recovery`` on ``d0``
+The plan runs the 4-block GPT-2-shaped toy model of ``tests.helpers.recovery_runs`` on ``d0``
 alone; the cluster's other devices are idle. The launcher runs a standby process on
 each idle device that can hold the replica (executor/launch.py, "Standbys"); the first
 (``d1``, ties in cluster order) holds it. Real processes over gloo, real SIGKILLs (the
 victim signals itself, :mod:`executor.ft.faults`), deterministic mode: every run ends
 with per-step losses, samples, final weights and Adam state ``torch.equal`` to the
 single-process reference trainer (``tests/helpers/reference_trainer.py``; the checks are
-``tests.integration.test_recovery``'s). Every child is reaped by PID whatever happens.
+``tests.helpers.recovery_runs``'). Every child is reaped by PID whatever happens.
 """
 
 from __future__ import annotations
@@ -23,44 +23,25 @@ from edgepipe.planner.check.report import RECOVERY_KEYS, RecoveryEvent
 from edgepipe.planner.cli.main import main
 from edgepipe.planner.cost.model import CostModel
 from edgepipe.planner.inputs.cluster import Cluster
-from edgepipe.planner.inputs.config import TrainingConfig
 from edgepipe.planner.inputs.problem import make_problem
 from edgepipe.planner.partition import Partition, StageAssignment
-from edgepipe.planner.plan import SolverInfo, load_plan, make_plan, plan_to_dict, replica_standbys
+from edgepipe.planner.plan import SolverInfo, make_plan, plan_to_dict, replica_standbys
 from edgepipe.planner.replan.replicas import placement, refusal, standbys
 
-from tests.helpers.executor_helpers import alive, cluster, write_plan
-from tests.integration.test_recovery import (
+from tests.helpers.executor_helpers import cluster, write_plan
+from tests.helpers.processes import alive
+from tests.helpers.recovery_runs import (
     BEAT_S,
     GLOO_TIMEOUT_S,
     HANG_S,
     assert_matches_reference,
     launch_reaped,
+    one_device_plan,
+    plan_of,
     profile,
 )
 
 STEPS = 4
-
-
-def one_device_plan(devices: int, memory_bytes: float = 8 * 2**30, model_profile=None,
-                    network: dict | None = None, **config_fields):
-    """The toy model on ``d0`` alone, in a cluster of ``devices`` identical devices
-    (2 micro-batches of 2, Adam, lr 0.01: the settings ``tests.integration.test_recovery`` uses;
-    ``model_profile``: its profile, default :func:`tests.integration.test_recovery.profile`;
-    ``network``: fields that replace the cluster's network ones;
-    ``config_fields``: other training-config fields; replicated every step unless they
-    say otherwise, as :func:`tests.helpers.executor_helpers.make_test_plan`)."""
-    config = TrainingConfig(global_batch=4, micro_batch_candidates=(2,), optimizer="adam",
-                            learning_rate=0.01, **{"replication_interval": 1, **config_fields})
-    devices_of = cluster(devices, memory_bytes)
-    if network:
-        doc = devices_of.to_dict()
-        doc["network"] = {**doc["network"], **network}
-        devices_of = Cluster.from_dict(doc, "test cluster", catalog={})
-    problem = make_problem(model_profile or profile(), devices_of, config, catalog={})
-    blocks = problem.model.num_blocks
-    partition = Partition(2, 2, (StageAssignment(0, blocks, ("d0",), (2,)),))
-    return make_plan(problem, partition, SolverInfo("hand"))
 
 
 def run(tmp_path: Path, devices: int, faults: str = "", steps: int = STEPS,
@@ -70,10 +51,6 @@ def run(tmp_path: Path, devices: int, faults: str = "", steps: int = STEPS,
     return plan, launch_reaped(
         WorkerOptions(str(path), steps, str(tmp_path), deterministic=True,
                       timeout_s=GLOO_TIMEOUT_S, save_weights=True, faults=faults), **kw)
-
-
-def plan_of(tmp_path: Path, event: dict):
-    return load_plan(tmp_path / "plans" / f"{event['new_plan']}.json")
 
 
 # -- the planner's side: who holds the replica, and who cannot -------------------------

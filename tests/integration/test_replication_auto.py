@@ -3,8 +3,8 @@ replication interval is auto"): resolved when the plan is made to the fewest ste
 time hides a replication point's predicted transfer, max(1, ceil(transfer / iteration));
 the plan holds the integer.
 
-The toy model of ``tests.integration.test_recovery`` on ``d0`` alone, its replica on the idle
-``d1`` (``tests.integration.test_recovery_spare``'s plan), on a link whose bandwidth is set so that
+The toy model of ``tests.helpers.recovery_runs`` on ``d0`` alone, its replica on the idle
+``d1`` (its ``one_device_plan``), on a link whose bandwidth is set so that
 the replica's transfer lasts a chosen number of the plan's steps; and the demo's own
 plan (resnet18 on the Wi-Fi testbed: 7484 ms of transfer against 22.0 ms steps).
 """
@@ -18,7 +18,8 @@ from dataclasses import replace
 import pytest
 from edgepipe.planner import api
 from edgepipe.planner.cli.main import main
-from edgepipe.planner.cost.model import CostModel, hiding_interval
+from edgepipe.planner.cost.formulas import hiding_interval
+from edgepipe.planner.cost.model import CostModel
 from edgepipe.planner.errors import InputError, PlanMismatchError
 from edgepipe.planner.inputs.config import TrainingConfig
 from edgepipe.planner.partition import Partition, StageAssignment
@@ -35,7 +36,7 @@ from edgepipe.planner.plan import (
 )
 from edgepipe.planner.replan.incremental import replan
 
-from tests.integration.test_recovery_spare import one_device_plan
+from tests.helpers.recovery_runs import one_device_plan
 
 CONFIG = {"schema_version": 1, "kind": "edgepipe.training_config", "global_batch": 8}
 DEMO = ["--model", "resnet18-analytic", "--cluster", "jetson-testbed-6", "--global-batch", "8"]

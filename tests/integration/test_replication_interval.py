@@ -1,7 +1,7 @@
 """Replication every k > 1 steps (docs/fault-tolerance.md, "Points in flight").
 
-The toy model of ``tests.integration.test_recovery`` on ``d0`` alone, the replica on the standby
-``d1`` (``tests.integration.test_recovery_spare``'s plan), emulated (``--emulate``) so that a step
+The toy model of ``tests.helpers.recovery_runs`` on ``d0`` alone, the replica on the standby
+``d1`` (its ``one_device_plan``), emulated (``--emulate``) so that a step
 lasts a set wall-clock time. Real processes over gloo, real signals, deterministic
 mode: every run ends bit-identical to the single-process reference trainer (losses,
 samples, final weights and Adam state). Every child is reaped by PID.
@@ -17,19 +17,22 @@ import pytest
 from edgepipe.executor.ft.recovery import commit_blocked, replication_points
 from edgepipe.executor.worker import WorkerOptions
 from edgepipe.planner.cli.main import main
-from edgepipe.planner.cost.model import CostModel, background_ms, hiding_interval
+from edgepipe.planner.cost.channels import background_ms
+from edgepipe.planner.cost.formulas import hiding_interval
+from edgepipe.planner.cost.model import CostModel
 from edgepipe.planner.plan import replication_note
 
 from tests.helpers.executor_helpers import emulated_plan, write_plan
-from tests.integration.test_recovery import (
+from tests.helpers.recovery_runs import (
     BEAT_S,
     GLOO_TIMEOUT_S,
     HANG_S,
     assert_matches_reference,
     launch_reaped,
+    one_device_plan,
+    plan_of,
     profile,
 )
-from tests.integration.test_recovery_spare import one_device_plan, plan_of
 
 
 def emulated_run(tmp_path: Path, steps: int, interval: int, step_s: float, timeout_s: float,

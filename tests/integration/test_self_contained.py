@@ -16,7 +16,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers.paths import REPO
+
 #: every test module that opens files of the repository (profiles, raw data, catalog)
 DATA_TESTS = [
     "tests/unit/test_pipedream_import.py",

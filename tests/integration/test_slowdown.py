@@ -28,11 +28,9 @@ from edgepipe.planner.inputs.profile import BuildSpec
 from edgepipe.planner.schedule import Action, ActionType
 
 from tests.helpers.executor_helpers import MLP_IN, emulated_plan, profile_of, write_plan
+from tests.helpers.slowdown_runs import TIME_SCALE, careful_profile, work
 
 MLP = BuildSpec(callable="tests.helpers.executor_helpers:mlp", kwargs={"width": 8})
-#: emulated times x this: budgets far above real compute on a loaded machine, so that only
-#: the emulated slowdown makes a device slow
-TIME_SCALE = 40.0
 
 EXPECTED = {"a": 10.0, "b": 20.0}
 
@@ -339,24 +337,6 @@ def test_several_slowdowns_of_one_device_each_apply_from_its_step_on() -> None:
 # -- end to end: a device slowed 3x mid-run is re-partitioned, never declared failed ----------
 
 
-def work(plan, device: str) -> int:
-    """Samples x blocks that ``device`` computes per micro-batch under ``plan``."""
-    return sum(y * (s.end - s.first) for s in plan.partition.stages
-               for d, y in zip(s.devices, s.samples, strict=True) if d == device)
-
-
-def careful_profile(spec: BuildSpec, batch_sizes: list[int]):
-    """``spec``'s zoo model profiled on this machine, warmed up, 5 rounds, one thread."""
-    from edgepipe.executor.profiling import zoo
-    from edgepipe.executor.profiling.profiler import profile_model
-
-    torch.set_num_threads(1)
-    model = zoo.build_model(spec.zoo, seed=spec.seed, **spec.sizes)
-    return profile_model(model, lambda b: zoo.example_input(spec.zoo, b, **spec.sizes),
-                         batch_sizes, "host-cpu", name=spec.zoo, warmup=3, repeats=5,
-                         build=spec)
-
-
 @pytest.mark.slow
 def test_a_device_slowed_three_times_is_repartitioned_at_a_step_boundary_never_failed(
     tmp_path,
@@ -365,7 +345,7 @@ def test_a_device_slowed_three_times_is_repartitioned_at_a_step_boundary_never_f
     from edgepipe.executor.worker import WorkerOptions
     from edgepipe.planner.plan import load_plan
 
-    from tests.integration.test_recovery import GLOO_TIMEOUT_S, GPT2, assert_matches_reference
+    from tests.helpers.recovery_runs import GLOO_TIMEOUT_S, GPT2, assert_matches_reference
 
     steps = 7
     # a careful profile: the budgets are the emulated devices' speed
@@ -396,7 +376,7 @@ def test_a_host_too_loaded_for_the_emulation_repartitions_nothing(tmp_path) -> N
     from edgepipe.executor.launch import launch
     from edgepipe.executor.worker import WorkerOptions
 
-    from tests.integration.test_recovery import GLOO_TIMEOUT_S
+    from tests.helpers.recovery_runs import GLOO_TIMEOUT_S
 
     # time scale 1e-4: every budget is far below real compute, as for the fastest device
     # on a loaded host; every device overruns every step, which is no slowdown evidence
@@ -497,8 +477,9 @@ def test_a_real_device_slowed_three_times_is_repartitioned_against_its_calibrate
     from edgepipe.planner.plan import load_plan
 
     from tests.helpers import reference_trainer as ref
-    from tests.helpers.executor_helpers import alive, assert_saved_state_equals, make_test_plan
-    from tests.integration.test_recovery import GLOO_TIMEOUT_S, with_timeout_reap
+    from tests.helpers.executor_helpers import assert_saved_state_equals, make_test_plan
+    from tests.helpers.processes import alive, with_timeout_reap
+    from tests.helpers.recovery_runs import GLOO_TIMEOUT_S
 
     steps = 16
     measured = careful_profile(REAL, [2])

@@ -159,3 +159,17 @@ def test_every_package_of_the_tree_is_in_the_distribution():
     on_disk = {m for m, p in modules().items() if p.name == "__init__.py"}
     assert on_disk - listed == set()
     assert {"edgepipe.planner.schemas", "edgepipe.planner.profiles"} <= listed
+
+
+def test_no_test_module_imports_another_test_module():
+    # what tests share lives in tests/helpers; a module of tests/unit or tests/integration
+    # imports from there, never from another test module, at any depth (issue 24, item 7)
+    tests = {
+        ".".join(path.relative_to(REPO).with_suffix("").parts): path
+        for folder in ("unit", "integration")
+        for path in sorted((REPO / "tests" / folder).rglob("*.py"))
+        if path.name != "__init__.py"
+    }
+    found = {m: sorted(set(imported(ast.parse(p.read_text()), m, set(tests))) - {m})
+             for m, p in tests.items()}
+    assert {m: names for m, names in found.items() if names} == {}

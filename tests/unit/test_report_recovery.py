@@ -13,7 +13,8 @@ import pytest
 from edgepipe.planner.check.report import RecoveryEvent, build_report, run_timeline
 from edgepipe.planner.errors import InputError
 
-from tests.unit.test_report import REPO, write_run
+from tests.helpers.paths import REPO
+from tests.helpers.runs import write_run
 
 RECOVERY = {
     "type": "recovery", "generation": 2, "detected_at": 1764590000.25, "cause": "crash",

@@ -1,0 +1,57 @@
+"""Processes the tests start: the interpreter, free ports, the torchrun command line of a
+multi-host job, and the checks and reaping that leave no child behind."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from tests.helpers import netns
+
+#: the interpreter running the tests, for every child process
+PY = sys.executable
+TORCHRUN = str(Path(PY).with_name("torchrun"))
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def alive(pid: int) -> bool:
+    """Whether a process with ``pid`` still exists (a zombie counts until reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def with_timeout_reap(pid: int) -> None:
+    """Reap ``pid`` (a child of this process) once it has ended, waiting at most 5 s;
+    returns at once if it is not this process's child."""
+    deadline = time.monotonic() + 5
+    while alive(pid) and time.monotonic() < deadline:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        time.sleep(0.01)
+
+
+def torchrun_argv(hosts: netns.Hosts | Sequence[netns.Host], index: int, script: list[str],
+                  port: int = 29400) -> list[str]:
+    """The documented recipe (docs/executor.md): one agent per host, c10d rendezvous at
+    host 0, which hosts the store; --local-addr orders the node ranks."""
+    return [
+        TORCHRUN, "--nnodes", str(len(hosts)), "--nproc-per-node", "1",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{hosts[0].address}:{port}",
+        "--rdzv-id", "edgepipe-test", "--rdzv-conf", f"is_host={int(index == 0)}",
+        "--local-addr", hosts[index].address, "--max-restarts", "0", *script,
+    ]
