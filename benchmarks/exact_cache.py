@@ -31,8 +31,8 @@ from typing import Any
 from edgepipe.planner.cost.model import CostModel
 from edgepipe.planner.inputs.problem import Problem
 from edgepipe.planner.partition import Partition, StageAssignment
-from edgepipe.planner.solvers.exact import solver as milp
-from edgepipe.planner.solvers.exact.solver import MILPResult, plan_milp
+from edgepipe.planner.solvers.exact.search import PARALLEL
+from edgepipe.planner.solvers.exact.solver import QUICK_SHARE, MILPResult, plan_milp
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -94,9 +94,9 @@ def settings(backend: str, time_limit: float) -> dict[str, Any]:
     return {
         "backend": backend,
         "time_limit_s": time_limit,
-        "programs_side_by_side": milp.PARALLEL,
+        "programs_side_by_side": PARALLEL,
         "threads_per_program": 1,
-        "quick_share": milp.QUICK_SHARE,
+        "quick_share": QUICK_SHARE,
     }
 
 

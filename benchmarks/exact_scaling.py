@@ -40,13 +40,10 @@ from edgepipe.planner.inputs.problem import Problem, make_problem
 from edgepipe.planner.inputs.profile import ModelProfile
 from edgepipe.planner.solvers.classes import device_classes
 from edgepipe.planner.solvers.dp.driver import plan_dp
-from edgepipe.planner.solvers.exact.formulation import Tables
-from edgepipe.planner.solvers.exact.solver import (
-    CUTOFF_SLACK,
-    plan_milp,
-    program_bounds,
-    quick_bound,
-)
+from edgepipe.planner.solvers.exact.bounds import program_bounds, quick_bound
+from edgepipe.planner.solvers.exact.search import CUTOFF_SLACK
+from edgepipe.planner.solvers.exact.solver import plan_milp
+from edgepipe.planner.solvers.exact.tables import Tables
 
 TYPES = ("jetson-nano", "jetson-tx2", "jetson-xavier-nx", "jetson-orin-nano")
 

@@ -28,14 +28,11 @@ from edgepipe.planner.solvers.baselines import BASELINES, plan_baseline
 from edgepipe.planner.solvers.classes import device_classes
 from edgepipe.planner.solvers.dp.driver import plan_dp
 from edgepipe.planner.solvers.exact.backends import solve_cpsat
-from edgepipe.planner.solvers.exact.formulation import (
-    Builder,
-    Tables,
-    pin,
-    solution_hint,
-    stage_orders,
-)
-from edgepipe.planner.solvers.exact.solver import BACKENDS, plan_milp, program_bounds, quick_bound
+from edgepipe.planner.solvers.exact.bounds import program_bounds, quick_bound
+from edgepipe.planner.solvers.exact.formulation import Builder
+from edgepipe.planner.solvers.exact.solutions import pin, solution_hint
+from edgepipe.planner.solvers.exact.solver import BACKENDS, plan_milp
+from edgepipe.planner.solvers.exact.tables import Tables, stage_orders
 
 from tests.helpers.oracles import all_partitions, brute_force_best
 from tests.helpers.synthetic import device_type, knob_mix_problem, random_problem

@@ -1,5 +1,6 @@
-"""Solver backends of the exact planner: lower a :class:`~planner.solvers.exact.formulation.Model`
-to a solver, solve it under a time limit, and report status, values and bound.
+"""Solver backends of the exact planner: lower a
+:class:`~planner.solvers.exact.linear_model.Model` to a solver, solve it under a time
+limit, and report status, values and bound.
 
 Backends: OR-Tools CP-SAT (``cpsat``: integer program; times scaled to integer units of
 about 1e-8 of the incumbent, memory rounded conservatively to bytes, indicators as
@@ -30,7 +31,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgepipe.planner.solvers.exact.formulation import BIN, INT, TIME, Model, axpy
+from edgepipe.planner.solvers.exact.linear_model import BIN, INT, TIME, Model, axpy
 
 
 # --------------------------------------------------------------------------------------
@@ -61,9 +62,9 @@ def solve_cpsat(
     cp_vars = []
     for lb, ub, kind in zip(md.lb, md.ub, md.kind, strict=True):
         if kind in (BIN, INT):
-            cp_vars.append(model.NewIntVar(int(lb), int(ub), ""))
+            cp_vars.append(model.new_int_var(int(lb), int(ub), ""))
         else:
-            cp_vars.append(model.NewIntVar(math.floor(lb * scale), math.ceil(ub * scale), ""))
+            cp_vars.append(model.new_int_var(math.floor(lb * scale), math.ceil(ub * scale), ""))
     for row in md.rows:
         coefs: list[int] = []
         if row.unit == "ms":
@@ -78,29 +79,29 @@ def solve_cpsat(
             rhs = round(row.rhs)
         expr = sum(c * cp_vars[v] for v, c in zip(row.terms, coefs, strict=True))
         if row.sense == ">=":
-            ct = model.Add(expr >= rhs)
+            ct = model.add(expr >= rhs)
         elif row.sense == "<=":
-            ct = model.Add(expr <= rhs)
+            ct = model.add(expr <= rhs)
         else:
-            ct = model.Add(expr == rhs)
+            ct = model.add(expr == rhs)
         if row.enforce:
-            ct.OnlyEnforceIf([cp_vars[v] for v in row.enforce])
-    model.Minimize(cp_vars[md.objective])
+            ct.only_enforce_if([cp_vars[v] for v in row.enforce])
+    model.minimize(cp_vars[md.objective])
     for v, value in hint.items():
-        model.AddHint(cp_vars[v], round(value))
+        model.add_hint(cp_vars[v], round(value))
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(time_limit, 0.01)
     solver.parameters.num_workers = 1  # PARALLEL programs run side by side
     solver.parameters.log_search_progress = False
-    status = solver.Solve(model)
-    bound = solver.BestObjectiveBound() / scale
+    status = solver.solve(model)
+    bound = solver.best_objective_bound / scale
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         values = [
-            solver.Value(v) / scale if kind == TIME else float(solver.Value(v))
+            solver.value(v) / scale if kind == TIME else float(solver.value(v))
             for v, kind in zip(cp_vars, md.kind, strict=True)
         ]
         if status == cp_model.OPTIMAL:
-            return Outcome("optimal", values, solver.ObjectiveValue() / scale)
+            return Outcome("optimal", values, solver.objective_value / scale)
         return Outcome("feasible", values, bound)
     if status == cp_model.INFEASIBLE:
         return Outcome("infeasible", None, None)

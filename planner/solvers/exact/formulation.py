@@ -1,19 +1,20 @@
-"""The exact planner's program for one (micro-batch size B, stage count P): the variables
-and constraints of :mod:`planner.solvers.exact.solver`'s formulation, built as a small
-backend-neutral
-linear model (:class:`Model`) that :mod:`planner.solvers.exact.backends` lowers to each solver.
+"""The exact planner's program for one (micro-batch size B, stage count P): its variables
+and constraints (:class:`Builder`, one method per constraint family below), built as a
+backend-neutral linear model (:class:`planner.solvers.exact.linear_model.Model`) that
+:mod:`planner.solvers.exact.backends` lowers to each solver, and the cut that excludes
+one plan (:func:`no_good`).
 
 What the program computes: for every plan of its space a value T(plan) <= the cost
-model's iteration time (``PlanCost.iteration_ms``, :func:`planner.cost.model.round_makespan`:
+model's iteration time (``PlanCost.iteration_ms``, :func:`planner.cost.makespan.round_makespan`:
 every device runs the schedule on its own samples, every re-sliced piece and ring chunk
 is a transfer sharing its channels max-min fairly, one ordered connection per pair),
 equal on the exact class below. The rows are a *relaxation* of the cost model: a
 solver's lower bound on the program is a lower bound on the cost model's figure, and
-:mod:`planner.solvers.exact.solver` compares, cuts off and reports in the cost model's figure only.
-Every
-coefficient comes from :mod:`planner.cost.model` (its per-block figures and its closed-form
-pieces ``transfer_ms``, ``ring_allreduce_ms``, ``stage_memory_bytes``, ``replica_bytes``
-evaluated at unit arguments: they are linear), the stages' action order from
+:mod:`planner.solvers.exact.search` compares, cuts off and reports in the cost model's
+figure only. Every coefficient comes from :mod:`planner.cost.model` (its per-block
+figures and its closed-form pieces ``transfer_ms``, ``ring_allreduce_ms``,
+``stage_memory_bytes``, ``replica_bytes`` evaluated at unit arguments: they are linear,
+:mod:`planner.solvers.exact.tables`), the stages' action order from
 :func:`planner.schedule.build`; nothing is re-derived here.
 
 Formulation for fixed (B, P), L blocks, classes k, samples y in 1..B, boundaries b
@@ -49,8 +50,8 @@ Constraints and how they stand to the cost model
            holder per stage whose predecessor has one device (sum r = h[pred, 1]), of a
            class of the largest budget used in the stage (r + u[p, k'] <= 1 for larger
            k'), and r[p, k, y] => the same row plus sum_l (1 + k_opt) W_l x[l, pred];
-           :func:`extract` lists the holder first, which is the device the placement
-           rule picks (largest budget, first listed);
+           :func:`planner.solvers.exact.solutions.extract` lists the holder first, which
+           is the device the placement rule picks (largest budget, first listed);
     compute order (two tracks, each a device's own chain): per stage its F/B in the
            schedule's order, lo with durations ef/eb, hi with Ef/Eb, hi >= lo; every
            device's F_p(m) waits for a piece (>= lo[p-1, F m] + one sample over the
@@ -99,10 +100,10 @@ The exact class (program value = cost model's figure, checked by ``tests/unit/te
 on non-uniform networks): single-device stages, three or more on point-to-point links
 or a switch (a middle stage's port carrying both streams included where the fair
 sharing leaves the chained bound tight), two on a shared medium; one data-parallel pair.
-Elsewhere the program may price a plan below the cost model; :mod:`planner.solvers.exact.solver`
-then
-re-scores it, excludes it (:func:`no_good`) and solves again, so a program counts as
-solved only when its optimum is a plan the cost model prices at the program's value.
+Elsewhere the program may price a plan below the cost model;
+:mod:`planner.solvers.exact.search` then re-scores it, excludes it (:func:`no_good`) and
+solves again, so a program counts as solved only when its optimum is a plan the cost
+model prices at the program's value.
 
 Objective: minimise T. Uniform networks need no LATin/ein/d2 variables.
 
@@ -116,85 +117,14 @@ optimality was proven.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
-from edgepipe.planner.cost.model import (
-    CostModel,
-    ring_allreduce_ms,
-    stage_memory_bytes,
-    transfer_ms,
-)
-from edgepipe.planner.inputs.problem import Problem
-from edgepipe.planner.partition import Partition, StageAssignment
-from edgepipe.planner.replan.replicas import ring_load
-from edgepipe.planner.schedule import build, compute_actions
-from edgepipe.planner.solvers.classes import DeviceClass, representative_pair
-
-#: variable kinds: binary, integer, time in ms
-BIN, INT, TIME = "bin", "int", "time"
+from edgepipe.planner.cost.formulas import stage_memory_bytes
+from edgepipe.planner.solvers.exact.linear_model import BIN, INT, TIME, Lin, Model, axpy
+from edgepipe.planner.solvers.exact.tables import Tables, ring_coefficients, stage_orders
 
 
-# --------------------------------------------------------------------------------------
-# a small linear-model representation, lowered to each backend
-# --------------------------------------------------------------------------------------
-Lin = dict[int, float]
-
-
-@dataclass
-class Row:
-    """``sum terms (sense) rhs``; ``unit`` says how CP-SAT scales it (``ms``: times,
-    ``bytes``: memory, rounded conservatively, ``count``: exact integers); the row only
-    holds when every binary in ``enforce`` is 1."""
-
-    terms: Lin
-    sense: str
-    rhs: float
-    unit: str
-    enforce: tuple[int, ...] = ()
-
-
-@dataclass
-class Model:
-    """Variables (bounds and kind: binary, integer, or time in ms) and rows; minimise
-    the variable ``objective``."""
-
-    lb: list[float] = field(default_factory=list)
-    ub: list[float] = field(default_factory=list)
-    kind: list[str] = field(default_factory=list)
-    rows: list[Row] = field(default_factory=list)
-    objective: int = -1
-
-    def var(self, kind: str, lb: float, ub: float) -> int:
-        self.lb.append(lb)
-        self.ub.append(ub)
-        self.kind.append(kind)
-        return len(self.kind) - 1
-
-    def add(
-        self, terms: Lin, sense: str, rhs: float, unit: str, enforce: tuple[int, ...] = ()
-    ) -> None:
-        terms = {v: c for v, c in terms.items() if c != 0.0}
-        self.rows.append(Row(terms, sense, rhs, unit, enforce))
-
-    def minimum(self, terms: Lin) -> float:
-        """Least value of ``terms`` over the variables' bounds."""
-        return sum(c * (self.lb[v] if c > 0 else self.ub[v]) for v, c in terms.items())
-
-    def maximum(self, terms: Lin) -> float:
-        """Largest value of ``terms`` over the variables' bounds."""
-        return sum(c * (self.ub[v] if c > 0 else self.lb[v]) for v, c in terms.items())
-
-
-def axpy(out: Lin, coef: float, terms: Lin) -> Lin:
-    for v, c in terms.items():
-        out[v] = out.get(v, 0.0) + coef * c
-    return out
-
-
-# --------------------------------------------------------------------------------------
-# the formulation for one (B, P)
-# --------------------------------------------------------------------------------------
 @dataclass
 class Formulation:
     """A built program and the variables needed to read a plan from it or hint one."""
@@ -209,84 +139,6 @@ class Formulation:
     h: dict[tuple[int, int], int]
     d2: dict[tuple[int, int], int]
     r: dict[tuple[int, int, int], int]  # (p, k, y) -> stage p's replica holder is (k, y)
-
-
-class Tables:
-    """Per-class block and network tables shared by every (B, P) program of one problem.
-    Every coefficient comes from :mod:`planner.cost.model` (its per-block figures, its
-    closed-form pieces evaluated at unit arguments), none is re-derived here."""
-
-    def __init__(self, problem: Problem, cm: CostModel, classes: list[DeviceClass]) -> None:
-        self.problem, self.cm, self.classes = problem, cm, classes
-        self.n_blocks = n_blocks = problem.model.num_blocks
-        # per class: (L, max_batch + 1) forward / backward ms of each block at each batch
-        self.tf = [np.diff(cm.fwd[c.type], axis=0) * c.slowdown for c in classes]
-        self.tb = [np.diff(cm.bwd[c.type], axis=0) * c.slowdown for c in classes]
-        self.static = np.array([cm.static_bytes(b, b + 1) for b in range(n_blocks)])
-        self.saved = np.array([cm.saved_bytes(b, b + 1) for b in range(n_blocks)])
-        self.replica = np.array([cm.replica_bytes(b, b + 1) for b in range(n_blocks)])
-        self.grad = np.diff(cm.param_prefix)
-        self.boundary = cm.boundary
-        self.topology = problem.cluster.network.kind
-        self.shared = cm.shared_medium  # the ring all-reduce's formula (cost.py)
-        self.replicated = problem.config.replicated
-        n_cls = len(classes)
-        inv = np.full((n_cls, n_cls), np.nan)
-        lat = np.full((n_cls, n_cls), np.nan)
-        for a, ca in enumerate(classes):
-            for b, cb in enumerate(classes):
-                pair = representative_pair(ca, cb)
-                if pair is not None:
-                    # ms per byte and latency of the pair (cost.transfer_ms)
-                    inv[a, b] = float(transfer_ms(1.0, cm.bw[pair], 0.0))
-                    lat[a, b] = float(transfer_ms(0.0, cm.bw[pair], cm.lat[pair]))
-        self.inv_bw, self.lat = inv, lat
-        #: distinct ms-per-byte values of device pairs, ascending (v_0 < v_1 < ...)
-        self.inv_values = sorted(set(inv[~np.isnan(inv)].tolist()))
-        known = lat[~np.isnan(lat)]
-        self.lat_lo = float(known.min()) if known.size else 0.0
-        self.lat_hi = float(known.max()) if known.size else 0.0
-        self.v_lo = self.inv_values[0] if self.inv_values else 0.0
-        self.v_hi = self.inv_values[-1] if self.inv_values else 0.0
-        #: per class, the least ms per byte to any other device (a lower bound on its
-        #: per-byte time to whichever device it talks to)
-        self.v_min = [float(np.nanmin(row)) if not np.isnan(row).all() else 0.0 for row in inv]
-        self.uniform_bw = len(self.inv_values) <= 1
-        self.uniform = self.uniform_bw and self.lat_lo == self.lat_hi
-        #: per class, whether every block's times are non-decreasing in the batch size.
-        #: Then splitting a class's samples in a stage evenly (counts differing by at
-        #: most 1) is never worse: moving one sample from a device with y samples to one
-        #: of the same class with y' <= y - 2 leaves both at or below the first device's
-        #: old time and memory, and changes no other figure.
-        self.monotone = [
-            bool((np.diff(tf, axis=1) >= 0).all() and (np.diff(tb, axis=1) >= 0).all())
-            for tf, tb in zip(self.tf, self.tb, strict=True)
-        ]
-        self.n_devices = sum(c.count for c in classes)
-
-
-def ring_coefficients(group: int, shared: bool) -> tuple[float, float]:
-    """The ring all-reduce of :func:`planner.cost.model.ring_allreduce_ms` over ``group``
-    devices as ``(per gradient byte per ms-per-byte, per ms of latency)``: the formula is
-    linear in W_p / bw and in the latency, so its value at unit arguments are the
-    coefficients."""
-    per_byte = float(ring_allreduce_ms(1.0, group, 1.0, 0.0, shared))
-    per_lat = float(ring_allreduce_ms(0.0, group, 1.0, 1.0, shared))
-    return per_byte, per_lat
-
-
-def stage_orders(problem: Problem, batch: int, num_stages: int) -> list[list[tuple[str, int]]]:
-    """Per stage its forwards and backwards in execution order, from the plan's schedule
-    (:func:`planner.schedule.build` with the config's warm-ups), as the cost model runs
-    them."""
-    config = problem.config
-    m_count = config.global_batch // batch
-    warmups = [config.warmup_depth(p, num_stages, m_count) for p in range(num_stages)]
-    schedule = build(config.schedule, warmups, m_count)  # type: ignore[arg-type]
-    return [
-        [(a.type.value, int(a.micro_batch)) for a in compute_actions(acts)]  # type: ignore[arg-type]
-        for acts in schedule
-    ]
 
 
 class Builder:
@@ -310,7 +162,8 @@ class Builder:
         self, cutoff_ms: float, horizon_ms: float, exclude: tuple[dict[int, float], ...] = ()
     ) -> Formulation:
         """The program with objective cutoff ``cutoff_ms``; ``exclude`` lists assignments
-        (values of the decision variables, :func:`decision`) the program must avoid."""
+        (values of the decision variables,
+        :func:`planner.solvers.exact.solutions.decision`) the program must avoid."""
         self.blocks()
         self.devices()
         self.replicas()
@@ -379,7 +232,7 @@ class Builder:
     # -- devices and samples -------------------------------------------------------------
     def memory(self, p: int, y: int) -> np.ndarray:
         """Per block, its bytes on a device of stage p taking y samples (Eq. 3,
-        :func:`planner.cost.model.stage_memory_bytes` per block: it is additive over blocks)."""
+        :func:`planner.cost.formulas.stage_memory_bytes` per block: it is additive over blocks)."""
         config = self.t.problem.config
         warm = config.warmup_depth(p, self.num_stages, self.m_count)
         return np.asarray(stage_memory_bytes(self.t.static, warm, y, self.t.saved))
@@ -457,8 +310,8 @@ class Builder:
         is a class-k device with y samples; exactly one holder when the predecessor has
         one device (h[pred, 1]), none otherwise; no class of larger budget is used in
         stage p; the holder's memory row adds the predecessor's replica. Among devices
-        of equal budget the rule takes the first listed, so :func:`extract` lists the
-        holder first."""
+        of equal budget the rule takes the first listed, so
+        :func:`planner.solvers.exact.solutions.extract` lists the holder first."""
         md, t, big_p = self.md, self.t, self.num_stages
         if not t.replicated or big_p < 2:
             return
@@ -538,7 +391,10 @@ class Builder:
             w_terms, w_const = self.x_lin(t.grad, p)
             for g in range(2, self.group_max + 1):
                 per_byte, per_lat = ring_coefficients(g, False)
-                pairs = [((self.h[p, g],), t.v_lo, t.lat_lo)]
+                # (enforcing literals, ms per byte, latency) of each bound on the ring
+                pairs: list[tuple[tuple[int, ...], float, float]] = [
+                    ((self.h[p, g],), t.v_lo, t.lat_lo)
+                ]
                 if g == 2:
                     for ka in range(n_cls):
                         for kb in range(n_cls):
@@ -560,7 +416,7 @@ class Builder:
     def boundary_load(self, b: int, horizon_ms: float) -> tuple[int, int, int, int, Lin]:
         """Stage boundary b -> b+1 (one direction; the other carries the same pieces
         reversed): ``(O, D, S, R, one)``: O the channel time of one micro-batch's pieces
-        (their most loaded channel, :func:`planner.cost.model.channel_loads`), D the time from
+        (their most loaded channel, :func:`planner.cost.channels.channel_loads`), D the time from
         their posting until every piece is delivered (>= O + the least latency, >= a
         piece's ms + its latency), S and R on a switched network the most loaded port of
         stage b and of stage b + 1 (O = max), ``one`` the terms of one sample's piece
@@ -677,8 +533,8 @@ class Builder:
                     md.add({me: 1.0, sender[kind, m]: -1.0, delay: -1.0, dur: -1.0}, ">=", 0.0,
                            "ms", alone)  # fmt: skip
                     md.add({me: 1.0, stream[m]: -1.0, dur: -1.0}, ">=", t.lat_lo, "ms", alone)
-                if track is hi[p]:
-                    md.add({round_time: 1.0, prev: -1.0, ta[p]: -1.0}, ">=", 0.0, "ms")
+                if track is hi[p]:  # T >= hi[p, last] + Ta[p]
+                    md.add({round_time: 1.0, track[acts[-1]]: -1.0, ta[p]: -1.0}, ">=", 0.0, "ms")
             for a in acts:
                 md.add({hi[p][a]: 1.0, lo[p][a]: -1.0}, ">=", 0.0, "ms")
         self.shared_channels(orders, lo, links, work, round_time, horizon_ms)
@@ -784,56 +640,12 @@ class Builder:
             md.add(row, ">=", const + 2.0 * t.lat_lo, "ms")
 
 
-def solution_hint(form: Formulation, tables: Tables, partition: Partition) -> dict[int, float]:
-    """Values of the block and device variables for ``partition`` (a MIP start / hint;
-    the solvers complete the time variables)."""
-    problem = tables.problem
-    cls_of = {i: k for k, c in enumerate(tables.classes) for i in c.members}
-    values: dict[int, float] = {}
-    for p, stage in enumerate(partition.stages):
-        for l_ in range(stage.first, stage.end):
-            for p2 in range(1, form.num_stages):
-                values[form.cum[l_, p2]] = 1.0 if p >= p2 else 0.0
-    for (p, k, y), var in form.n.items():
-        stage = partition.stages[p]
-        count = sum(
-            1
-            for d, s in zip(stage.devices, stage.samples, strict=True)
-            if cls_of[problem.cluster.index(d)] == k and s == y
-        )
-        values[var] = float(count)
-        values[form.q[p, k, y]] = 1.0 if count else 0.0
-    for (p, k), var in form.u.items():
-        values[var] = float(
-            any(cls_of[problem.cluster.index(d)] == k for d in partition.stages[p].devices)
-        )
-    for (p, k), var in form.d2.items():
-        count = sum(cls_of[problem.cluster.index(d)] == k for d in partition.stages[p].devices)
-        values[var] = 1.0 if count >= 2 else 0.0
-    for (p, g), var in form.h.items():
-        values[var] = 1.0 if len(partition.stages[p].devices) == g else 0.0
-    if form.r:
-        values.update(dict.fromkeys(form.r.values(), 0.0))
-        ring = ring_load(tables.cm.replicas(partition))
-        for p, stage in enumerate(partition.stages):
-            for d, y in zip(stage.devices, stage.samples, strict=True):
-                if d in ring and (p, cls_of[problem.cluster.index(d)], y) in form.r:
-                    values[form.r[p, cls_of[problem.cluster.index(d)], y]] = 1.0
-    return values
-
-
-def decision(form: Formulation, values: list[float] | dict[int, float]) -> dict[int, float]:
-    """The values of the variables a plan is read from (c, n and the replica holders r;
-    the others follow from them): what :func:`extract` uses and :func:`no_good` excludes."""
-    keys = [*form.cum.values(), *form.n.values(), *form.r.values()]
-    return {v: float(round(values[v])) for v in keys}
-
-
 def no_good(form: Formulation, values: dict[int, float]) -> None:
-    """Exclude one assignment of the decision variables (:func:`decision`): at least one
-    of them differs. A binary b differs through b (if 0) or 1 - b (if 1); an integer n
-    at 0 through its q (q = 1 iff n >= 1); an integer n at v >= 1 through new binaries
-    lo (n <= v - 1) and hi (n >= v + 1)."""
+    """Exclude one assignment of the decision variables
+    (:func:`planner.solvers.exact.solutions.decision`): at least one of them differs. A
+    binary b differs through b (if 0) or 1 - b (if 1); an integer n at 0 through its q
+    (q = 1 iff n >= 1); an integer n at v >= 1 through new binaries lo (n <= v - 1) and
+    hi (n >= v + 1)."""
     md = form.model
     q_of = {form.n[key]: form.q[key] for key in form.n}
     row: Lin = {}
@@ -850,44 +662,3 @@ def no_good(form: Formulation, values: dict[int, float]) -> None:
             md.add({var: 1.0}, ">=", value + 1.0, "count", (hi,))
             axpy(row, 1.0, {lo: 1.0, hi: 1.0})
     md.add(row, ">=", rhs, "count")
-
-
-def pin(form: Formulation, values: dict[int, float]) -> None:
-    """Fix the variables of ``values`` to those values (bounds lb = ub): the program then
-    prices exactly that plan (``tests/unit/test_milp.py`` compares it with the cost model)."""
-    for var, value in values.items():
-        form.model.lb[var] = form.model.ub[var] = value
-
-
-def extract(form: Formulation, tables: Tables, values: list[float]) -> Partition:
-    """The partition encoded by a solution: block ranges from c, devices from n (the
-    members of a class taken in cluster order, listed in cluster order except that the
-    holder of an incoming ring replica, from r, comes first)."""
-    big_l, big_p = tables.n_blocks, form.num_stages
-    stage_of = [sum(round(values[form.cum[l_, p]]) for p in range(1, big_p)) for l_ in range(big_l)]
-    free = [list(c.members) for c in tables.classes]
-    devices = tables.problem.cluster.devices
-    holder = {p: (k, y) for (p, k, y), var in form.r.items() if round(values[var])}
-    stages = []
-    for p in range(big_p):
-        blocks = [l_ for l_ in range(big_l) if stage_of[l_] == p]
-        taken: list[tuple[int, int, int]] = []  # (cluster index, samples, class)
-        for (sp, k, y), var in sorted(
-            form.n.items(), key=lambda kv: (kv[0][0], kv[0][1], -kv[0][2])
-        ):
-            if sp == p:
-                for _ in range(round(values[var])):
-                    taken.append((free[k].pop(0), y, k))
-        taken.sort()
-        if p in holder:
-            first = next(i for i, (_, y, k) in enumerate(taken) if (k, y) == holder[p])
-            taken.insert(0, taken.pop(first))
-        stages.append(
-            StageAssignment(
-                blocks[0],
-                blocks[-1] + 1,
-                tuple(devices[i].id for i, _, _ in taken),
-                tuple(y for _, y, _ in taken),
-            )
-        )
-    return Partition(form.batch, tables.problem.config.global_batch // form.batch, tuple(stages))
