@@ -35,8 +35,10 @@ from __future__ import annotations
 import gc
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from itertools import pairwise
+from typing import Literal
 
 import torch
 from edgepipe.executor.profiling.hostinfo import host_detail, now_iso
@@ -49,7 +51,10 @@ from torch.utils.flop_counter import FlopCounterMode
 #: times are stored rounded to this many decimals of a millisecond (0.1 microsecond)
 MS_DECIMALS = 4
 #: the clocks a profile can be timed with (module docstring)
-CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "thread": time.thread_time}
+ClockName = Literal["wall", "thread"]
+CLOCKS: dict[ClockName, Callable[[], float]] = {
+    "wall": time.perf_counter, "thread": time.thread_time
+}
 
 
 def block_inputs(model: nn.Sequential, x: torch.Tensor) -> list[torch.Tensor]:
@@ -198,7 +203,7 @@ def profile_model(
     num_threads: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     build: BuildSpec | None = None,
-    clock: str = "wall",
+    clock: ClockName = "wall",
 ) -> ModelProfile:
     """Profile every block of ``model`` on this CPU; see the module docstring for the method.
 
@@ -219,75 +224,39 @@ def profile_model(
         clock: ``"wall"`` or ``"thread"`` (module docstring; ``"thread"`` needs
             ``num_threads=1``).
 
-    Cost: one sizes pass at the largest batch, one no-grad chain forward per batch size,
-    then (warmup + repeats) forward+backward of every block at every batch size; memory
-    holds every block's input at every batch size at once.
+    Steps: :func:`_measure_sizes` (one sizes pass at the largest batch), then
+    :func:`_time_blocks` (one no-grad chain forward per batch size, then (warmup +
+    repeats) forward+backward of every block at every batch size; memory holds every
+    block's input at every batch size at once), both inside :func:`_measuring`.
     """
     _check_args(batch_sizes, warmup, repeats, clock, num_threads)
-    blocks = list(model.named_children())
-    total = 2 * len(blocks)
+    named = list(model.named_children())
+    total = 2 * len(named)
     done = 0
-    saved_threads = torch.get_num_threads()
-    saved_buffers = {k: v.clone() for k, v in model.named_buffers()}
-    was_training = model.training
-    if num_threads is not None:
-        torch.set_num_threads(num_threads)
-    model.train()
-    try:
-        big = batch_sizes[-1]
-        chain_input = example_input_fn(big)
-        profile_blocks = []
-        for i, ((block_name, block), x) in enumerate(
-            zip(blocks, block_inputs(model, chain_input), strict=True)
-        ):
-            saved, out = saved_bytes(block, leaf_input(x, i == 0))
-            profile_blocks.append(
-                Block(
-                    name=block_name,
-                    param_bytes=float(sum(_nbytes(p) for p in block.parameters())),
-                    output_bytes_per_sample=_nbytes(out) / big,
-                    saved_bytes_per_sample=saved / big,
-                    forward_flops_per_sample=forward_flops(block, x) / big,
-                )
-            )
-            del out
-            done += 1
-            if progress is not None:
-                progress(done, total)
-        fwd_ms: list[list[float]] = []
-        bwd_ms: list[list[float]] = []
-        fwd_spread: list[list[float]] = []
-        bwd_spread: list[list[float]] = []
-        inputs = [block_inputs(model, example_input_fn(b)) for b in batch_sizes]
-        for i, (_, block) in enumerate(blocks):
-            xs = [leaf_input(per_batch[i], i == 0) for per_batch in inputs]
-            timed = time_block(block, xs, warmup, repeats, CLOCKS[clock])
-            for pass_index, mid, spread in ((0, fwd_ms, fwd_spread), (1, bwd_ms, bwd_spread)):
-                stats = [median_and_spread(samples[pass_index]) for samples in timed]
-                mid.append([round(m, MS_DECIMALS) for m, _ in stats])
-                spread.append([round(q, MS_DECIMALS) for _, q in stats])
-            done += 1
-            if progress is not None:
-                progress(done, total)
-        threads = torch.get_num_threads()
-    except (RuntimeError, ValueError) as exc:
-        raise InputError(
-            f"model {name!r}",
-            "",
-            f"running it failed while profiling: {exc}. Check the model's sizes against "
-            "the batch sizes (e.g. batch norm needs more than one value per channel, so "
-            "tiny inputs at batch 1 fail)",
-        ) from exc
-    finally:
-        torch.set_num_threads(saved_threads)
-        with torch.no_grad():
-            for key, value in model.named_buffers():
-                value.copy_(saved_buffers[key])
-        model.zero_grad(set_to_none=True)
-        model.train(was_training)
 
-    def rows(m: list[list[float]]) -> tuple[tuple[float, ...], ...]:
-        return tuple(tuple(r) for r in m)
+    def tick() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, total)
+
+    with _measuring(model, num_threads):
+        try:
+            chain_input = example_input_fn(batch_sizes[-1])
+            blocks = _measure_sizes(model, named, chain_input, batch_sizes[-1], tick)
+            timing = _time_blocks(
+                model, [block for _, block in named], example_input_fn, batch_sizes, warmup,
+                repeats, CLOCKS[clock], tick,
+            )
+            threads = torch.get_num_threads()
+        except (RuntimeError, ValueError) as exc:
+            raise InputError(
+                f"model {name!r}",
+                "",
+                f"running it failed while profiling: {exc}. Check the model's sizes against "
+                "the batch sizes (e.g. batch norm needs more than one value per channel, so "
+                "tiny inputs at batch 1 fail)",
+            ) from exc
 
     return ModelProfile(
         name=name,
@@ -299,18 +268,97 @@ def profile_model(
             "date": now_iso(),
             "tool": "edgepipe profile",
         },
-        input_bytes_per_sample=_nbytes(chain_input) / big,
-        blocks=tuple(profile_blocks),
+        input_bytes_per_sample=_nbytes(chain_input) / batch_sizes[-1],
+        blocks=blocks,
         build=build,
-        timings={
-            device_type: Timing(
-                batch_sizes=tuple(batch_sizes),
-                forward_ms=rows(fwd_ms),
-                backward_ms=rows(bwd_ms),
-                source="measured",
-                forward_spread_ms=rows(fwd_spread),
-                backward_spread_ms=rows(bwd_spread),
-                repeats=repeats,
+        timings={device_type: timing},
+    )
+
+
+@contextmanager
+def _measuring(model: nn.Sequential, num_threads: int | None) -> Iterator[None]:
+    """``model`` in train mode on ``num_threads`` threads (None: as they are) for the
+    measurement; afterwards the thread count, the buffers (batch-norm running
+    statistics) and the mode are restored and the gradients cleared."""
+    saved_threads = torch.get_num_threads()
+    saved_buffers = {k: v.clone() for k, v in model.named_buffers()}
+    was_training = model.training
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
+    model.train()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved_threads)
+        with torch.no_grad():
+            for key, value in model.named_buffers():
+                value.copy_(saved_buffers[key])
+        model.zero_grad(set_to_none=True)
+        model.train(was_training)
+
+
+def _measure_sizes(
+    model: nn.Sequential,
+    named: Sequence[tuple[str, nn.Module]],
+    chain_input: torch.Tensor,
+    big: int,
+    tick: Callable[[], None],
+) -> tuple[Block, ...]:
+    """The sizes pass (module docstring, "Sizes") over ``model``'s ``named`` blocks:
+    every block's parameter, output and saved bytes and forward FLOPs, per sample of
+    ``chain_input``'s batch of ``big``; ``tick`` after each block. O(one forward of the
+    chain + two of each block)."""
+    blocks = []
+    for i, ((block_name, block), x) in enumerate(
+        zip(named, block_inputs(model, chain_input), strict=True)
+    ):
+        saved, out = saved_bytes(block, leaf_input(x, i == 0))
+        blocks.append(
+            Block(
+                name=block_name,
+                param_bytes=float(sum(_nbytes(p) for p in block.parameters())),
+                output_bytes_per_sample=_nbytes(out) / big,
+                saved_bytes_per_sample=saved / big,
+                forward_flops_per_sample=forward_flops(block, x) / big,
             )
-        },
+        )
+        del out
+        tick()
+    return tuple(blocks)
+
+
+def _time_blocks(
+    model: nn.Sequential,
+    blocks: Sequence[nn.Module],
+    example_input_fn: Callable[[int], torch.Tensor],
+    batch_sizes: Sequence[int],
+    warmup: int,
+    repeats: int,
+    clock: Callable[[], float],
+    tick: Callable[[], None],
+) -> Timing:
+    """The timing pass (module docstring, "Times"): :func:`time_block` on each of
+    ``model``'s ``blocks`` at every batch size, summarised per block and batch size by
+    :func:`median_and_spread` (rounded to ``MS_DECIMALS``); ``tick`` after each block.
+    O(one no-grad chain forward per batch size + (warmup + repeats) x blocks x batch
+    sizes forward+backward); memory holds every block's input at every batch size."""
+    mid: tuple[list[tuple[float, ...]], list[tuple[float, ...]]] = ([], [])
+    spread: tuple[list[tuple[float, ...]], list[tuple[float, ...]]] = ([], [])
+    inputs = [block_inputs(model, example_input_fn(b)) for b in batch_sizes]
+    for i, block in enumerate(blocks):
+        xs = [leaf_input(per_batch[i], i == 0) for per_batch in inputs]
+        timed = time_block(block, xs, warmup, repeats, clock)
+        for pass_index in (0, 1):  # forward, backward
+            stats = [median_and_spread(samples[pass_index]) for samples in timed]
+            mid[pass_index].append(tuple(round(m, MS_DECIMALS) for m, _ in stats))
+            spread[pass_index].append(tuple(round(q, MS_DECIMALS) for _, q in stats))
+        tick()
+    return Timing(
+        batch_sizes=tuple(batch_sizes),
+        forward_ms=tuple(mid[0]),
+        backward_ms=tuple(mid[1]),
+        source="measured",
+        forward_spread_ms=tuple(spread[0]),
+        backward_spread_ms=tuple(spread[1]),
+        repeats=repeats,
     )

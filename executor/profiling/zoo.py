@@ -44,7 +44,8 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from edgepipe.executor.profiling.models import BlockSpec, cnn, transformer
+from edgepipe.executor.profiling.models import cnn, transformer
+from edgepipe.executor.profiling.models.blocks import BlockSpec
 from edgepipe.planner.errors import InputError
 from torch import nn
 

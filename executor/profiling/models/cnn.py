@@ -23,7 +23,7 @@ from functools import partial
 
 import torch
 import torch.nn.functional as F
-from edgepipe.executor.profiling.models import BlockSpec
+from edgepipe.executor.profiling.models.blocks import BlockSpec
 from torch import nn
 
 

@@ -17,11 +17,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from edgepipe.executor.profiling.models import BlockSpec
+from edgepipe.executor.profiling.models.blocks import BlockSpec
 from torch import nn
+
+#: ``torch.nn.GELU``'s ``approximate``: exact (BERT) or the tanh form (GPT-2)
+GeluApproximation = Literal["none", "tanh"]
 
 
 class SelfAttention(nn.Module):
@@ -58,7 +62,7 @@ class TransformerLayer(nn.Module):
         *,
         pre_norm: bool,
         causal: bool,
-        gelu: str,
+        gelu: GeluApproximation,
         eps: float,
     ) -> None:
         super().__init__()
@@ -128,13 +132,20 @@ def _stack(
     hidden: int,
     heads: int,
     ffn: int | None,
-    **style: bool | str | float,
+    *,
+    pre_norm: bool,
+    causal: bool,
+    gelu: GeluApproximation,
+    eps: float,
 ) -> list[BlockSpec]:
     """A transformer's blocks: ``embed``, then ``layers`` :class:`TransformerLayer` blocks
     of ``hidden`` width, ``heads`` heads and ``ffn`` (default 4 x hidden) feed-forward
-    width in ``style`` (its keyword arguments), named layer0 .. layer<layers-1>, then
-    ``head``; each a builder of its module."""
-    layer = partial(TransformerLayer, hidden, heads, ffn or 4 * hidden, **style)
+    width in the style the keywords give (:class:`TransformerLayer`'s), named layer0 ..
+    layer<layers-1>, then ``head``; each a builder of its module."""
+    layer = partial(
+        TransformerLayer, hidden, heads, ffn or 4 * hidden,
+        pre_norm=pre_norm, causal=causal, gelu=gelu, eps=eps,
+    )
     return [
         ("embed", embed),
         *((f"layer{i}", layer) for i in range(layers)),
