@@ -26,7 +26,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from edgepipe.planner.cost.model import CostModel, PlanCost, hiding_interval
+from edgepipe.planner.cost.formulas import hiding_interval
+from edgepipe.planner.cost.model import CostModel, PlanCost
 from edgepipe.planner.errors import PlanMismatchError
 from edgepipe.planner.inputs.cluster import Cluster
 from edgepipe.planner.inputs.config import AUTO, MAX_REPLICATION_INTERVAL, TrainingConfig

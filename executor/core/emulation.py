@@ -99,9 +99,8 @@ import torch.distributed as dist
 from edgepipe.executor.core.comm import Transport, Work
 from edgepipe.executor.core.layout import RankLayout
 from edgepipe.executor.core.runtime import ComputeHook
-from edgepipe.planner.cost.model import batch_curve
 from edgepipe.planner.inputs.cluster import Topology
-from edgepipe.planner.inputs.profile import ModelProfile
+from edgepipe.planner.inputs.profile import ModelProfile, batch_curve
 from edgepipe.planner.plan import Plan
 from edgepipe.planner.schedule import Action, ActionType
 

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, NoReturn
 
 from edgepipe.planner import api
 from edgepipe.planner.check.simulator import simulate
-from edgepipe.planner.cost.model import CostModel, pipeline_closed_form_ms
+from edgepipe.planner.cost.closed_form import pipeline_closed_form_ms
+from edgepipe.planner.cost.model import CostModel
 from edgepipe.planner.errors import EdgepipeError, InputError
 from edgepipe.planner.inputs.cluster import Cluster, catalog_from_dict, load_catalog
 from edgepipe.planner.inputs.config import (

@@ -74,13 +74,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
-from edgepipe.planner.cost.model import (
-    CostModel,
-    PlanCost,
-    migration_ms,
-    samples_that_fit,
-    transfer_ms,
-)
+from edgepipe.planner.cost.channels import migration_ms
+from edgepipe.planner.cost.formulas import samples_that_fit, transfer_ms
+from edgepipe.planner.cost.model import CostModel, PlanCost
 from edgepipe.planner.errors import EdgepipeError, InfeasibleError, InputError, UnrecoverableError
 from edgepipe.planner.inputs.cluster import Cluster
 from edgepipe.planner.inputs.problem import Problem, make_problem

@@ -58,7 +58,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import numpy as np
-from edgepipe.planner.cost.model import CostModel, PlanCost, samples_that_fit
+from edgepipe.planner.cost.formulas import samples_that_fit
+from edgepipe.planner.cost.model import CostModel, PlanCost
 from edgepipe.planner.errors import InfeasibleError, InputError
 from edgepipe.planner.inputs.problem import Problem
 from edgepipe.planner.partition import Partition, StageAssignment

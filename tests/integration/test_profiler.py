@@ -22,12 +22,11 @@ from edgepipe.executor.profiling.models.transformer import SelfAttention
 from edgepipe.executor.profiling.probe import ProbeError, memory_bytes, probe_device, probe_link
 from edgepipe.executor.profiling.profiler import profile_model
 from edgepipe.planner import api
-from edgepipe.planner.cost.model import batch_curve
 from edgepipe.planner.errors import InputError
 from edgepipe.planner.inputs.cluster import Cluster, DeviceType, load_catalog
 from edgepipe.planner.inputs.config import TrainingConfig
 from edgepipe.planner.inputs.problem import make_problem
-from edgepipe.planner.inputs.profile import Block, ModelProfile, Timing
+from edgepipe.planner.inputs.profile import Block, ModelProfile, Timing, batch_curve
 from edgepipe.planner.inputs.resources import profile_path
 from edgepipe.planner.inputs.schema import validate
 from torch import nn

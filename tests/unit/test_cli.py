@@ -17,7 +17,8 @@ from edgepipe.planner.api import resolve
 from edgepipe.planner.check.simulator import simulate
 from edgepipe.planner.cli import main as cli
 from edgepipe.planner.cli.main import main
-from edgepipe.planner.cost.model import CostModel, pipeline_closed_form_ms
+from edgepipe.planner.cost.closed_form import pipeline_closed_form_ms
+from edgepipe.planner.cost.model import CostModel
 from edgepipe.planner.plan import load_plan
 
 SMALL = ["--model", "pipedream-alexnet", "--cluster", "orin-pair-2", "--global-batch", "8"]

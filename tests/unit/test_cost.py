@@ -1,28 +1,20 @@
-"""The cost model (planner.cost.model) against values worked out by hand."""
+"""The cost model (planner.cost) against values worked out by hand."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from edgepipe.planner.cost.model import (
-    BoundaryCost,
-    CostModel,
-    Piece,
-    RingCost,
-    batch_curve,
-    channel_loads,
-    closed_form_latency,
-    fair_shares,
-    reslice_pieces,
-    ring_allreduce_ms,
-    round_makespan,
-    schedule_makespan,
-)
+from edgepipe.planner.cost.chain import closed_form_latency, schedule_makespan
+from edgepipe.planner.cost.channels import channel_loads, fair_shares
+from edgepipe.planner.cost.formulas import ring_allreduce_ms
+from edgepipe.planner.cost.makespan import round_makespan
+from edgepipe.planner.cost.model import CostModel
 from edgepipe.planner.cost.steps import Step, StepChain
+from edgepipe.planner.cost.transfers import BoundaryCost, Piece, RingCost, reslice_pieces
 from edgepipe.planner.inputs.cluster import Cluster, Device, Network
 from edgepipe.planner.inputs.config import TrainingConfig
 from edgepipe.planner.inputs.problem import make_problem
-from edgepipe.planner.inputs.profile import Block, ModelProfile, Timing
+from edgepipe.planner.inputs.profile import Block, ModelProfile, Timing, batch_curve
 from edgepipe.planner.partition import Partition, StageAssignment
 from edgepipe.planner.schedule import build
 

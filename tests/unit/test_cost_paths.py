@@ -1,4 +1,4 @@
-"""The round time's two computations (planner.cost.model.round_makespan): the longest path, which
+"""The round time's two computations (planner.cost.makespan.round_makespan): the longest path, which
 point to point is the figure, agrees with the fair-sharing event simulation there, and
 is not the figure where a channel is shared; schedules and orders are cached safely."""
 
@@ -6,17 +6,13 @@ from __future__ import annotations
 
 import functools
 
-import edgepipe.planner.cost.model as cost_module
 import pytest
-from edgepipe.planner.cost.model import (
-    BoundaryCost,
-    CostModel,
-    Piece,
-    RingCost,
-    fair_sharing_makespan,
-    longest_path_makespan,
-    round_makespan,
-)
+from edgepipe.planner.cost.channels import fair_shares
+from edgepipe.planner.cost.fair_sharing import fair_sharing_makespan
+from edgepipe.planner.cost.makespan import longest_path_makespan, round_makespan
+from edgepipe.planner.cost.model import CostModel
+from edgepipe.planner.cost.order import cached_schedule
+from edgepipe.planner.cost.transfers import BoundaryCost, Piece, RingCost
 from edgepipe.planner.inputs.problem import Problem
 from edgepipe.planner.partition import Partition
 from edgepipe.planner.schedule import build, from_csv
@@ -120,9 +116,9 @@ def test_a_deadlocking_schedule_is_refused_by_both_computations():
 
 def test_a_cached_schedule_is_the_schedule_built():
     # the cost model caches schedules (immutable) per name, warm-ups and M
-    assert cost_module.build("1f1b", (3, 2, 1), 4) == build("1f1b", [3, 2, 1], 4)
-    assert cost_module.build("gpipe", (3, 2, 1), 4) == build("gpipe", [3, 2, 1], 4)
-    assert cost_module.build("1f1b", (3, 2, 1), 4) is cost_module.build("1f1b", (3, 2, 1), 4)
+    assert cached_schedule("1f1b", (3, 2, 1), 4) == build("1f1b", [3, 2, 1], 4)
+    assert cached_schedule("gpipe", (3, 2, 1), 4) == build("gpipe", [3, 2, 1], 4)
+    assert cached_schedule("1f1b", (3, 2, 1), 4) is cached_schedule("1f1b", (3, 2, 1), 4)
 
 
 def test_equal_schedules_built_apart_give_the_same_round():
@@ -139,7 +135,7 @@ def test_equal_schedules_built_apart_give_the_same_round():
 def test_one_shared_port_slows_only_the_transfers_on_it():
     # a sends to b and c (a's uplink held twice), d sends to e alone: 1/2, 1/2, 1
     held = [("a up", "b down"), ("a up", "c down"), ("d up", "e down")]
-    assert cost_module.fair_shares(held) == [0.5, 0.5, 1.0]
+    assert fair_shares(held) == [0.5, 0.5, 1.0]
     # three on a's uplink, one elsewhere: 1/3 each and 1
     held = [("a up", "b down"), ("a up", "c down"), ("a up", "d down"), ("e up", "f down")]
-    assert cost_module.fair_shares(held) == [1 / 3, 1 / 3, 1 / 3, 1.0]
+    assert fair_shares(held) == [1 / 3, 1 / 3, 1 / 3, 1.0]

@@ -6,11 +6,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-import edgepipe.planner.cost.model as cost_module
+import edgepipe.planner.cost.fair_sharing as fair_sharing_module
+import edgepipe.planner.cost.model as model_module
 import numpy as np
 import pytest
 from edgepipe.planner.check.simulator import simulate
-from edgepipe.planner.cost.model import CostModel, RingCost
+from edgepipe.planner.cost.model import CostModel
+from edgepipe.planner.cost.transfers import RingCost
 from edgepipe.planner.inputs.problem import Problem
 from edgepipe.planner.partition import Partition
 from edgepipe.planner.schedule import build
@@ -76,20 +78,22 @@ def test_a_dropped_all_reduce_is_caught(monkeypatch):
 
 
 def test_gpipe_instead_of_1f1b_is_caught(monkeypatch):
-    monkeypatch.setattr(cost_module, "build", lambda name, warmups, m: build("gpipe", warmups, m))
+    monkeypatch.setattr(
+        model_module, "cached_schedule", lambda name, warmups, m: build("gpipe", warmups, m)
+    )
     assert violations(SAMPLE) != []
 
 
 def test_ignoring_channel_contention_is_caught(monkeypatch):
     # every transfer at its full pair rate, as if nothing shared a port or the medium
-    monkeypatch.setattr(cost_module, "fair_shares", lambda held: [1.0] * len(held))
+    monkeypatch.setattr(fair_sharing_module, "fair_shares", lambda held: [1.0] * len(held))
     assert violations(SAMPLE) != []
 
 
 def test_a_stage_priced_as_its_slowest_device_is_caught(monkeypatch):
     # the previous rule: every device of a stage waits for the slowest, so a fast
     # device's pieces leave late and it waits for pieces addressed to its peers
-    real = cost_module.round_makespan
+    real = model_module.round_makespan
 
     def stage_level(schedule, devices, links, rings, topology):
         slowest = [
@@ -98,7 +102,7 @@ def test_a_stage_priced_as_its_slowest_device_is_caught(monkeypatch):
         ]
         return real(schedule, slowest, links, rings, topology)
 
-    monkeypatch.setattr(cost_module, "round_makespan", stage_level)
+    monkeypatch.setattr(model_module, "round_makespan", stage_level)
     assert violations(SAMPLE) != []
 
 

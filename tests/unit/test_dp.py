@@ -9,13 +9,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from edgepipe.planner import api
-from edgepipe.planner.cost.model import (
-    CostModel,
+from edgepipe.planner.cost.closed_form import (
     boundary_occupancy_ms,
     link_downstream_ms,
     link_period_ms,
     pipeline_closed_form_ms,
 )
+from edgepipe.planner.cost.model import CostModel
 from edgepipe.planner.errors import InfeasibleError
 from edgepipe.planner.inputs.cluster import Cluster, Device, Link, Network
 from edgepipe.planner.inputs.config import TrainingConfig

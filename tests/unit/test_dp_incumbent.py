@@ -9,7 +9,8 @@ import dataclasses
 
 import numpy as np
 import pytest
-from edgepipe.planner.cost.model import CostModel, pipeline_closed_form_ms
+from edgepipe.planner.cost.closed_form import pipeline_closed_form_ms
+from edgepipe.planner.cost.model import CostModel
 from edgepipe.planner.errors import InfeasibleError, InputError, PlanMismatchError
 from edgepipe.planner.plan import SolverInfo, make_plan
 from edgepipe.planner.replan import incremental as replanning

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from edgepipe.planner.cost.model import CostModel, pipeline_closed_form_ms
+from edgepipe.planner.cost.closed_form import pipeline_closed_form_ms
+from edgepipe.planner.cost.model import CostModel
 from edgepipe.planner.inputs.problem import Problem
 from edgepipe.planner.solvers.classes import device_classes
 from edgepipe.planner.solvers.dp import driver as dp_module

@@ -10,7 +10,8 @@ import itertools
 import numpy as np
 import pytest
 from edgepipe.planner import api
-from edgepipe.planner.cost.model import CostModel, pipeline_closed_form_ms
+from edgepipe.planner.cost.closed_form import pipeline_closed_form_ms
+from edgepipe.planner.cost.model import CostModel
 from edgepipe.planner.errors import InputError
 from edgepipe.planner.inputs.cluster import Cluster
 from edgepipe.planner.inputs.config import TrainingConfig
