@@ -59,7 +59,7 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
@@ -69,6 +69,7 @@ import torch.distributed as dist
 from edgepipe.executor.core import data
 from edgepipe.executor.core.layout import RankLayout, check_runnable
 from edgepipe.executor.core.metrics import MetricsWriter, read_jsonl
+from edgepipe.executor.core.options import Endpoint, WorkerOptions
 from edgepipe.executor.core.stage import check_build
 from edgepipe.executor.ft import checkpoint
 from edgepipe.executor.ft.checkpoint import check_resume
@@ -79,12 +80,17 @@ from edgepipe.executor.ft.joins import FAILED as JOIN_FAILED
 from edgepipe.executor.ft.joins import FLAG, EmulatedJoin, JoinSchedule, check_joins
 from edgepipe.executor.ft.recovery import Supervisor
 from edgepipe.executor.ft.slowdown import SlowdownWatch
-from edgepipe.executor.worker import Endpoint, WorkerOptions, spawned
+from edgepipe.executor.worker import spawned
 from edgepipe.planner.errors import EdgepipeError, InputError
 from edgepipe.planner.plan import Plan, load_plan, replica_standbys
 from edgepipe.planner.timeouts import HANG_TIMEOUT_S, HEARTBEAT_S, START_TIMEOUT_S
 
+__all__ = ["ABORT_GRACE_S", "GRACE_S", "POLL_S", "RunFailed", "RunResult", "launch",
+           "preflight", "recovers"]
+
+#: seconds between two polls of the children's exit codes (and the control plane)
 POLL_S = 0.02
+#: seconds a SIGTERMed child gets before SIGKILL
 GRACE_S = 2.0
 #: seconds the other workers get to stop on their own after an abort
 ABORT_GRACE_S = 1.0
@@ -113,7 +119,8 @@ class RunResult:
     """A finished run: its directory, its step lines and its events (recovery lines of
     ``metrics.jsonl``, :mod:`executor.ft.recovery`)."""
 
-    out_dir: Path
+    #: None for a run without ``--out``
+    out_dir: Path | None
     metrics: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     #: the ``join_failed`` lines: joins dropped while the run went on (executor/ft/joins.py)
@@ -181,7 +188,7 @@ def recovers(opts: WorkerOptions, plan: Plan, hang_timeout_s: float | None,
 
 def launch(
     opts: WorkerOptions,
-    on_start: Any = None,
+    on_start: Callable[[list[dict[str, Any]]], None] | None = None,
     hang_timeout_s: float | None = HANG_TIMEOUT_S,
     heartbeat_s: float = HEARTBEAT_S,
     recover: bool | None = None,
@@ -210,7 +217,59 @@ def launch(
     plan's budgets (this run's processes share this machine, so without emulation
     their times measure its scheduling, not devices); True without emulation: the
     predictions are calibrated over the plan's first steps ("Real devices").
+
+    Steps: check the options and the plan (:func:`_check_heartbeat`, :func:`preflight`,
+    :func:`_spares`), prepare the run's folder, host the store, open the control plane
+    (:func:`_control_plane`), set up the recovery (:func:`_supervisor`,
+    :func:`_join_schedule`), start the children (:class:`_Children`) and watch or
+    supervise them until the end; every child is reaped on the way out.
     """
+    _check_heartbeat(hang_timeout_s, heartbeat_s)
+    layout = preflight(opts)
+    plan = load_plan(opts.plan)
+    recovering = recovers(opts, plan, hang_timeout_s, recover)
+    spares = _spares(opts, plan, recovering, joins, standbys, watch_slowdown)
+    out = _run_folder(opts)
+    store = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False,
+        timeout=timedelta(seconds=opts.timeout_s),
+    )
+    #: each device's newest process (a rejoined device's replaces its old one)
+    current: dict[str, Any] = {}
+    coordinator = None
+    if hang_timeout_s is not None:
+        coordinator, opts = _control_plane(store, opts, layout, spares, hang_timeout_s,
+                                           heartbeat_s, recovering, current)
+    children = _Children(opts, layout, store.port, out, current)
+    supervisor = scratch = schedule = None
+    if recovering:
+        assert coordinator is not None
+        watched = opts.emulate if watch_slowdown is None else watch_slowdown
+        supervisor, scratch = _supervisor(store, coordinator, plan, opts, layout, out,
+                                          watched, children)
+        if joins:
+            schedule = _join_schedule(joins, supervisor, children, opts, join_timeout_s)
+    try:
+        children.start(spares)
+        if on_start is not None:
+            on_start(children.ranks)
+        if supervisor is not None:
+            assert coordinator is not None
+            _supervise(current, supervisor, coordinator, opts.timeout_s, schedule)
+        else:
+            _watch(children.procs, layout, generation_store(store, opts.generation),
+                   coordinator)
+    finally:
+        _stop(children.procs)
+        if supervisor is not None and supervisor.writer is not None:
+            supervisor.writer.close()
+        if scratch is not None:
+            scratch.cleanup()
+    return RunResult.read(out)
+
+
+def _check_heartbeat(hang_timeout_s: float | None, heartbeat_s: float) -> None:
+    """Refuse a hang timeout a live device could reach between two beats."""
     if hang_timeout_s is not None and not hang_timeout_s > 2 * heartbeat_s > 0:
         raise InputError(
             "--hang-timeout", "",
@@ -218,10 +277,12 @@ def launch(
             f"({heartbeat_s:g} s), or a live device could be declared hung; raise "
             "--hang-timeout or lower --heartbeat",
         )
-    layout = preflight(opts)
-    plan = load_plan(opts.plan)
-    recovering = recovers(opts, plan, hang_timeout_s, recover)
-    watched = opts.emulate if watch_slowdown is None else watch_slowdown
+
+
+def _spares(opts: WorkerOptions, plan: Plan, recovering: bool, joins: Sequence[EmulatedJoin],
+            standbys: int | None, watch_slowdown: bool | None) -> tuple[str, ...]:
+    """Refuse what only a recovering run does (watching for slowdowns, standbys, joins)
+    in one that does not, check the joins; the standby devices to start."""
     if watch_slowdown and not recovering:
         raise InputError("--watch-slowdown", "", "re-partitioning a slowed device is part "
                          "of in-process recovery, which this run does not do (--no-recover, "
@@ -239,120 +300,141 @@ def launch(
                              "in-process (control plane on, the plan replicating, no "
                              "--no-recover)")
         check_joins(plan, joins, opts.steps, parse_faults(opts.faults))
+    return tuple(spares)
+
+
+def _run_folder(opts: WorkerOptions) -> Path | None:
+    """The run's folder (created, holding a copy of the plan), None without ``--out``."""
     out = Path(opts.out) if opts.out else None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         if not (out / "plan.json").exists() or not (out / "plan.json").samefile(opts.plan):
             shutil.copyfile(opts.plan, out / "plan.json")
-    store = dist.TCPStore(
-        "127.0.0.1", 0, is_master=True, wait_for_workers=False,
-        timeout=timedelta(seconds=opts.timeout_s),
+    return out
+
+
+def _control_plane(
+    store: dist.TCPStore, opts: WorkerOptions, layout: RankLayout, spares: Sequence[str],
+    hang_timeout_s: float, heartbeat_s: float, recovering: bool, current: dict[str, Any],
+) -> tuple[Coordinator, WorkerOptions]:
+    """The run's :class:`Coordinator` over the plan's devices and the standbys (a device
+    whose newest process in ``current`` exited non-zero has crashed), its generation
+    opened; and the options every child runs with under it."""
+    coordinator = Coordinator(
+        store, [i.device for i in layout.ranks] + list(spares), hang_timeout_s,
+        exited=lambda: [d for d, p in current.items() if p.exitcode not in (None, 0)],
+        start_timeout_s=max(START_TIMEOUT_S, opts.timeout_s),
     )
-    ctx = multiprocessing.get_context("spawn")
-    procs: list = []
-    #: each device's newest process (a rejoined device's replaces its old one)
-    current: dict[str, Any] = {}
-    coordinator = None
-    if hang_timeout_s is not None:
-        coordinator = Coordinator(
-            store, [i.device for i in layout.ranks] + list(spares), hang_timeout_s,
-            exited=lambda: [d for d, p in current.items() if p.exitcode not in (None, 0)],
-            start_timeout_s=max(START_TIMEOUT_S, opts.timeout_s),
-        )
-        opts = replace(opts, generation=coordinator.generation, heartbeat_s=heartbeat_s,
-                       recover=recovering)
-    errors = generation_store(store, opts.generation)
-    supervisor = None
-    schedule = None
-    ranks: list[dict[str, Any]] = []
-    if recovering:
-        assert coordinator is not None
+    return coordinator, replace(opts, generation=coordinator.generation,
+                                heartbeat_s=heartbeat_s, recover=recovering)
 
-        def kill(device: str) -> None:
-            proc = current[device]
-            if proc.exitcode is None:
-                proc.kill()  # SIGKILL also ends a SIGSTOPped process
-                proc.join()
 
-        scratch = tempfile.TemporaryDirectory(prefix="edgepipe-plans-")
-        resume = 0
-        if opts.resume:
-            record = json.loads((check_resume(plan, opts.resume) / checkpoint.RECORD)
-                                .read_text())
-            resume = int(record["step"])
-        supervisor = Supervisor(
-            store, coordinator, plan, opts.plan, opts.steps, resume=resume,
-            checkpoint_every=opts.checkpoint_every,
-            checkpoint_dir=checkpoint.folder(opts.checkpoint_dir, opts.out),
-            writer=(MetricsWriter(out, layout, opts.deterministic, append=resume > 0)
-                    if out is not None else None),
-            plans_dir=out / "plans" if out is not None else Path(scratch.name),
-            kill=kill, alive=lambda d: current[d].exitcode is None,
-            # the plan predicts the emulated devices; a real local run's processes
-            # share this machine, so they are watched only when asked (calibrated)
-            slowdown=(SlowdownWatch(opts.time_scale if opts.emulate else None) if watched
-                      else None),
-        )
+class _Children:
+    """The run's processes: one per plan rank, then standbys and joining devices
+    (``procs``, in start order; ``current``: each device's newest process) and the
+    ``ranks.json`` lines (``ranks``) that name them."""
 
-        def spawn(device: str, incarnation: int, role: str = "join") -> Any:
-            n = len(procs)
-            endpoint = Endpoint(n, layout.world_size, "127.0.0.1", store.port,
-                                local_rank=n, local_world_size=n + 1)
-            proc = ctx.Process(
-                target=spawned, args=(replace(opts, device=device, incarnation=incarnation),
-                                      endpoint),
-                name=f"edgepipe-{device}-{role}", daemon=True,
-            )
-            proc.start()
-            procs.append(proc)
-            current[device] = proc
-            line = {"rank": None, "device": device, "stage": None, "pid": proc.pid,
-                    "incarnation": incarnation}
-            ranks.append(line if role == "join" else {**line, "role": role})
-            if out is not None:
-                (out / "ranks.json").write_text(json.dumps(ranks, indent=1) + "\n")
-            return proc
+    def __init__(self, opts: WorkerOptions, layout: RankLayout, port: int, out: Path | None,
+                 current: dict[str, Any]) -> None:
+        self.opts, self.layout, self.port, self.out = opts, layout, port, out
+        self.ctx = multiprocessing.get_context("spawn")
+        self.procs: list[Any] = []
+        self.current = current
+        self.ranks: list[dict[str, Any]] = []
 
-        if joins:
-            schedule = JoinSchedule(
-                list(joins), supervisor, spawn,
-                gone=lambda d: current[d].exitcode is not None,
-                start_timeout_s=(max(START_TIMEOUT_S, opts.timeout_s)
-                                 if join_timeout_s is None else join_timeout_s),
-            )
-    try:
+    def _write_ranks(self) -> None:
+        if self.out is not None:
+            (self.out / "ranks.json").write_text(json.dumps(self.ranks, indent=1) + "\n")
+
+    def start(self, spares: Sequence[str]) -> None:
+        """Start one process per plan rank, then one per standby (``spares``)."""
+        layout = self.layout
         for info in layout.ranks:
-            endpoint = Endpoint(info.rank, layout.world_size, "127.0.0.1", store.port,
+            endpoint = Endpoint(info.rank, layout.world_size, "127.0.0.1", self.port,
                                 local_rank=info.rank, local_world_size=layout.world_size)
-            proc = ctx.Process(
-                target=spawned, args=(opts, endpoint), name=f"edgepipe-{info.device}",
+            proc = self.ctx.Process(
+                target=spawned, args=(self.opts, endpoint), name=f"edgepipe-{info.device}",
                 daemon=True,
             )
             proc.start()
-            procs.append(proc)
-            current[info.device] = proc
+            self.procs.append(proc)
+            self.current[info.device] = proc
         for device in spares:
-            spawn(device, 0, "standby")
-        ranks[:0] = [
+            self.spawn(device, 0, "standby")
+        self.ranks[:0] = [
             {"rank": i.rank, "device": i.device, "stage": i.stage, "pid": p.pid}
-            for i, p in zip(layout.ranks, procs[:layout.world_size], strict=True)
+            for i, p in zip(layout.ranks, self.procs[:layout.world_size], strict=True)
         ]
-        if out is not None:
-            (out / "ranks.json").write_text(json.dumps(ranks, indent=1) + "\n")
-        if on_start is not None:
-            on_start(ranks)
-        if supervisor is not None:
-            assert coordinator is not None
-            _supervise(current, supervisor, coordinator, opts.timeout_s, schedule)
-        else:
-            _watch(procs, layout, errors, coordinator)
-    finally:
-        _stop(procs)
-        if supervisor is not None:
-            if supervisor.writer is not None:
-                supervisor.writer.close()
-            scratch.cleanup()
-    return RunResult.read(out)
+        self._write_ranks()
+
+    def spawn(self, device: str, incarnation: int, role: str = "join") -> Any:
+        """Start a recovering worker for ``device`` outside the plan's ranks (a joining
+        device, or a standby); returns its process."""
+        n = len(self.procs)
+        endpoint = Endpoint(n, self.layout.world_size, "127.0.0.1", self.port,
+                            local_rank=n, local_world_size=n + 1)
+        proc = self.ctx.Process(
+            target=spawned, args=(replace(self.opts, device=device, incarnation=incarnation),
+                                  endpoint),
+            name=f"edgepipe-{device}-{role}", daemon=True,
+        )
+        proc.start()
+        self.procs.append(proc)
+        self.current[device] = proc
+        line = {"rank": None, "device": device, "stage": None, "pid": proc.pid,
+                "incarnation": incarnation}
+        self.ranks.append(line if role == "join" else {**line, "role": role})
+        self._write_ranks()
+        return proc
+
+    def kill(self, device: str) -> None:
+        """SIGKILL ``device``'s newest process (which also ends a SIGSTOPped one)."""
+        proc = self.current[device]
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join()
+
+    def alive(self, device: str) -> bool:
+        return bool(self.current[device].exitcode is None)
+
+
+def _supervisor(
+    store: dist.TCPStore, coordinator: Coordinator, plan: Plan, opts: WorkerOptions,
+    layout: RankLayout, out: Path | None, watched: bool, children: _Children,
+) -> tuple[Supervisor, tempfile.TemporaryDirectory[str]]:
+    """The recovering run's :class:`Supervisor` (from the resumed checkpoint's step, if
+    any) and the scratch folder of its re-planned plans when the run has no folder."""
+    scratch = tempfile.TemporaryDirectory(prefix="edgepipe-plans-")
+    resume = 0
+    if opts.resume:
+        resume = checkpoint.resume_step(check_resume(plan, opts.resume))
+    supervisor = Supervisor(
+        store, coordinator, plan, opts.plan, opts.steps, resume=resume,
+        checkpoint_every=opts.checkpoint_every,
+        checkpoint_dir=checkpoint.folder(opts.checkpoint_dir, opts.out),
+        writer=(MetricsWriter(out, layout, opts.deterministic, append=resume > 0)
+                if out is not None else None),
+        plans_dir=out / "plans" if out is not None else Path(scratch.name),
+        kill=children.kill, alive=children.alive,
+        # the plan predicts the emulated devices; a real local run's processes
+        # share this machine, so they are watched only when asked (calibrated)
+        slowdown=(SlowdownWatch(opts.time_scale if opts.emulate else None) if watched
+                  else None),
+    )
+    return supervisor, scratch
+
+
+def _join_schedule(joins: Sequence[EmulatedJoin], supervisor: Supervisor,
+                   children: _Children, opts: WorkerOptions,
+                   join_timeout_s: float | None) -> JoinSchedule:
+    """The schedule that starts each joining device's process and has the supervisor
+    admit it (module docstring, "Joins")."""
+    return JoinSchedule(
+        list(joins), supervisor, children.spawn,
+        gone=lambda d: children.current[d].exitcode is not None,
+        start_timeout_s=(max(START_TIMEOUT_S, opts.timeout_s)
+                         if join_timeout_s is None else join_timeout_s),
+    )
 
 
 def _supervise(current: dict[str, Any], supervisor: Supervisor, coordinator: Coordinator,

@@ -19,19 +19,24 @@ directory without the marker is never loaded; a crash mid-save leaves at most a
 ``.tmp`` directory, removed by the next save of that step. DCP's collectives run on a
 process group of their own (gloo), as P11 of the torch reference advises.
 
-**Two layouts, one loader.** A run with a default process group saves one DCP
-checkpoint (above). A recovering run (:mod:`executor.ft.recovery`: raw per-generation
-groups, no default group) saves **parts** instead, without collectives: after applying
-step ``N`` the first member of every stage serialises the plan-independent keys of its
-blocks (and ``step``) with ``torch.save`` (:func:`part_bytes`) and sends them to the
-coordinator through the run's store (``ckpt/<N>/<rank>``; its data-parallel peers, whose
-copies are identical, send an empty value), so no worker needs the checkpoint folder;
-once every rank of the generation reported, the coordinator writes each part to
-``.step-<N>.tmp/parts/<device>.pt`` (:func:`write_part`: via a temporary name and
+**One interface, two layouts.** Every checkpoint has the same record, marker and
+commit (:func:`resolve` picks the newest committed one, :func:`resume_step` says where
+it resumes: every reader of the resume step, the launcher, the coordinator and
+:func:`load`, asks it). How its tensors lie on disk is its :class:`Layout`, the back
+end :func:`load` reads through: :class:`Dcp` or :class:`Parts`. A run with a default
+process group saves one DCP checkpoint (:meth:`Dcp.save`, above). A recovering run
+(:mod:`executor.ft.recovery`: raw per-generation groups, no default group) saves
+**parts** instead, without collectives: after applying step ``N`` the first member of
+every stage serialises the plan-independent keys of its blocks (and ``step``) with
+``torch.save`` (:meth:`Parts.part_bytes`) and sends them to the coordinator through the
+run's store (``ckpt/<N>/<rank>``; its data-parallel peers, whose copies are identical,
+send an empty value), so no worker needs the checkpoint folder; once every rank of the
+generation reported, the coordinator writes each part to
+``.step-<N>.tmp/parts/<device>.pt`` (:meth:`Parts.write`: via a temporary name and
 ``os.replace``, so a part on disk is whole), the record (with ``"parts"``: the devices
-whose parts count) and the marker, and renames, as above. :func:`load` takes either
-layout under any plan: from parts, each block's keys come from whichever listed part
-holds them, tensor bytes copied.
+whose parts count) and the marker, and renames, as above (:meth:`Parts.commit`).
+:func:`load` takes either layout under any plan: from parts, each block's keys come
+from whichever listed part holds them, tensor bytes copied.
 
 **Compatible.** Resuming checks the model's build spec, the global batch, the optimizer
 and its settings and the data seed against the checkpoint's record and refuses a
@@ -47,6 +52,8 @@ import io
 import json
 import os
 import shutil
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -91,11 +98,13 @@ def _block_keys(module: nn.Sequential, first: int) -> dict[str, str]:
 
 
 def _state(module: nn.Sequential, optimizer: torch.optim.Optimizer, first: int,
-           optimizer_name: str, step: int, fresh: bool) -> tuple[dict[str, Any], list]:
-    """The DCP state dict of a rank; with ``fresh`` the optimizer entries are new zero
-    tensors to load into (returned with the parameter they belong to)."""
+           optimizer_name: str, fresh: bool
+           ) -> tuple[dict[str, Any], list[tuple[nn.Parameter, dict[str, torch.Tensor]]]]:
+    """The plan-independent tensors of a rank (module docstring, "Keys"); with ``fresh``
+    the optimizer entries are new zero tensors to load into (returned with the parameter
+    they belong to)."""
     keys = _block_keys(module, first)
-    state: dict[str, Any] = {"step": step}
+    state: dict[str, Any] = {}
     for local, tensor in module.state_dict(keep_vars=True).items():
         state[f"model.{keys[local]}"] = tensor.detach()
     slots = []
@@ -115,6 +124,12 @@ def _state(module: nn.Sequential, optimizer: torch.optim.Optimizer, first: int,
     return state, slots
 
 
+def _saved(module: nn.Sequential, optimizer: torch.optim.Optimizer, first: int,
+           optimizer_name: str, step: int) -> dict[str, Any]:
+    """What a rank saves after ``step`` completed steps: ``step`` and its tensors."""
+    return {"step": step, **_state(module, optimizer, first, optimizer_name, False)[0]}
+
+
 def _dcp() -> ModuleType:
     """``torch.distributed.checkpoint``, imported on first use: it pulls in DTensor and
     sympy (about a third of a worker's import time), which only the DCP layout needs, so
@@ -122,25 +137,6 @@ def _dcp() -> ModuleType:
     import torch.distributed.checkpoint as dcp
 
     return dcp
-
-
-def save(root: str | Path, step: int, module: nn.Sequential, optimizer: torch.optim.Optimizer,
-         first: int, plan: Plan, rank: int, group: dist.ProcessGroup) -> Path:
-    """Collective: save the run after ``step`` completed steps to ``root/step-<step>``
-    (module docstring); every rank of the run calls it. Returns the directory."""
-    final, tmp = _directories(root, step)
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    dist.barrier(group=group)
-    state, _ = _state(module, optimizer, first, plan.problem.config.optimizer, step, False)
-    dcp = _dcp()
-    dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp)), process_group=group)
-    dist.barrier(group=group)
-    if rank == 0:
-        _commit(tmp, final, {**training_record(plan), "step": step, "plan": plan.id})
-    dist.barrier(group=group)
-    return final
 
 
 def _directories(root: str | Path, step: int) -> tuple[Path, Path]:
@@ -152,7 +148,8 @@ def _directories(root: str | Path, step: int) -> tuple[Path, Path]:
 
 def _commit(tmp: Path, final: Path, record: dict[str, Any]) -> None:
     """Write ``record`` and the marker (synced to disk) into the complete ``tmp``, then
-    rename it to ``final``, replacing an older one: the checkpoint counts from the rename."""
+    rename it to ``final``, replacing an older one: the checkpoint counts from the rename.
+    Both layouts commit through here."""
     (tmp / RECORD).write_text(json.dumps(record, indent=1) + "\n")
     with open(tmp / MARKER, "w") as f:
         f.write(f"{record['step']}\n")
@@ -167,44 +164,122 @@ def folder(checkpoint_dir: str | None, out: str | None) -> Path:
     return Path(checkpoint_dir or Path(out or ".") / "checkpoints")
 
 
-def part_bytes(step: int, module: nn.Sequential, optimizer: torch.optim.Optimizer,
-               first: int, optimizer_name: str) -> bytes:
-    """No collectives: this rank's part of the checkpoint of ``step`` (module docstring,
-    "Two layouts"), serialised with ``torch.save`` (it travels to the coordinator through
-    the store; :func:`write_part` puts it on disk there). O(the rank's state)."""
-    state, _ = _state(module, optimizer, first, optimizer_name, step, False)
-    buffer = io.BytesIO()
-    torch.save({k: v.detach().cpu() if isinstance(v, torch.Tensor) else v
-                for k, v in state.items()}, buffer)
-    return buffer.getvalue()
+class Layout(ABC):
+    """How a committed checkpoint's tensors lie on disk: a back end of :func:`load`
+    (module docstring, "One interface, two layouts")."""
+
+    @abstractmethod
+    def read(self, ckpt: Path, state: dict[str, Any]) -> None:
+        """Fill ``state`` (plan-independent key -> tensor to copy into, or value) in place
+        from the committed checkpoint ``ckpt``."""
+
+    @staticmethod
+    def of(ckpt: Path, group: dist.ProcessGroup | None) -> Layout:
+        """The layout ``ckpt`` was written in (a ``parts`` folder: :class:`Parts`); a DCP
+        one is read collectively over ``group`` (None: without collectives)."""
+        return Parts() if (ckpt / PARTS).is_dir() else Dcp(group)
 
 
-def write_part(root: str | Path, step: int, device: str, part: bytes) -> Path:
-    """Write ``device``'s part (:func:`part_bytes`) of the checkpoint of ``step`` to
-    ``root/.step-<step>.tmp/parts/<device>.pt`` via a temporary name and ``os.replace``
-    (a part on disk is whole); returns it. The checkpoint counts only once
-    :func:`commit_parts` names the part."""
-    parts = _directories(root, step)[1] / PARTS
-    parts.mkdir(parents=True, exist_ok=True)
-    path, tmp = parts / f"{device}.pt", parts / f".{device}.pt.tmp"
-    with open(tmp, "wb") as f:
-        f.write(part)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return path
+@dataclass(frozen=True)
+class Dcp(Layout):
+    """The DCP layout (module docstring, "Keys are plan-independent"): one folder written
+    by ``torch.distributed.checkpoint``, collectively over ``group`` (every rank of a
+    run with a default process group; None reads it without collectives)."""
+
+    group: dist.ProcessGroup | None
+
+    def save(self, root: str | Path, step: int, module: nn.Sequential,
+             optimizer: torch.optim.Optimizer, first: int, plan: Plan, rank: int) -> Path:
+        """Collective: save the run after ``step`` completed steps to ``root/step-<step>``
+        (module docstring, "Atomic"); every rank of the run calls it. Returns the
+        directory."""
+        assert self.group is not None, "a DCP save is collective"
+        final, tmp = _directories(root, step)
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        dist.barrier(group=self.group)
+        state = _saved(module, optimizer, first, plan.problem.config.optimizer, step)
+        dcp = _dcp()
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp)), process_group=self.group)
+        dist.barrier(group=self.group)
+        if rank == 0:
+            _commit(tmp, final, {**training_record(plan), "step": step, "plan": plan.id})
+        dist.barrier(group=self.group)
+        return final
+
+    def read(self, ckpt: Path, state: dict[str, Any]) -> None:
+        dcp = _dcp()
+        reader = dcp.FileSystemReader(str(ckpt))
+        if self.group is None:
+            dcp.load(state, storage_reader=reader, no_dist=True)
+        else:
+            dcp.load(state, storage_reader=reader, process_group=self.group)
 
 
-def commit_parts(root: str | Path, step: int, plan: Plan, devices: list[str]) -> Path:
-    """Commit the checkpoint of ``step`` whose parts ``devices`` wrote (every rank of a
-    generation of ``plan``, so every block): record, marker, rename. Returns it."""
-    final, tmp = _directories(root, step)
-    missing = [d for d in devices if not (tmp / PARTS / f"{d}.pt").is_file()]
-    if missing:
-        raise InputError(str(tmp), "", f"no checkpoint part of device(s) {missing}")
-    _commit(tmp, final, {**training_record(plan), "step": step, "plan": plan.id,
-                         PARTS: sorted(set(devices))})
-    return final
+class Parts(Layout):
+    """The parts layout (module docstring, "One interface, two layouts"): one
+    ``torch.save`` file per stage, written and committed by the coordinator, no
+    collectives."""
+
+    @staticmethod
+    def part_bytes(step: int, module: nn.Sequential, optimizer: torch.optim.Optimizer,
+                   first: int, optimizer_name: str) -> bytes:
+        """This rank's part of the checkpoint of ``step``, serialised with ``torch.save``
+        (it travels to the coordinator through the store; :meth:`write` puts it on disk
+        there). O(the rank's state)."""
+        state = _saved(module, optimizer, first, optimizer_name, step)
+        buffer = io.BytesIO()
+        torch.save({k: v.detach().cpu() if isinstance(v, torch.Tensor) else v
+                    for k, v in state.items()}, buffer)
+        return buffer.getvalue()
+
+    @staticmethod
+    def write(root: str | Path, step: int, device: str, part: bytes) -> Path:
+        """Write ``device``'s part (:meth:`part_bytes`) of the checkpoint of ``step`` to
+        ``root/.step-<step>.tmp/parts/<device>.pt`` via a temporary name and
+        ``os.replace`` (a part on disk is whole); returns it. The checkpoint counts only
+        once :meth:`commit` names the part."""
+        parts = _directories(root, step)[1] / PARTS
+        parts.mkdir(parents=True, exist_ok=True)
+        path, tmp = parts / f"{device}.pt", parts / f".{device}.pt.tmp"
+        with open(tmp, "wb") as f:
+            f.write(part)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        return path
+
+    @staticmethod
+    def commit(root: str | Path, step: int, plan: Plan, devices: list[str]) -> Path:
+        """Commit the checkpoint of ``step`` whose parts ``devices`` wrote (every rank of a
+        generation of ``plan``, so every block): record, marker, rename. Returns it."""
+        final, tmp = _directories(root, step)
+        missing = [d for d in devices if not (tmp / PARTS / f"{d}.pt").is_file()]
+        if missing:
+            raise InputError(str(tmp), "", f"no checkpoint part of device(s) {missing}")
+        _commit(tmp, final, {**training_record(plan), "step": step, "plan": plan.id,
+                             PARTS: sorted(set(devices))})
+        return final
+
+    def read(self, ckpt: Path, state: dict[str, Any]) -> None:
+        """Each key from the first part the record lists that holds it. Raises
+        :class:`InputError` for a key none holds. O(parts x keys)."""
+        wanted = set(state)
+        with torch.no_grad():
+            for device in _record(ckpt)[PARTS]:
+                part = torch.load(ckpt / PARTS / f"{device}.pt", map_location="cpu",
+                                  weights_only=True)
+                for key in [k for k in wanted if k in part]:
+                    if isinstance(state[key], torch.Tensor):
+                        state[key].copy_(part[key])
+                    else:
+                        state[key] = part[key]
+                    wanted.discard(key)
+        if wanted:
+            raise InputError(str(ckpt), "", f"no part of this checkpoint holds "
+                             f"{sorted(wanted)[:3]} ({len(wanted)} key(s)); it is not of "
+                             "this model")
 
 
 def resolve(path: str | Path) -> Path:
@@ -222,14 +297,28 @@ def resolve(path: str | Path) -> Path:
                      f"{MARKER} marker); give --resume a checkpoint or a run's checkpoints")
 
 
+def _record(ckpt: Path) -> dict[str, Any]:
+    """The record of the committed checkpoint ``ckpt``; :class:`InputError` when it
+    cannot be read."""
+    try:
+        record: dict[str, Any] = json.loads((ckpt / RECORD).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InputError(str(ckpt / RECORD), "", f"unreadable checkpoint record ({exc})") from None
+    return record
+
+
+def resume_step(path: str | Path) -> int:
+    """The step a run resumed from ``path`` starts at: the completed steps (the record's
+    ``step``) of the checkpoint :func:`resolve` picks. The one reader of the resume step:
+    the launcher, the coordinator and :func:`load` all ask it."""
+    return int(_record(resolve(path))["step"])
+
+
 def check_resume(plan: Plan, path: str | Path) -> Path:
     """:func:`resolve` ``path`` and refuse a checkpoint trained otherwise than ``plan``
     trains (model, blocks, global batch, optimizer and settings, data seed)."""
     ckpt = resolve(path)
-    try:
-        record = json.loads((ckpt / RECORD).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InputError(str(ckpt / RECORD), "", f"unreadable checkpoint record ({exc})") from None
+    record = _record(ckpt)
     want = training_record(plan)
     for key, value in want.items():
         if record.get(key) != value:
@@ -244,42 +333,13 @@ def check_resume(plan: Plan, path: str | Path) -> Path:
 def load(path: str | Path, module: nn.Sequential, optimizer: torch.optim.Optimizer,
          first: int, plan: Plan, group: dist.ProcessGroup | None) -> int:
     """Load this rank's blocks and their optimizer state from the checkpoint at ``path``
-    (:func:`check_resume`; either layout) into ``module`` and ``optimizer`` in place;
-    returns the number of completed steps. Collective over ``group`` for a DCP
-    checkpoint; ``group=None`` (a recovering run) reads it without collectives."""
+    (:func:`check_resume`; either layout, :meth:`Layout.of`) into ``module`` and
+    ``optimizer`` in place; returns :func:`resume_step`. Collective over ``group`` for a
+    DCP checkpoint; ``group=None`` (a recovering run) reads it without collectives."""
     ckpt = check_resume(plan, path)
-    name = plan.problem.config.optimizer
-    state, slots = _state(module, optimizer, first, name, 0, True)
-    if (ckpt / PARTS).is_dir():
-        _load_parts(ckpt, state)
-    elif group is None:
-        dcp = _dcp()
-        dcp.load(state, storage_reader=dcp.FileSystemReader(str(ckpt)), no_dist=True)
-    else:
-        dcp = _dcp()
-        dcp.load(state, storage_reader=dcp.FileSystemReader(str(ckpt)), process_group=group)
+    state, slots = _state(module, optimizer, first, plan.problem.config.optimizer, True)
+    Layout.of(ckpt, group).read(ckpt, state)
     for param, per_param in slots:
         if per_param:
             optimizer.state[param] = per_param
-    return int(state["step"])
-
-
-def _load_parts(ckpt: Path, state: dict[str, Any]) -> None:
-    """Fill ``state`` in place from the parts the record of ``ckpt`` lists: each key
-    from the first part holding it. Raises :class:`InputError` for a key none holds.
-    O(parts x keys)."""
-    record = json.loads((ckpt / RECORD).read_text())
-    wanted = set(state)
-    with torch.no_grad():
-        for device in record[PARTS]:
-            part = torch.load(ckpt / PARTS / f"{device}.pt", map_location="cpu",
-                              weights_only=True)
-            for key in [k for k in wanted if k in part]:
-                if isinstance(state[key], torch.Tensor):
-                    state[key].copy_(part[key])
-                else:
-                    state[key] = part[key]
-                wanted.discard(key)
-    if wanted:
-        raise InputError(str(ckpt), "", f"no part of this checkpoint holds {sorted(wanted)[:3]} "
-                         f"({len(wanted)} key(s)); it is not of this model")
+    return resume_step(ckpt)

@@ -81,10 +81,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from edgepipe.executor.core import storeblob
 from edgepipe.executor.core.layout import RankLayout, check_runnable
+from edgepipe.executor.core.options import Endpoint, WorkerOptions
 from edgepipe.executor.ft import checkpoint
 from edgepipe.executor.ft.control import (
     Coordinator,
@@ -99,9 +99,6 @@ from edgepipe.planner.errors import EdgepipeError, InputError
 from edgepipe.planner.plan import Plan, load_plan, replica_standbys
 from edgepipe.planner.timeouts import HANG_TIMEOUT_S, HEARTBEAT_S, START_TIMEOUT_S
 from torch.distributed import Store
-
-if TYPE_CHECKING:  # the worker imports this module
-    from edgepipe.executor.worker import Endpoint, WorkerOptions
 
 #: seconds between two polls of the members' heartbeats
 POLL_S = 0.05
@@ -410,7 +407,7 @@ def supervise(
     resume = 0
     if checkpoints.resume:
         ckpt = checkpoint.check_resume(plan, checkpoints.resume)
-        resume = int(json.loads((ckpt / checkpoint.RECORD).read_text())["step"])
+        resume = checkpoint.resume_step(ckpt)
         send_checkpoint(store, ckpt)
     # before the generation: a joining worker reads both
     store.set("ctl/recover", json.dumps({

@@ -36,9 +36,12 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from edgepipe.executor.core.runtime import ComputeHook
 from edgepipe.planner.errors import InputError
+from edgepipe.planner.schedule import Action, ActionType
 from torch.distributed import Store
 
 PHASES = ("forward", "backward", "optimizer", "replication", "restore", "join")
@@ -93,3 +96,25 @@ class Injector:
                 # another thread first while this one runs on into its next write
                 signal.pthread_kill(threading.get_ident(), SIGNALS[f.signal])
                 return
+
+
+class FaultHook(ComputeHook):
+    """The compute hook with the fault points ``forward`` / ``backward`` (module
+    docstring) of the step in :attr:`step`; ``settle(step)`` runs before one fires (a
+    recovering run's: when the step is itself a replication point, wait until that point
+    is durable; at a step beside which a point travels it fires at once,
+    docs/fault-tolerance.md, "Fault injection")."""
+
+    def __init__(self, inner: ComputeHook, faults: Injector,
+                 settle: Callable[[int], None] = lambda step: None) -> None:
+        self.inner, self.faults, self.step, self.settle = inner, faults, -1, settle
+
+    def after_compute(self, action: Action, real_seconds: float) -> None:
+        self.inner.after_compute(action, real_seconds)
+        phase = {ActionType.F: "forward", ActionType.B: "backward"}.get(action.type)
+        if phase is not None and self.faults.due(self.step, phase):
+            self.settle(self.step)
+            self.faults.at(self.step, phase)
+
+    def after_reduce(self, action: Action, real_seconds: float) -> None:
+        self.inner.after_reduce(action, real_seconds)

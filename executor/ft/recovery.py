@@ -353,10 +353,10 @@ class Supervisor:
             key = f"ckpt/{n}/{r}"
             part = storeblob.get(gen.store, key)
             if part:
-                checkpoint.write_part(self.checkpoint_dir, n, device, part)
+                checkpoint.Parts.write(self.checkpoint_dir, n, device, part)
                 senders.append(device)
             storeblob.delete(gen.store, key)
-        checkpoint.commit_parts(self.checkpoint_dir, n, gen.plan, senders)
+        checkpoint.Parts.commit(self.checkpoint_dir, n, gen.plan, senders)
         self.checkpointed = n
 
     # -- joins -------------------------------------------------------------------------

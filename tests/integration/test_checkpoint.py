@@ -10,7 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+import torch.distributed as dist
 from edgepipe.executor.core import data
+from edgepipe.executor.core.runtime import make_optimizer
+from edgepipe.executor.core.stage import build_stage
 from edgepipe.executor.ft import checkpoint
 from edgepipe.executor.launch import launch
 from edgepipe.executor.profiling import zoo
@@ -109,3 +113,56 @@ def test_a_worker_imports_torchs_distributed_checkpoint_only_when_it_uses_it():
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          check=True, cwd=Path(__file__).resolve().parents[2]).stdout
     assert out == "[]\n"
+
+
+def _trained(plan, steps: int):
+    """The one stage of ``plan`` and its optimizer after ``steps`` Adam steps on seeded
+    random gradients (each step count gives other weights and optimizer state)."""
+    stage = plan.partition.stages[0]
+    module = build_stage(plan.problem.model, stage.first, stage.end)
+    config = plan.problem.config
+    params = [p for p in module.parameters() if p.requires_grad]
+    optimizer = make_optimizer(params, config.optimizer, config.optimizer_settings())
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=generator)
+        optimizer.step()
+    return module, optimizer
+
+
+@pytest.mark.parametrize("layout", ["dcp", "parts"])
+def test_a_folder_with_two_committed_steps_resumes_from_the_newest(tmp_path: Path, gpt2_profile,
+                                                                   layout: str) -> None:
+    # executor/ft/checkpoint.py: resolve picks the committed step-* with the most steps,
+    # resume_step reads its step, load fills the state from it: in each layout
+    plan = make_test_plan(gpt2_profile, [(0, 6, [3])], 3, 2, **CONFIG)
+    folder = tmp_path / "checkpoints"
+    group = None
+    if layout == "dcp":
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        group = dist.group.WORLD
+    try:
+        for steps in (2, 10):
+            module, optimizer = _trained(plan, steps)
+            if layout == "dcp":
+                checkpoint.Dcp(group).save(folder, steps, module, optimizer, 0, plan, 0)
+            else:
+                part = checkpoint.Parts.part_bytes(steps, module, optimizer, 0, "adam")
+                checkpoint.Parts.write(folder, steps, "d0", part)
+                checkpoint.Parts.commit(folder, steps, plan, ["d0"])
+        assert sorted(d.name for d in folder.glob("step-*")) == ["step-00000002",
+                                                                  "step-00000010"]
+        assert checkpoint.resume_step(tmp_path) == 10
+        newest, newest_optimizer = _trained(plan, 10)
+        module, optimizer = _trained(plan, 0)
+        assert checkpoint.load(tmp_path, module, optimizer, 0, plan, group) == 10
+    finally:
+        if group is not None:
+            dist.destroy_process_group()
+    for (name, got), want in zip(module.state_dict().items(), newest.state_dict().values(),
+                                 strict=True):
+        assert torch.equal(got, want), name
+    for p, q in zip(module.parameters(), newest.parameters(), strict=True):
+        for key, value in newest_optimizer.state[q].items():
+            assert torch.equal(optimizer.state[p][key], value), key
