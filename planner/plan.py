@@ -532,7 +532,9 @@ def plan_from_dict(doc: Any, source: str = "<plan>", *, rehash: bool = False) ->
             f"({expected}): the file was edited after planning. Re-plan, or accept the edit "
             f"with `edgepipe validate --rehash {source}`"
         )
-    changes, migration, migration_ms = None, (), 0.0
+    changes: Changes | None = None
+    migration: tuple[Transfer, ...] = ()
+    migration_ms = 0.0
     if "changes" in doc:
         ch = doc["changes"]
         changes = Changes(

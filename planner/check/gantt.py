@@ -14,16 +14,27 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgepipe.planner.check.simulator import Interval, Timeline
+from edgepipe.planner.check.simulator import Interval, Timeline, WorkKind
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-_STYLE = {
-    "F": {"facecolor": "#4c72b0", "edgecolor": "white", "label": "forward / activations"},
-    "B": {"facecolor": "#dd8452", "edgecolor": "white", "label": "backward / gradients"},
-    "AR": {"facecolor": "#d9d9d9", "edgecolor": "#555555", "hatch": "///", "label": "all-reduce"},
+
+@dataclass(frozen=True)
+class _Style:
+    """How the boxes of one interval kind are drawn, and their legend label."""
+
+    facecolor: str
+    edgecolor: str
+    label: str
+    hatch: str | None = None
+
+
+_STYLE: dict[WorkKind, _Style] = {
+    "F": _Style("#4c72b0", "white", "forward / activations"),
+    "B": _Style("#dd8452", "white", "backward / gradients"),
+    "AR": _Style("#d9d9d9", "#555555", "all-reduce", hatch="///"),
 }
 _ROW_HEIGHT_IN = 0.42
 _WIDTH_IN = 12.0
@@ -127,9 +138,10 @@ def _draw_panel(ax: Axes, timeline: Timeline, title: str, span: float) -> None:
     for y, (_, intervals) in enumerate(chart_rows):
         alpha = 1.0 if y < n_devices else 0.6
         for iv in intervals:
-            style = {k: v for k, v in _STYLE[iv.kind].items() if k != "label"}
+            style = _STYLE[iv.kind]
             ax.barh(
-                y, iv.duration_ms, left=iv.start_ms, height=0.7, linewidth=0.6, alpha=alpha, **style
+                y, iv.duration_ms, left=iv.start_ms, height=0.7, linewidth=0.6, alpha=alpha,
+                facecolor=style.facecolor, edgecolor=style.edgecolor, hatch=style.hatch,
             )
             digits = len(str(iv.micro_batch))
             if iv.kind != "AR" and iv.duration_ms * px_per_ms >= _MIN_LABEL_PX + 6 * (digits - 1):
@@ -144,12 +156,15 @@ def _draw_panel(ax: Axes, timeline: Timeline, title: str, span: float) -> None:
                 )
 
     drawn = {iv.kind for _, intervals in chart_rows for iv in intervals}
-    kinds = [k for k in ("F", "B", "AR") if k in drawn]
+    shown = [style for kind, style in _STYLE.items() if kind in drawn]
     ax.legend(
-        handles=[Patch(**_STYLE[k]) for k in kinds],
+        handles=[
+            Patch(facecolor=s.facecolor, edgecolor=s.edgecolor, hatch=s.hatch, label=s.label)
+            for s in shown
+        ],
         loc="lower right",
         bbox_to_anchor=(1.0, 1.0),
-        ncol=max(len(kinds), 1),
+        ncol=max(len(shown), 1),
         frameon=False,
         fontsize=8,
     )

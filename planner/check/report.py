@@ -55,7 +55,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from edgepipe.planner.check.simulator import Interval, Timeline, Transfer, simulate
+from edgepipe.planner.check.simulator import Interval, Timeline, Transfer, WorkKind, simulate
 from edgepipe.planner.errors import InputError
 from edgepipe.planner.plan import Plan, load_plan
 
@@ -65,6 +65,9 @@ RECOVERY_KEYS = (
     "replay_from_step", "blocks_moved", "bytes_moved", "t_detect_s", "t_replan_s",
     "t_rebuild_s", "t_restore_s", "t_first_commit_s",
 )
+
+#: the timeline.jsonl event kinds drawn as intervals, and the interval kind of each
+_WORK_KIND: dict[str, WorkKind] = {"F": "F", "B": "B", "REDUCE_GRAD": "AR"}
 
 
 @dataclass(frozen=True)
@@ -295,12 +298,11 @@ def measured_timeline(run_dir: str | Path, plan: Plan, step: int) -> Timeline:
     docstring: per-rank clocks, no channel rows)."""
     stages = tuple(s.devices for s in plan.partition.stages)
     per_device: dict[str, list[Interval]] = defaultdict(list)
-    kinds = {"F": "F", "B": "B", "REDUCE_GRAD": "AR"}
     for e in _jsonl(Path(run_dir) / "timeline.jsonl"):
-        if e["step"] == step and e["kind"] in kinds:
+        if e["step"] == step and e["kind"] in _WORK_KIND:
             mb = -1 if e["kind"] == "REDUCE_GRAD" else int(e["micro_batch"])
             per_device[e["device"]].append(
-                Interval(kinds[e["kind"]], mb, float(e["start_ms"]), float(e["end_ms"]))
+                Interval(_WORK_KIND[e["kind"]], mb, float(e["start_ms"]), float(e["end_ms"]))
             )
     devices = {
         d: tuple(sorted(per_device[d], key=lambda iv: iv.start_ms)) for s in stages for d in s
@@ -346,7 +348,6 @@ def run_timeline(report: RunReport, run_dir: str | Path) -> tuple[Timeline, list
         t += float(line["wall_ms"])
     stages = [tuple(s.devices) for s in report.plan.partition.stages]
     known = {d for s in stages for d in s}
-    kinds = {"F": "F", "B": "B", "REDUCE_GRAD": "AR"}
     per_device: dict[str, list[Interval]] = defaultdict(list)
     later: list[str] = []
     # a device missing from a step's committed line ran only an aborted try of it
@@ -354,14 +355,14 @@ def run_timeline(report: RunReport, run_dir: str | Path) -> tuple[Timeline, list
     events = [e for e in _jsonl(Path(run_dir) / "timeline.jsonl")
               if e["step"] in offsets and e["device"] in ran[e["step"]]]
     for e in _last_tries(events):
-        if e["kind"] not in kinds:
+        if e["kind"] not in _WORK_KIND:
             continue
         if e["device"] not in known and e["device"] not in later:
             later.append(e["device"])
         o = offsets[e["step"]]
         mb = -1 if e["kind"] == "REDUCE_GRAD" else int(e["micro_batch"])
         per_device[e["device"]].append(
-            Interval(kinds[e["kind"]], mb, o + float(e["start_ms"]), o + float(e["end_ms"]))
+            Interval(_WORK_KIND[e["kind"]], mb, o + float(e["start_ms"]), o + float(e["end_ms"]))
         )
     if later:
         stages.append(tuple(later))

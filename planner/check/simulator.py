@@ -54,6 +54,7 @@ import heapq
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
 import numpy as np
@@ -63,6 +64,9 @@ from edgepipe.planner.inputs.profile import batch_curve
 from edgepipe.planner.partition import Partition
 from edgepipe.planner.schedule import Action, ActionType, Schedule, build
 
+#: what a device or a transfer is doing: a forward, a backward, or an all-reduce
+WorkKind = Literal["F", "B", "AR"]
+
 _EPS = 1e-9
 
 
@@ -71,7 +75,7 @@ class Interval:
     """A device busy (``F``/``B``: computing micro-batch ``micro_batch``; ``AR``: inside
     its all-reduce, micro-batch -1) from ``start_ms`` to ``end_ms``."""
 
-    kind: Literal["F", "B", "AR"]
+    kind: WorkKind
     micro_batch: int
     start_ms: float
     end_ms: float
@@ -88,7 +92,7 @@ class Transfer:
     ``posted_ms``, on its channels from ``start_ms`` (when its pair's earlier messages
     were through) to ``end_ms``, delivered at ``delivered_ms``."""
 
-    kind: Literal["F", "B", "AR"]
+    kind: WorkKind
     micro_batch: int
     src: str
     dst: str
@@ -154,7 +158,7 @@ def simulate(problem: Problem, partition: Partition, schedule: Schedule | None =
 
 @dataclass
 class _Flow:
-    kind: Literal["F", "B", "AR"]
+    kind: WorkKind
     micro_batch: int
     src: str
     dst: str
@@ -241,7 +245,7 @@ class _Simulation:
 
     def _post(
         self,
-        kind: Literal["F", "B", "AR"],
+        kind: WorkKind,
         m: int,
         a: str,
         b: str,
@@ -322,7 +326,7 @@ class _Simulation:
                 kind: Literal["F", "B"] = "F" if t == ActionType.F else "B"
                 self.intervals[dev].append(Interval(kind, _mb(a), self.now, self.now + duration))
                 self.busy[dev] = True
-                self._push(self.now + duration, lambda dev=dev: self._compute_done(dev))
+                self._push(self.now + duration, partial(self._compute_done, dev))
             elif t in (ActionType.SEND_F, ActionType.SEND_B):
                 self._send(dev, a)
             else:  # REDUCE_GRAD: busy until the ring delivers its last chunk
@@ -341,11 +345,11 @@ class _Simulation:
         if a.type == ActionType.SEND_F:
             for src, dst, n in self.pieces[p]:
                 if src == dev:
-                    self._post("F", m, src, dst, n, lambda dst=dst: self._arrive(dst, "F", m))
+                    self._post("F", m, src, dst, n, partial(self._arrive, dst, "F", m))
         else:
             for src, dst, n in self.pieces[p - 1]:
                 if dst == dev:
-                    self._post("B", m, dst, src, n, lambda src=src: self._arrive(src, "B", m))
+                    self._post("B", m, dst, src, n, partial(self._arrive, src, "B", m))
 
     def _arrive(self, dev: str, kind: str, m: int) -> None:
         self.arrived[(dev, kind, m)] += 1

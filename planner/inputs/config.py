@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from edgepipe.planner.errors import InputError
 from edgepipe.planner.inputs.schema import load_document, validate
+from edgepipe.planner.schedule import ScheduleName
 
 KIND = "edgepipe.training_config"
 
 #: optimizer state bytes per parameter byte (reference/asteroid.md §3.1, [inferred]):
 #: SGD keeps none, SGD+momentum one buffer, Adam two moments.
-OPTIMIZER_STATE = {"sgd": 0, "momentum": 1, "adam": 2}
+OptimizerName = Literal["sgd", "momentum", "adam"]
+OPTIMIZER_STATE: dict[OptimizerName, int] = {"sgd": 0, "momentum": 1, "adam": 2}
 
 #: largest micro-batch size tried when the config names no candidates
 DEFAULT_MAX_MICRO_BATCH = 64
@@ -37,8 +40,11 @@ MAX_REPLICATION_INTERVAL = 1_000_000
 #: plan is made (:func:`planner.plan.make_plan`; docs/decisions.md)
 AUTO = "auto"
 
-SCHEDULES = ("1f1b", "gpipe")
-WARMUPS = ("asteroid", "classic")
+#: how the 1F1B warm-up depth K_p is chosen (:meth:`TrainingConfig.warmup_depth`)
+WarmupName = Literal["asteroid", "classic"]
+
+SCHEDULES: tuple[ScheduleName, ...] = get_args(ScheduleName)
+WARMUPS: tuple[WarmupName, ...] = get_args(WarmupName)
 
 
 @dataclass(frozen=True)
@@ -48,9 +54,9 @@ class TrainingConfig:
 
     global_batch: int
     micro_batch_candidates: tuple[int, ...] | None = None
-    optimizer: str = "momentum"
-    schedule: str = "1f1b"
-    warmup: str = "asteroid"
+    optimizer: OptimizerName = "momentum"
+    schedule: ScheduleName = "1f1b"
+    warmup: WarmupName = "asteroid"
     max_stages: int | None = None
     learning_rate: float | None = None
     momentum: float | None = None
@@ -140,6 +146,7 @@ class TrainingConfig:
     def micro_batch_sizes(self) -> list[int]:
         """Candidate micro-batch sizes that divide the global batch into at most
         ``MAX_MICRO_BATCHES`` micro-batches, ascending."""
+        cands: Iterable[int]
         if self.micro_batch_candidates is None:
             cands = range(1, min(self.global_batch, DEFAULT_MAX_MICRO_BATCH) + 1)
         else:

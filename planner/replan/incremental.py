@@ -72,6 +72,7 @@ import math
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from typing import Any, overload
 
 import numpy as np
 from edgepipe.planner.cost.channels import migration_ms
@@ -155,7 +156,9 @@ class _Search:
                 out.append(d)
         return out
 
-    def _split(self, stage: _Stage, p: int, num: int, held: Mapping[str, float]) -> _Stage | None:
+    def _split(
+        self, stage: _Stage, p: int, num: int, held: Mapping[str, float]
+    ) -> StageAssignment | None:
         """Algorithm 1 for one stage at position ``p`` of ``num`` under memory caps."""
         cm, devs = self.cm, stage.devices
         warm = self.problem.config.warmup_depth(p, num, self.m)
@@ -174,7 +177,9 @@ class _Search:
         if not ok[0]:
             return None
         keep = [(d, int(n)) for d, n in zip(devs, y[0], strict=True) if n > 0]
-        return _Stage(stage.first, stage.end, tuple(d for d, _ in keep), tuple(n for _, n in keep))
+        return StageAssignment(
+            stage.first, stage.end, tuple(d for d, _ in keep), tuple(n for _, n in keep)
+        )
 
     def score(self, stages: list[_Stage]) -> _Scored | None:
         """Re-split the stages that need it and evaluate; ``None`` if anything overflows."""
@@ -189,12 +194,14 @@ class _Search:
         held = self.cm.replica_memory(shape)
         done = []
         for p, s in enumerate(stages):
-            if s.samples is None:
-                split = self._split(s, p, num, held)
-                if split is None:
-                    return None
-                s = split
-            done.append(StageAssignment(s.first, s.end, s.devices, s.samples))
+            settled = (
+                self._split(s, p, num, held)
+                if s.samples is None
+                else StageAssignment(s.first, s.end, s.devices, s.samples)
+            )
+            if settled is None:
+                return None
+            done.append(settled)
         partition = Partition(self.batch, self.m, tuple(done))
         if partition not in self.scored:
             self.scored[partition] = self._evaluate(partition)
@@ -210,6 +217,12 @@ class _Search:
         move_ms = _migration_ms(moves, self.cm)
         value = cost.iteration_ms + move_ms / self.horizon
         return _Scored(_settled(partition), partition, cost, moves, move_ms, value)
+
+    @overload
+    def best(self, candidates: Iterable[list[_Stage]], incumbent: _Scored) -> _Scored: ...
+
+    @overload
+    def best(self, candidates: Iterable[list[_Stage]], incumbent: None) -> _Scored | None: ...
 
     def best(self, candidates: Iterable[list[_Stage]], incumbent: _Scored | None) -> _Scored | None:
         """The candidate of least value that fits, if it beats ``incumbent`` (else that)."""
@@ -278,12 +291,13 @@ class _Sources:
         missing: list[tuple[int, int]],
     ) -> None:
         """Append the source of blocks [first, end) of old stage q for ``dev``."""
-        if dev == self.ring[q] and (self.fresh or not self.owners[q]):
+        ring = self.ring[q]
+        if dev == ring and (self.fresh or not self.owners[q]):
             src, rep = dev, True
         elif self.owners[q]:
             src, rep = self.owners[q][0], False
-        elif self.ring[q] is not None:
-            src, rep = self.ring[q], True
+        elif ring is not None:
+            src, rep = ring, True
         else:
             missing.append((first, end))
             return
@@ -427,9 +441,9 @@ def _fast_path(
         if search.kind[dev] in rejected:
             continue
         cands = []
-        for q, s in enumerate(current.stages):
+        for q, stage in enumerate(current.stages):
             cand = list(current.stages)
-            cand[q] = _Stage(s.first, s.end, (*s.devices, dev), None)
+            cand[q] = _Stage(stage.first, stage.end, (*stage.devices, dev), None)
             cands.append(cand)
         entered = search.best(cands, current)
         if entered is current:
@@ -613,13 +627,13 @@ def _full_solve(
     on); ``None`` when nothing fits."""
     try:
         if solver["name"] == "milp":
-            res = plan_milp(problem, solver["backend"], solver["time_limit_s"], warm_start=warm)
-            return res.partition, res.cost
+            milp = plan_milp(problem, solver["backend"], solver["time_limit_s"], warm_start=warm)
+            return milp.partition, milp.cost
         # a hand-made plan's micro-batch size may lie outside the DP's candidates
         sizes = problem.config.micro_batch_sizes()
-        res = plan_dp(problem, incumbent=warm if warm and warm.micro_batch_size in sizes
-                      else None)
-        return res.partition, res.cost
+        dp = plan_dp(problem, incumbent=warm if warm and warm.micro_batch_size in sizes
+                     else None)
+        return dp.partition, dp.cost
     except InfeasibleError:
         return None
 
@@ -723,7 +737,7 @@ def replan(
     return make_plan(problem, partition, info, plan.id, cost, changes, moves, move_ms)
 
 
-def precompute(plan: Plan, **kwargs) -> dict[str, Plan | EdgepipeError]:
+def precompute(plan: Plan, **kwargs: Any) -> dict[str, Plan | EdgepipeError]:
     """The re-plan for the loss of every single device of ``plan``'s cluster, so that
     recovery is a lookup; an unrecoverable or infeasible loss maps to its error.
     ``kwargs`` go to :func:`replan`. O(devices) re-plans."""

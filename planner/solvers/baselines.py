@@ -333,7 +333,14 @@ def _hetpipe(problem: Problem, cm: CostModel, batch: int) -> Partition | None:
         groups = [speed_order[p * k : (p + 1) * k] for p in range(n_stages)]
         samples = _spread(batch, k)
 
-        def stage_cost(p: int, i: int, j: int, groups=groups, samples=samples, n_stages=n_stages):
+        def stage_cost(
+            p: int,
+            i: int,
+            j: int,
+            groups: list[list[int]] = groups,
+            samples: list[int] = samples,
+            n_stages: int = n_stages,
+        ) -> float:
             warm = problem.config.warmup_depth(p, n_stages, m)
             worst = 0.0
             for d, y in zip(groups[p], samples, strict=True):

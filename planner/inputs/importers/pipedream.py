@@ -431,12 +431,12 @@ def _chain(
             "profile must be acyclic: remove the edge that points backwards",
         )
 
-    for n in inputs:  # the structure is sound; now the batch size against the inputs
-        if n.activation_bytes % batch:
+    for node in inputs:  # the structure is sound; now the batch size against the inputs
+        if node.activation_bytes % batch:
             raise InputError(
                 source,
-                f"line {n.line}",
-                f"Input node {n.node_id} holds {n.activation_bytes:.0f} bytes for the "
+                f"line {node.line}",
+                f"Input node {node.node_id} holds {node.activation_bytes:.0f} bytes for the "
                 f"profiled minibatch, which batch size {batch} does not divide; give the "
                 "--batch-size the graph was profiled at",
             )
