@@ -68,7 +68,7 @@ from edgepipe.executor.core import emulation
 from edgepipe.executor.launch import launch
 from edgepipe.executor.worker import WorkerOptions
 from edgepipe.planner import api
-from edgepipe.planner.cli.main import DEMO_RUN_BATCH, DEMO_RUN_HOST, DEMO_RUN_MODEL
+from edgepipe.planner.cli.demo import DEMO_RUN_BATCH, DEMO_RUN_HOST, DEMO_RUN_MODEL
 from edgepipe.planner.cost.model import CostModel
 from edgepipe.planner.inputs.config import AUTO
 from edgepipe.planner.inputs.profile import ModelProfile

@@ -6,7 +6,7 @@ instead of shared 100 Mbit/s Wi-Fi (``jetson-testbed-6-ethernet``), which isolat
 network's part in the ratios. Models: every shipped profile usable on them (PipeDream
 imports and analytic zoo profiles); config: global batch 32, the CLI's defaults.
 
-For every (cluster, model) ``planner.compare`` runs the DP and the baselines; the exact
+For every (cluster, model) ``api.compare`` runs the DP and the baselines; the exact
 solver's plan (CP-SAT, warm-started from the DP's plan) comes from the cache of
 :mod:`benchmarks.exact_cache` shared with ``solver_vs_dp.py`` (solved and stored when the
 instance is not there), re-scored by this tree's cost model; "best" is the better of it
@@ -32,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from edgepipe.planner import api, compare
+from edgepipe.planner import api
 from edgepipe.planner.inputs.cluster import Cluster
 from edgepipe.planner.inputs.problem import make_problem
 from edgepipe.planner.inputs.profile import ModelProfile
@@ -91,7 +91,7 @@ def main() -> None:
         for model_name in models():
             model = ModelProfile.load(api.resolve(model_name, "models"))
             problem = make_problem(model, cluster, CONFIGS["g32"])
-            table = compare(problem, names)
+            table = api.compare(problem, names)
             dp = table.plans["dp"]
             label = f"{model_name} / {cluster.name} / g32"
             dp_record = {

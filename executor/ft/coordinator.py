@@ -94,7 +94,7 @@ from edgepipe.executor.ft.control import (
     host_store,
 )
 from edgepipe.executor.ft.joins import JoinRequests, read_join, register
-from edgepipe.planner.cli.main import add_coordinate_arguments
+from edgepipe.planner.cli.args import add_coordinate_arguments
 from edgepipe.planner.errors import EdgepipeError, InputError
 from edgepipe.planner.plan import Plan, load_plan, replica_standbys
 from edgepipe.planner.timeouts import HANG_TIMEOUT_S, HEARTBEAT_S, START_TIMEOUT_S

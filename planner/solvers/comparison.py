@@ -1,5 +1,5 @@
 """Side-by-side comparison of planners on one problem (module `planner.solvers.comparison`;
-the function is exported as `planner.compare`).
+the function is exported as `planner.api.compare`).
 
 Every planner (the DP, the exact solver, the baselines of :mod:`planner.solvers.baselines`)
 returns a plan scored by the one cost model, so the rows are directly comparable. A row
@@ -20,10 +20,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from edgepipe.planner import api
 from edgepipe.planner.errors import InfeasibleError, InputError
 from edgepipe.planner.inputs.problem import Problem
 from edgepipe.planner.plan import Plan
+from edgepipe.planner.solvers import solve as solving
 from edgepipe.planner.solvers.exact.solver import DEFAULT_BACKEND, DEFAULT_TIME_LIMIT
 
 #: the reference of the speed-up column
@@ -119,7 +119,7 @@ def compare(
     time_limit: float = DEFAULT_TIME_LIMIT,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> ComparisonResult:
-    """Run ``planners`` (default: every one, :func:`planner.api.planners`) on
+    """Run ``planners`` (default: every one, :func:`planner.solvers.solve.planners`) on
     ``problem``; the exact solver with ``backend`` and ``time_limit``.
 
     ``progress(label, done, total)`` reports each planner's progress (the DP per
@@ -130,11 +130,11 @@ def compare(
     """
     if isinstance(planners, str):
         raise InputError("--planners", "", f"expected a list of planner names, got {planners!r}")
-    names = list(planners) if planners is not None else api.planners()
-    unknown = [n for n in names if n not in api.planners()]
+    names = list(planners) if planners is not None else solving.planners()
+    unknown = [n for n in names if n not in solving.planners()]
     if unknown or not names:
         raise InputError(
-            "--planners", "", f"unknown planners {unknown}; available: {api.planners()}"
+            "--planners", "", f"unknown planners {unknown}; available: {solving.planners()}"
         )
     plans: dict[str, Plan] = {}
     notes: dict[str, str] = {}
@@ -147,7 +147,7 @@ def compare(
 
         report(0, 1)
         try:
-            plans[name] = api.solve(
+            plans[name] = solving.solve(
                 problem, name, progress=report, backend=backend, time_limit=time_limit
             )
         except InfeasibleError as exc:

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from edgepipe.planner.api import resolve
 from edgepipe.planner.check.simulator import simulate
-from edgepipe.planner.cli import main as cli
-from edgepipe.planner.cli.main import main
+from edgepipe.planner.cli import console, plan_views
+from edgepipe.planner.cli.main import build_parser, main
+from edgepipe.planner.cli.torch_imports import holding_ctrl_c
 from edgepipe.planner.cost.closed_form import pipeline_closed_form_ms
 from edgepipe.planner.cost.model import CostModel
 from edgepipe.planner.plan import load_plan
@@ -294,7 +295,7 @@ def test_a_ctrl_c_during_the_torch_import_arrives_once_the_import_is_done(
     # a KeyboardInterrupt inside torch's import can abort the process from C++ (seen: -6,
     # "terminate called after throwing ... pybind11::error_already_set"): held back
     finished = False
-    with pytest.raises(KeyboardInterrupt), cli._holding_ctrl_c():
+    with pytest.raises(KeyboardInterrupt), holding_ctrl_c():
         signal.raise_signal(signal.SIGINT)
         finished = True
     assert finished
@@ -326,6 +327,52 @@ def test_version_names_the_installed_release(capsys):
     assert capsys.readouterr().out.strip() == f"edgepipe {metadata.version('edgepipe')}"
 
 
+LOADED = """\
+import json, sys
+from edgepipe.planner.cli.main import main
+status = main(sys.argv[1:])
+print(json.dumps([status, sorted(sys.modules)]))
+"""
+
+
+def modules_loaded_by(*argv: str) -> set[str]:
+    """The modules a fresh ``edgepipe ARGV`` process has imported when it finishes."""
+    done = subprocess.run([sys.executable, "-c", LOADED, *argv], capture_output=True,
+                          text=True, timeout=120, check=True)  # fmt: skip
+    status, loaded = json.loads(done.stdout.splitlines()[-1])
+    assert status == 0, done.stderr
+    return set(loaded)
+
+
+def top_level(modules: set[str]) -> set[str]:
+    return {m.split(".")[0] for m in modules}
+
+
+def test_version_starts_without_numpy_jsonschema_rich_or_torch():
+    # the deterministic proxy of its start-up time (<= 0.2 s of CPU: benchmarks/startup.py)
+    loaded = modules_loaded_by("--version")
+    assert top_level(loaded) & {"numpy", "jsonschema", "rich", "torch"} == set()
+    assert not [m for m in loaded if m.startswith("edgepipe.planner.cli.")
+                and m != "edgepipe.planner.cli.main"]  # fmt: skip
+
+
+def test_validate_loads_neither_torch_nor_a_solver_nor_matplotlib(plan_file):
+    loaded = modules_loaded_by("validate", str(plan_file))
+    assert top_level(loaded) & {"torch", "matplotlib", "scipy", "ortools", "pulp"} == set()
+    assert not [m for m in loaded if m.startswith(("edgepipe.planner.solvers",
+                                                   "edgepipe.executor"))]  # fmt: skip
+
+
+def test_every_command_is_filled_in_by_the_module_the_table_names():
+    import importlib
+
+    from edgepipe.planner.cli.main import COMMANDS
+
+    for module in {module for module, _ in COMMANDS.values()}:
+        arguments = importlib.import_module(f"edgepipe.planner.cli.{module}").ARGUMENTS
+        assert set(arguments) == {c for c, (m, _) in COMMANDS.items() if m == module}
+
+
 def readme_example() -> list[str]:
     """The `edgepipe plan` example of README.md, without its command and timing line."""
     text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
@@ -350,7 +397,7 @@ def test_compare_table_fits_80_columns_with_every_planner(capsys):
 
 
 def test_a_narrow_terminal_gets_one_labelled_line_per_row(plan_file, capsys, monkeypatch):
-    monkeypatch.setattr(cli.out, "width", 40)
+    monkeypatch.setattr(console.out, "width", 40)
     assert main(["show", str(plan_file)]) == 0
     text = capsys.readouterr().out
     assert max(len(line.rstrip()) for line in text.splitlines()) <= 40
@@ -365,7 +412,7 @@ def test_repeated_assumptions_are_grouped():
         "times for b come from one batch size (128); other batch sizes scale proportionally",
         "something else",
     ]
-    assert cli.grouped_assumptions(notes) == [
+    assert plan_views.grouped_assumptions(notes) == [
         "times derived from v100 (9800 effective GFLOP/s) by the ratio of effective GFLOP/s: "
         "a x 118.7 (82.56), b x 17.01 (576)",
         "times for a, b come from one batch size (128); other batch sizes scale proportionally",
@@ -375,10 +422,10 @@ def test_repeated_assumptions_are_grouped():
 
 def test_the_gantt_title_names_the_plan_s_schedule(plan_file):
     plan = load_plan(plan_file)
-    assert cli.gantt_title(plan) == f"{plan.id}: one iteration (1F1B, asteroid warm-up)"
+    assert plan_views.gantt_title(plan) == f"{plan.id}: one iteration (1F1B, asteroid warm-up)"
     gpipe = replace(plan, problem=replace(plan.problem, config=replace(
         plan.problem.config, schedule="gpipe")))  # fmt: skip
-    assert cli.gantt_title(gpipe) == f"{plan.id}: one iteration (GPipe)"
+    assert plan_views.gantt_title(gpipe) == f"{plan.id}: one iteration (GPipe)"
 
 
 def edited(kind: str, change) -> dict:
@@ -417,11 +464,11 @@ def test_a_finished_coordinate_run_prints_each_dropped_join_as_one_warning_line(
     # what edgepipe coordinate prints once the run finished (coordinator.run's Stopped):
     # every join_failed reason on its own line, as python -m executor.ft.coordinator does
     from edgepipe.executor.ft.coordinator import Stopped
-    from edgepipe.planner.cli.main import _coordinated
+    from edgepipe.planner.cli.running import coordinated
 
     reason = ("join of e failed: it registered but sent no heartbeat within 120 s "
               "(--start-timeout); the run goes on without it")
-    _coordinated(Stopped(3, (reason,)))
+    coordinated(Stopped(3, (reason,)))
     assert capsys.readouterr().err.splitlines() == [
         f"warning: {reason}", "every worker finished (generation 3)"]
 
@@ -435,7 +482,7 @@ def test_the_control_planes_defaults_have_one_source_for_the_cli_and_the_executo
     from edgepipe.executor.ft import coordinator
     from edgepipe.planner import timeouts
 
-    parser = cli.build_parser()
+    parser = build_parser()
     run = parser.parse_args(["run", "plan.json", "--steps", "1"])
     coordinate = parser.parse_args(["coordinate", "plan.json"])
     assert (run.hang_timeout, run.heartbeat, run.timeout) == (

@@ -1,4 +1,4 @@
-"""planner.compare and `edgepipe compare`: one table, every planner, one cost model."""
+"""api.compare and `edgepipe compare`: one table, every planner, one cost model."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import io
 import json
 from dataclasses import replace
 
-import edgepipe.planner as planner
 import pytest
 from edgepipe.planner import api
 from edgepipe.planner.cli.main import main
@@ -21,7 +20,7 @@ from tests.helpers.synthetic import random_problem
 @pytest.fixture(scope="module")
 def result() -> ComparisonResult:
     problem = random_problem(8, 4, seed=3, global_batch=8, candidates=(2, 4, 8))
-    return planner.compare(problem, time_limit=60)
+    return api.compare(problem, time_limit=60)
 
 
 def test_every_planner_gets_a_row_scored_by_the_cost_model(result):
@@ -71,7 +70,7 @@ def test_infeasible_planner_gets_a_row_with_its_reason():
     problem = random_problem(6, 3, seed=0, global_batch=8, candidates=(2, 4), memory=(3e7, 3e7))
     # without ring replicas, whose memory would make even the DP's plans overflow here
     problem = replace(problem, config=replace(problem.config, replication_interval=0))
-    table = planner.compare(problem, ["dp", "data-parallel"])
+    table = api.compare(problem, ["dp", "data-parallel"])
     dp, data_parallel = table.rows
     assert dp.feasible and dp.speedup_vs_data_parallel is None
     assert not data_parallel.feasible and "memory" in data_parallel.note
@@ -80,7 +79,7 @@ def test_infeasible_planner_gets_a_row_with_its_reason():
 def test_progress_is_reported_while_the_exact_solver_runs():
     seen = []
     problem = random_problem(5, 3, seed=1, global_batch=8, candidates=(2, 4))
-    planner.compare(problem, ["milp"], progress=lambda *args: seen.append(args))
+    api.compare(problem, ["milp"], progress=lambda *args: seen.append(args))
     labels = {label for label, _, _ in seen}
     assert len(labels) == 1 and "milp" in labels.pop()
     assert len(seen) >= 3 and seen[-1][1] == seen[-1][2]
@@ -88,7 +87,7 @@ def test_progress_is_reported_while_the_exact_solver_runs():
 
 def test_unknown_planner_is_rejected_before_anything_runs():
     with pytest.raises(InputError, match="simulated-annealing"):
-        planner.compare(random_problem(3, 2), ["dp", "simulated-annealing"])
+        api.compare(random_problem(3, 2), ["dp", "simulated-annealing"])
 
 
 def test_cli_compare_prints_the_table_and_writes_csv_json_png(tmp_path, capsys):

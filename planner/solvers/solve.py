@@ -1,0 +1,102 @@
+"""Run one named planner on a problem and score its partition as a :class:`Plan`.
+
+The planners: ``"dp"`` (Asteroid's DP, :mod:`planner.solvers.dp.driver`), ``"milp"``
+(the exact solver, :mod:`planner.solvers.exact.solver`) and the baselines of
+:mod:`planner.solvers.baselines`. :mod:`planner.api` exports :func:`solve` and
+:func:`planners`; :mod:`planner.solvers.comparison` runs them side by side.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from edgepipe.planner.errors import InputError
+from edgepipe.planner.inputs.problem import Problem
+from edgepipe.planner.plan import Plan, SolverInfo, make_plan
+from edgepipe.planner.solvers.baselines import BASELINES, plan_baseline
+from edgepipe.planner.solvers.dp.driver import plan_dp
+from edgepipe.planner.solvers.exact.solver import DEFAULT_BACKEND, DEFAULT_TIME_LIMIT, plan_milp
+
+
+def planners() -> list[str]:
+    """Names accepted by :func:`solve`: the DP, the exact solver and the baselines."""
+    return ["dp", "milp", *BASELINES]
+
+
+def solve(
+    problem: Problem,
+    solver: str = "dp",
+    progress: Callable[[int, int], None] | None = None,
+    *,
+    backend: str = DEFAULT_BACKEND,
+    time_limit: float = DEFAULT_TIME_LIMIT,
+    multilevel: bool = True,
+) -> Plan:
+    """Plan ``problem`` with ``solver`` and return the scored :class:`Plan`.
+
+    ``solver``: ``"dp"`` (Asteroid's DP, :mod:`planner.solvers.dp.driver`; past ``time_limit``
+    seconds
+    it returns its best plan so far with status ``timed_out``), ``"milp"`` (the exact
+    solver, :mod:`planner.solvers.exact.solver`, with ``backend`` in cpsat | cbc | highs and a
+    wall-clock
+    ``time_limit`` in seconds, warm-started from the DP) or a baseline of
+    :mod:`planner.solvers.baselines`. ``progress(done, total)`` is called as the DP finishes each
+    level of a micro-batch candidate or the exact solver each (micro-batch, stage count)
+    program. ``multilevel`` (dp only): plan a model of more than ``dp.MULTILEVEL_ABOVE``
+    blocks coarse to fine (:mod:`planner.solvers.dp.multilevel`; the default), or on every block.
+
+    Raises:
+        InfeasibleError: nothing fits memory (the message names the binding figure).
+        InputError: unknown solver or backend name, or a non-positive time limit.
+    """
+    if not isinstance(time_limit, int | float) or isinstance(time_limit, bool):
+        raise InputError(
+            "--time-limit", "", f"expected seconds as a number, got a {type(time_limit).__name__}"
+        )
+    if solver == "dp":
+        result = plan_dp(problem, progress=progress, time_limit=time_limit,
+                         multilevel=multilevel)  # fmt: skip
+        info = SolverInfo(
+            name="dp",
+            settings={
+                "micro_batch_sizes": problem.config.micro_batch_sizes(),
+                "time_limit_s": time_limit,
+                "state_graph": result.graph,
+                "coarse_to_fine": result.coarse_to_fine,
+            },
+            solve_time_s=result.solve_time_s,
+            status="timed_out" if result.status == "timed_out" else "heuristic",
+        )
+        return make_plan(problem, result.partition, info, cost=result.cost)
+    if solver == "milp":
+        exact = plan_milp(problem, backend=backend, time_limit=time_limit, progress=progress)
+        info = SolverInfo(
+            name="milp",
+            settings={
+                "backend": exact.backend,
+                "time_limit_s": exact.time_limit_s,
+                "micro_batch_sizes": problem.config.micro_batch_sizes(),
+                "warm_start": "dp",
+                "warm_start_ms": exact.warm_start_ms,
+                "programs": len(exact.subproblems),
+                "programs_closed": sum(s.closed for s in exact.subproblems),
+                "program_ms": exact.program_ms,
+            },
+            solve_time_s=exact.solve_time_s,
+            status=exact.status,
+            objective_bound_ms=exact.bound_ms,
+            gap=exact.gap,
+        )
+        return make_plan(problem, exact.partition, info, cost=exact.cost)
+    if solver in BASELINES:
+        start = time.perf_counter()
+        partition, cost = plan_baseline(problem, solver)
+        info = SolverInfo(
+            name=solver,
+            settings={"micro_batch_sizes": problem.config.micro_batch_sizes()},
+            solve_time_s=time.perf_counter() - start,
+            status="heuristic",
+        )
+        return make_plan(problem, partition, info, cost=cost)
+    raise InputError("--solver", "", f"unknown solver {solver!r}; available: {planners()}")
