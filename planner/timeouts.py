@@ -1,5 +1,5 @@
 """The control plane's default timeouts and intervals, in seconds: one source for the
-CLI's defaults (planner/cli/main.py: ``edgepipe run``, ``edgepipe coordinate``) and the
+CLI's defaults (planner/cli/running.py and args.py: ``edgepipe run``, ``coordinate``) and the
 executor's (executor/launch.py, executor/ft/coordinator.py, executor/worker.py).
 
 Pure Python with no imports, so the planner side, which never imports torch or
