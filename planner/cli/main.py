@@ -13,7 +13,7 @@ plan; 2 a bad argument or input, or any other error of edgepipe
 This module parses and dispatches. Each command lives in the module :data:`COMMANDS`
 names, which adds the command's arguments to its parser and runs it; that module is
 imported only once argparse has chosen the command, so ``edgepipe --version`` loads none
-of them, and no command loads another's dependencies (torch, the solvers, matplotlib).
+of them, and only the commands that need torch, the solvers or matplotlib load them.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ class _Commands(argparse._SubParsersAction):
     ) -> None:
         command = values[0]  # a valid choice: argparse has checked it
         subparser = self.choices[command]
-        if subparser.get_default("func") is None:  # not yet filled (a second parse_args)
+        if subparser.get_default("func") is None:  # once: a parser may parse again
             module = importlib.import_module(f"edgepipe.planner.cli.{COMMANDS[command][0]}")
             module.ARGUMENTS[command](subparser)
         super().__call__(parser, namespace, values, option_string)
