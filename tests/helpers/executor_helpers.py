@@ -28,6 +28,10 @@ if TYPE_CHECKING:
     from tests.helpers.reference_trainer import Result
 
 MLP_IN, MLP_CLASSES = 6, 3
+#: :func:`mlp` of width 8 as a build spec, and :func:`mlp_dataset` as a ``--dataset``: by
+#: module path, for the worker processes to import
+MLP = BuildSpec(callable="tests.helpers.executor_helpers:mlp", kwargs={"width": 8})
+MLP_DATASET = "tests.helpers.executor_helpers:mlp_dataset"
 #: the tests' device type, ``host-cpu``: this machine on a 1 Gbit/s loopback
 HOST_CPU = {
     "description": "this machine (tests)", "memory_bytes": 8 * 2**30, "usable_fraction": 0.9,

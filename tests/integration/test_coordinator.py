@@ -21,21 +21,25 @@ from pathlib import Path
 import pytest
 import torch
 from edgepipe.executor.core.metrics import read_jsonl
+from edgepipe.executor.core.options import Endpoint, WorkerOptions
 from edgepipe.executor.ft import checkpoint
 from edgepipe.executor.ft.control import host_store
 from edgepipe.executor.ft.coordinator import join, parse_address, send_checkpoint
 from edgepipe.executor.launch import launch
-from edgepipe.executor.worker import Endpoint, WorkerOptions
 from edgepipe.planner.errors import InputError
-from edgepipe.planner.inputs.profile import BuildSpec
 from edgepipe.planner.plan import load_plan
 
-from tests.helpers.executor_helpers import MLP_IN, make_test_plan, profile_of, write_plan
+from tests.helpers.executor_helpers import (
+    MLP,
+    MLP_DATASET,
+    MLP_IN,
+    make_test_plan,
+    profile_of,
+    write_plan,
+)
 from tests.helpers.paths import REPO
 from tests.helpers.processes import PY, free_port
 
-MLP = BuildSpec(callable="tests.helpers.executor_helpers:mlp", kwargs={"width": 8})
-DATASET = "tests.helpers.executor_helpers:mlp_dataset"
 STAGES = [(0, 1, [2]), (1, 2, [2]), (2, 4, [2])]
 HANG_S = 3.0
 #: the hang timeout of runs in which no worker fails (only the coordinator may)
@@ -67,7 +71,7 @@ class Job:
                    "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
                    "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
             self.workers.append(subprocess.Popen(
-                [PY, "-m", "edgepipe.executor.worker", str(plan), "--dataset", DATASET,
+                [PY, "-m", "edgepipe.executor.worker", str(plan), "--dataset", MLP_DATASET,
                  "--timeout", str(timeout_s), "--coordinator", f"127.0.0.1:{self.port}", *args],
                 cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             ))
@@ -223,7 +227,7 @@ def test_a_job_under_the_coordinator_trains_as_the_local_launcher_does(
     (status, err), = wait_all([job.coordinator], within_s=30)
     assert status == 0 and "every worker finished (generation 1)" in err
     local = launch(WorkerOptions(str(plan_file), 3, str(tmp_path / "local"), deterministic=True,
-                                 dataset=DATASET, timeout_s=60))
+                                 dataset=MLP_DATASET, timeout_s=60))
     assert [m["loss"] for m in read_jsonl(tmp_path / "job" / "metrics.jsonl")] == local.losses
 
 

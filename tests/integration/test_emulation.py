@@ -26,15 +26,18 @@ from edgepipe.executor.core.emulation import (
     read_reports,
     reserve,
 )
+from edgepipe.executor.core.options import WorkerOptions
 from edgepipe.executor.launch import launch
-from edgepipe.executor.worker import WorkerOptions
-from edgepipe.planner.inputs.profile import BuildSpec
 from edgepipe.planner.plan import load_plan
 
-from tests.helpers.executor_helpers import MLP_IN, emulated_plan, profile_of, write_plan
-
-MLP = BuildSpec(callable="tests.helpers.executor_helpers:mlp", kwargs={"width": 8})
-DATASET = "tests.helpers.executor_helpers:mlp_dataset"
+from tests.helpers.executor_helpers import (
+    MLP,
+    MLP_DATASET,
+    MLP_IN,
+    emulated_plan,
+    profile_of,
+    write_plan,
+)
 
 
 @pytest.fixture(scope="module")
@@ -241,7 +244,7 @@ def test_a_switch_shares_each_port_not_the_network() -> None:
 
 def run(plan, tmp_path: Path, steps: int, **opts) -> Any:
     path = write_plan(plan, tmp_path)
-    return launch(WorkerOptions(str(path), steps, str(tmp_path), dataset=DATASET,
+    return launch(WorkerOptions(str(path), steps, str(tmp_path), dataset=MLP_DATASET,
                                 timeout_s=30, emulate=True, **opts))
 
 
@@ -282,9 +285,9 @@ def test_emulation_changes_timing_not_training(tmp_path: Path, mlp_profile) -> N
     plan = emulated_plan(mlp_profile, [(0, 1, [1, 2]), (1, 4, [3])], 3, 2, [1, 3, 1],
                          bandwidth_mbps=10, shared=True)
     path = write_plan(plan, tmp_path)
-    plain = launch(WorkerOptions(str(path), 2, str(tmp_path / "plain"), dataset=DATASET,
+    plain = launch(WorkerOptions(str(path), 2, str(tmp_path / "plain"), dataset=MLP_DATASET,
                                  deterministic=True, timeout_s=30))
-    emulated = launch(WorkerOptions(str(path), 2, str(tmp_path / "emu"), dataset=DATASET,
+    emulated = launch(WorkerOptions(str(path), 2, str(tmp_path / "emu"), dataset=MLP_DATASET,
                                     deterministic=True, timeout_s=30, emulate=True,
                                     time_scale=2.0))
     assert emulated.losses == plain.losses

@@ -17,13 +17,14 @@ from pathlib import Path
 import pytest
 import torch
 from edgepipe.executor.core.metrics import read_jsonl
+from edgepipe.executor.core.options import WorkerOptions
 from edgepipe.executor.ft.control import Coordinator, host_store
 from edgepipe.executor.launch import ABORT_GRACE_S, GRACE_S, RunFailed, launch
-from edgepipe.executor.worker import WorkerOptions
 from edgepipe.planner.cli.main import main
-from edgepipe.planner.inputs.profile import BuildSpec
 
 from tests.helpers.executor_helpers import (
+    MLP,
+    MLP_DATASET,
     MLP_IN,
     emulated_plan,
     make_test_plan,
@@ -32,8 +33,6 @@ from tests.helpers.executor_helpers import (
 )
 from tests.helpers.processes import alive
 
-MLP = BuildSpec(callable="tests.helpers.executor_helpers:mlp", kwargs={"width": 8})
-DATASET = "tests.helpers.executor_helpers:mlp_dataset"
 GLOO_TIMEOUT_S = 60.0
 HANG_S, BEAT_S = 2.0, 0.1
 #: scheduling slack on a loaded two-core machine
@@ -66,7 +65,7 @@ def stop_mid_run(tmp_path: Path, plan, device: str) -> tuple[RunFailed, dict]:
 
     try:
         with pytest.raises(RunFailed) as caught:
-            launch(WorkerOptions(str(path), 100_000, str(tmp_path), dataset=DATASET,
+            launch(WorkerOptions(str(path), 100_000, str(tmp_path), dataset=MLP_DATASET,
                                  timeout_s=GLOO_TIMEOUT_S),
                    on_start=on_start, hang_timeout_s=HANG_S, heartbeat_s=BEAT_S,
                    recover=False)
@@ -187,7 +186,7 @@ def test_a_device_three_times_slower_is_never_declared_dead_and_training_is_unch
     # every forward of the slowed device lasts 1.2 hang timeouts (its backward longer):
     # a detector that took silence of the training loop for death would fire
     scale = 1.2 * hang_s * 1e3 / plan.cost.stages[1].device_forward_ms[0]
-    slowed = launch(WorkerOptions(str(path), 2, str(tmp_path / "slowed"), dataset=DATASET,
+    slowed = launch(WorkerOptions(str(path), 2, str(tmp_path / "slowed"), dataset=MLP_DATASET,
                                   deterministic=True, timeout_s=GLOO_TIMEOUT_S, emulate=True,
                                   time_scale=scale, save_weights=True),
                     hang_timeout_s=hang_s, heartbeat_s=beat_s)
@@ -195,7 +194,7 @@ def test_a_device_three_times_slower_is_never_declared_dead_and_training_is_unch
     forwards = [e["end_ms"] - e["start_ms"] for e in timeline
                 if e["device"] == "d1" and e["kind"] == "F"]
     assert len(forwards) == 2 and min(forwards) >= 1.2 * hang_s * 1e3
-    plain = launch(WorkerOptions(str(path), 2, str(tmp_path / "plain"), dataset=DATASET,
+    plain = launch(WorkerOptions(str(path), 2, str(tmp_path / "plain"), dataset=MLP_DATASET,
                                  deterministic=True, timeout_s=GLOO_TIMEOUT_S,
                                  save_weights=True),
                    hang_timeout_s=None)

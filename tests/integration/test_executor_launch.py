@@ -16,16 +16,20 @@ import time
 import pytest
 import torch
 from edgepipe.executor.core.metrics import read_jsonl
+from edgepipe.executor.core.options import WorkerOptions
 from edgepipe.executor.launch import RunFailed, launch
-from edgepipe.executor.worker import WorkerOptions
 from edgepipe.planner.cli.main import main
-from edgepipe.planner.inputs.profile import BuildSpec
 
-from tests.helpers.executor_helpers import MLP_IN, make_test_plan, profile_of, write_plan
+from tests.helpers.executor_helpers import (
+    MLP,
+    MLP_DATASET,
+    MLP_IN,
+    make_test_plan,
+    profile_of,
+    write_plan,
+)
 from tests.helpers.processes import alive
 
-MLP = BuildSpec(callable="tests.helpers.executor_helpers:mlp", kwargs={"width": 8})
-DATASET = "tests.helpers.executor_helpers:mlp_dataset"
 TIMEOUT_S = 20
 
 
@@ -40,7 +44,7 @@ def test_edgepipe_run_writes_one_metrics_line_per_step_and_a_timeline(
     plan = make_test_plan(mlp_profile, [(0, 1, [2, 1]), (1, 4, [3])], 3, 2, optimizer="momentum")
     path = write_plan(plan, tmp_path)
     assert main(["run", str(path), "--steps", "4", "--out", str(tmp_path), "--dataset",
-                 DATASET, "--timeout", str(TIMEOUT_S)]) == 0
+                 MLP_DATASET, "--timeout", str(TIMEOUT_S)]) == 0
     printed = capsys.readouterr().out
     metrics = read_jsonl(tmp_path / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [0, 1, 2, 3]
@@ -89,7 +93,7 @@ def test_without_recovery_a_child_killed_mid_run_stops_the_others_and_names_the_
         threading.Thread(target=killer, daemon=True).start()
 
     with pytest.raises(RunFailed) as caught:
-        launch(WorkerOptions(str(path), 100_000, str(tmp_path), dataset=DATASET,
+        launch(WorkerOptions(str(path), 100_000, str(tmp_path), dataset=MLP_DATASET,
                              timeout_s=TIMEOUT_S), on_start=kill_when_running, recover=False)
     took = time.monotonic() - started["killed_at"]
     assert caught.value.device == "d1" and caught.value.exitcode == -signal.SIGKILL

@@ -15,14 +15,17 @@ import sys
 import pytest
 import torch
 from edgepipe.planner.cli.main import main
-from edgepipe.planner.inputs.profile import BuildSpec
 from edgepipe.planner.plan import plan_from_dict
 
-from tests.helpers.executor_helpers import MLP_IN, make_test_plan, profile_of, write_plan
+from tests.helpers.executor_helpers import (
+    MLP,
+    MLP_DATASET,
+    MLP_IN,
+    make_test_plan,
+    profile_of,
+    write_plan,
+)
 from tests.helpers.paths import REPO
-
-MLP = BuildSpec(callable="tests.helpers.executor_helpers:mlp", kwargs={"width": 8})
-DATASET = "tests.helpers.executor_helpers:mlp_dataset"
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +40,7 @@ def run_edited(tmp_path, doc, capsys, *extra):
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(doc))
     out = tmp_path / "run"
-    status = main(["run", str(path), "--steps", "1", "--out", str(out), "--dataset", DATASET,
+    status = main(["run", str(path), "--steps", "1", "--out", str(out), "--dataset", MLP_DATASET,
                    *extra])
     err = capsys.readouterr().err
     assert status == 2

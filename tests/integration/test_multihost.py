@@ -29,6 +29,8 @@ from edgepipe.planner.plan import Plan, load_plan, replica_placement
 from tests.helpers import netns
 from tests.helpers import reference_trainer as ref
 from tests.helpers.executor_helpers import (
+    MLP,
+    MLP_DATASET,
     MLP_IN,
     emulated_plan,
     make_test_plan,
@@ -52,7 +54,6 @@ pytestmark = pytest.mark.skipif(
     reason="network namespaces need root and iproute2 (ip, tc)",
 )
 
-MLP = BuildSpec(callable="tests.helpers.executor_helpers:mlp", kwargs={"width": 8})
 
 RECEIVER = textwrap.dedent("""
     import socket, sys, time
@@ -267,9 +268,8 @@ def test_losing_a_whole_host_is_named_by_the_coordinator_and_every_other_host_st
                 "--hang-timeout", str(HANG_S)],
             env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         worker = ["-m", "edgepipe.executor.worker", str(path), "--steps", "100000",
-                  "--out", str(out),
-                  "--dataset", "tests.helpers.executor_helpers:mlp_dataset", "--timeout",
-                  str(GLOO_S), "--coordinator", f"{hosts[0].address}:29500"]
+                  "--out", str(out), "--dataset", MLP_DATASET, "--timeout", str(GLOO_S),
+                  "--coordinator", f"{hosts[0].address}:29500"]
         agents = [hosts.start(i, torchrun_argv(hosts, i, worker), env=env, cwd=REPO,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                   for i in range(3)]

@@ -19,13 +19,11 @@ import torch
 from edgepipe.executor.ft import recovery
 from edgepipe.executor.ft.control import Coordinator, host_store
 from edgepipe.executor.ft.recovery import Supervisor
-from edgepipe.planner.inputs.profile import BuildSpec
 
 from tests.helpers import control_workers
-from tests.helpers.executor_helpers import MLP_IN, make_test_plan, profile_of, write_plan
+from tests.helpers.executor_helpers import MLP, MLP_IN, make_test_plan, profile_of, write_plan
 
 CTX = mp.get_context("spawn")
-MLP = BuildSpec(callable="tests.helpers.executor_helpers:mlp", kwargs={"width": 8})
 BEAT_S = 30.0
 
 

@@ -27,10 +27,15 @@ from edgepipe.executor.ft.slowdown import (
 from edgepipe.planner.inputs.profile import BuildSpec
 from edgepipe.planner.schedule import Action, ActionType
 
-from tests.helpers.executor_helpers import MLP_IN, emulated_plan, profile_of, write_plan
+from tests.helpers.executor_helpers import (
+    MLP,
+    MLP_DATASET,
+    MLP_IN,
+    emulated_plan,
+    profile_of,
+    write_plan,
+)
 from tests.helpers.slowdown_runs import TIME_SCALE, careful_profile, work
-
-MLP = BuildSpec(callable="tests.helpers.executor_helpers:mlp", kwargs={"width": 8})
 
 EXPECTED = {"a": 10.0, "b": 20.0}
 
@@ -341,8 +346,8 @@ def test_several_slowdowns_of_one_device_each_apply_from_its_step_on() -> None:
 def test_a_device_slowed_three_times_is_repartitioned_at_a_step_boundary_never_failed(
     tmp_path,
 ) -> None:
+    from edgepipe.executor.core.options import WorkerOptions
     from edgepipe.executor.launch import launch
-    from edgepipe.executor.worker import WorkerOptions
     from edgepipe.planner.plan import load_plan
 
     from tests.helpers.recovery_runs import GLOO_TIMEOUT_S, GPT2, assert_matches_reference
@@ -373,8 +378,8 @@ def test_a_device_slowed_three_times_is_repartitioned_at_a_step_boundary_never_f
 
 @pytest.mark.slow
 def test_a_host_too_loaded_for_the_emulation_repartitions_nothing(tmp_path) -> None:
+    from edgepipe.executor.core.options import WorkerOptions
     from edgepipe.executor.launch import launch
-    from edgepipe.executor.worker import WorkerOptions
 
     from tests.helpers.recovery_runs import GLOO_TIMEOUT_S
 
@@ -385,7 +390,7 @@ def test_a_host_too_loaded_for_the_emulation_repartitions_nothing(tmp_path) -> N
     result = launch(
         WorkerOptions(str(write_plan(plan, tmp_path)), 6, str(tmp_path), deterministic=True,
                       emulate=True, time_scale=1e-4, timeout_s=GLOO_TIMEOUT_S,
-                      dataset="tests.helpers.executor_helpers:mlp_dataset"),
+                      dataset=MLP_DATASET),
         hang_timeout_s=10.0, heartbeat_s=0.1,
     )
     lines = [json.loads(line) for f in sorted((tmp_path / "emulation").iterdir())
@@ -453,7 +458,7 @@ def test_watching_real_devices_is_refused_in_a_run_that_does_not_recover(tmp_pat
     profile = profile_of(MLP, lambda b: torch.randn(b, MLP_IN))
     path = write_plan(make_test_plan(profile, [(0, 2, [2]), (2, 4, [2])], 2, 2), tmp_path)
     assert main(["run", str(path), "--steps", "2", "--no-recover", "--watch-slowdown",
-                 "--dataset", "tests.helpers.executor_helpers:mlp_dataset"]) == 2
+                 "--dataset", MLP_DATASET]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]  # after the run's banner
     assert last.startswith("error: --watch-slowdown: re-partitioning a slowed device is part "
                            "of in-process recovery"), last
@@ -472,8 +477,8 @@ def test_a_real_device_slowed_three_times_is_repartitioned_against_its_calibrate
     # slowed (stopped 20 ms of every 30) once 5 steps are durable; the watch calibrates
     # the plan's prediction (4x off) over steps 1-3 and declares d1 three slow steps later
     from edgepipe.executor.core import data
+    from edgepipe.executor.core.options import WorkerOptions
     from edgepipe.executor.launch import launch
-    from edgepipe.executor.worker import WorkerOptions
     from edgepipe.planner.plan import load_plan
 
     from tests.helpers import reference_trainer as ref
