@@ -22,7 +22,7 @@ from edgepipe.planner.schedule import Schedule
 
 #: what a transfer carries: ``(0, receiver, is forward, micro-batch)`` a piece,
 #: ``(1, stage, receiving member, 0)`` a ring chunk
-Tag = tuple[int, int, int, int]
+_Tag = tuple[int, int, int, int]
 
 _INF = float("inf")
 
@@ -87,7 +87,7 @@ class _Transfer:
     )
 
     def __init__(self, left: float, since: float, channels: tuple[int, ...],
-                 queue: deque[_Transfer], latency: float, tag: Tag, key: int) -> None:
+                 queue: deque[_Transfer], latency: float, tag: _Tag, key: int) -> None:
         self.left, self.since, self.rate, self.version = left, since, 0.0, 0
         self.channels, self.queue, self.latency, self.tag, self.key = (
             channels, queue, latency, tag, key)
@@ -119,7 +119,7 @@ class _Sharing:
         self.serial = 0
         self.now = 0.0
 
-    def post(self, pair: int, ms: float, lat: float, tag: Tag) -> None:
+    def post(self, pair: int, ms: float, lat: float, tag: _Tag) -> None:
         """Queue a transfer of ``ms`` channel time on ``pair``'s connection, delivered
         ``lat`` after its last byte; it begins at once if the connection is idle."""
         queue = self.queues[pair]
@@ -189,7 +189,7 @@ class _Sharing:
             heappop(ends)
         return _INF
 
-    def ended(self, limit: float) -> Iterator[tuple[Tag, float]]:
+    def ended(self, limit: float) -> Iterator[tuple[_Tag, float]]:
         """Completion: every transfer whose last byte leaves by ``limit``, in end order,
         as its tag and delivery time; each frees its channels and the next transfer on
         its pair begins."""
@@ -332,7 +332,7 @@ class _Round:
             k += 1
         self.pos[d] = k
 
-    def _delivered(self, tag: Tag, arrive: float) -> None:
+    def _delivered(self, tag: _Tag, arrive: float) -> None:
         """A transfer's last byte left; it is delivered at ``arrive``."""
         kind, a, b, c = tag
         if kind == 0:  # a piece for device a's action (b, c)
