@@ -26,6 +26,14 @@ class Work(Protocol):
     def wait(self) -> object: ...
 
 
+def _posted(work: Work | None) -> Work:
+    """The handle of a transfer on the default group; torch returns ``None`` instead when
+    this rank is not in that group, which after ``init_process_group`` is a bug."""
+    if work is None:
+        raise RuntimeError("this rank is not in the default process group")
+    return work
+
+
 class Transport:
     """Sends and receives whole tensors between ranks: ``torch.distributed`` isend/irecv
     on the default group, or on ``pg`` (a raw process group of one generation, whose
@@ -39,12 +47,12 @@ class Transport:
     def isend(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
         if self.pg is not None:
             return self.pg.send([tensor], dst, tag)
-        return dist.isend(tensor, dst, tag=tag)
+        return _posted(dist.isend(tensor, dst, tag=tag))
 
     def irecv(self, tensor: torch.Tensor, src: int, tag: int) -> Work:
         if self.pg is not None:
             return self.pg.recv([tensor], src, tag)
-        return dist.irecv(tensor, src, tag=tag)
+        return _posted(dist.irecv(tensor, src, tag=tag))
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
         return self.isend(tensor, dst, tag)
@@ -139,7 +147,9 @@ class StageLinks:
             ]
         self._sends: list[tuple[Work, torch.Tensor]] = []
 
-    def _send_pieces(self, rows: torch.Tensor, pieces: list[Overlap], to_dst: bool, tag: int):
+    def _send_pieces(
+        self, rows: torch.Tensor, pieces: list[Overlap], to_dst: bool, tag: int
+    ) -> None:
         for o in pieces:
             piece = rows[o.start - self.offset : o.end - self.offset].contiguous()
             peer = o.dst if to_dst else o.src

@@ -289,7 +289,9 @@ class EmulatedTransport(Transport):
 class _Timed:
     """Works that complete when the real works are done and the emulated time passed."""
 
-    def __init__(self, works: list, ready_at, keep: tuple) -> None:
+    def __init__(
+        self, works: list[Work], ready_at: Callable[[], float], keep: tuple[torch.Tensor, ...]
+    ) -> None:
         self.works, self.ready_at, self.keep = works, ready_at, keep
 
     def wait(self) -> None:

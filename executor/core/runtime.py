@@ -182,13 +182,18 @@ class StageRuntime:
             start = time.perf_counter()
             m = action.micro_batch
             kind = action.type
-            if kind is ActionType.RECV_F:
+            if kind is ActionType.REDUCE_GRAD:
+                self._reduce(per_sample)
+                self.hook.after_reduce(action, time.perf_counter() - start)
+            elif m is None:
+                raise ValueError(f"action {action} names no micro-batch")
+            elif kind is ActionType.RECV_F:
                 recv_f[m] = self.links.recv_activations(m).wait()
             elif kind is ActionType.RECV_B:
                 recv_b[m] = self.links.recv_gradients(m).wait()
             elif kind is ActionType.F:
-                x = inputs[m] if self.first else recv_f.pop(m)
-                target = targets[m] if self.last else None
+                x = _rows(inputs, m, "inputs") if self.first else recv_f.pop(m)
+                target = _rows(targets, m, "targets") if self.last else None
                 state[m] = self._forward(x, target, record, m)
                 self.hook.after_compute(action, time.perf_counter() - start)
             elif kind is ActionType.SEND_F:
@@ -200,9 +205,6 @@ class StageRuntime:
                 self.hook.after_compute(action, time.perf_counter() - start)
             elif kind is ActionType.SEND_B:
                 self.links.send_gradients(m, state[m]["input_grad"])
-            elif kind is ActionType.REDUCE_GRAD:
-                self._reduce(per_sample)
-                self.hook.after_reduce(action, time.perf_counter() - start)
             self._mark(record, kind.value, m, start)
         start = time.perf_counter()
         self.links.wait_sends()
@@ -326,3 +328,11 @@ class StageRuntime:
             acc.add_(every[i])
         acc.div_(self.global_batch)
         self._set_grads(acc)
+
+
+def _rows(batches: list[torch.Tensor] | None, m: int, what: str) -> torch.Tensor:
+    """This rank's rows of micro-batch ``m``: the first stage is given the inputs, the
+    last the targets; ``None`` there is the caller's bug."""
+    if batches is None:
+        raise ValueError(f"this stage reads the {what} of each micro-batch but was given none")
+    return batches[m]

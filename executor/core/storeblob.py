@@ -22,7 +22,8 @@ def put(store: Store, key: str, value: bytes) -> None:
     """Store ``value`` under ``key`` (module docstring); ``key`` is written last."""
     chunks = range(0, len(value), CHUNK_BYTES)
     for i, start in enumerate(chunks):
-        store.set(f"{key}/{i}", value[start:start + CHUNK_BYTES])
+        # torch's stub says str, but Store.set takes bytes as they are (pybind11 std::string)
+        store.set(f"{key}/{i}", value[start:start + CHUNK_BYTES])  # type: ignore[arg-type]
     store.set(key, str(len(chunks)))
 
 
