@@ -1,12 +1,12 @@
 """The ordered graph's two heuristics, each against its absence, on ordered-graph instances.
 
-The DP's ordered graph (planner/solvers/dp/driver.py, used above 1,500 moves: clusters of about 16
+The DP's ordered graph (planner/solvers/dp/graph.py, used above 1,500 moves: clusters of about 16
 devices or more in two or more classes, or many of one) has two rules that are measured,
 not proven:
 
 - ``--rule falls`` (the default): a group that straddles a class boundary of a device
   order is kept only at a size s where the even share ceil(B / s) falls
-  (``_Tables.falls``); against every mixed group (the rule patched out);
+  (``graph.falls``); against every mixed group (the rule patched out);
 - ``--rule first-near``: the first search is the smallest micro-batch size whose relaxed
   bound lies within ``FIRST_NEAR`` of the least; against the size of least bound
   (``FIRST_NEAR`` 0).
@@ -40,7 +40,9 @@ from edgepipe.planner.inputs.cluster import Cluster, Device, Network
 from edgepipe.planner.inputs.config import TrainingConfig
 from edgepipe.planner.inputs.problem import Problem, make_problem
 from edgepipe.planner.inputs.profile import ModelProfile
-from edgepipe.planner.solvers.dp import driver as dp_module
+from edgepipe.planner.solvers.dp import graph as dp_graph
+from edgepipe.planner.solvers.dp import sizes as dp_sizes
+from edgepipe.planner.solvers.dp.driver import plan_dp
 
 from benchmarks.planner_scaling import synthetic
 
@@ -80,7 +82,7 @@ def instances(big: bool) -> list[tuple[str, Callable[[], Problem]]]:
 
 def timed(problem: Problem) -> tuple[float, float, str]:
     start = time.process_time()
-    result = dp_module.plan_dp(problem, time_limit=3600)
+    result = plan_dp(problem, time_limit=3600)
     return result.cost.iteration_ms, time.process_time() - start, result.graph
 
 
@@ -92,15 +94,15 @@ def main() -> None:
     args = parser.parse_args()
     # the re-scoring bounded by count and margin only, not by its time share, so that
     # both runs re-score the same answers however loaded the machine
-    dp_module.RESCORE_MIN_S = float("inf")
-    falls, near = dp_module._Tables.falls, dp_module.FIRST_NEAR
+    dp_sizes.RESCORE_MIN_S = float("inf")
+    falls, near = dp_graph.falls, dp_sizes.FIRST_NEAR
 
     def rule(on: bool) -> None:
         if args.rule == "falls":
-            every = lambda self, g, batch: True  # noqa: E731
-            dp_module._Tables.falls = falls if on else every  # type: ignore[method-assign]
+            every = lambda g, batch: True  # noqa: E731
+            dp_graph.falls = falls if on else every
         else:
-            dp_module.FIRST_NEAR = near if on else 0.0
+            dp_sizes.FIRST_NEAR = near if on else 0.0
 
     without, with_rule = {
         "falls": ("every mixed group", "where the share falls"),

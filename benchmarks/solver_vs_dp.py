@@ -51,7 +51,8 @@ from edgepipe.planner.inputs.cluster import Cluster
 from edgepipe.planner.inputs.config import TrainingConfig
 from edgepipe.planner.inputs.problem import Problem, make_problem
 from edgepipe.planner.inputs.profile import ModelProfile
-from edgepipe.planner.solvers.dp.driver import TIE_TOLERANCE, plan_dp
+from edgepipe.planner.solvers.dp.driver import plan_dp
+from edgepipe.planner.solvers.dp.sizes import TIE_TOLERANCE
 from edgepipe.planner.solvers.exact.solver import plan_milp
 
 from benchmarks import exact_cache

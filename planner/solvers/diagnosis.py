@@ -11,7 +11,7 @@ from dataclasses import replace
 from edgepipe.planner.cost.model import CostModel
 from edgepipe.planner.errors import InfeasibleError
 from edgepipe.planner.inputs.problem import Problem
-from edgepipe.planner.solvers.dp.driver import DPResult, best_plan
+from edgepipe.planner.solvers.dp.sizes import DPResult, best_plan
 
 
 def diagnose_infeasible(problem: Problem) -> InfeasibleError:

@@ -1,4 +1,4 @@
-"""The DP planner (planner.solvers.dp.driver) against brute force, the exact solver and itself."""
+"""The DP planner (planner.solvers.dp) against brute force, the exact solver and itself."""
 
 from __future__ import annotations
 
@@ -17,39 +17,24 @@ from edgepipe.planner.cost.closed_form import (
 )
 from edgepipe.planner.cost.model import CostModel
 from edgepipe.planner.errors import InfeasibleError
-from edgepipe.planner.inputs.cluster import Cluster, Device, Link, Network
+from edgepipe.planner.inputs.cluster import Cluster
 from edgepipe.planner.inputs.config import TrainingConfig
 from edgepipe.planner.inputs.problem import make_problem
 from edgepipe.planner.inputs.profile import ModelProfile
 from edgepipe.planner.partition import Partition, StageAssignment
-from edgepipe.planner.solvers.dp import driver as dp_module
-from edgepipe.planner.solvers.dp.driver import TIE_TOLERANCE, plan_dp
+from edgepipe.planner.solvers.classes import device_classes
+from edgepipe.planner.solvers.dp import fronts as dp_fronts
+from edgepipe.planner.solvers.dp import graph as dp_graph
+from edgepipe.planner.solvers.dp import search as dp_search
+from edgepipe.planner.solvers.dp import sizes as dp_sizes
+from edgepipe.planner.solvers.dp import tables as dp_tables
+from edgepipe.planner.solvers.dp.driver import plan_dp
+from edgepipe.planner.solvers.dp.sizes import TIE_TOLERANCE
 from edgepipe.planner.solvers.exact.solver import plan_milp
 
+from tests.helpers.dp_cases import NON_UNIFORM, identical, mixed, searched_sizes, tiny
 from tests.helpers.oracles import brute_force_best
-from tests.helpers.synthetic import device_type, knob_mix_problem, random_problem
-
-
-def tiny(seed: int):
-    """Tiny instances over the knobs the DP handles separately: mixed device types, a
-    per-pair link override (a class of its own), slowdowns, tight memory, shared or
-    switched networks, asteroid/classic warm-ups, 1F1B and GPipe."""
-    rng = np.random.default_rng(1000 + seed)
-    n_dev = int(rng.integers(2, 5))
-    links = (Link("d0", "d1", bandwidth_mbps=40.0, latency_ms=4.0),) if seed % 3 == 0 else ()
-    problem = knob_mix_problem(
-        rng, int(rng.integers(2, 7)), n_dev, seed, links if n_dev >= 2 else ()
-    )
-    if seed % 4 == 1:  # one device runs 1.7x slower than its type
-        cl = problem.cluster
-        devices = (*cl.devices[:-1], Device(cl.devices[-1].id, cl.devices[-1].type, slowdown=1.7))
-        problem = make_problem(
-            problem.model,
-            Cluster(cl.name, devices, cl.network, cl.device_types),
-            problem.config,
-            catalog=cl.device_types,
-        )
-    return problem
+from tests.helpers.synthetic import random_problem
 
 
 @pytest.mark.parametrize("seed", range(24))
@@ -67,21 +52,6 @@ def test_dp_finds_the_optimum_of_the_full_space_on_tiny_instances(seed):
     assert result.cost.iteration_ms >= oracle * (1 - 1e-9)
     # the tie rule may prefer a plan on fewer devices within the tie tolerance
     assert result.cost.iteration_ms <= oracle * (1 + TIE_TOLERANCE)
-
-
-def mixed(n_fast: int, n_slow: int, blocks: int, seed: int):
-    problem = random_problem(blocks, n_fast + n_slow, seed=seed, global_batch=16,
-                             candidates=(2, 4, 8), bandwidth_mbps=1000.0)  # fmt: skip
-    cl = problem.cluster
-    devices = tuple(
-        Device(f"d{i}", "fast" if i < n_fast else "slow") for i in range(n_fast + n_slow)
-    )
-    return make_problem(
-        problem.model,
-        Cluster(cl.name, devices, cl.network, cl.device_types),
-        problem.config,
-        catalog=cl.device_types,
-    )
 
 
 @pytest.mark.parametrize(("n_fast", "n_slow", "seed"), [(2, 2, 0), (3, 2, 1), (3, 3, 2), (4, 1, 3)])
@@ -114,30 +84,6 @@ def test_dp_matches_the_exact_optimum_where_memory_order_lost_53_percent():
     assert dp.cost.iteration_ms == pytest.approx(exact.cost.iteration_ms, rel=1e-6)
 
 
-def identical(n: int, blocks: int, types: int = 1, seed: int = 0):
-    """``n`` devices of ``types`` types (round robin) with generous memory."""
-    base = random_problem(blocks, 2, seed=seed, global_batch=64, candidates=(4, 8, 16),
-                          memory=(8e10, 8e10), bandwidth_mbps=1000.0)  # fmt: skip
-    kinds = {f"t{k}": device_type(f"t{k}", 8e10, 100.0 + 40.0 * k, 1e5) for k in range(types)}
-    timings = {f"t{k}": base.model.timings[("fast", "slow")[k % 2]] for k in range(types)}
-    model = ModelProfile(base.model.name, base.model.source, base.model.input_bytes_per_sample,
-                         base.model.blocks, timings)  # fmt: skip
-    devices = tuple(Device(f"d{i}", f"t{i % types}") for i in range(n))
-    cluster = Cluster("many", devices, Network(1000.0, 0.5, False), kinds)
-    return make_problem(model, cluster, base.config, catalog=kinds)
-
-
-@pytest.mark.serial  # wall-clock verdict: the DP's 10 s limit plus 5 s of scoring
-def test_a_1024_device_cluster_plans_within_the_time_limit():
-    problem = identical(1024, 30, types=4)
-    start = time.perf_counter()
-    result = plan_dp(problem, time_limit=10.0)
-    elapsed = time.perf_counter() - start
-    assert result.status in ("complete", "timed_out")
-    assert result.cost.memory_ok
-    assert elapsed <= 10.0 * 1.5  # the limit, plus scoring the plans found in time
-
-
 def test_a_tiny_time_limit_returns_the_best_plan_so_far():
     problem = identical(64, 12, types=2)
     result = plan_dp(problem, time_limit=1e-3)
@@ -162,14 +108,14 @@ def test_once_the_time_is_up_with_a_plan_no_other_micro_batch_size_is_searched()
 def test_identical_devices_have_one_class_and_few_group_sizes():
     # 64 identical devices: B = 16 splits into groups of 1, 2, 3, 4, 6, 8 or 16 devices
     # (other sizes repeat a largest share, ceil(16 / g), with more devices)
-    from edgepipe.planner.solvers.classes import device_classes
-    from edgepipe.planner.solvers.dp.driver import _Tables, device_orders
+    from edgepipe.planner.solvers.dp.graph import device_orders
+    from edgepipe.planner.solvers.dp.tables import _Tables
 
     problem = identical(64, 10)
     classes = device_classes(problem)
     assert [c.count for c in classes] == [64]
     tables = _Tables(problem, CostModel(problem, 16), classes)
-    graph = tables.graph(16, device_orders(problem, classes))
+    graph = dp_graph.state_graph(tables, 16, device_orders(problem, classes))
     sizes = sorted({sum(tables.comps[c]) for _, c, _ in graph.edges if c >= 0})
     assert sizes == [1, 2, 3, 4, 6, 8, 16]
     assert len(graph.states) == 65
@@ -207,7 +153,7 @@ def test_dp_is_deterministic():
 
 
 def test_the_head_cache_keeps_its_byte_budget_and_the_entry_just_set():
-    cache = dp_module._Cache(16)
+    cache = dp_tables._Cache(16)
     cache["a"], cache["b"] = (np.zeros(1),), (np.zeros(1),)  # 8 bytes each
     cache["a"]  # read: "b" is now the least recently used
     cache["c"] = (np.zeros(1),)
@@ -224,7 +170,7 @@ def test_the_first_search_under_a_wrong_guess_finds_the_same_plan(monkeypatch, g
     # without it; 1e9 prunes nothing
     problem = mixed(3, 5, 24, 4)
     kept = plan_dp(problem)
-    monkeypatch.setattr(dp_module, "FIRST_GUESS", guess)
+    monkeypatch.setattr(dp_sizes, "FIRST_GUESS", guess)
     again = plan_dp(problem)
     assert again.partition == kept.partition
     assert again.cost.iteration_ms == kept.cost.iteration_ms
@@ -240,16 +186,16 @@ def test_a_first_search_whose_guess_proved_low_is_repeated_after_the_other_sizes
     # any search), so that a time limit finds the other sizes' plans first
     from benchmarks.planner_scaling import synthetic
 
-    monkeypatch.setattr(dp_module, "FIRST_NEAR", 0.0)
+    monkeypatch.setattr(dp_sizes, "FIRST_NEAR", 0.0)
     searches: list[tuple[int, float, bool]] = []
-    original = dp_module._BatchSearch.__init__
+    original = dp_search._BatchSearch.__init__
 
     def spy(self, tables, graph, batch, deadline, tick, bound=np.inf, relaxed=None,
             guessed=False):  # fmt: skip
         searches.append((batch, bound, guessed))
         original(self, tables, graph, batch, deadline, tick, bound, relaxed, guessed)
 
-    monkeypatch.setattr(dp_module._BatchSearch, "__init__", spy)
+    monkeypatch.setattr(dp_search._BatchSearch, "__init__", spy)
     result = plan_dp(synthetic(100, 16, 2))
     first = searches[0][0]
     assert searches[0][2] and [b for b, _, _ in searches].count(first) == 2
@@ -262,14 +208,14 @@ def relaxed_roots(monkeypatch) -> dict[int, float]:
     """max(Q(L, N), Z) of every micro-batch size whose relaxed tables the DP builds from
     now on."""
     roots: dict[int, float] = {}
-    relaxed_bounds = dp_module.relaxed_bounds
+    relaxed_bounds = dp_sizes.relaxed_bounds
 
     def recording(tables, batch):
         out = relaxed_bounds(tables, batch)
         roots[batch] = max(out.q_root, out.z)
         return out
 
-    monkeypatch.setattr(dp_module, "relaxed_bounds", recording)
+    monkeypatch.setattr(dp_sizes, "relaxed_bounds", recording)
     return roots
 
 
@@ -283,7 +229,7 @@ def test_the_first_search_on_the_ordered_graph_is_the_smallest_size_near_the_lea
     # larger ones); 1's lies 17.6% above
     from benchmarks.planner_scaling import synthetic
 
-    monkeypatch.setattr(dp_module, "FIRST_NEAR", near)
+    monkeypatch.setattr(dp_sizes, "FIRST_NEAR", near)
     roots = relaxed_roots(monkeypatch)
     searched = searched_sizes(monkeypatch)
     plan_dp(synthetic(100, 16, 2))
@@ -312,7 +258,7 @@ def test_the_first_search_on_the_complete_graph_is_the_size_of_least_bound(monke
 def test_a_time_out_under_a_wrong_guess_still_returns_a_plan(monkeypatch):
     # the guess excludes every plan and the limit passes at once: the root's
     # single-stage plans are finished without the guessed bound
-    monkeypatch.setattr(dp_module, "FIRST_GUESS", 0.5)
+    monkeypatch.setattr(dp_sizes, "FIRST_GUESS", 0.5)
     result = plan_dp(identical(64, 12, types=2), time_limit=1e-3)
     assert result.status == "timed_out"
     assert result.partition.num_stages == 1
@@ -322,24 +268,24 @@ def test_a_time_out_under_a_wrong_guess_still_returns_a_plan(monkeypatch):
 def test_levels_collapse_without_algorithm_1_when_memory_never_binds(monkeypatch):
     # 20 devices of 2 types with 80 GB each: every composition's every range fits the
     # deepest warm-up, which the fast path sees from all B samples on one device
-    monkeypatch.setattr(dp_module, "EXACT_LEVELS_WORK", 0)
+    monkeypatch.setattr(dp_search, "EXACT_LEVELS_WORK", 0)
     problem = identical(20, 12, types=2)
     cm = CostModel(problem, 16)
-    classes = dp_module.device_classes(problem)
-    tables = dp_module._Tables(problem, cm, classes)
-    graph = tables.graph(16, dp_module.device_orders(problem, classes))
-    search = dp_module._BatchSearch(tables, graph, 16, np.inf, lambda: None)
+    classes = device_classes(problem)
+    tables = dp_tables._Tables(problem, cm, classes)
+    graph = dp_graph.state_graph(tables, 16, dp_graph.device_orders(problem, classes))
+    search = dp_search._BatchSearch(tables, graph, 16, np.inf, lambda: None)
     assert search.first_free_level() == 1
     assert len(tables._base) == 0  # no composition's split computed
     k_max = search.warmup(search.max_p)
     for cid in {c for _, c, _ in graph.edges if c >= 0}:
-        depth = tables._unconstrained(cid, 16)[2]
+        depth = tables.unconstrained(cid, 16)[2]
         assert ((depth >= k_max) | (depth == -np.inf)).all()
 
 
 def best_value(tables, graph, batch: int, bound: float) -> float:
     """The least DP value of one micro-batch size's search under ``bound``."""
-    search = dp_module._BatchSearch(tables, graph, batch, np.inf, lambda: None, bound)
+    search = dp_search._BatchSearch(tables, graph, batch, np.inf, lambda: None, bound)
     return min((a[0] for a in search.run()), default=np.inf)
 
 
@@ -358,10 +304,10 @@ def test_a_search_bounded_at_its_own_best_value_still_finds_it(name):
     # returns an answer of that value
     problem = BOUNDED_AT_ITS_OWN_BEST[name]()
     sizes = problem.config.micro_batch_sizes()
-    classes = dp_module.device_classes(problem)
-    tables = dp_module._Tables(problem, CostModel(problem, max(sizes)), classes)
+    classes = device_classes(problem)
+    tables = dp_tables._Tables(problem, CostModel(problem, max(sizes)), classes)
     for batch in sizes:
-        graph = tables.graph(batch, dp_module.device_orders(problem, classes))
+        graph = dp_graph.state_graph(tables, batch, dp_graph.device_orders(problem, classes))
         free = best_value(tables, graph, batch, np.inf)
         assert np.isfinite(free)
         assert best_value(tables, graph, batch, free * (1 + 1e-9)) <= free * (1 + 1e-9)
@@ -372,7 +318,7 @@ def untimed_rescoring(monkeypatch):
     """The re-scoring of waiting answers bounded by count and margin only, not by its
     time share: two runs compared for equality re-score the same answers however loaded
     the machine (under load a run cut short scores fewer, and its candidates differ)."""
-    monkeypatch.setattr(dp_module, "RESCORE_MIN_S", float("inf"))
+    monkeypatch.setattr(dp_sizes, "RESCORE_MIN_S", float("inf"))
 
 
 @pytest.mark.usefixtures("untimed_rescoring")
@@ -381,8 +327,8 @@ def test_caches_that_keep_one_entry_change_no_plan(monkeypatch):
     problem = identical(20, 12, types=2)
     kept = plan_dp(problem)
     assert kept.graph == "ordered"
-    monkeypatch.setattr(dp_module, "BASE_CACHE_BYTES", 1)
-    monkeypatch.setattr(dp_module, "HEAD_CACHE_BYTES", 1)
+    monkeypatch.setattr(dp_tables, "BASE_CACHE_BYTES", 1)
+    monkeypatch.setattr(dp_tables, "HEAD_CACHE_BYTES", 1)
     evicting = plan_dp(problem)
     assert evicting.partition == kept.partition
     assert evicting.dp_value_ms == kept.dp_value_ms
@@ -393,42 +339,29 @@ def test_the_ordered_graph_keeps_mixed_groups_where_the_even_share_falls(monkeyp
     # ceil(8 / s) falls at s = 1, 2, 3, 4, 8 (8, 4, 3, 2, 1 samples) and not at 5, 6, 7
     # (2 samples, as at 4). One-class groups keep 1, 2, 3, 4 (useful: both types' times
     # grow with the batch); groups that straddle the classes keep 2, 3, 4 and 8 = 4 + 4
-    monkeypatch.setattr(dp_module, "COMPLETE_MOVES", 0)
+    monkeypatch.setattr(dp_graph, "COMPLETE_MOVES", 0)
     problem = identical(8, 6, types=2)
     sizes = problem.config.micro_batch_sizes()
-    classes = dp_module.device_classes(problem)
-    tables = dp_module._Tables(problem, CostModel(problem, max(sizes)), classes)
-    graph = tables.graph(8, dp_module.device_orders(problem, classes))
+    classes = device_classes(problem)
+    tables = dp_tables._Tables(problem, CostModel(problem, max(sizes)), classes)
+    graph = dp_graph.state_graph(tables, 8, dp_graph.device_orders(problem, classes))
     assert graph.kind == "ordered"
     groups = {tables.comps[c] for _, c, _ in graph.edges if c >= 0}
     assert {sum(g) for g in groups if min(g) == 0} == {1, 2, 3, 4}
     assert {sum(g) for g in groups if min(g) > 0} == {2, 3, 4, 8}
 
 
-def searched_sizes(monkeypatch) -> list[int]:
-    """The micro-batch sizes the DP searches from now on, in order."""
-    searched: list[int] = []
-    run = dp_module._BatchSearch.run
-
-    def recording(search):
-        searched.append(search.batch)
-        return run(search)
-
-    monkeypatch.setattr(dp_module._BatchSearch, "run", recording)
-    return searched
-
-
 def sizes_with_relaxed_tables(monkeypatch) -> list[int]:
     """The micro-batch sizes whose relaxed tables (``relaxed_bounds``) the DP builds from
     now on, in order."""
     built: list[int] = []
-    relaxed_bounds = dp_module.relaxed_bounds
+    relaxed_bounds = dp_sizes.relaxed_bounds
 
     def recording(tables, batch):
         built.append(batch)
         return relaxed_bounds(tables, batch)
 
-    monkeypatch.setattr(dp_module, "relaxed_bounds", recording)
+    monkeypatch.setattr(dp_sizes, "relaxed_bounds", recording)
     return built
 
 
@@ -444,8 +377,8 @@ def test_sizes_skipped_by_z_alone_change_no_plan(monkeypatch):
     lazy = plan_dp(problem)
     assert len(built) < len(sizes)
     built.clear()
-    monkeypatch.setattr(dp_module, "weighted_bound", lambda tables, batch: 0.0)
-    monkeypatch.setattr(dp_module, "class_weighted_bound", lambda tables, batch: 0.0)
+    monkeypatch.setattr(dp_sizes, "weighted_bound", lambda tables, batch: 0.0)
+    monkeypatch.setattr(dp_sizes, "class_weighted_bound", lambda tables, batch: 0.0)
     every = plan_dp(problem)
     assert sorted(built) == sorted(sizes)
     assert every.partition == lazy.partition
@@ -459,17 +392,17 @@ def test_sizes_skipped_by_the_class_bound_change_no_plan(monkeypatch):
     # per class) exceeds the bound at micro-batch 16, whose Z does not: its tables are not
     # built and it is not searched. With a Zc of 0 it is, and the plans are the same (Zc
     # only skips sizes that could return nothing to re-score; the order stays max(Q, Z)'s).
-    # Zs (_Tables.staged_bound) and Zw (reweighted_bound) also skip micro-batch 16 here: 0
+    # Zs (bounds.staged_bound) and Zw (reweighted_bound) also skip micro-batch 16 here: 0
     # in both runs
     problem = random_problem(20, 8, seed=2, global_batch=32, candidates=None,
                              bandwidth_mbps=1000.0)  # fmt: skip
-    monkeypatch.setattr(dp_module, "staged_weighted_bound", lambda tables, batch: 0.0)
-    monkeypatch.setattr(dp_module, "reweighted_bound", lambda tables, batch, target: 0.0)
+    monkeypatch.setattr(dp_sizes, "staged_weighted_bound", lambda tables, batch: 0.0)
+    monkeypatch.setattr(dp_sizes, "reweighted_bound", lambda tables, batch, target: 0.0)
     built = sizes_with_relaxed_tables(monkeypatch)
     skipped = plan_dp(problem)
     assert 16 not in built
     built.clear()
-    monkeypatch.setattr(dp_module, "class_weighted_bound", lambda tables, batch: 0.0)
+    monkeypatch.setattr(dp_sizes, "class_weighted_bound", lambda tables, batch: 0.0)
     searched = plan_dp(problem)
     assert 16 in built
     assert searched.partition == skipped.partition
@@ -487,13 +420,13 @@ def test_sizes_skipped_by_the_staged_bound_change_no_plan(monkeypatch):
     # too: 0 in both runs
     from benchmarks.planner_scaling import synthetic
 
-    monkeypatch.setattr(dp_module, "reweighted_bound", lambda tables, batch, target: 0.0)
+    monkeypatch.setattr(dp_sizes, "reweighted_bound", lambda tables, batch, target: 0.0)
     problem = synthetic(200, 16, 1)
     searched = searched_sizes(monkeypatch)
     skipped = plan_dp(problem)
     assert 16 not in searched
     searched.clear()
-    monkeypatch.setattr(dp_module, "staged_weighted_bound", lambda tables, batch: 0.0)
+    monkeypatch.setattr(dp_sizes, "staged_weighted_bound", lambda tables, batch: 0.0)
     every = plan_dp(problem)
     assert 16 in searched
     assert every.partition == skipped.partition
@@ -502,8 +435,8 @@ def test_sizes_skipped_by_the_staged_bound_change_no_plan(monkeypatch):
 
 
 def test_z_alone_is_the_relaxed_tables_z():
-    from edgepipe.planner.solvers.classes import device_classes
-    from edgepipe.planner.solvers.dp.driver import _Tables, relaxed_bounds, weighted_bound
+    from edgepipe.planner.solvers.dp.bounds import relaxed_bounds, weighted_bound
+    from edgepipe.planner.solvers.dp.tables import _Tables
 
     # each computed on its own tables (the two share Z through a cache)
     for problem in (identical(12, 30, types=2), tiny(3), memory_bound(1)):
@@ -523,19 +456,19 @@ def test_heads_evaluated_only_where_their_one_state_may_use_them_change_no_plan(
     # on the block ranges those states' moves may use within the bound
     problem = identical(40, 30, types=4)
     filled: dict[tuple[int, int, int], int] = {}
-    head = dp_module._Tables.head
+    head = dp_tables._Tables.head
 
     def recording(self, cid, warmup, batch, rows=None):
         out = head(self, cid, warmup, batch, rows)
         filled[cid, warmup, batch] = int(self._tables[cid, warmup, batch][1].sum())
         return out
 
-    monkeypatch.setattr(dp_module._Tables, "head", recording)
+    monkeypatch.setattr(dp_tables._Tables, "head", recording)
     lazy = plan_dp(problem)
     assert lazy.graph == "ordered"
     ranges = 30 * 31 // 2
     assert sum(n < ranges for n in filled.values()) > len(filled) / 2
-    monkeypatch.setattr(dp_module, "LAZY_USERS", 0)  # every table on every range
+    monkeypatch.setattr(dp_search, "LAZY_USERS", 0)  # every table on every range
     full = plan_dp(problem)
     assert lazy.partition == full.partition
     assert lazy.dp_value_ms == full.dp_value_ms
@@ -550,13 +483,6 @@ def test_dp_value_equals_cost_model_on_a_uniform_network(topology):
     assert result.dp_value_ms == pytest.approx(closed, rel=1e-9)
 
 
-NON_UNIFORM = (
-    Link("d0", "d1", bandwidth_mbps=40.0, latency_ms=3.0),
-    Link("d1", "d2", bandwidth_mbps=400.0, latency_ms=0.2),
-    Link("d0", "d3", latency_ms=6.0),
-)
-
-
 @pytest.mark.parametrize("topology", ["point_to_point", "switched", "shared_medium"])
 @pytest.mark.parametrize("seed", range(3))
 def test_dp_value_equals_cost_model_on_a_non_uniform_network(seed, topology):
@@ -567,17 +493,17 @@ def test_dp_value_equals_cost_model_on_a_non_uniform_network(seed, topology):
                              links=NON_UNIFORM, topology=topology)  # fmt: skip
     cm = CostModel(problem)
     seen = []
-    original = dp_module.choose
+    original = dp_sizes.choose
 
     def recording(found):
         seen.extend(found)
         return original(found)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(dp_module, "choose", recording)
+        patch.setattr(dp_sizes, "choose", recording)
         # re-score every answer within 100% of the fastest (the default margin leaves
         # some instances with one plan scored)
-        patch.setattr(dp_module, "RESCORE_MARGIN", 1.0)
+        patch.setattr(dp_sizes, "RESCORE_MARGIN", 1.0)
         plan_dp(problem)
     assert len(seen) >= 2
     for _, partition, value in seen:
@@ -630,13 +556,13 @@ def test_ties_prefer_fewer_devices_over_fewer_stages(monkeypatch):
     # a 4-stage plan on 4 devices and a 3-stage plan on 5 are within the tie tolerance:
     # the one that leaves a device free wins
     seen = []
-    original = dp_module.choose
+    original = dp_sizes.choose
 
     def recording(found):  # the real rule, with the candidates it chose from kept
         seen.extend(found)
         return original(found)
 
-    monkeypatch.setattr(dp_module, "choose", recording)
+    monkeypatch.setattr(dp_sizes, "choose", recording)
     rng = np.random.default_rng(427)
     problem = random_problem(int(rng.integers(2, 6)), int(rng.integers(3, 7)), seed=427,
                              global_batch=16, candidates=(1, 2, 4, 8, 16),
@@ -736,18 +662,18 @@ def memory_bound(seed: int):
 def test_relaxed_bounds_never_exceed_any_plans_closed_form(build, seed):
     # every memory-feasible plan of the full space (the oracle's enumeration), split at
     # every stage boundary into a prefix and a suffix of p stages: the relaxed tables
-    # (planner.solvers.dp.driver._Tables.relaxed) the search prunes by, Zc (devices counted per
-    # class, _Tables.class_bound; the two-class instances) and Zs (bubbles at their
-    # warm-up depth, part of the first all-reduce counted whole, _Tables.staged_bound,
+    # (planner.solvers.dp.bounds.relaxed_tables) the search prunes by, Zc (devices counted per
+    # class, bounds.class_bound; the two-class instances) and Zs (bubbles at their
+    # warm-up depth, part of the first all-reduce counted whole, bounds.staged_bound,
     # at first-stage weights 0, 0.25 and 1), stay at or below its closed form
-    from edgepipe.planner.solvers.classes import device_classes
-    from edgepipe.planner.solvers.dp.driver import (
-        _BatchSearch,
+    from edgepipe.planner.solvers.dp.bounds import (
         _relax_levels,
-        _Tables,
         class_weighted_bound,
-        device_orders,
+        staged_bound,
     )
+    from edgepipe.planner.solvers.dp.graph import device_orders
+    from edgepipe.planner.solvers.dp.search import _BatchSearch
+    from edgepipe.planner.solvers.dp.tables import _Tables
 
     from tests.helpers.oracles import all_partitions
 
@@ -759,12 +685,12 @@ def test_relaxed_bounds_never_exceed_any_plans_closed_form(build, seed):
     big_l, n_dev = problem.model.num_blocks, len(problem.cluster.devices)
     checked = 0
     for batch in sizes:
-        graph = tables.graph(batch, device_orders(problem, classes))
+        graph = dp_graph.state_graph(tables, batch, device_orders(problem, classes))
         relaxed = _BatchSearch(tables, graph, batch, time.perf_counter() + 60, lambda: None).relaxed
         levels = relaxed.g.shape[0]
         by_class = class_weighted_bound(tables, batch)
         m, warmups, _ = _relax_levels(tables, batch)
-        staged = max(tables.staged_bound(batch, m, warmups, lam) for lam in (0.0, 0.25, 1.0))
+        staged = max(staged_bound(tables, batch, m, warmups, lam) for lam in (0.0, 0.25, 1.0))
         for part in all_partitions(problem, batch):
             cost = cm.evaluate(part)
             if not cost.memory_ok:
@@ -794,16 +720,17 @@ def test_prefix_bound_on_the_ordered_graph_reaches_every_state_through_skips(mon
     # on the ordered graph a state holds the whole model when the devices before it in
     # its order stay idle (skips from the root): nothing comes before, Fg = 0; and a
     # state whose suffix is shorter has had some stage before it, Fg > 0
-    from edgepipe.planner.solvers.classes import device_classes
-    from edgepipe.planner.solvers.dp.driver import _BatchSearch, _Tables, device_orders
+    from edgepipe.planner.solvers.dp.graph import device_orders
+    from edgepipe.planner.solvers.dp.search import _BatchSearch
+    from edgepipe.planner.solvers.dp.tables import _Tables
 
-    monkeypatch.setattr(dp_module, "COMPLETE_MOVES", 0)
+    monkeypatch.setattr(dp_graph, "COMPLETE_MOVES", 0)
     problem = mixed(3, 3, 5, seed=2)
     classes = device_classes(problem)
     tables = _Tables(problem, CostModel(problem, 8), classes)
-    graph = tables.graph(4, device_orders(problem, classes))
+    graph = dp_graph.state_graph(tables, 4, device_orders(problem, classes))
     assert graph.kind == "ordered"
-    prefix = _BatchSearch(tables, graph, 4, time.perf_counter() + 60, lambda: None)._prefix()
+    prefix = _BatchSearch(tables, graph, 4, time.perf_counter() + 60, lambda: None).prefix
     assert (prefix[:, 5] == 0.0).all()
     assert (prefix[:, :5] > 0.0).all()
 
@@ -824,12 +751,13 @@ def slow_switch(seed: int):
 )
 def test_prefix_bound_never_exceeds_the_stages_before_any_cut(build, seed):
     # every memory-feasible plan of the full space (the oracle's enumeration), cut before
-    # each of its stages: Fg (planner.solvers.dp.driver._BatchSearch._prefix), at the complete
+    # each of its stages: Fg (planner.solvers.dp.bounds.graph_prefix_bound), at the complete
     # graph's
     # state of the devices the stages before the cut leave and the suffix's block count,
     # stays at or below those stages' summed E_f + E_b and round-trip links
-    from edgepipe.planner.solvers.classes import device_classes
-    from edgepipe.planner.solvers.dp.driver import _BatchSearch, _Tables, device_orders
+    from edgepipe.planner.solvers.dp.graph import device_orders
+    from edgepipe.planner.solvers.dp.search import _BatchSearch
+    from edgepipe.planner.solvers.dp.tables import _Tables
 
     from tests.helpers.oracles import all_partitions
 
@@ -842,10 +770,10 @@ def test_prefix_bound_never_exceeds_the_stages_before_any_cut(build, seed):
     big_l = problem.model.num_blocks
     checked = 0
     for batch in sizes:
-        graph = tables.graph(batch, device_orders(problem, classes))
+        graph = dp_graph.state_graph(tables, batch, device_orders(problem, classes))
         assert graph.kind == "complete"
         search = _BatchSearch(tables, graph, batch, time.perf_counter() + 60, lambda: None)
-        prefix = search._prefix()
+        prefix = search.prefix
         for part in all_partitions(problem, batch):
             cost = cm.evaluate(part)
             if not cost.memory_ok:
@@ -867,13 +795,13 @@ def test_prefix_bound_never_exceeds_the_stages_before_any_cut(build, seed):
 def test_class_bound_is_the_best_plan_on_one_block(seed):
     # one block on fast and slow devices (two classes, alternating) with a near-free
     # all-reduce: every plan is one stage, D + X = M c + T_a, and Zc (devices counted per
-    # class, planner.solvers.dp.driver._Tables.class_bound) prices the best group's min-max split
+    # class, planner.solvers.dp.bounds.class_bound) prices the best group's min-max split
     # exactly (the least time below which its devices cannot place the B samples), so
     # it equals the brute-force optimum of the closed form, on one-class and mixed
     # groups alike; Z, which lets every device run at the fastest class's times, lies
     # below it where the fast devices run out
-    from edgepipe.planner.solvers.classes import device_classes
-    from edgepipe.planner.solvers.dp.driver import _Tables, class_weighted_bound, weighted_bound
+    from edgepipe.planner.solvers.dp.bounds import class_weighted_bound, weighted_bound
+    from edgepipe.planner.solvers.dp.tables import _Tables
 
     from tests.helpers.oracles import all_partitions
 
@@ -902,8 +830,7 @@ def test_stage_figures_equal_the_per_device_maxima_on_splits_of_every_shape(seed
     # backward times that rise and fall with the samples (so the device with the most
     # samples is not always the slowest), splits of that shape and of any other shape,
     # against the maxima over every device in plain Python
-    from edgepipe.planner.solvers.classes import device_classes
-    from edgepipe.planner.solvers.dp.driver import _Tables
+    from edgepipe.planner.solvers.dp.tables import _Tables
 
     problem = mixed(3, 4, 5, seed)
     tables = _Tables(problem, CostModel(problem, 8), device_classes(problem))
@@ -946,8 +873,9 @@ def test_no_cell_of_a_plan_within_the_bound_is_emptied(build, seed):
     # counts of the devices the stages before it leave, idle ones included; its block
     # count) stays open, and the forward traversal the search adds before it (PF) is at
     # most the plan's own (stages' E_f and one-way links before the suffix)
-    from edgepipe.planner.solvers.classes import device_classes
-    from edgepipe.planner.solvers.dp.driver import _BatchSearch, _Tables, device_orders
+    from edgepipe.planner.solvers.dp.graph import device_orders
+    from edgepipe.planner.solvers.dp.search import _BatchSearch
+    from edgepipe.planner.solvers.dp.tables import _Tables
 
     from tests.helpers.oracles import all_partitions
 
@@ -960,7 +888,7 @@ def test_no_cell_of_a_plan_within_the_bound_is_emptied(build, seed):
     big_l = problem.model.num_blocks
     checked = 0
     for batch in sizes:
-        graph = tables.graph(batch, device_orders(problem, classes))
+        graph = dp_graph.state_graph(tables, batch, device_orders(problem, classes))
         assert graph.kind == "complete"
         state = {s: i for i, s in enumerate(graph.states)}
         search = _BatchSearch(tables, graph, batch, np.inf, lambda: None)
@@ -992,14 +920,14 @@ def test_the_forward_traversal_rule_empties_cells_the_other_rules_keep():
     # best DP value, 3 such cells at micro-batch 8 and 11 at 16)
     problem = identical(40, 30, seed=1)
     sizes = problem.config.micro_batch_sizes()
-    classes = dp_module.device_classes(problem)
-    tables = dp_module._Tables(problem, CostModel(problem, max(sizes)), classes)
+    classes = device_classes(problem)
+    tables = dp_tables._Tables(problem, CostModel(problem, max(sizes)), classes)
     big_l, n_dev = problem.model.num_blocks, len(problem.cluster.devices)
     only_pf = 0
     for batch in sizes:
-        graph = tables.graph(batch, dp_module.device_orders(problem, classes))
+        graph = dp_graph.state_graph(tables, batch, dp_graph.device_orders(problem, classes))
         bound = best_value(tables, graph, batch, np.inf)
-        search = dp_module._BatchSearch(tables, graph, batch, np.inf, lambda: None, bound)
+        search = dp_search._BatchSearch(tables, graph, batch, np.inf, lambda: None, bound)
         relaxed = search.relaxed
         q_least, g_least = relaxed.q.min(axis=0), relaxed.g.min(axis=0)
         for s, size in enumerate(search.sizes):
@@ -1027,7 +955,7 @@ def test_fronts_picked_on_the_live_columns_are_those_of_every_column(seed):
     d[0] = np.inf  # a row without any candidate
     x, carry, y = (rng.integers(0, 9, (rows, cols)).astype(float) for _ in range(3))
     x = np.where(np.isfinite(d), x, np.inf)
-    every = dp_module._pareto(d, x, carry, y, dp_module.FRONT)
-    live = dp_module._front(d, x, carry, y)
+    every = dp_fronts._pareto(d, x, carry, y, dp_fronts.FRONT)
+    live = dp_fronts._front(d, x, carry, y)
     assert np.isfinite(d).any(axis=0).sum() * 2 < cols  # the compressed path runs
     assert (live[1] == every[1]).all() and (live[0] == every[0]).all()

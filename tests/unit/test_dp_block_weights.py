@@ -10,20 +10,20 @@ import pytest
 from edgepipe.planner.cost.model import CostModel
 from edgepipe.planner.inputs.problem import Problem
 from edgepipe.planner.solvers.classes import device_classes
-from edgepipe.planner.solvers.dp import driver as dp_module
+from edgepipe.planner.solvers.dp import bounds as dp_bounds
+from edgepipe.planner.solvers.dp import sizes as dp_sizes
 from edgepipe.planner.solvers.dp.block_weights import _simplex
-from edgepipe.planner.solvers.dp.driver import (
-    _Tables,
-    plan_dp,
+from edgepipe.planner.solvers.dp.bounds import (
     reweighted_bound,
     staged_weighted_bound,
     weighted_bound,
 )
+from edgepipe.planner.solvers.dp.driver import plan_dp
+from edgepipe.planner.solvers.dp.tables import _Tables
 
 from benchmarks.planner_scaling import synthetic
+from tests.helpers.dp_cases import best_per_size, mixed, searched_sizes, tiny
 from tests.helpers.synthetic import random_problem
-from tests.unit.test_dp import mixed, searched_sizes, tiny
-from tests.unit.test_dp_prices import best_per_size
 
 
 def hidden_all_reduce(seed: int) -> Problem:
@@ -73,7 +73,7 @@ def test_reweighted_bound_is_not_computed_beyond_its_work_cap(monkeypatch):
     problem = synthetic(20, 16, 1)
     tables = _Tables(problem, CostModel(problem, 64), device_classes(problem))
     assert reweighted_bound(tables, 16, 1e9) > 0.0
-    monkeypatch.setattr(dp_module, "REWEIGHT_WORK", 1.0)
+    monkeypatch.setattr(dp_bounds, "REWEIGHT_WORK", 1.0)
     assert reweighted_bound(tables, 16, 1e9) == 0.0
 
 
@@ -83,13 +83,13 @@ def test_sizes_skipped_by_the_reweighted_bound_change_no_plan(monkeypatch):
     # Zw of 0 it is, and the plan, its value and the per-size figures are the same (Zw
     # only skips sizes that could return nothing to re-score); the re-scoring is bounded
     # by count and margin only, so that both runs re-score the same answers
-    monkeypatch.setattr(dp_module, "RESCORE_MIN_S", float("inf"))
+    monkeypatch.setattr(dp_sizes, "RESCORE_MIN_S", float("inf"))
     problem = synthetic(100, 64, 1)
     searched = searched_sizes(monkeypatch)
     skipped = plan_dp(problem)
     assert 16 not in searched
     searched.clear()
-    monkeypatch.setattr(dp_module, "reweighted_bound", lambda tables, batch, target: 0.0)
+    monkeypatch.setattr(dp_sizes, "reweighted_bound", lambda tables, batch, target: 0.0)
     every = plan_dp(problem)
     assert 16 in searched
     assert every.partition == skipped.partition

@@ -1,6 +1,6 @@
 """Warm starts. The DP's (``plan_dp(..., incumbent=...)``): a known plan's exact figure
 bounds every micro-batch size's search, the first included, and the plan competes in
-the final choice (planner/solvers/dp/driver.py, "Pruning"). Re-planning's full solve gets its
+the final choice (planner/solvers/dp/sizes.py, "Bound U"). Re-planning's full solve gets its
 fast-path plan as the DP's incumbent or the exact solver's start solution."""
 
 from __future__ import annotations
@@ -15,13 +15,14 @@ from edgepipe.planner.errors import InfeasibleError, InputError, PlanMismatchErr
 from edgepipe.planner.plan import SolverInfo, make_plan
 from edgepipe.planner.replan import incremental as replanning
 from edgepipe.planner.replan.incremental import replan
-from edgepipe.planner.solvers.dp import driver as dp_module
-from edgepipe.planner.solvers.dp.driver import TIE_TOLERANCE, plan_dp
+from edgepipe.planner.solvers.dp import search as dp_search
+from edgepipe.planner.solvers.dp import sizes as dp_sizes
+from edgepipe.planner.solvers.dp.driver import plan_dp
+from edgepipe.planner.solvers.dp.sizes import TIE_TOLERANCE
 from edgepipe.planner.solvers.exact.solver import plan_milp
 
+from tests.helpers.dp_cases import hand_plan, identical, tiny
 from tests.helpers.oracles import all_partitions, brute_force_best
-from tests.unit.test_dp import identical, tiny
-from tests.unit.test_replan import hand_plan
 
 
 def worst_feasible(problem):
@@ -56,19 +57,19 @@ def test_the_optimum_as_incumbent_is_what_comes_back(seed):
 def guessed_searches(monkeypatch) -> list[bool]:
     """Records, for every micro-batch search the DP starts, whether its bound is a guess."""
     seen: list[bool] = []
-    original = dp_module._BatchSearch.__init__
+    original = dp_search._BatchSearch.__init__
 
     def spy(self, *args, **kwargs):
         seen.append(bool(kwargs.get("guessed", args[7] if len(args) > 7 else False)))
         original(self, *args, **kwargs)
 
-    monkeypatch.setattr(dp_module._BatchSearch, "__init__", spy)
+    monkeypatch.setattr(dp_search._BatchSearch, "__init__", spy)
     return seen
 
 
 def test_with_an_incumbent_no_search_runs_under_a_guess(monkeypatch):
     # a guess below every plan: the cold DP's first search finds nothing and runs again
-    monkeypatch.setattr(dp_module, "FIRST_GUESS", 0.5)
+    monkeypatch.setattr(dp_sizes, "FIRST_GUESS", 0.5)
     problem = identical(16, 12, types=2)
     seen = guessed_searches(monkeypatch)
     cold = plan_dp(problem)
@@ -135,7 +136,7 @@ def test_when_no_search_beats_it_the_incumbent_comes_back_with_its_closed_form(m
     # cost model's closed form of it
     problem = identical(16, 12, types=2)
     cold = plan_dp(problem)
-    monkeypatch.setattr(dp_module._BatchSearch, "run", lambda self: [])
+    monkeypatch.setattr(dp_search._BatchSearch, "run", lambda self: [])
     warm = plan_dp(problem, incumbent=cold.partition)
     assert warm.partition == cold.partition
     cm = CostModel(problem, max(problem.config.micro_batch_sizes()))

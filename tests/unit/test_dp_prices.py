@@ -5,49 +5,25 @@ the micro-batch sizes it skips change no plan."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-from edgepipe.planner.cost.closed_form import pipeline_closed_form_ms
 from edgepipe.planner.cost.model import CostModel
-from edgepipe.planner.inputs.problem import Problem
 from edgepipe.planner.solvers.classes import device_classes
-from edgepipe.planner.solvers.dp import driver as dp_module
-from edgepipe.planner.solvers.dp.driver import _relax_levels, _Tables, plan_dp, weighted_bound
+from edgepipe.planner.solvers.dp import search as dp_search
+from edgepipe.planner.solvers.dp import sizes as dp_sizes
+from edgepipe.planner.solvers.dp.bounds import _relax_levels, priced_costs, weighted_bound
+from edgepipe.planner.solvers.dp.driver import plan_dp
 from edgepipe.planner.solvers.dp.prices import priced_bound
+from edgepipe.planner.solvers.dp.tables import _Tables
 
 from benchmarks.planner_scaling import synthetic
-from tests.helpers.oracles import all_partitions
-from tests.unit.test_dp import mixed, tiny
+from tests.helpers.dp_cases import best_per_size, least_closed_form, mixed, tiny
 
 
 def zp(tables: _Tables, batch: int, target: float) -> float:
     """Zp on any number of classes (the DP computes it on three or more)."""
     m, warmups, _ = _relax_levels(tables, batch)
-    costs = tables.priced_costs(batch, m, warmups[0])
+    costs = priced_costs(tables, batch, m, warmups[0])
     return priced_bound(costs, tables.rows_first, tables.rows_end, tables.counts, target)
-
-
-def least_closed_form(cm: CostModel, problem: Problem, batch: int) -> float:
-    """The least closed form D + X over every memory-feasible plan of the full space at
-    micro-batch size ``batch`` (the oracle's enumeration), inf where none fits."""
-    return min(
-        (
-            pipeline_closed_form_ms(cm, part)
-            for part in all_partitions(problem, batch)
-            if cm.evaluate(part).memory_ok
-        ),
-        default=np.inf,
-    )
-
-
-def best_per_size(problem: Problem) -> tuple[_Tables, dict[int, float]]:
-    """The DP's tables of ``problem`` and, per micro-batch size where some plan fits
-    memory, the least closed form of :func:`least_closed_form`."""
-    sizes = problem.config.micro_batch_sizes()
-    cm = CostModel(problem, max(sizes))
-    tables = _Tables(problem, cm, device_classes(problem))
-    best = {batch: least_closed_form(cm, problem, batch) for batch in sizes}
-    return tables, {batch: v for batch, v in best.items() if np.isfinite(v)}
 
 
 @pytest.mark.parametrize(
@@ -85,11 +61,11 @@ def test_sizes_skipped_by_the_priced_bound_change_no_plan(monkeypatch):
     # against 768.2), whose Z does not (and Zc is not computed on four classes): its
     # relaxed tables are not built and it is not searched. With a Zp of 0 it is, and the
     # plans are the same (Zp only skips sizes that could return nothing to re-score)
-    monkeypatch.setattr(dp_module, "RESCORE_MIN_S", float("inf"))  # no time share
+    monkeypatch.setattr(dp_sizes, "RESCORE_MIN_S", float("inf"))  # no time share
     problem = synthetic(30, 48, 4)
     searched: list[int] = []
     built: list[int] = []
-    batch_search, relaxed_bounds = dp_module._BatchSearch, dp_module.relaxed_bounds
+    batch_search, relaxed_bounds = dp_search._BatchSearch, dp_sizes.relaxed_bounds
 
     def recording(tables, graph, batch, *args, **kwargs):
         searched.append(batch)
@@ -99,12 +75,12 @@ def test_sizes_skipped_by_the_priced_bound_change_no_plan(monkeypatch):
         built.append(batch)
         return relaxed_bounds(tables, batch)
 
-    monkeypatch.setattr(dp_module, "_BatchSearch", recording)
-    monkeypatch.setattr(dp_module, "relaxed_bounds", building)
+    monkeypatch.setattr(dp_sizes, "_BatchSearch", recording)
+    monkeypatch.setattr(dp_sizes, "relaxed_bounds", building)
     skipped = plan_dp(problem)
     assert 32 not in searched and 32 not in built
     searched.clear()
-    monkeypatch.setattr(dp_module, "priced_weighted_bound", lambda tables, batch, target: 0.0)
+    monkeypatch.setattr(dp_sizes, "priced_weighted_bound", lambda tables, batch, target: 0.0)
     every = plan_dp(problem)
     assert 32 in searched and 32 in built
     assert every.partition == skipped.partition

@@ -15,7 +15,7 @@ from edgepipe.planner.inputs.config import TrainingConfig
 from edgepipe.planner.inputs.problem import Problem, make_problem
 from edgepipe.planner.inputs.profile import ModelProfile
 from edgepipe.planner.partition import Partition, StageAssignment
-from edgepipe.planner.solvers.dp import driver as dp_module
+from edgepipe.planner.solvers.dp import sizes as dp_sizes
 from edgepipe.planner.solvers.dp.driver import plan_dp
 
 from tests.helpers.synthetic import random_problem
@@ -135,16 +135,16 @@ def test_the_re_scoring_margin_keeps_every_plan_a_wider_one_finds(monkeypatch):
     # freed slots at micro-batch 4 and lost the 2,015.2 ms plan (2,018.7 instead); they
     # are dropped after it, so the tighter bound finds the same plan
     problem = sixteen_nanos("pipedream-vgg16")
-    assert dp_module.RESCORE_MARGIN < 0.15
+    assert dp_sizes.RESCORE_MARGIN < 0.15
     tight = plan_dp(problem, time_limit=NO_TIMEOUT)
-    monkeypatch.setattr(dp_module, "RESCORE_MARGIN", 0.15)
+    monkeypatch.setattr(dp_sizes, "RESCORE_MARGIN", 0.15)
     wide = plan_dp(problem, time_limit=NO_TIMEOUT)
     assert tight.cost.iteration_ms <= wide.cost.iteration_ms * (1 + 1e-12)
     assert wide.cost.iteration_ms == pytest.approx(2015.2455, abs=1e-3)
 
 
 def test_no_plan_the_dp_re_scores_is_priced_above_its_figure_by_the_margin(monkeypatch):
-    # the re-scoring margin (planner.solvers.dp.driver.RESCORE_MARGIN) is safe while the DP value
+    # the re-scoring margin (planner.solvers.dp.sizes.RESCORE_MARGIN) is safe while the DP value
     # over-predicts the exact figure by less than it (less the tie tolerance): an answer
     # beyond it could then neither win nor tie. The suite's largest over-prediction:
     # pipedream-squeezenet1_0 on the demo testbed on gigabit Ethernet, 4.4%
@@ -152,14 +152,14 @@ def test_no_plan_the_dp_re_scores_is_priced_above_its_figure_by_the_margin(monke
                               {"bandwidth_mbps": 940, "latency_ms": 0.2,
                                "shared_medium": False})  # fmt: skip
     scored: list[tuple[float, float]] = []
-    choose = dp_module.choose
+    choose = dp_sizes.choose
 
     def recording(found):
         scored.extend((value, cost.iteration_ms) for cost, _, value in found)
         return choose(found)
 
-    monkeypatch.setattr(dp_module, "choose", recording)
+    monkeypatch.setattr(dp_sizes, "choose", recording)
     plan_dp(problem, time_limit=NO_TIMEOUT)
     worst = max(value / figure for value, figure in scored)
     assert worst > 1.04  # the instance still shows the over-prediction it guards
-    assert worst < (1 + dp_module.RESCORE_MARGIN) / (1 + dp_module.TIE_TOLERANCE)
+    assert worst < (1 + dp_sizes.RESCORE_MARGIN) / (1 + dp_sizes.TIE_TOLERANCE)

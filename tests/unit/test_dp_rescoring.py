@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 from edgepipe.planner.cost.model import CostModel
-from edgepipe.planner.solvers.dp import driver as dp_module
+from edgepipe.planner.solvers.dp import sizes as dp_sizes
 from edgepipe.planner.solvers.dp.driver import plan_dp
 
+from tests.helpers.dp_cases import NON_UNIFORM, identical
 from tests.helpers.oracles import all_partitions
 from tests.helpers.synthetic import random_problem
-from tests.unit.test_dp import NON_UNIFORM, identical
 
 
 @pytest.mark.parametrize("topology", ["point_to_point", "switched", "shared_medium"])
@@ -40,7 +40,7 @@ def test_plans_the_bound_skips_change_no_plan_and_no_figure(monkeypatch):
     # and the plan, its figure and every micro-batch size's best figure are those of
     # the re-scoring that scores every waiting answer (both re-scorings bounded by count
     # and margin, not by their time share, as in tests/unit/test_dp.py's untimed_rescoring)
-    monkeypatch.setattr(dp_module, "RESCORE_MIN_S", float("inf"))
+    monkeypatch.setattr(dp_sizes, "RESCORE_MIN_S", float("inf"))
     problem = identical(24, 24)
     scored = []
     evaluate = CostModel.evaluate

@@ -18,9 +18,11 @@ from edgepipe.planner.inputs.config import TrainingConfig
 from edgepipe.planner.inputs.problem import make_problem
 from edgepipe.planner.partition import Partition, StageAssignment
 from edgepipe.planner.plan import check_partition
+from edgepipe.planner.solvers.dp import driver as dp_driver
 from edgepipe.planner.solvers.dp import multilevel
-from edgepipe.planner.solvers.dp.driver import MULTILEVEL_ABOVE, TIE_TOLERANCE, plan_dp
+from edgepipe.planner.solvers.dp.driver import MULTILEVEL_ABOVE, plan_dp
 from edgepipe.planner.solvers.dp.multilevel import coarse_cuts, contract, expand, merge_blocks
+from edgepipe.planner.solvers.dp.sizes import TIE_TOLERANCE
 
 from tests.helpers.synthetic import nasnet_profile, random_problem
 
@@ -152,7 +154,7 @@ def refuse_coarse_to_fine(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("planned coarse to fine")
 
-    monkeypatch.setattr(multilevel, "plan_multilevel", refuse)
+    monkeypatch.setattr(dp_driver, "plan_multilevel", refuse)
 
 
 def test_a_chain_up_to_the_threshold_is_planned_on_every_block(monkeypatch):

@@ -24,15 +24,11 @@ from edgepipe.planner.errors import (
     UnrecoverableError,
 )
 from edgepipe.planner.inputs.cluster import Cluster, Device, Network
-from edgepipe.planner.inputs.config import TrainingConfig
 from edgepipe.planner.inputs.problem import make_problem
-from edgepipe.planner.inputs.profile import Block, ModelProfile, Timing
 from edgepipe.planner.inputs.schema import validate
 from edgepipe.planner.partition import Partition, StageAssignment
 from edgepipe.planner.plan import (
-    SolverInfo,
     load_plan,
-    make_plan,
     plan_to_dict,
     replica_placement,
     save_plan,
@@ -41,48 +37,12 @@ from edgepipe.planner.replan.incremental import precompute, replan
 from edgepipe.planner.replan.replicas import DP_PEER, NONE, RING, Replica, placement
 from edgepipe.planner.solvers.dp.driver import plan_dp
 
-from tests.helpers.synthetic import device_type
-
-W = 1e6
+from tests.helpers.dp_cases import W, hand_plan
 
 
 def unit(first: int, end: int) -> float:
     """Replica size of 1 byte per block, for the placement tests."""
     return float(end - first)
-
-
-def hand_plan(
-    times: list[float],
-    stages: list[tuple[int, int, tuple[str, ...], tuple[int, ...]]],
-    devices: list[str],
-    *,
-    batch: int = 4,
-    micro_batches: int = 8,
-    memory: dict[str, float] | None = None,
-    bandwidth_mbps: float = 8e3,
-    interval: int = 1,
-    param_bytes: float = W,
-):
-    """A plan of the hand model with ``stages`` = (first, end, devices, samples)."""
-    t = device_type("t", 1e9, 100.0, 1e9)
-    memory = memory or {}
-    model = ModelProfile(
-        "hand",
-        {"kind": "analytic"},
-        1.0,
-        tuple(Block(f"b{i}", param_bytes, 1.0, 1.0) for i in range(len(times))),
-        {"t": Timing((1,), tuple((float(f),) for f in times), tuple((2.0 * f,) for f in times))},
-    )
-    cluster = Cluster(
-        "hand",
-        tuple(Device(d, "t", memory_bytes=memory.get(d)) for d in devices),
-        Network(bandwidth_mbps, 0.0),
-        {"t": t},
-    )
-    config = TrainingConfig(batch * micro_batches, (batch,), replication_interval=interval)
-    problem = make_problem(model, cluster, config, catalog={})
-    partition = Partition(batch, micro_batches, tuple(StageAssignment(*s) for s in stages))
-    return make_plan(problem, partition, SolverInfo("hand"))
 
 
 def layout(plan):

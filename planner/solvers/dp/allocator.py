@@ -1,6 +1,6 @@
 """Keep freed memory in the process instead of handing it back to the kernel (glibc).
 
-The DP (:mod:`planner.solvers.dp.driver`) builds and drops numpy arrays of 0.1-10 MB thousands of
+The DP (:mod:`planner.solvers.dp.search`) builds and drops numpy arrays of 0.1-10 MB thousands of
 times
 per micro-batch search. glibc serves an allocation above its mmap threshold (128 KiB at
 first, raised as larger blocks are freed) with a fresh mapping, and returns the free top

@@ -1,13 +1,13 @@
 """Zw: the weighted bound Z with its block weights chosen by subgradient ascent (a
 Lagrangian dual of the closed form's two maxima).
 
-Z (:meth:`planner.solvers.dp.driver._Tables._weighted`) bounds a plan's D + X (the closed form of
+Z (:func:`planner.solvers.dp.bounds._weighted`) bounds a plan's D + X (the closed form of
 :func:`planner.cost.model.pipeline_closed_form_ms`) from two families of inequalities, one per
 stage s of the plan:
 
     D >= S + (M - 1) b'_s        (S the whole traversal; b'_s = E_b^s, or E_f + E_b for
                                   the last stage; reference/asteroid.md §4.2 as extended
-                                  in planner.solvers.dp.driver's module docstring)
+                                  in planner.solvers.dp.recurrence)
     X >= T_a^s - PB_s            (PB_s the backward traversal before stage s)
 
 and replaces each maximum over s by an average with the weights of the stages' block
@@ -35,9 +35,8 @@ exceeds ``target`` (the caller then skips the micro-batch size), after ``ITERATI
 steps, or when the step has shrunk below ``MIN_STEP``.
 
 Why: the averages lose where one stage's term stands out. On 100 blocks x 64 identical
-devices at B = 16 (benchmarks/planner_scaling.py) Z is 1,625 ms, Zs (planner.solvers.dp.driver's
-staged
-bound) 1,651, the search bound U 1,698 (1,672 once micro-batch 2 is scored), and the
+devices at B = 16 (benchmarks/planner_scaling.py) Z is 1,625 ms, Zs (planner.solvers.dp.bounds's
+staged bound) 1,651, the search bound U 1,698 (1,672 once micro-batch 2 is scored), and the
 best plan the DP finds 1,984: the search ran 0.4 s for nothing. The ascent passes either
 bound within a few dozen steps (0.06-0.08 s).
 
@@ -128,7 +127,7 @@ def block_weighted_bound(
     iterations: int = ITERATIONS,
 ) -> float:
     """Zw (module docstring), the best lower bound max over the weights tried of
-    Zw(w, v), from Z's relaxed figures per share (:meth:`planner.solvers.dp.driver._Tables.
+    Zw(w, v), from Z's relaxed figures per share (:func:`planner.solvers.dp.bounds.
     _share_figures`): ``need`` (S,) the least devices of each share, ``fits``,
     ``ef``, ``eb``, ``ta`` (S, L + 1, L + 1) over [first, end) (whether the stage fits
     memory, least E_f, E_b and all-reduce), ``one_way`` (S, L + 1) the link after a

@@ -13,7 +13,7 @@ every batch 1..max micro-batch, so the cost model's batch curve reads the summed
 of its members, not a curve fitted to summed measurements). Planning on a merged chain
 is planning on the full one with stage boundaries restricted to the cuts, up to the DP's
 own search heuristics that read a profile's measurements rather than its figures (the
-speed that orders device classes, :func:`planner.solvers.dp.driver.device_orders`, reads the largest
+speed that orders device classes, :func:`planner.solvers.dp.graph.device_orders`, reads the largest
 candidate's time clamped to the measured sizes; whether a class's times never fall with
 the batch is judged per block): they may search the merged chain in another order.
 
@@ -21,7 +21,7 @@ Steps (:func:`plan_multilevel`):
 
 1. coarse: with k = ceil(L / ``COARSE_BLOCKS``), keep in every window of k consecutive
    cut positions the one whose boundary carries the fewest bytes (:func:`coarse_cuts`),
-   merge the blocks between them and run the DP (:func:`planner.solvers.dp.driver.best_plan`) on the
+   merge the blocks between them and run the DP (:func:`planner.solvers.dp.sizes.best_plan`) on the
    ~``COARSE_BLOCKS`` merged blocks;
 2. windows: among the plans the coarse run scored and the caller's warm start, the
    fastest of each micro-batch size, where it is within ``WINDOW_MARGIN`` of the fastest
@@ -57,11 +57,12 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
-from edgepipe.planner.cost.model import CostModel, pipeline_closed_form_ms
+from edgepipe.planner.cost.closed_form import pipeline_closed_form_ms
+from edgepipe.planner.cost.model import CostModel
 from edgepipe.planner.inputs.problem import Problem
 from edgepipe.planner.inputs.profile import Block, Timing, batch_curve
 from edgepipe.planner.partition import Partition
-from edgepipe.planner.solvers.dp.driver import (
+from edgepipe.planner.solvers.dp.sizes import (
     DEFAULT_TIME_LIMIT,
     DPResult,
     best_plan,

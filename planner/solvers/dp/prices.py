@@ -1,12 +1,12 @@
 """Zp: the weighted bound Z with a price per device class, so that stages compete for the
 fast classes on any number of classes (a Lagrangian relaxation of Zc).
 
-Z (:meth:`planner.solvers.dp.driver._Tables._weighted`) bounds a plan's D + X (the closed form of
+Z (:func:`planner.solvers.dp.bounds._weighted`) bounds a plan's D + X (the closed form of
 :func:`planner.cost.model.pipeline_closed_form_ms`: D + X >= C_s + D_s and X >= T_a^s - PB_s for
 every stage s, averaged over the stages with the weights of their block counts) by a sum
 over its stages of one figure each, alpha E_f + beta E_b + (the link after it) + mu T_a,
 but lets every stage run each block at the fastest class's time, with as many devices of
-it as the whole cluster holds. Zc (:meth:`planner.solvers.dp.driver._Tables.class_bound`) keys Z's
+it as the whole cluster holds. Zc (:func:`planner.solvers.dp.bounds.class_bound`) keys Z's
 DP
 by the devices left of each class, which on two classes is cheap and on eight classes of
 64 is 65^8 states. Zp keeps Zc's stage figures and dualises the class counts instead:
@@ -16,11 +16,11 @@ by the devices left of each class, which on two classes is cheap and on eight cl
 
     H_lambda(r) = min over classes k and y = 1..B of costs[r, k, y - 1] + lambda_k B / y
 
-(costs: :meth:`planner.solvers.dp.driver._Tables.priced_costs`). Why it is a lower bound on every
+(costs: :func:`planner.solvers.dp.bounds.priced_costs`). Why it is a lower bound on every
 plan's
 D + X at micro-batch B, for every lambda >= 0: take a plan; each stage s has a figure
 level v*_s (the largest w_k(y_d) of its devices d with samples, w the per-class least
-times of :meth:`planner.solvers.dp.driver._Tables.class_terms`) and places its B samples on its
+times of :func:`planner.solvers.dp.bounds.class_terms`) and places its B samples on its
 group
 g_s with every class-k device holding at most Y_k(v*_s) = #{y : w_k(y) <= v*_s} of them,
 so sum_k g_sk Y_k >= B and lambda . g_s >= B min_k lambda_k / Y_k (the fractional
