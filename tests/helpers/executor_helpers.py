@@ -28,9 +28,7 @@ if TYPE_CHECKING:
     from tests.helpers.reference_trainer import Result
 
 MLP_IN, MLP_CLASSES = 6, 3
-#: :func:`mlp` of width 8 as a build spec, and :func:`mlp_dataset` as a ``--dataset``: by
-#: module path, for the worker processes to import
-MLP = BuildSpec(callable="tests.helpers.executor_helpers:mlp", kwargs={"width": 8})
+#: :func:`mlp_dataset` as a ``--dataset``: by module path, for the worker processes to import
 MLP_DATASET = "tests.helpers.executor_helpers:mlp_dataset"
 #: the tests' device type, ``host-cpu``: this machine on a 1 Gbit/s loopback
 HOST_CPU = {
@@ -95,6 +93,13 @@ def profile_of(
         model = zoo.load_model(build.callable, **build.kwargs)
     return profile_model(model, example, list(batch_sizes), "host-cpu", name=name, warmup=0,
                          repeats=1, build=build)
+
+
+def profile_mlp() -> ModelProfile:
+    """A quick profile (:func:`profile_of`) of :func:`mlp` of width 8, whose build spec
+    names it by module path, for the worker processes to import."""
+    build = BuildSpec(callable="tests.helpers.executor_helpers:mlp", kwargs={"width": 8})
+    return profile_of(build, lambda b: torch.randn(b, MLP_IN))
 
 
 def cluster(n: int, memory_bytes: float = 8 * 2**30) -> Cluster:

@@ -19,7 +19,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import torch
 from edgepipe.executor.core.metrics import read_jsonl
 from edgepipe.executor.core.options import Endpoint, WorkerOptions
 from edgepipe.executor.ft import checkpoint
@@ -29,14 +28,7 @@ from edgepipe.executor.launch import launch
 from edgepipe.planner.errors import InputError
 from edgepipe.planner.plan import load_plan
 
-from tests.helpers.executor_helpers import (
-    MLP,
-    MLP_DATASET,
-    MLP_IN,
-    make_test_plan,
-    profile_of,
-    write_plan,
-)
+from tests.helpers.executor_helpers import MLP_DATASET, make_test_plan, profile_mlp, write_plan
 from tests.helpers.paths import REPO
 from tests.helpers.processes import PY, free_port
 
@@ -94,7 +86,7 @@ def job(tmp_path: Path) -> Iterator[Job]:
 
 @pytest.fixture(scope="module")
 def plan_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    profile = profile_of(MLP, lambda b: torch.randn(b, MLP_IN))
+    profile = profile_mlp()
     return write_plan(make_test_plan(profile, STAGES, 2, 2), tmp_path_factory.mktemp("plan"))
 
 

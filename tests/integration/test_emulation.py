@@ -30,19 +30,12 @@ from edgepipe.executor.core.options import WorkerOptions
 from edgepipe.executor.launch import launch
 from edgepipe.planner.plan import load_plan
 
-from tests.helpers.executor_helpers import (
-    MLP,
-    MLP_DATASET,
-    MLP_IN,
-    emulated_plan,
-    profile_of,
-    write_plan,
-)
+from tests.helpers.executor_helpers import MLP_DATASET, emulated_plan, profile_mlp, write_plan
 
 
 @pytest.fixture(scope="module")
 def mlp_profile():
-    return profile_of(MLP, lambda b: torch.randn(b, MLP_IN))
+    return profile_mlp()
 
 
 # -- the shared channel ----------------------------------------------------------------

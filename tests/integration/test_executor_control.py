@@ -23,12 +23,10 @@ from edgepipe.executor.launch import ABORT_GRACE_S, GRACE_S, RunFailed, launch
 from edgepipe.planner.cli.main import main
 
 from tests.helpers.executor_helpers import (
-    MLP,
     MLP_DATASET,
-    MLP_IN,
     emulated_plan,
     make_test_plan,
-    profile_of,
+    profile_mlp,
     write_plan,
 )
 from tests.helpers.processes import alive
@@ -41,7 +39,7 @@ SLACK_S = 1.0
 
 @pytest.fixture(scope="module")
 def mlp_profile():
-    return profile_of(MLP, lambda b: torch.randn(b, MLP_IN))
+    return profile_mlp()
 
 
 def stop_mid_run(tmp_path: Path, plan, device: str) -> tuple[RunFailed, dict]:

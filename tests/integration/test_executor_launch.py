@@ -14,20 +14,12 @@ import threading
 import time
 
 import pytest
-import torch
 from edgepipe.executor.core.metrics import read_jsonl
 from edgepipe.executor.core.options import WorkerOptions
 from edgepipe.executor.launch import RunFailed, launch
 from edgepipe.planner.cli.main import main
 
-from tests.helpers.executor_helpers import (
-    MLP,
-    MLP_DATASET,
-    MLP_IN,
-    make_test_plan,
-    profile_of,
-    write_plan,
-)
+from tests.helpers.executor_helpers import MLP_DATASET, make_test_plan, profile_mlp, write_plan
 from tests.helpers.processes import alive
 
 TIMEOUT_S = 20
@@ -35,7 +27,7 @@ TIMEOUT_S = 20
 
 @pytest.fixture(scope="module")
 def mlp_profile():
-    return profile_of(MLP, lambda b: torch.randn(b, MLP_IN))
+    return profile_mlp()
 
 
 def test_edgepipe_run_writes_one_metrics_line_per_step_and_a_timeline(

@@ -13,25 +13,17 @@ import subprocess
 import sys
 
 import pytest
-import torch
 from edgepipe.planner.cli.main import main
 from edgepipe.planner.plan import plan_from_dict
 
-from tests.helpers.executor_helpers import (
-    MLP,
-    MLP_DATASET,
-    MLP_IN,
-    make_test_plan,
-    profile_of,
-    write_plan,
-)
+from tests.helpers.executor_helpers import MLP_DATASET, make_test_plan, profile_mlp, write_plan
 from tests.helpers.paths import REPO
 
 
 @pytest.fixture(scope="module")
 def plan_doc(tmp_path_factory):
     folder = tmp_path_factory.mktemp("plan")
-    profile = profile_of(MLP, lambda b: torch.randn(b, MLP_IN))
+    profile = profile_mlp()
     path = write_plan(make_test_plan(profile, [(0, 2, [1, 1]), (2, 4, [2])], 2, 2), folder)
     return json.loads(path.read_text())
 

@@ -29,11 +29,10 @@ from edgepipe.planner.plan import Plan, load_plan, replica_placement
 from tests.helpers import netns
 from tests.helpers import reference_trainer as ref
 from tests.helpers.executor_helpers import (
-    MLP,
     MLP_DATASET,
-    MLP_IN,
     emulated_plan,
     make_test_plan,
+    profile_mlp,
     profile_of,
     write_plan,
 )
@@ -257,7 +256,7 @@ def test_losing_a_whole_host_is_named_by_the_coordinator_and_every_other_host_st
 ) -> None:
     # today the run stops (recovery across hosts needs the recovering worker): the
     # coordinator names the host, the other hosts see the abort within a heartbeat
-    profile = profile_of(MLP, lambda b: torch.randn(b, MLP_IN))
+    profile = profile_mlp()
     plan = make_test_plan(profile, [(0, 1, [2]), (1, 2, [2]), (2, 4, [2])], 2, 2)
     path = write_plan(plan, tmp_path)
     out = tmp_path / "run"

@@ -15,13 +15,12 @@ import signal
 import time
 
 import pytest
-import torch
 from edgepipe.executor.ft import recovery
 from edgepipe.executor.ft.control import Coordinator, host_store
 from edgepipe.executor.ft.recovery import Supervisor
 
 from tests.helpers import control_workers
-from tests.helpers.executor_helpers import MLP, MLP_IN, make_test_plan, profile_of, write_plan
+from tests.helpers.executor_helpers import make_test_plan, profile_mlp, write_plan
 
 CTX = mp.get_context("spawn")
 BEAT_S = 30.0
@@ -37,7 +36,7 @@ def test_two_devices_killed_together_make_one_recovery_that_ends_at_the_acknowle
 ):
     # a bound no test run reaches: only the survivors' acknowledgements end the wait
     monkeypatch.setattr(recovery, "ABORT_SEEN_S", 60.0)
-    profile = profile_of(MLP, lambda b: torch.randn(b, MLP_IN))
+    profile = profile_mlp()
     # d0 alone in stage 0 (its ring replica on d1), d2 + d3 data-parallel in stage 2
     plan = make_test_plan(profile, [(0, 1, [2]), (1, 2, [2]), (2, 4, [1, 1])], 2, 2)
     path = write_plan(plan, tmp_path)

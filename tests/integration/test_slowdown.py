@@ -16,7 +16,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import torch
 from edgepipe.executor.core.emulation import EmulatedSlowdown, Emulation
 from edgepipe.executor.ft.slowdown import (
     Slowdown,
@@ -27,14 +26,7 @@ from edgepipe.executor.ft.slowdown import (
 from edgepipe.planner.inputs.profile import BuildSpec
 from edgepipe.planner.schedule import Action, ActionType
 
-from tests.helpers.executor_helpers import (
-    MLP,
-    MLP_DATASET,
-    MLP_IN,
-    emulated_plan,
-    profile_of,
-    write_plan,
-)
+from tests.helpers.executor_helpers import MLP_DATASET, emulated_plan, profile_mlp, write_plan
 from tests.helpers.slowdown_runs import TIME_SCALE, careful_profile, work
 
 EXPECTED = {"a": 10.0, "b": 20.0}
@@ -262,7 +254,7 @@ def test_a_policy_that_cannot_work_is_refused(kwargs: dict, message: str) -> Non
 
 
 def test_expected_compute_is_m_forward_plus_backward_times_slowdown_and_scale() -> None:
-    profile = profile_of(MLP, lambda b: torch.randn(b, MLP_IN))
+    profile = profile_mlp()
     plan = emulated_plan(profile, [(0, 2, [2, 2]), (2, 4, [4])], 4, 3, [1.0, 3.0, 1.0])
     s0, s1 = plan.cost.stages
     expected = expected_compute_ms(plan, time_scale=2.0)
@@ -293,7 +285,7 @@ def test_a_malformed_emulated_slowdown_names_the_form(text: str) -> None:
 
 
 def test_from_its_step_on_a_slowed_device_budgets_its_slowdown_over_the_plans() -> None:
-    profile = profile_of(MLP, lambda b: torch.randn(b, MLP_IN))
+    profile = profile_mlp()
     # the plan already assumes d1 at slowdown 1.5; the device really runs at 3 from step 2
     plan = emulated_plan(profile, [(0, 2, [2]), (2, 4, [2])], 2, 2, [1.0, 1.5])
     slow = (EmulatedSlowdown("d1", 3.0, 2), EmulatedSlowdown("d0", 5.0, 0))
@@ -314,7 +306,7 @@ def test_from_its_step_on_a_slowed_device_budgets_its_slowdown_over_the_plans() 
 
 
 def test_the_emulation_counts_the_overruns_of_the_step_it_finished() -> None:
-    profile = profile_of(MLP, lambda b: torch.randn(b, MLP_IN))
+    profile = profile_mlp()
     plan = emulated_plan(profile, [(0, 2, [2]), (2, 4, [2])], 2, 2, [1.0, 1.0])
     hook = Emulation.for_rank(plan, 1, None, 1e-3, None).hook  # type: ignore[arg-type]
     counts = []
@@ -327,7 +319,7 @@ def test_the_emulation_counts_the_overruns_of_the_step_it_finished() -> None:
 
 
 def test_several_slowdowns_of_one_device_each_apply_from_its_step_on() -> None:
-    profile = profile_of(MLP, lambda b: torch.randn(b, MLP_IN))
+    profile = profile_mlp()
     plan = emulated_plan(profile, [(0, 2, [2]), (2, 4, [2])], 2, 2, [1.0, 1.0])
     # given out of order: 3x slow at step 2 only, back to its profile from step 3
     slow = (EmulatedSlowdown("d1", 1.0, 3), EmulatedSlowdown("d1", 3.0, 2))
@@ -385,7 +377,7 @@ def test_a_host_too_loaded_for_the_emulation_repartitions_nothing(tmp_path) -> N
 
     # time scale 1e-4: every budget is far below real compute, as for the fastest device
     # on a loaded host; every device overruns every step, which is no slowdown evidence
-    profile = profile_of(MLP, lambda b: torch.randn(b, MLP_IN))
+    profile = profile_mlp()
     plan = emulated_plan(profile, [(0, 2, [2]), (2, 4, [2])], 2, 2, [1.0, 1.0])
     result = launch(
         WorkerOptions(str(write_plan(plan, tmp_path)), 6, str(tmp_path), deterministic=True,
@@ -404,7 +396,7 @@ def test_a_spare_outside_the_plans_cluster_gets_no_link_figures_and_breaks_nothi
     # a device that joined after the plan a recovery re-planned from is a spare of the
     # new generation, but the plan's cluster has no figures for it (review 7, F3: was a
     # KeyError in every emulated rank)
-    profile = profile_of(MLP, lambda b: torch.randn(b, MLP_IN))
+    profile = profile_mlp()
     plan = emulated_plan(profile, [(0, 2, [2]), (2, 4, [2])], 2, 2, [1.0, 1.0])
     links = Emulation.for_rank(plan, 0, None, 1.0, None,  # type: ignore[arg-type]
                                spares=("d1", "joined-later")).transport.links
@@ -455,7 +447,7 @@ def test_watching_real_devices_is_refused_in_a_run_that_does_not_recover(tmp_pat
 
     from tests.helpers.executor_helpers import make_test_plan
 
-    profile = profile_of(MLP, lambda b: torch.randn(b, MLP_IN))
+    profile = profile_mlp()
     path = write_plan(make_test_plan(profile, [(0, 2, [2]), (2, 4, [2])], 2, 2), tmp_path)
     assert main(["run", str(path), "--steps", "2", "--no-recover", "--watch-slowdown",
                  "--dataset", MLP_DATASET]) == 2
