@@ -34,10 +34,10 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from edgepipe.executor.core import data
+from edgepipe.executor.core.options import WorkerOptions
 from edgepipe.executor.launch import launch
 from edgepipe.executor.profiling import zoo
 from edgepipe.executor.profiling.profiler import profile_model
-from edgepipe.executor.worker import WorkerOptions
 from edgepipe.planner.inputs.config import TrainingConfig
 from edgepipe.planner.inputs.problem import make_problem
 from edgepipe.planner.inputs.profile import BuildSpec

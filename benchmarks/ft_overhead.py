@@ -65,8 +65,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgepipe.executor.core import emulation
+from edgepipe.executor.core.options import WorkerOptions
 from edgepipe.executor.launch import launch
-from edgepipe.executor.worker import WorkerOptions
 from edgepipe.planner import api
 from edgepipe.planner.cli.demo import DEMO_RUN_BATCH, DEMO_RUN_HOST, DEMO_RUN_MODEL
 from edgepipe.planner.cost.model import CostModel

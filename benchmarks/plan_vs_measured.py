@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 
 from edgepipe.executor.core.emulation import calibrated_time_scale, read_reports, time_scale_for
+from edgepipe.executor.core.options import WorkerOptions
 from edgepipe.executor.launch import launch
-from edgepipe.executor.worker import WorkerOptions
 from edgepipe.planner import api
 from edgepipe.planner.check.report import build_report
 from edgepipe.planner.errors import EdgepipeError

@@ -58,10 +58,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from edgepipe.executor.core.options import WorkerOptions
 from edgepipe.executor.launch import RunFailed, launch
 from edgepipe.executor.profiling import zoo
 from edgepipe.executor.profiling.profiler import profile_model
-from edgepipe.executor.worker import WorkerOptions
 from edgepipe.planner import api
 from edgepipe.planner.inputs.config import TrainingConfig
 from edgepipe.planner.inputs.problem import make_problem

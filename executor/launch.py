@@ -32,7 +32,7 @@ plane (exit codes only).
 
 **Standbys** (a recovering run of a plan of one stage on one device, whose replica no
 other stage can hold; :func:`planner.plan.replica_standbys`): the launcher also starts a
-:class:`~executor.worker.RecoveringWorker` for each idle device of the cluster that can
+:class:`~executor.ft.generation.RecoveringWorker` for each idle device of the cluster that can
 hold the replica (``standbys`` caps how many, best first). Each is a member of every
 generation (a spare: it beats, acknowledges every replication point), the first holds
 the replica; when the serving device is lost the re-plan runs on the survivors and the
@@ -42,7 +42,7 @@ so). ``ranks.json`` gains a line (rank ``null``, ``"role": "standby"``) per stan
 
 **Joins** (``joins``, ``edgepipe run --emulate-join FILE@STEP``; a recovering run only):
 :class:`executor.ft.joins.JoinSchedule` starts each joining device's process (a
-:class:`~executor.worker.RecoveringWorker` with ``WorkerOptions.device``) and has the
+:class:`~executor.ft.generation.RecoveringWorker` with ``WorkerOptions.device``) and has the
 Supervisor admit it at the step boundary; the launcher then tracks the device's newest
 process (a rejoined device's old one is gone), and ``ranks.json`` gains a line (rank
 ``null``) per joining process. A join that fails (its process exits or stays silent

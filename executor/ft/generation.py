@@ -19,15 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from edgepipe.executor.core import storeblob
-from edgepipe.executor.core.build import (
-    load_rows,
-    save_weights,
-    stage_optimizer,
-    stage_runtime,
-    stage_shapes,
-    torch_device,
-)
+from edgepipe.executor.core import build, storeblob
 from edgepipe.executor.core.comm import StageGroup, StageLinks, Transport
 from edgepipe.executor.core.emulation import Emulation
 from edgepipe.executor.core.layout import RankLayout
@@ -44,7 +36,7 @@ from edgepipe.executor.ft.control import (
 )
 from edgepipe.executor.ft.faults import FaultHook, Injector
 from edgepipe.executor.ft.faults import parse as parse_faults
-from edgepipe.executor.ft.recovery import replication_points
+from edgepipe.executor.ft.recovery import interval_of, replication_points
 from edgepipe.executor.ft.replication import (
     MIGRATION_TAG,
     REPLICA_TAG,
@@ -90,8 +82,8 @@ class RecoveringWorker:
         # as a fresh process) or a standby waits until a generation includes it
         self.device_id = opts.device or planned[endpoint.rank]
         self.joining = opts.device is not None
-        self.device, _ = torch_device(endpoint)
-        self.rows = load_rows(plan, opts)
+        self.device, _ = build.torch_device(endpoint)
+        self.rows = build.load_rows(plan, opts)
         self.store = self._connect()
         self.faults = Injector(self.device_id, parse_faults(opts.faults), self.store)
         if self.joining:
@@ -199,7 +191,7 @@ class _GenerationRun:
         self.spare = self.rank >= self.layout.world_size
         self.me = None if self.spare else self.layout.ranks[self.rank]
         self.timeout = timedelta(seconds=self.opts.timeout_s)
-        self.interval = self.plan.problem.config.replication_interval
+        self.interval = interval_of(self.plan)
         self.replicas = [r for r in replica_placement(self.plan)
                          if r.kind == RING and r.holders[0] in self.members]
 
@@ -216,14 +208,21 @@ class _GenerationRun:
     def _stamp(self, key: str) -> None:
         self.store.set(f"{key}/{self.rank}", repr(time.time()))
 
+    def _gloo_group(self, prefix: str, rank: int, size: int) -> dist.ProcessGroup:
+        """A raw gloo group of this generation on ``PrefixStore(prefix)`` (P4), no global
+        state. Typed as the :class:`ProcessGroup` whose calls it serves: torch's stubs
+        declare ``ProcessGroupGloo`` a ``Backend`` without the collectives and
+        point-to-point calls it has at runtime (``allreduce``, ``send``, ``recv``)."""
+        group = dist.ProcessGroupGloo(dist.PrefixStore(prefix, self.store), rank, size,
+                                      self.timeout)
+        return group  # type: ignore[return-value]  # torch's stubs (docstring)
+
     def run(self) -> None:
-        self.pg = dist.ProcessGroupGloo(dist.PrefixStore("pg", self.store), self.rank,
-                                        len(self.members), self.timeout)
+        self.pg = self._gloo_group("pg", self.rank, len(self.members))
         self.pg.allreduce(torch.zeros(1)).wait()  # connect now (P9)
         # the replicas travel in the background, beside the next step's activations: on
         # their own group (own connections; a failed op there cannot disturb the step's)
-        self.rpg = dist.ProcessGroupGloo(dist.PrefixStore("repl", self.store), self.rank,
-                                         len(self.members), self.timeout)
+        self.rpg = self._gloo_group("repl", self.rank, len(self.members))
         self.rpg.allreduce(torch.zeros(1)).wait()
         self.buffers = Buffers()
         if self.spare:
@@ -270,8 +269,7 @@ class _GenerationRun:
         members = self.layout.stage_ranks[me.stage]
         group = None
         if len(members) > 1:
-            raw = dist.ProcessGroupGloo(dist.PrefixStore(f"stage{me.stage}", self.store),
-                                        members.index(self.rank), len(members), self.timeout)
+            raw = self._gloo_group(f"stage{me.stage}", members.index(self.rank), len(members))
             group = StageGroup(raw, members, raw=True)
             group.all_reduce(torch.zeros(1))
         self._stamp("rebuilt")
@@ -281,14 +279,14 @@ class _GenerationRun:
         stage = plan.partition.stages[me.stage]
         self.first = stage.first
         module = build_stage(plan.problem.model, stage.first, stage.end).to(self.w.device)
-        optimizer = stage_optimizer(module, plan)
+        optimizer = build.stage_optimizer(module, plan)
         if not self.record["fresh"]:
             install(module, stage.first, optimizer, self._restore(d, stage.first, stage.end))
         elif opts.resume:  # the run's start state is the checkpoint's
             checkpoint.load(opts.resume, module, optimizer, stage.first, plan, None)
         self._stamp("restored")
-        shapes, dtypes = stage_shapes(self.store, self.layout, me, module, self.w.rows,
-                                      self.w.device)
+        shapes, dtypes = build.stage_shapes(self.store, self.layout, me, module, self.w.rows,
+                                            self.w.device)
         emulation = (Emulation.for_rank(plan, self.rank, self.store, opts.time_scale, opts.out,
                                         opts.emulate_slowdown, self.pg, first_step=d,
                                         spares=tuple(self.members[self.layout.world_size:]))
@@ -298,8 +296,9 @@ class _GenerationRun:
         links = StageLinks(self.layout, self.rank, transport, shapes, dtypes, self.w.device)
         hook = FaultHook(emulation.hook if emulation else ComputeHook(), self.w.faults,
                          self._await_durable)
-        runtime = stage_runtime(plan, self.layout, self.rank, module, optimizer, links, group,
-                                hook, self.w.device, self.check, opts.deterministic)
+        runtime = build.stage_runtime(plan, self.layout, self.rank, module, optimizer, links,
+                                      group, hook, self.w.device, self.check,
+                                      opts.deterministic)
         self.module, self.optimizer = module, optimizer
         hooks = _RecoveringSteps(self, hook, d)
         feed = Feed(self.layout, me, self.w.rows, self.w.device, plan.problem.config.seed)
@@ -307,7 +306,7 @@ class _GenerationRun:
         hooks.finish()
         self._wait_key("exit")
         if opts.save_weights and opts.out:
-            save_weights(opts, plan, me, self.rank, module, optimizer)
+            build.save_weights(opts, plan, me, self.rank, module, optimizer)
         self.w.finished = True
 
     def _await_durable(self, step: int) -> None:
@@ -368,14 +367,14 @@ class _GenerationRun:
         me = self.w.device_id
         holders = [rank_of[r.holders[0]] for r in self.replicas
                    if self.plan.partition.stages[r.stage].devices == (me,)]
-
+        emulation = self.emulation
         return point_work(
             self.w.copies, self.g, snapshot, self.rpg, holders,
             lambda: self._receive_held(n), lambda: self.w.faults.at(n - 1, "replication"),
             lambda: self.store.set(f"repl/{n}/{self.rank}", "1"),
             announce=lambda: self.store.set(f"posted/{n}/{self.rank}", "1"),
-            pace=(lambda h, b: self.emulation.transport.occupy(h, b, check=self.check))
-            if self.emulation else lambda h, b: None,
+            pace=(lambda h, b: emulation.transport.occupy(h, b, check=self.check))
+            if emulation else lambda h, b: None,
             copied=copied)
 
     def _receive_held(self, n: int, arrived: Callable[[], None] = lambda: None,

@@ -20,7 +20,7 @@ devices each, together, in step order):
    lost and its old process is gone, with the incarnation
    :meth:`~executor.ft.recovery.Supervisor.readmit` gives it
    (:mod:`executor.ft.control`, "Re-admission"). It runs
-   :class:`executor.worker.RecoveringWorker` with ``WorkerOptions.device`` set and waits,
+   :class:`executor.ft.generation.RecoveringWorker` with ``WorkerOptions.device`` set and waits,
    beating, until a generation includes it.
 3. Once the run stands at the boundary (every state up to ``STEP`` durable:
    :meth:`~executor.ft.recovery.Supervisor.at_boundary`) and every joining process beats,
@@ -357,8 +357,11 @@ class JoinRequests:
                 reply: dict[str, Any] = {"incarnation": self._accept(key)}
             except (InputError, ValueError) as exc:
                 # the worker names the flag itself (register)
-                own = isinstance(exc, InputError) and exc.source == "--join"
-                reply = {"refused": (exc.problem if own else str(exc)).splitlines()[0]}
+                if isinstance(exc, InputError) and exc.source == "--join":
+                    message = exc.problem
+                else:
+                    message = str(exc)
+                reply = {"refused": message.splitlines()[0]}
             self.store.set(f"{key}/reply", json.dumps(reply))
         sup = self.supervisor
         beating = set()
@@ -377,6 +380,7 @@ class JoinRequests:
         earliest = max(sup.gen.next_commit, min(item[1] for item in self._pending))
         if sup.held is None or earliest < sup.held:
             sup.hold(earliest)
+        assert sup.held is not None  # held just above
         held = max(sup.held, sup.gen.resume)
         due = [item for item in self._pending if item[1] <= held]
         if not due or any(e.device not in beating for _, _, e in due) or not sup.at_boundary():

@@ -2,7 +2,7 @@
 
 The coordinator (the local launcher, or a cross-host coordinator process) runs one
 :class:`Supervisor` beside its :class:`~executor.ft.control.Coordinator`; the workers run
-:class:`executor.worker.RecoveringWorker`. Protocol (docs/fault-tolerance.md,
+:class:`executor.ft.generation.RecoveringWorker`. Protocol (docs/fault-tolerance.md,
 "Recovery"; reference/fault-tolerance.md §2 lessons 3-5):
 
 * **Generations.** Generation ``g`` is published as ``gen<g>/plan`` (the plan document,
@@ -156,6 +156,15 @@ def _precompute_into(slot: dict, plan: Plan) -> None:
         slot.update(precompute(plan))
 
 
+def interval_of(plan: Plan) -> int:
+    """The plan's replication interval in steps: always a whole number
+    (:func:`planner.plan.make_plan` resolves ``auto``, :func:`planner.plan.plan_from_dict`
+    refuses it)."""
+    k = plan.problem.config.replication_interval
+    assert isinstance(k, int), f"plan {plan.id} has an unresolved replication interval {k!r}"
+    return k
+
+
 def replication_points(resume: int, steps: int, interval: int) -> list[int]:
     """States (steps applied) a generation replicates: its start ``resume``, every
     multiple of ``interval`` after it, and ``steps``."""
@@ -278,8 +287,7 @@ class Supervisor:
         gen = Generation(g, plan, members, layout.world_size, resume, gstore, time.time(),
                          next_commit=resume)
         self.checkpoints = [n for n in self.checkpoints if n > resume]
-        interval = plan.problem.config.replication_interval
-        gen.points = replication_points(resume, self.steps, interval)
+        gen.points = replication_points(resume, self.steps, interval_of(plan))
         # the plan itself travels through the store: hosts need no shared file system
         storeblob.put(gstore, "plan", json.dumps(plan_to_dict(plan)).encode())
         gstore.set("start", json.dumps({
@@ -465,7 +473,7 @@ class Supervisor:
     ) -> dict[str, Any]:
         """Move to a re-plan for ``slowed`` devices (id -> factor on their slowdown in
         the current plan) or ``joined`` ones (their worker processes started, running
-        :class:`executor.worker.RecoveringWorker` with the joined device's id) at the
+        :class:`executor.ft.generation.RecoveringWorker` with the joined device's id) at the
         next step boundary: abort the current generation (nobody is fenced), re-plan
         from the last durable state and open the next generation with every survivor
         and joined device. ``cause`` (``slow`` | ``join``) and ``device`` go into the
@@ -538,7 +546,7 @@ class Supervisor:
         path = self.plans_dir / f"{new.id}.json"
         self.plans_dir.mkdir(parents=True, exist_ok=True)
         save_plan(new, path)
-        migration = [] if fresh or unchanged else [
+        migration: list[dict[str, Any]] = [] if fresh or unchanged else [
             {"to": t.to, "source": t.source, "first": t.first, "end": t.end,
              "bytes": t.bytes} for t in new.migration
         ]

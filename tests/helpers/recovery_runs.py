@@ -13,9 +13,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from edgepipe.executor.core import data
+from edgepipe.executor.core.options import WorkerOptions
 from edgepipe.executor.launch import launch
 from edgepipe.executor.profiling import zoo
-from edgepipe.executor.worker import WorkerOptions
 from edgepipe.planner.inputs.cluster import Cluster
 from edgepipe.planner.inputs.config import TrainingConfig
 from edgepipe.planner.inputs.problem import make_problem

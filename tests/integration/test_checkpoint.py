@@ -13,12 +13,12 @@ import pytest
 import torch
 import torch.distributed as dist
 from edgepipe.executor.core import data
+from edgepipe.executor.core.options import WorkerOptions
 from edgepipe.executor.core.runtime import make_optimizer
 from edgepipe.executor.core.stage import build_stage
 from edgepipe.executor.ft import checkpoint
 from edgepipe.executor.launch import launch
 from edgepipe.executor.profiling import zoo
-from edgepipe.executor.worker import WorkerOptions
 from edgepipe.planner.errors import InputError
 from edgepipe.planner.inputs.profile import BuildSpec
 from edgepipe.planner.plan import load_plan

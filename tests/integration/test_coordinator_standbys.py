@@ -22,10 +22,10 @@ from dataclasses import replace
 
 import pytest
 from edgepipe.executor import worker
+from edgepipe.executor.core.options import Endpoint, WorkerOptions
 from edgepipe.executor.ft import coordinator
 from edgepipe.executor.ft.control import connect_store, host_store
 from edgepipe.executor.ft.coordinator import join, standbys_of
-from edgepipe.executor.worker import Endpoint, WorkerOptions
 from edgepipe.planner.cli.main import main as edgepipe
 from edgepipe.planner.errors import InputError
 

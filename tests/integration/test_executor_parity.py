@@ -15,9 +15,9 @@ import pytest
 import torch
 from edgepipe.executor.core import data
 from edgepipe.executor.core.metrics import read_jsonl
+from edgepipe.executor.core.options import WorkerOptions
 from edgepipe.executor.launch import launch
 from edgepipe.executor.profiling import zoo
-from edgepipe.executor.worker import WorkerOptions
 from edgepipe.planner.inputs.profile import BuildSpec
 
 from tests.helpers import reference_trainer as ref

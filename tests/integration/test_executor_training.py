@@ -6,9 +6,9 @@ from __future__ import annotations
 import statistics
 
 import pytest
+from edgepipe.executor.core.options import WorkerOptions
 from edgepipe.executor.launch import launch
 from edgepipe.executor.profiling import zoo
-from edgepipe.executor.worker import WorkerOptions
 from edgepipe.planner.inputs.profile import BuildSpec
 
 from tests.helpers.executor_helpers import make_test_plan, profile_of, write_plan

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
+from edgepipe.executor.core.options import WorkerOptions
 from edgepipe.executor.ft import checkpoint
 from edgepipe.executor.ft.recovery import RecoveryFailed
-from edgepipe.executor.worker import WorkerOptions
 
 from tests.helpers.executor_helpers import make_test_plan, write_plan
 from tests.helpers.recovery_runs import (

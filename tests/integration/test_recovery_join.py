@@ -25,13 +25,13 @@ from pathlib import Path
 import pytest
 from edgepipe.executor.core.layout import RankLayout
 from edgepipe.executor.core.metrics import read_jsonl
+from edgepipe.executor.core.options import WorkerOptions
 from edgepipe.executor.ft.control import Coordinator, Failure, connect_store, host_store
 from edgepipe.executor.ft.faults import Fault
 from edgepipe.executor.ft.faults import parse as parse_faults
 from edgepipe.executor.ft.joins import EmulatedJoin, JoinRequests, register
 from edgepipe.executor.ft.recovery import Supervisor
 from edgepipe.executor.launch import RunResult
-from edgepipe.executor.worker import WorkerOptions
 from edgepipe.planner.cli.main import main
 from edgepipe.planner.errors import InputError
 from edgepipe.planner.inputs.cluster import Cluster

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 import pytest
-from edgepipe.executor.worker import WorkerOptions
+from edgepipe.executor.core.options import WorkerOptions
 from edgepipe.planner.check.report import RECOVERY_KEYS, RecoveryEvent
 from edgepipe.planner.cli.main import main
 from edgepipe.planner.cost.model import CostModel

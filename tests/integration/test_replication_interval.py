@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from edgepipe.executor.core.options import WorkerOptions
 from edgepipe.executor.ft.recovery import commit_blocked, replication_points
-from edgepipe.executor.worker import WorkerOptions
 from edgepipe.planner.cli.main import main
 from edgepipe.planner.cost.channels import background_ms
 from edgepipe.planner.cost.formulas import hiding_interval

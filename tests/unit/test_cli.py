@@ -478,7 +478,8 @@ def test_the_control_planes_defaults_have_one_source_for_the_cli_and_the_executo
     # the launcher, the coordinator and the worker use when called as a library
     import dataclasses
 
-    from edgepipe.executor import launch, worker
+    from edgepipe.executor import launch
+    from edgepipe.executor.core import options
     from edgepipe.executor.ft import coordinator
     from edgepipe.planner import timeouts
 
@@ -494,5 +495,5 @@ def test_the_control_planes_defaults_have_one_source_for_the_cli_and_the_executo
     assert (coordinator.HANG_TIMEOUT_S, coordinator.START_TIMEOUT_S,
             coordinator.HEARTBEAT_S) == (timeouts.HANG_TIMEOUT_S, timeouts.START_TIMEOUT_S,
                                          timeouts.HEARTBEAT_S)
-    (field,) = [f for f in dataclasses.fields(worker.WorkerOptions) if f.name == "timeout_s"]
+    (field,) = [f for f in dataclasses.fields(options.WorkerOptions) if f.name == "timeout_s"]
     assert field.default == timeouts.GLOO_TIMEOUT_S
