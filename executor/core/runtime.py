@@ -6,7 +6,7 @@ transfers (:class:`executor.core.comm.StageLinks`), its stage's data-parallel gr
 and the optimizer. State per step: per micro-batch the stage input, the output (or
 per-sample losses on the last stage) and, in deterministic mode, one flat gradient per
 global sample position. One step = every action in order, then the optimizer step (the
-step's commit point is the caller's, see :mod:`executor.worker`).
+step's commit point is the caller's, see :mod:`executor.core.loop`).
 
 **Deterministic mode** (DETERMINISTIC.md): F and B run each sample alone (a batch of
 one, a freshly allocated tensor); B keeps the per-sample parameter gradient ``g_i``
@@ -99,7 +99,8 @@ def make_optimizer(
 
 
 class StageRuntime:
-    """Executes a rank's action list, one step per :meth:`run_step` call."""
+    """Executes a rank's action list: one step is :meth:`compute` then :meth:`apply`
+    (:func:`executor.core.loop.run_steps` runs the step's commit point in between)."""
 
     def __init__(
         self,
@@ -138,24 +139,9 @@ class StageRuntime:
         self.global_batch = layout.global_batch
 
     # -- one step ------------------------------------------------------------------------
-    def run_step(
-        self,
-        step: int,
-        inputs: list[torch.Tensor] | None,
-        targets: list[torch.Tensor] | None,
-    ) -> StepRecord:
-        """Run every action of step ``step`` and the optimizer step.
-
-        ``inputs[m]`` (first stage) / ``targets[m]`` (last stage) are this rank's rows
-        of micro-batch ``m``."""
-        record = self.compute(step, inputs, targets)
-        self.check()
-        self.apply(record)
-        return record
-
     def apply(self, record: StepRecord) -> None:
-        """The optimizer step of the step :meth:`compute` just ran (the recovering
-        worker calls it only once the coordinator committed the step)."""
+        """The optimizer step of the step :meth:`compute` just ran (a recovering run's
+        loop calls it only once the coordinator committed the step)."""
         start = time.perf_counter()
         self.optimizer.step()
         self._mark(record, "OPTIM", None, start)
@@ -167,7 +153,10 @@ class StageRuntime:
         inputs: list[torch.Tensor] | None,
         targets: list[torch.Tensor] | None,
     ) -> StepRecord:
-        """Every action of step ``step`` (gradients in ``.grad``), no optimizer step."""
+        """Every action of step ``step`` (gradients in ``.grad``), no optimizer step.
+
+        ``inputs[m]`` (first stage) / ``targets[m]`` (last stage) are this rank's rows
+        of micro-batch ``m``."""
         record = StepRecord(step, started_at=time.time())
         t0 = time.perf_counter()
         self._t0 = t0
