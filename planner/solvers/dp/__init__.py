@@ -12,7 +12,7 @@ class (the DP never names devices: a stage's group is a composition g = (g_1..g_
 Recurrence: a move r -> r - g makes group g the head stage of blocks [L-l, L-l') in front
 of an entry of Q(p - 1, l', r - g); a skip r -> r - e_k leaves a device idle. Composing a
 head with its link onto an entry gives the longer suffix's value exactly as the cost
-model's closed form (:func:`planner.cost.model.pipeline_closed_form_ms`) prices it: D + X,
+model's closed form (:func:`planner.cost.closed_form.pipeline_closed_form_ms`) prices it: D + X,
 the round time, with the carried traversal S, link period O, samples Y, stage count N and
 ring-replica memory FREE / TAIL. Answer: the root Q(p, L, all devices)'s best entries,
 re-scored by the exact schedule makespan, and the tie rule.

@@ -2,7 +2,7 @@
 Lagrangian dual of the closed form's two maxima).
 
 Z (:func:`planner.solvers.dp.bounds._weighted`) bounds a plan's D + X (the closed form of
-:func:`planner.cost.model.pipeline_closed_form_ms`) from two families of inequalities, one per
+:func:`planner.cost.closed_form.pipeline_closed_form_ms`) from two families of inequalities, one per
 stage s of the plan:
 
     D >= S + (M - 1) b'_s        (S the whole traversal; b'_s = E_b^s, or E_f + E_b for

@@ -280,7 +280,6 @@ def _share_figures(tables: _Tables, batch: int, warmups: list[int]) -> tuple:
     return need, c_tab, ef, eb, ta, occ, tau, lat_min
 
 
-
 def z_bound(tables: _Tables, batch: int, m: int, warmups: list[int]) -> float:
     """Z alone (:func:`_weighted`), as :func:`relaxed_tables` gives it (0 beyond
     ``RELAX_MAX``), without its other tables: a few DPs less."""
@@ -337,7 +336,7 @@ def staged_bound(tables: _Tables, batch: int, m: int, warmups: list[int], lam: f
 
     A stage with n stages after it has k_n = min(K, M) micro-batches in flight, K =
     ``warmup_depth`` of the stage n + 1 from the end (a function of n alone). The
-    closed form (:func:`planner.cost.model.pipeline_closed_form_ms`) gives D >= C_s +
+    closed form (:func:`planner.cost.closed_form.pipeline_closed_form_ms`) gives D >= C_s +
     (M - 1) c_s + tau_s + max(0, R_s - (k_n - 1) E_f^s) >= S + (M - 1) E_b^s + (M -
     k_n) E_f^s (S the whole traversal), and for the last stage D >= C_s + M c_s = S +
     (M - 1) (E_f + E_b): Z's bound, which takes k_n = M for every stage but the last,
@@ -556,7 +555,6 @@ def _relaxed_cheap(tables: _Tables, batch: int, m: int) -> _Relaxed:
     return _Relaxed(f_tab, m * f_tab / stages, zeros, zeros, 0.0, np.zeros_like(f_tab))
 
 
-
 def _relax_levels(tables: _Tables, batch: int) -> tuple[int, list[int], list[int]]:
     """M, the warm-ups K(1..pc) of the relaxed bounds' suffix levels and the in-flight
     micro-batches min(K, M) their bubble term may assume per level (the last level
@@ -713,9 +711,7 @@ def graph_prefix_bound(
                                         warm, t.dense_saved, batch) >= share  # fmt: skip
                 carried = t.carried(batch, share)
                 tau = 2 * (per_sample * carried / t.bw_max + t.lat_min)
-                cost[present, share] = np.where(
-                    fits, t.head_bound(cid, batch) + tau[None, :], INF
-                )
+                cost[present, share] = np.where(fits, t.head_bound(cid, batch) + tau[None, :], INF)
             step = (out[s][:, None] + cost[present, share]).min(axis=0)
             np.minimum(out[sub], step, out=out[sub])
     return out

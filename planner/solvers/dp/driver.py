@@ -69,4 +69,3 @@ def plan_dp(
     if result is None:
         raise diagnose_infeasible(problem)
     return result
-

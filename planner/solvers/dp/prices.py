@@ -2,14 +2,13 @@
 fast classes on any number of classes (a Lagrangian relaxation of Zc).
 
 Z (:func:`planner.solvers.dp.bounds._weighted`) bounds a plan's D + X (the closed form of
-:func:`planner.cost.model.pipeline_closed_form_ms`: D + X >= C_s + D_s and X >= T_a^s - PB_s for
-every stage s, averaged over the stages with the weights of their block counts) by a sum
-over its stages of one figure each, alpha E_f + beta E_b + (the link after it) + mu T_a,
-but lets every stage run each block at the fastest class's time, with as many devices of
-it as the whole cluster holds. Zc (:func:`planner.solvers.dp.bounds.class_bound`) keys Z's
-DP
-by the devices left of each class, which on two classes is cheap and on eight classes of
-64 is 65^8 states. Zp keeps Zc's stage figures and dualises the class counts instead:
+:func:`planner.cost.closed_form.pipeline_closed_form_ms`: D + X >= C_s + D_s and X >=
+T_a^s - PB_s for every stage s, averaged over the stages with the weights of their block counts)
+by a sum over its stages of one figure each, alpha E_f + beta E_b + (the link after it) + mu
+T_a, but lets every stage run each block at the fastest class's time, with as many devices
+of it as the whole cluster holds. Zc (:func:`planner.solvers.dp.bounds.class_bound`) keys
+Z's DP by the devices left of each class, which on two classes is cheap and on eight classes
+of 64 is 65^8 states. Zp keeps Zc's stage figures and dualises the class counts instead:
 
     Zp(lambda) = min over chains of ranges [a_0, a_1), .., [a_{P-1}, L) of
                  sum_s H_lambda(range_s)  -  sum_k lambda_k c_k,       lambda >= 0,

@@ -6,25 +6,25 @@ Inputs: the head's figures (Eq. 8's E_f, E_b: reference/asteroid.md §3.2; §3.3
 all-reduce T_a; its samples per device), the entry's values, the link between the two
 groups (Eq. 8's slowest pair and largest latency), M and the heads' warm-ups.
 
-Value (objective: :func:`planner.cost.model.pipeline_closed_form_ms`, whose pieces - stage
-figures, all-reduce, the closed-form boundary :func:`~planner.cost.model.boundary_occupancy_ms`
-and :func:`~planner.cost.model.link_period_ms`, memory - all come from :mod:`planner.cost.model`):
-for the suffix plan putting the last l blocks into stages on devices drawn from r, not
-one number but a front of entries (D, X; S, Y, N, FREE, TAIL). The round time is
-``D + X``, D = max over steps i of ``C_i + max((M - 1) pi_i + tau_i + w_i, W_i)``
-(traversal tau: a stage's E_f + E_b, a link's 2 (occupancy + latency); steady-state
-period pi: a
-stage's E_f + E_b, a link's :func:`~planner.cost.model.link_period_ms`: its occupancy point to
-point, plus the next boundary's occupancy on a switch (a stage's ports carry both its
-boundaries), twice it plus every later boundary's medium time on a shared medium; w_i
-the warm-up bubble and W_i the warm-up window of a stage), X = max_s (T_a^s - PB_s). S
-is the suffix's summed traversal, O what the suffix adds to the period of the link before it
-(:func:`~planner.cost.model.link_downstream_ms`), Y the largest per-device samples of its
-head group (a switch's busiest port carries max(Y_a, Y_b) samples of a boundary, a
-point-to-point piece at most min(Y_a, Y_b), a shared medium all B), N its stage
-count. Prepending a head (c0 = E_f +
-E_b, E_f0, E_b0, T_a0, samples Y0, warm-up K = K(N + 1)) and the link to the entry's head
-(occupancy o from Y0 and Y, latency lam, tau1 = 2 (o + lam), period pi1) gives exactly
+Value (objective: :func:`planner.cost.closed_form.pipeline_closed_form_ms`, whose pieces -
+stage figures, all-reduce, the closed-form boundary
+:func:`~planner.cost.closed_form.boundary_occupancy_ms` and
+:func:`~planner.cost.closed_form.link_period_ms`, memory - all come from
+:mod:`planner.cost`): for the suffix plan putting the last l blocks into stages on devices
+drawn from r, not one number but a front of entries (D, X; S, Y, N, FREE, TAIL). The round
+time is ``D + X``, D = max over steps i of ``C_i + max((M - 1) pi_i + tau_i + w_i, W_i)``
+(traversal tau: a stage's E_f + E_b, a link's 2 (occupancy + latency); steady-state period
+pi: a stage's E_f + E_b, a link's :func:`~planner.cost.closed_form.link_period_ms`: its
+occupancy point to point, plus the next boundary's occupancy on a switch (a stage's ports
+carry both its boundaries), twice it plus every later boundary's medium time on a shared
+medium; w_i the warm-up bubble and W_i the warm-up window of a stage), X = max_s (T_a^s -
+PB_s). S is the suffix's summed traversal, O what the suffix adds to the period of the
+link before it (:func:`~planner.cost.closed_form.link_downstream_ms`), Y the largest
+per-device samples of its head group (a switch's busiest port carries max(Y_a, Y_b)
+samples of a boundary, a point-to-point piece at most min(Y_a, Y_b), a shared medium all
+B), N its stage count. Prepending a head (c0 = E_f + E_b, E_f0, E_b0, T_a0, samples Y0,
+warm-up K = K(N + 1)) and the link to the entry's head (occupancy o from Y0 and Y, latency
+lam, tau1 = 2 (o + lam), period pi1) gives exactly
 
     D' = max(M c0 + max(0, tau1 + S - (min(K, M) - 1) E_f0),   (head; its bubble)
              ceil(M / min(K, M)) (c0 + tau1 + S),              (head; its window)
@@ -35,13 +35,13 @@ E_b, E_f0, E_b0, T_a0, samples Y0, warm-up K = K(N + 1)) and the link to the ent
 
 non-decreasing in D, X, S and O. The bubble: the head's first backward waits for the first
 micro-batch's round trip downstream (tau1 + S) while the head runs only K forwards; with
-few micro-batches this is what the older closed form (Asteroid's, half-duplex links,
-no bubble: ``PlanCost.closed_form_ms``) missed, misranking plans by up to 25%
+few micro-batches this is what the older closed form (Asteroid's, half-duplex links, no
+bubble: ``PlanCost.closed_form_ms``) missed, misranking plans by up to 25%
 (docs/planners.md). The window: 1F1B starts the head's forward of micro-batch j + K only
 after its backward of j, a round trip c0 + tau1 + S after that forward began, so its M
-micro-batches take ceil(M / K) round trips at least (without it the closed form priced
-a plan of pipedream-resnet18 on orin-pair-2 at 298 ms that the schedule runs in 353, and
-the DP missed the optimum by 2.64%).
+micro-batches take ceil(M / K) round trips at least (without it the closed form priced a
+plan of pipedream-resnet18 on orin-pair-2 at 298 ms that the schedule runs in 353, and the
+DP missed the optimum by 2.64%).
 
 Complexity: O(1) numpy work per candidate (the caller's arrays: rows x moves x l' x
 front slots).

@@ -140,6 +140,9 @@ LAZY_USERS = 3
 
 INF = np.inf
 
+#: a root answer: (D + X, level index, edge, head, l', slot, same level)
+_Answer = tuple[float, ...]
+
 
 class _Timeout(Exception):
     """The time limit expired inside a level."""
@@ -185,8 +188,8 @@ class _BatchSearch:
         self.capped = config.max_stages is not None and config.max_stages < min(tables.n_blk, n_dev)
         self.levels: list[_Level] = []
         #: root answers: (D + X, level index, edge, head, l', slot, same level)
-        self.answers: list[tuple[float, int, int, int, int, int, int]] = []
-        self._pending: list[tuple[float, int, int, int, int, int, int]] = []
+        self.answers: list[_Answer] = []
+        self._pending: list[_Answer] = []
         self.root = len(graph.states) - 1
         #: per composition (the last row: none) the id of its set of classes; the link
         #: from a head group to an entry's head group is priced per pair of sets
@@ -262,7 +265,7 @@ class _BatchSearch:
                 worst = max(worst, float(binding.max()))
         return 1 + max((p for p in range(1, self.max_p + 1) if self.warmup(p) <= worst), default=0)
 
-    def run(self) -> list[tuple[float, int, int]]:
+    def run(self) -> list[_Answer]:
         """Exact levels p = 1 .. p0 - 1, then one collapsed level for every p >= p0, until
         done or the deadline; the root's best (value, stages, slot) answers. When the
         deadline passes in the first level, or in a later one of a search under a
@@ -372,6 +375,7 @@ class _BatchSearch:
         for mv, front, same in sources:
             if mv and front is None:  # base heads, computed for every row (_level)
                 first, whole = self._base_rows
+                assert whole is not None  # set by _level before its rows
                 parts.append(tuple(v[r0 - first : r1 - first] for v in whole))
                 meta.append(_Source("base", mv, same, len(mv), 0, 1, False))
             elif mv:
@@ -412,18 +416,18 @@ class _BatchSearch:
         level.n[at] = np.where(ok, cand_n[rows, chosen], 0)
         level.free[at] = np.where(ok, cand_free[rows, chosen], -INF)
         level.tail[at] = np.where(ok, cand_tail[rows, chosen], INF)
-        edge, head, l_sub, k_sub, same = self._decode(meta, chosen, l_here, level)
+        edge, head, l_sub, k_sub, same_level = self._decode(meta, chosen, l_here, level)
         level.h[at] = np.where(ok, head, -1)
         level.edge[at] = np.where(ok, edge, -1)
         level.l_sub[at] = l_sub
         level.k_sub[at] = k_sub
-        level.same[at] = same
+        level.same[at] = same_level
         if s == self.root and r1 == big_l + 1:
             # the complete plans within the bound (a D above it: nothing to score)
             total = np.where(d[-1] <= self.bound, d[-1] + x[-1], INF)
             # one candidate per value: skips reach the same plan along several paths
-            _, first = np.unique(total, return_index=True)
-            best = first[np.isfinite(total[first])][:RERANK][None, :]
+            _, first_of = np.unique(total, return_index=True)
+            best = first_of[np.isfinite(total[first_of])][:RERANK][None, :]
             top = self._decode(meta, best, np.array([[big_l]]), level)
             self._pending = [
                 (float(total[j]), len(self.levels), *(int(v[0, i]) for v in top))
@@ -518,7 +522,7 @@ class _BatchSearch:
                 for c in lazy:
                     least = t.head_bound(c, self.batch)[r0:, 0]
                     rows[c] = rows[c][m * least + before <= self.bound]
-        elif lazy:
+        elif lazy and front is not None:
             ranges = t.range_at[r0:]  # (l, l'), -1 where l' >= l
             if np.isfinite(self.bound):
                 before = self.before[state, r0:, None]
@@ -636,9 +640,7 @@ class _BatchSearch:
             for v in (d_new, x_new, s_new, o_new, y0, n_new, free, sub_tail)
         )
 
-    def _base_moves(
-        self, moves: list[int], warm: int, r0: int, r1: int
-    ) -> tuple[np.ndarray, ...]:
+    def _base_moves(self, moves: list[int], warm: int, r0: int, r1: int) -> tuple[np.ndarray, ...]:
         """:meth:`_moves` of heads alone (p = 1, laid out per row as (move,)): D = M c0,
         X = T_a0, S = c0, N = 1, FREE at the one-stage warm-up, TAIL the replica of a
         one-device head."""
@@ -650,9 +652,7 @@ class _BatchSearch:
         c0 = np.array([h[0][r0:r1, 0] for h in heads]).T  # (l, T)
         x = np.array([h[2][r0:r1, 0] for h in heads]).T
         d = np.where(m * c0 + before[:, None] <= self.early, m * c0, INF)
-        y, hold_b, hold_y, used = (
-            np.array([h[i][r0:r1, 0] for h in heads]).T for i in range(3, 7)
-        )
+        y, hold_b, hold_y, used = (np.array([h[i][r0:r1, 0] for h in heads]).T for i in range(3, 7))
         at = (slice(r0, r1), 0)
         with np.errstate(invalid="ignore"):
             free = hold_b - stage_memory_bytes(
@@ -693,7 +693,8 @@ class _BatchSearch:
         live = np.flatnonzero(alive.any(axis=(1, 2)))
         if not len(live):
             return None
-        moves, cids, heads, subs = ([v[i] for i in live] for v in (moves, cids, heads, subs))
+        moves, cids = [moves[i] for i in live], [cids[i] for i in live]
+        heads, subs = [heads[i] for i in live], [subs[i] for i in live]
         pairs = alive[live].any(axis=0)  # (l, l')
         lps = lo + np.flatnonzero(pairs.any(axis=0))
         reach = np.arange(r0, r1)[:, None] - np.arange(lo, hi + 1)[None, :]

@@ -131,7 +131,6 @@ DEFAULT_TIME_LIMIT = 60.0
 INF = np.inf
 
 
-
 @dataclass(frozen=True)
 class DPResult:
     """The DP's plan, its cost-model figures and search statistics.
@@ -150,7 +149,6 @@ class DPResult:
     scored: tuple[tuple[PlanCost, Partition, float], ...] = ()
     #: planned coarse to fine (:mod:`planner.solvers.dp.multilevel`), not on every block
     coarse_to_fine: bool = False
-
 
 
 def choose(
@@ -183,7 +181,6 @@ def check_incumbent(problem: Problem, incumbent: Partition) -> None:
             f"the warm start's micro-batch size is not one of the config's "
             f"candidates {list(sizes)}; give a plan of the DP's space",
         )
-
 
 
 def best_plan(
@@ -319,8 +316,8 @@ class _Sizes:
             if time.perf_counter() >= self.deadline:
                 break
         for b in sorted(self.weighted, key=lambda b: (self.weighted[b], b)):
-            least = min(((self.root(a), a) for a in self.relaxed), default=None)
-            if least is not None and (self.weighted[b], b) > least:
+            lowest = min(((self.root(a), a) for a in self.relaxed), default=None)
+            if lowest is not None and (self.weighted[b], b) > lowest:
                 break
             self.relaxed[b] = relaxed_bounds(tables, b)
             if time.perf_counter() >= self.deadline:

@@ -78,6 +78,7 @@ class _Cache(OrderedDict):
         super().clear()
         self.bytes = 0
 
+
 class _Tables:
     """Per-class block tables and the head evaluations of compositions (cached)."""
 
@@ -230,7 +231,7 @@ class _Tables:
             # C order: allocate_classes reads it flat (a view only when contiguous; the
             # fancy index leaves the ranges' axis outermost, so each call copied it)
             curves = np.ascontiguousarray(fb[:, self.rows_end] - fb[:, self.rows_first])
-            self._curve[batch] = (curves, (np.diff(curves, axis=2) > 0).all(axis=2))
+            self._curve[batch] = (curves, np.asarray((np.diff(curves, axis=2) > 0).all(axis=2)))
         return self._curve[batch]
 
     def allocation(
@@ -394,4 +395,3 @@ class _Tables:
             per_block = np.diff(table, axis=1)[:, :, share:].min(axis=(0, 2))
             self._prefix[key] = np.concatenate([[0.0], np.cumsum(per_block)])
         return self._prefix[key]
-
