@@ -27,6 +27,8 @@ The first stage reads only inputs, the last only targets (:meth:`Rows.inputs`,
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -52,7 +54,7 @@ def step_indices(step: int, global_batch: int, num_samples: int, seed: int) -> n
     return order[k * global_batch : (k + 1) * global_batch]
 
 
-class TensorPairs(Dataset):
+class TensorPairs(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     """Inputs ``x`` and targets ``y`` held as two tensors (first dimension = sample)."""
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -70,7 +72,7 @@ class TensorPairs(Dataset):
 class Rows:
     """Batched access to a dataset's inputs and targets by index list."""
 
-    def __init__(self, dataset: Dataset) -> None:
+    def __init__(self, dataset: Dataset[Any]) -> None:
         self.dataset = dataset
         self.size = len(dataset)  # type: ignore[arg-type]
         if self.size < 1:
@@ -147,7 +149,7 @@ def digits(build: BuildSpec) -> TensorPairs:
     return TensorPairs(x.expand(-1, 3, -1, -1).contiguous(), torch.tensor(data.target))
 
 
-def load_dataset(name: str, build: BuildSpec, seed: int) -> Dataset:
+def load_dataset(name: str, build: BuildSpec, seed: int) -> Dataset[Any]:
     """Dataset ``name`` (``synthetic``, ``digits`` or ``package.module:callable``) for
     the model of ``build``; ``seed`` is the data seed (synthetic only)."""
     if name == "synthetic":

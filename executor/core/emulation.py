@@ -91,7 +91,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 import torch
@@ -477,10 +477,10 @@ class Emulation:
         )
 
 
-def read_reports(out: str | Path) -> list[dict]:
+def read_reports(out: str | Path) -> list[dict[str, Any]]:
     """Every rank's per-step emulation lines of run directory ``out`` (no torch needed
     to read them; this helper is here for the tests and the CLI)."""
-    lines: list[dict] = []
+    lines: list[dict[str, Any]] = []
     for path in sorted(Path(out, "emulation").glob("rank*.jsonl")):
         lines += [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
     return lines
@@ -517,7 +517,7 @@ def time_scale_for(plan: Plan, host: ModelProfile, host_type: str = "host-cpu",
     return max(1.0, worst * margin)
 
 
-def calibrated_time_scale(plan: Plan, lines: list[dict], margin: float = 1.5,
+def calibrated_time_scale(plan: Plan, lines: list[dict[str, Any]], margin: float = 1.5,
                           floor: float = 0.25) -> float:
     """:func:`time_scale_for` from a short emulated run's report ``lines``
     (:func:`read_reports`) instead of a profile: each rank's real compute per unit of

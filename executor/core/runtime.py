@@ -38,11 +38,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from edgepipe.executor.core.comm import StageGroup, StageLinks
 from edgepipe.executor.core.layout import RankLayout
 from edgepipe.executor.core.stage import Loss
+from edgepipe.planner.inputs.config import OptimizerName
 from edgepipe.planner.schedule import Action, ActionType
 from torch import nn
 
@@ -87,7 +89,7 @@ class StepRecord:
 
 
 def make_optimizer(
-    params: list[nn.Parameter], name: str, settings: dict
+    params: list[nn.Parameter], name: OptimizerName, settings: dict[str, Any]
 ) -> torch.optim.Optimizer:
     """``torch.optim`` for the config's optimizer, ``foreach=False`` (DETERMINISTIC.md):
     sgd -> SGD(lr), momentum -> SGD(lr, momentum), adam -> Adam(lr, betas, eps)."""
@@ -160,7 +162,7 @@ class StageRuntime:
         record = StepRecord(step, started_at=time.time())
         t0 = time.perf_counter()
         self._t0 = t0
-        state: dict[int, dict] = {}
+        state: dict[int, dict[str, Any]] = {}
         per_sample: dict[int, torch.Tensor] = {}
         recv_f: dict[int, torch.Tensor] = {}
         recv_b: dict[int, torch.Tensor] = {}
@@ -218,11 +220,11 @@ class StageRuntime:
 
     def _forward(
         self, x: torch.Tensor, target: torch.Tensor | None, record: StepRecord, m: int
-    ) -> dict:
+    ) -> dict[str, Any]:
         if self.deterministic:
             leaves = [self._leaf(x[k : k + 1], fresh=True) for k in range(len(x))]
             outs = [self.module(leaf) for leaf in leaves]
-            st: dict = {"leaves": leaves, "outs": outs}
+            st: dict[str, Any] = {"leaves": leaves, "outs": outs}
             if self.last:
                 assert target is not None
                 losses = [
@@ -247,7 +249,11 @@ class StageRuntime:
         return st
 
     def _backward(
-        self, st: dict, grad: torch.Tensor | None, m: int, per_sample: dict[int, torch.Tensor]
+        self,
+        st: dict[str, Any],
+        grad: torch.Tensor | None,
+        m: int,
+        per_sample: dict[int, torch.Tensor],
     ) -> torch.Tensor | None:
         leaves, outs = st.pop("leaves"), st.pop("outs")
         losses = st.pop("losses", None)

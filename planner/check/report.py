@@ -53,11 +53,14 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgepipe.planner.check.simulator import Interval, Timeline, Transfer, WorkKind, simulate
 from edgepipe.planner.errors import InputError
 from edgepipe.planner.plan import Plan, load_plan
+
+if TYPE_CHECKING:  # gantt loads matplotlib: imported where a chart is drawn
+    from edgepipe.planner.check.gantt import Marker
 
 #: the keys of a recovery line of metrics.jsonl, all required (docs/fault-tolerance.md)
 RECOVERY_KEYS = (
@@ -331,7 +334,7 @@ def _last_tries(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for lines in tries.values() for e in lines]
 
 
-def run_timeline(report: RunReport, run_dir: str | Path) -> tuple[Timeline, list]:
+def run_timeline(report: RunReport, run_dir: str | Path) -> tuple[Timeline, list[Marker]]:
     """The whole run as one :class:`Timeline`: step ``s``'s measured F, B and
     REDUCE_GRAD of every device shifted by the summed wall times of the committed steps
     before it (of a replayed step only the committed try: the devices of its metrics
@@ -404,7 +407,7 @@ def draw_report(report: RunReport, run_dir: str | Path, path: str | Path) -> Non
         ),
         (measured, f"measured step {report.measured_step} (each rank from its step start)"),
     ]
-    markers: dict[int, list] = {}
+    markers: dict[int, list[Marker]] = {}
     if report.recoveries:
         run, markers[2] = run_timeline(report, run_dir)
         panels.append((run, f"the whole run: {len(report.step_lines)} committed steps end "

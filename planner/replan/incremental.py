@@ -607,7 +607,7 @@ def _reference_ms(plan: Plan) -> float:
     return plan.cost.iteration_ms
 
 
-def _full_solver(plan: Plan) -> dict:
+def _full_solver(plan: Plan) -> dict[str, Any]:
     if plan.solver.name == "replan":
         return dict(plan.solver.settings["full_solver"])
     if plan.solver.name == "milp":
@@ -620,7 +620,7 @@ def _full_solver(plan: Plan) -> dict:
 
 
 def _full_solve(
-    problem: Problem, solver: dict, warm: Partition | None
+    problem: Problem, solver: dict[str, Any], warm: Partition | None
 ) -> tuple[Partition, PlanCost] | None:
     """The full solve on the new cluster, warm-started from the fast-path plan (the MILP's
     start solution; the DP's incumbent, whose figure bounds its searches from the first

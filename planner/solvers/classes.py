@@ -40,7 +40,8 @@ def device_classes(problem: Problem) -> list[DeviceClass]:
     module docstring), in order of first appearance. O(N + links)."""
     cluster = problem.cluster
     linked = {end for link in cluster.network.links for end in (link.a, link.b)}
-    groups: dict[tuple, list[int]] = {}
+    # (type, budget, slowdown, id of a device with a link override, else "")
+    groups: dict[tuple[str, float, float, str], list[int]] = {}
     for i, dev in enumerate(cluster.devices):
         key = (dev.type, cluster.budget_bytes(i), dev.slowdown, dev.id if dev.id in linked else "")
         groups.setdefault(key, []).append(i)
