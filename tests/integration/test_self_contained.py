@@ -64,12 +64,18 @@ def test_data_dependent_tests_pass_in_a_bare_copy_of_the_repository(tmp_path: Pa
         shutil.copy2(REPO / rel, copy / rel)
     (tmp_path / "guard").mkdir()
     (tmp_path / "guard" / "no_outside_reads.py").write_text(GUARD)
+    # the copy's packages under their installed names (pyproject's package-dir mapping):
+    # links first on the path, ahead of the editable install, which reads the repository
+    installed = tmp_path / "site" / "edgepipe"
+    installed.mkdir(parents=True)
+    for package in ("planner", "executor"):
+        (installed / package).symlink_to(copy / package)
     forbidden = [str(REPO)]
     if REPO.parent != Path(REPO.anchor):
         forbidden.append(str(REPO.parent))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS")}
     env.update(
-        PYTHONPATH=str(tmp_path / "guard"),
+        PYTHONPATH=os.pathsep.join([str(tmp_path / "guard"), str(tmp_path / "site")]),
         EDGEPIPE_FORBIDDEN=os.pathsep.join(forbidden),
         HOME=str(tmp_path / "home"),
         XDG_CACHE_HOME=str(tmp_path / "home" / ".cache"),
