@@ -44,7 +44,8 @@ Where each part lives (Alpa's split: tables built first, a small DP over them):
   splits, the head figures of each composition, cached);
 * :mod:`~planner.solvers.dp.graph`: the state graphs (complete, ordered) and device orders;
 * :mod:`~planner.solvers.dp.bounds`: the lower bounds from a relaxed plan space (F, E, G, Q,
-  PF, Z, Zs, Zc, and the drivers of Zp and Zw), with :mod:`~planner.solvers.dp.prices`
+  PF, Z, Zs, Zc, the drivers of Zp and Zw) and a search's own (Fg over the graph's paths,
+  the cell bounds, the hidden backward traversal), with :mod:`~planner.solvers.dp.prices`
   (Zp), :mod:`~planner.solvers.dp.block_weights` (Zw) and their step schedule
   :mod:`~planner.solvers.dp.ascent`;
 * :mod:`~planner.solvers.dp.search`: the DP of one size over one graph (levels, pruning,
