@@ -74,6 +74,7 @@ class Rows:
 
     def __init__(self, dataset: Dataset[Any]) -> None:
         self.dataset = dataset
+        # torch's Dataset declares no __len__; a map-style one has it (load_dataset checks)
         self.size = len(dataset)  # type: ignore[arg-type]
         if self.size < 1:
             raise InputError("dataset", "", "is empty")

@@ -144,9 +144,13 @@ class Cluster:
     network: Network
     device_types: dict[str, DeviceType]
     description: str = ""
+    # lookups derived in __post_init__: each link under both orders of its pair, and
+    # every device id's index
+    _links: dict[tuple[str, str], Link] = field(init=False, repr=False, compare=False)
+    _index: dict[str, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        pairs = {}
+        pairs: dict[tuple[str, str], Link] = {}
         for link in self.network.links:
             pairs[(link.a, link.b)] = link
             pairs[(link.b, link.a)] = link
@@ -155,10 +159,10 @@ class Cluster:
 
     # -- lookups -------------------------------------------------------------------------
     def index(self, device_id: str) -> int:
-        return self._index[device_id]  # type: ignore[attr-defined]
+        return self._index[device_id]
 
     def has_device(self, device_id: str) -> bool:
-        return device_id in self._index  # type: ignore[attr-defined]
+        return device_id in self._index
 
     def type_of(self, i: int) -> DeviceType:
         return self.device_types[self.devices[i].type]
@@ -178,7 +182,7 @@ class Cluster:
     def bandwidth_mbps(self, i: int, j: int) -> float:
         """Bandwidth between devices ``i`` and ``j``: the pair's link if given, else the
         network default capped by both devices' interfaces."""
-        link = self._links.get((self.devices[i].id, self.devices[j].id))  # type: ignore[attr-defined]
+        link = self._links.get((self.devices[i].id, self.devices[j].id))
         if link is not None and link.bandwidth_mbps is not None:
             return link.bandwidth_mbps
         return min(
@@ -192,7 +196,7 @@ class Cluster:
         return self.bandwidth_mbps(i, j) * 1e6 / 8 / 1e3
 
     def latency_ms(self, i: int, j: int) -> float:
-        link = self._links.get((self.devices[i].id, self.devices[j].id))  # type: ignore[attr-defined]
+        link = self._links.get((self.devices[i].id, self.devices[j].id))
         if link is not None and link.latency_ms is not None:
             return link.latency_ms
         return self.network.latency_ms
