@@ -193,6 +193,14 @@ class LinkFigures:
         return self.topology == "shared_medium"
 
 
+def _shared(store: dist.Store | None) -> dist.Store:
+    """The run's store, through which ranks share a channel (a shared medium, a switched
+    downlink); an emulation with a shared channel is always given one."""
+    if store is None:
+        raise RuntimeError("an emulated shared channel needs the run's store; none was given")
+    return store
+
+
 class EmulatedTransport(Transport):
     """A :class:`~executor.core.comm.Transport` that delivers at the cluster's link figures
     (module docstring). ``store`` is needed on a shared medium only."""
@@ -220,12 +228,12 @@ class EmulatedTransport(Transport):
         if self.links.topology == "point_to_point":
             with self._lock:
                 return self._local((lane, dst), duration)
-        assert self.store is not None
+        store = _shared(self.store)
         if self.links.topology == "shared_medium":
-            return reserve(self.store, CHANNEL_KEY + lane, duration)
+            return reserve(store, CHANNEL_KEY + lane, duration)
         with self._lock:
             free, reserved = self._free.get((lane, UPLINK), (0.0, 0.0))
-            start = reserve(self.store, f"{DOWNLINK_KEY}/{dst}{lane}", duration,
+            start = reserve(store, f"{DOWNLINK_KEY}/{dst}{lane}", duration,
                             not_before=max(time.time(), free))
             self._free[(lane, UPLINK)] = (start + duration, reserved + duration)
         return start
@@ -234,15 +242,13 @@ class EmulatedTransport(Transport):
         """The foreground channels of a transfer to ``dst``, read now."""
         topology = self.links.topology
         if topology == "shared_medium":
-            assert self.store is not None
-            return [read(self.store, CHANNEL_KEY)]
+            return [read(_shared(self.store), CHANNEL_KEY)]
         own = dst if topology == "point_to_point" else UPLINK
         with self._lock:
             mine = Reading(time.time(), *self._free.get(("", own), (0.0, 0.0)))
         if topology == "point_to_point":
             return [mine]
-        assert self.store is not None
-        return [mine, read(self.store, f"{DOWNLINK_KEY}/{dst}")]
+        return [mine, read(_shared(self.store), f"{DOWNLINK_KEY}/{dst}")]
 
     def occupy(self, dst: int, nbytes: int, piece_ms: float = PIECE_MS,
                check: Callable[[], None] = lambda: None) -> None:
@@ -386,13 +392,13 @@ class EmulatedCompute(ComputeHook):
         duration = self.k * self.budget.allreduce_ms / 1e3
         if duration > 0:
             if self.shared_medium:
-                assert self.store is not None
+                store = _shared(self.store)
                 key = f"emu/ar/{self.budget.stage}/{self.step}"
                 if self.budget.first_member:
-                    end = reserve(self.store, CHANNEL_KEY, duration) + duration
-                    self.store.set(key, repr(end))
+                    end = reserve(store, CHANNEL_KEY, duration) + duration
+                    store.set(key, repr(end))
                 else:
-                    end = float(self.store.get(key).decode())
+                    end = float(store.get(key).decode())
                 _sleep_until(end)
             else:
                 time.sleep(duration)
