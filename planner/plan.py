@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from edgepipe.planner.cost.formulas import hiding_interval
 from edgepipe.planner.cost.model import CostModel, PlanCost
@@ -69,17 +69,20 @@ class Transfer:
     ms: float
 
 
+#: how a re-plan was made: the local repair around the old plan, or a full solve
+ReplanPath = Literal["fast", "full"]
+
+
 @dataclass(frozen=True)
 class Changes:
-    """What a re-plan (:mod:`planner.replan.incremental`) changed from its parent plan: devices
-    lost,
-    slowed (id -> factor on the parent's slowdown) and joined; ``path`` ``fast`` (the local
-    repair) or ``full`` (a full solve), and why."""
+    """What a re-plan (:mod:`planner.replan.incremental`) changed from its parent plan:
+    devices lost, slowed (id -> factor on the parent's slowdown) and joined; ``path``
+    ``fast`` (the local repair) or ``full`` (a full solve), and why."""
 
     lost: tuple[str, ...] = ()
     slowed: tuple[tuple[str, float], ...] = ()
     joined: tuple[str, ...] = ()
-    path: str = "fast"
+    path: ReplanPath = "fast"
     reason: str = ""
 
 

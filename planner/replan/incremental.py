@@ -82,7 +82,15 @@ from edgepipe.planner.errors import EdgepipeError, InfeasibleError, InputError, 
 from edgepipe.planner.inputs.cluster import Cluster
 from edgepipe.planner.inputs.problem import Problem, make_problem
 from edgepipe.planner.partition import Partition, StageAssignment
-from edgepipe.planner.plan import Changes, Plan, SolverInfo, Transfer, make_plan, replica_placement
+from edgepipe.planner.plan import (
+    Changes,
+    Plan,
+    ReplanPath,
+    SolverInfo,
+    Transfer,
+    make_plan,
+    replica_placement,
+)
 from edgepipe.planner.replan.replicas import RING
 from edgepipe.planner.solvers.allocation import allocate
 from edgepipe.planner.solvers.dp.driver import plan_dp
@@ -689,6 +697,7 @@ def replan(
             "optimizer",
             "memory",
         )
+    path: ReplanPath
     if full is not None and (fast_ms is None or full[1].iteration_ms * (1 + margin) < fast_ms):
         path, (partition, cost) = "full", full
         moves = search.sources.transfers(partition, search.cm)
