@@ -252,7 +252,6 @@ class Worker:
         return self._emulation().hook if self.opts.emulate else ComputeHook()
 
 
-
 class _PlainSteps(StepHooks):
     """A plain run's hooks of the one loop (:mod:`executor.core.loop`): its fault points;
     after each step's metrics its commit key ``commit/<rank>``, a control check and,
