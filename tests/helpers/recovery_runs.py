@@ -33,11 +33,6 @@ from tests.helpers.executor_helpers import (
 )
 from tests.helpers.processes import alive, with_timeout_reap
 
-GPT2 = BuildSpec(
-    zoo="gpt2-small",
-    sizes={"layers": 4, "hidden": 8, "heads": 2, "vocab": 16, "max_positions": 4, "seq_len": 3},
-    seed=3,
-)
 STEPS = 4
 #: a hang timeout well above the heartbeat stalls of a loaded two-core machine (a 2 s
 #: timeout once declared a starved but live device hung there; the run still recovered)
@@ -45,6 +40,13 @@ HANG_S, BEAT_S = 5.0, 0.1
 GLOO_TIMEOUT_S = 20.0
 #: d0 [0,2) | d1 [2,4) | d2,d3 [4,6), one sample each of d2 and d3
 THREE_STAGES = [(0, 2, [2]), (2, 4, [2]), (4, 6, [1, 1])]
+#: the GPT-2-shaped toy model every recovery test trains: 6 blocks (embedding, 4 layers,
+#: head), small enough for four processes on two cores
+GPT2 = BuildSpec(
+    zoo="gpt2-small",
+    sizes={"layers": 4, "hidden": 8, "heads": 2, "vocab": 16, "max_positions": 4, "seq_len": 3},
+    seed=3,
+)
 #: per-block forward ms of one sample (backward twice that): blocks 2, 3 (d1's stage)
 #: are the bottleneck, so a joining device has something to take on
 BLOCK_MS = (1.0, 1.0, 3.0, 3.0, 1.0, 1.0)
