@@ -41,11 +41,13 @@ def test_the_wheel_ships_schemas_catalog_profiles_and_type_markers(tmp_path):
         assert warning not in log
     (wheel,) = tmp_path.glob("edgepipe-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
+    # one top-level package, edgepipe (pyproject's package-dir mapping), and its metadata
+    assert all(n.startswith(("edgepipe/", "edgepipe-")) for n in names)
     for schema in ("model_profile", "cluster", "training_config", "plan", "device_catalog"):
-        assert f"planner/schemas/{schema}.schema.json" in names
-    assert "planner/profiles/devices/catalog.json" in names
-    assert "planner/profiles/clusters/jetson-testbed-6.json" in names
-    assert "planner/profiles/models/pipedream-vgg16.json" in names
-    assert "executor/profiling/models/cnn.py" in names
-    assert {"planner/py.typed", "executor/py.typed"} <= names
+        assert f"edgepipe/planner/schemas/{schema}.schema.json" in names
+    assert "edgepipe/planner/profiles/devices/catalog.json" in names
+    assert "edgepipe/planner/profiles/clusters/jetson-testbed-6.json" in names
+    assert "edgepipe/planner/profiles/models/pipedream-vgg16.json" in names
+    assert "edgepipe/executor/profiling/models/cnn.py" in names
+    assert {"edgepipe/planner/py.typed", "edgepipe/executor/py.typed"} <= names
     assert not any("profiles/raw" in n for n in names)  # third-party raw data stays out
