@@ -528,7 +528,7 @@ def test_a_recovering_run_across_hosts_without_a_shared_folder_checkpoints_throu
     steps = 6
     with netns.Hosts(3, rate_mbit=100) as hosts:
         job = RecoveringJob(tmp_path, hosts, write_plan(plan, tmp_path), "a", steps)
-        # (5 s as in test_recovery.py: under a load of 26 a 3 s one declared a starved
+        # (5 s, recovery_runs.HANG_S: under a load of 26 a 3 s one declared a starved
         # device of test_coordinator.py hung)
         job.start(["--checkpoint-every", "2"], lambda i: [], hang_s=5.0)
         job.wait_for(2)
