@@ -28,7 +28,7 @@ test: $(STAMP) typecheck
 	$(VENV)/bin/ruff check planner executor tests benchmarks
 	# two pytest calls, both always run: every test but the `serial` ones on two workers,
 	# then the `serial` ones alone; the
-	# status is non-zero if either failed (README, "Tests"; docs/decisions.md)
+	# status is non-zero if either failed (docs/testing.md; docs/decisions.md)
 	status=0; \
 	$(VENV)/bin/python -m pytest -q -n 2 -m "not serial" --durations=15 || status=$$?; \
 	$(VENV)/bin/python -m pytest -q -m serial || status=$$?; \

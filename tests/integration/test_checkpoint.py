@@ -30,6 +30,7 @@ from tests.helpers.executor_helpers import (
     profile_of,
     write_plan,
 )
+from tests.helpers.paths import REPO
 
 GPT2 = BuildSpec(
     zoo="gpt2-small",
@@ -111,7 +112,7 @@ def test_a_worker_imports_torchs_distributed_checkpoint_only_when_it_uses_it():
              "print(sorted(m for m in ('torch.distributed.checkpoint', 'sympy') "
              "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                         check=True, cwd=Path(__file__).resolve().parents[2]).stdout
+                         check=True, cwd=REPO).stdout
     assert out == "[]\n"
 
 

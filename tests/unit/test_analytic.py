@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 from itertools import pairwise
-from pathlib import Path
 
 import pytest
 from edgepipe.executor.profiling import analytic
@@ -30,8 +29,10 @@ from edgepipe.planner.inputs.resources import profile_path
 from edgepipe.planner.partition import Partition, StageAssignment
 from edgepipe.planner.plan import SolverInfo, make_plan, plan_from_dict, plan_to_dict
 
+from tests.helpers.paths import REPO
+
 #: raw measurements kept in the repository but not installed with the package
-RAW = Path(__file__).resolve().parents[2] / "profiles" / "raw"
+RAW = REPO / "profiles" / "raw"
 
 MEASURED = [
     "bert-base",

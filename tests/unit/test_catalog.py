@@ -10,7 +10,8 @@ import pytest
 from edgepipe.planner.inputs.cluster import Cluster, load_catalog
 from edgepipe.planner.inputs.schema import validate
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers.paths import REPO
+
 CATALOG = REPO / "profiles" / "devices" / "catalog.json"
 CLUSTERS = sorted((REPO / "profiles" / "clusters").glob("*.json"))
 GiB = 2**30

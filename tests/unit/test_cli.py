@@ -22,6 +22,8 @@ from edgepipe.planner.cost.closed_form import pipeline_closed_form_ms
 from edgepipe.planner.cost.model import CostModel
 from edgepipe.planner.plan import load_plan
 
+from tests.helpers.paths import REPO
+
 SMALL = ["--model", "pipedream-alexnet", "--cluster", "orin-pair-2", "--global-batch", "8"]
 #: one Jetson Nano with 1 MB of memory: no model fits
 TINY_CLUSTER = {
@@ -375,7 +377,7 @@ def test_every_command_is_filled_in_by_the_module_the_table_names():
 
 def readme_example() -> list[str]:
     """The `edgepipe plan` example of README.md, without its command and timing line."""
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    text = (REPO / "README.md").read_text()
     block = text.split("```text\n$ edgepipe plan --model pipedream-vgg16", 1)[1]
     return block.split("```", 1)[0].splitlines()[2:]
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers.paths import REPO
+
 PACKAGES = ("planner", "executor")
 MAX_MODULE_LINES = 800
 MAX_FUNCTION_LINES = 120

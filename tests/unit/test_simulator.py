@@ -22,6 +22,8 @@ from edgepipe.planner.inputs.profile import Block, ModelProfile, Timing
 from edgepipe.planner.partition import Partition, StageAssignment
 from edgepipe.planner.schedule import build
 
+from tests.helpers.paths import REPO
+
 SPEC = DeviceType("t", "test device", 1e12, 1.0, 1.0, 1.0, "test", 1e6, {})
 
 
@@ -223,7 +225,7 @@ def test_a_deadlocking_schedule_is_reported():
 
 
 def test_the_simulator_imports_nothing_from_the_cost_model():
-    source = Path(__file__).parents[2] / "planner" / "check" / "simulator.py"
+    source = REPO / "planner" / "check" / "simulator.py"
     imported = set()  # every name imported, as module.name for ``from module import name``
     for node in ast.walk(ast.parse(source.read_text())):
         if isinstance(node, ast.Import):
