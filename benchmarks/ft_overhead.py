@@ -24,7 +24,7 @@ the per-repeat ratios over an even number of repeats cancels it:
 * ``heartbeats + replication``: in-process recovery at the replication interval
   ``--interval`` (default ``auto``, the training config's default: the smallest
   interval whose steps hide a point's predicted transfer, which
-  :func:`planner.plan.make_plan` resolves, :func:`planner.cost.model.hiding_interval` of
+  :func:`planner.plan.make_plan` resolves, :func:`planner.cost.formulas.hiding_interval` of
   :meth:`planner.cost.model.CostModel.replica_transfer_ms`; every single-device stage's
   weights and optimizer state go to its replica holder every that many steps, in the
   background beside the steps of the interval, paced at the emulated link between

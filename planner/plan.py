@@ -125,7 +125,7 @@ def interval_note(plan: Plan) -> str | None:
 def short_run_note(plan: Plan, steps: int) -> str | None:
     """:func:`interval_note`, else, for a replicating plan, one line when a run of
     ``steps`` steps is shorter than the interval that hides a point's transfer
-    (:func:`planner.cost.model.hiding_interval`): its start state's point then has fewer
+    (:func:`planner.cost.formulas.hiding_interval`): its start state's point then has fewer
     steps to travel beside than its transfer takes, and the commit before its last step
     waits for the rest (docs/fault-tolerance.md, "Points in flight"), whatever the
     interval. ``edgepipe demo`` runs such a short run without replicas. O(P)."""
@@ -159,7 +159,7 @@ def replication_note(interval: int, transfer_ms: float, iteration_ms: float) -> 
     replication point's transfer of ``transfer_ms`` (:meth:`CostModel.replica_transfer_ms`):
     the commit that makes each next point then waits for the rest, so throughput falls
     to interval x iteration / transfer of the unreplicated run; it names the smallest
-    interval that hides it (:func:`planner.cost.model.hiding_interval`) and what that costs
+    interval that hides it (:func:`planner.cost.formulas.hiding_interval`) and what that costs
     a loss (a replay of up to 2k - 1 steps, docs/fault-tolerance.md, "Points in
     flight"). None when the interval hides it or replication is off. O(1)."""
     k = hiding_interval(transfer_ms, iteration_ms)
@@ -308,7 +308,7 @@ def make_plan(
     """Check ``partition`` against ``problem``, score it and wrap it as a :class:`Plan`.
 
     A config whose ``replication_interval`` is ``auto`` is resolved here, after the
-    search, to :func:`planner.cost.model.hiding_interval` of the partition's predicted
+    search, to :func:`planner.cost.formulas.hiding_interval` of the partition's predicted
     replication transfer and iteration: the search depends only on whether replicas
     are kept (their memory is the same at every interval > 0), so the partition is the
     same whatever the interval, and the plan holds the integer (at most

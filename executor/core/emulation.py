@@ -65,7 +65,7 @@ planner/inputs/cluster.py: 1 = its type's profiled speed), whatever the plan it 
 every F and B budget is multiplied by ``S / s_plan``, ``s_plan`` being the device's
 ``slowdown`` in the plan. So a device slowed to 3 runs 3x its budget under a plan that
 does not know (the slowdown detector's case, executor/ft/slowdown.py) and exactly its
-budget under the plan that ``planner.replan(slowed={DEV: 3})`` made for it. Several
+budget under the plan that ``api.replan(slowed={DEV: 3})`` made for it. Several
 slowdowns of one device apply each from its step on (``d1=3@4`` and ``d1=1@5``: one
 slow step, 4).
 

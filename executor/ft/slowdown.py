@@ -4,7 +4,7 @@ never causes churn).
 
 Pure logic, no torch and no clock: the coordinator feeds it, once per committed step,
 every device's measured compute of that step and gets back the devices it declares
-slowed (or sped up) with a factor for ``planner.replan(plan, slowed={device: factor})``
+slowed (or sped up) with a factor for ``api.replan(plan, slowed={device: factor})``
 (docs/fault-tolerance.md, "Re-planning"; the factor multiplies the device's
 ``slowdown``, so after the re-plan the new plan's prediction matches the device again).
 

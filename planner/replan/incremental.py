@@ -52,7 +52,7 @@ Migration: every device receives the blocks of its new range it did not hold liv
 from the first surviving old owner (a data-parallel peer), else from the stage's ring
 replica holder (:mod:`planner.replan.replicas`); a device that held the ring replica itself
 promotes it locally. Bytes are weights + optimizer state; times are the cost model's
-link terms (:func:`planner.cost.model.migration_ms`). No surviving copy of a block ->
+link terms (:func:`planner.cost.channels.migration_ms`). No surviving copy of a block ->
 :class:`~planner.errors.UnrecoverableError` naming the blocks.
 
 Replication interval: the re-plan keeps its parent's, a whole number (a plan holds
@@ -317,7 +317,7 @@ class _Sources:
 
 
 def _migration_ms(moves: tuple[Transfer, ...], cm: CostModel) -> float:
-    """Predicted time of a migration (:func:`planner.cost.model.migration_ms`)."""
+    """Predicted time of a migration (:func:`planner.cost.channels.migration_ms`)."""
     cl = cm.problem.cluster
     pieces = []
     for t in moves:
