@@ -412,6 +412,7 @@ def _supervisor(
         store, coordinator, plan, opts.plan, opts.steps, resume=resume,
         checkpoint_every=opts.checkpoint_every,
         checkpoint_dir=checkpoint.folder(opts.checkpoint_dir, opts.out),
+        keep_checkpoints=opts.keep_checkpoints,
         writer=(MetricsWriter(out, layout, opts.deterministic, append=resume > 0)
                 if out is not None else None),
         plans_dir=out / "plans" if out is not None else Path(scratch.name),

@@ -76,6 +76,7 @@ from edgepipe.executor.ft.control import CoordinatorLost, WorkerControl, generat
 from edgepipe.executor.ft.faults import FaultHook, Injector
 from edgepipe.executor.ft.faults import parse as parse_faults
 from edgepipe.executor.ft.generation import RecoveringWorker
+from edgepipe.planner.cli.args import KEEP_CHECKPOINTS, positive_int
 from edgepipe.planner.errors import EdgepipeError, InputError, PlanMismatchError
 from edgepipe.planner.plan import Plan, load_plan
 from edgepipe.planner.timeouts import GLOO_TIMEOUT_S
@@ -273,7 +274,8 @@ class _PlainSteps(StepHooks):
         w.check()
         if opts.checkpoint_every and (step + 1) % opts.checkpoint_every == 0:
             self.layout.save(checkpoint.folder(opts.checkpoint_dir, opts.out), step + 1,
-                             self.module, self.optimizer, self.first_block, w.plan, w.rank)
+                             self.module, self.optimizer, self.first_block, w.plan, w.rank,
+                             opts.keep_checkpoints)
 
 
 def run(opts: WorkerOptions, endpoint: Endpoint) -> None:
@@ -414,6 +416,7 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerOptions:
     p.add_argument("--time-scale", type=float, default=1.0)
     p.add_argument("--checkpoint-every", type=int, default=0)
     p.add_argument("--checkpoint-dir")
+    p.add_argument("--keep-checkpoints", type=positive_int, default=KEEP_CHECKPOINTS)
     p.add_argument("--resume")
     p.add_argument("--heartbeat", type=float, default=0.0)
     p.add_argument("--emulate-slowdown", type=EmulatedSlowdown.parse, action="append",
@@ -432,7 +435,8 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerOptions:
                          a.save_weights, a.generation, a.emulate, a.time_scale,
                          a.checkpoint_every, a.checkpoint_dir, a.resume, a.heartbeat,
                          tuple(a.emulate_slowdown), device=a.standby,
-                         coordinator=a.coordinator, join=a.join)
+                         coordinator=a.coordinator, join=a.join,
+                         keep_checkpoints=a.keep_checkpoints)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

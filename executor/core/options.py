@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from edgepipe.executor.core.emulation import EmulatedSlowdown
+from edgepipe.planner.cli.args import KEEP_CHECKPOINTS
 from edgepipe.planner.timeouts import GLOO_TIMEOUT_S
 
 #: seconds a recovering worker whose training thread failed waits for the coordinator's
@@ -55,6 +56,8 @@ class WorkerOptions:
     #: coordinator's abort before it fails itself (a cross-host coordinator sets its own
     #: detection bound: executor/ft/coordinator.py)
     abort_wait_s: float = ERROR_ABORT_WAIT_S
+    #: committed checkpoints kept (executor/ft/checkpoint.py, "Retention")
+    keep_checkpoints: int = KEEP_CHECKPOINTS
 
 
 @dataclass(frozen=True)

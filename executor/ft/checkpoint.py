@@ -19,6 +19,13 @@ directory without the marker is never loaded; a crash mid-save leaves at most a
 ``.tmp`` directory, removed by the next save of that step. DCP's collectives run on a
 process group of their own (gloo), as P11 of the torch reference advises.
 
+**Retention.** Each commit keeps the newest ``keep`` (at least 1) committed checkpoints
+of its folder and deletes the older ones (:func:`prune`), only after the new one is
+committed (its rename), so the newest always stays. A deletion first renames the old
+``step-<N>`` to ``.step-<N>.del`` (one ``rename``: from then on :func:`resolve` no longer
+sees it, and it was never the newest) and then removes it; a crash mid-deletion leaves
+at most a ``.del`` folder, removed by the next prune.
+
 **One interface, two layouts.** Every checkpoint has the same record, marker and
 commit (:func:`resolve` picks the newest committed one, :func:`resume_step` says where
 it resumes: every reader of the resume step, the launcher, the coordinator and
@@ -146,10 +153,10 @@ def _directories(root: str | Path, step: int) -> tuple[Path, Path]:
     return root / f"step-{step:08d}", root / f".step-{step:08d}.tmp"
 
 
-def _commit(tmp: Path, final: Path, record: dict[str, Any]) -> None:
+def _commit(tmp: Path, final: Path, record: dict[str, Any], keep: int) -> None:
     """Write ``record`` and the marker (synced to disk) into the complete ``tmp``, then
-    rename it to ``final``, replacing an older one: the checkpoint counts from the rename.
-    Both layouts commit through here."""
+    rename it to ``final``, replacing an older one: the checkpoint counts from the rename;
+    then :func:`prune` to the newest ``keep``. Both layouts commit through here."""
     (tmp / RECORD).write_text(json.dumps(record, indent=1) + "\n")
     with open(tmp / MARKER, "w") as f:
         f.write(f"{record['step']}\n")
@@ -157,6 +164,30 @@ def _commit(tmp: Path, final: Path, record: dict[str, Any]) -> None:
         os.fsync(f.fileno())
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
+    prune(final.parent, keep, final)
+
+
+def _committed(root: Path) -> list[Path]:
+    """The committed ``step-*`` checkpoints in ``root``, oldest first (the zero-padded
+    step sorts by name)."""
+    return sorted(d for d in root.glob("step-*") if (d / MARKER).is_file())
+
+
+def prune(root: str | Path, keep: int, spare: Path | None = None) -> list[Path]:
+    """Delete all but the newest ``keep`` (>= 1) committed checkpoints in ``root`` (module
+    docstring, "Retention"), never ``spare`` (the one just committed, older than some
+    left by an earlier run in the same folder), and what an interrupted prune left;
+    returns the deleted ones. Each goes by a ``rename`` to ``.step-<N>.del`` first, so
+    none is half-deleted under its committed name. O(checkpoints + the deleted files)."""
+    if keep < 1:
+        raise InputError("--keep-checkpoints", "", f"must be at least 1, got {keep}")
+    root = Path(root)
+    old = [c for c in _committed(root)[:-keep] if c != spare]
+    for ckpt in old:
+        ckpt.rename(root / f".{ckpt.name}.del")
+    for gone in root.glob(".step-*.del"):
+        shutil.rmtree(gone, ignore_errors=True)
+    return old
 
 
 def folder(checkpoint_dir: str | None, out: str | None) -> Path:
@@ -189,10 +220,11 @@ class Dcp(Layout):
     group: dist.ProcessGroup | None
 
     def save(self, root: str | Path, step: int, module: nn.Sequential,
-             optimizer: torch.optim.Optimizer, first: int, plan: Plan, rank: int) -> Path:
+             optimizer: torch.optim.Optimizer, first: int, plan: Plan, rank: int,
+             keep: int) -> Path:
         """Collective: save the run after ``step`` completed steps to ``root/step-<step>``
-        (module docstring, "Atomic"); every rank of the run calls it. Returns the
-        directory."""
+        (module docstring, "Atomic"), keeping the newest ``keep`` ("Retention"); every
+        rank of the run calls it. Returns the directory."""
         assert self.group is not None, "a DCP save is collective"
         final, tmp = _directories(root, step)
         if rank == 0:
@@ -204,7 +236,7 @@ class Dcp(Layout):
         dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp)), process_group=self.group)
         dist.barrier(group=self.group)
         if rank == 0:
-            _commit(tmp, final, {**training_record(plan), "step": step, "plan": plan.id})
+            _commit(tmp, final, {**training_record(plan), "step": step, "plan": plan.id}, keep)
         dist.barrier(group=self.group)
         return final
 
@@ -251,15 +283,16 @@ class Parts(Layout):
         return path
 
     @staticmethod
-    def commit(root: str | Path, step: int, plan: Plan, devices: list[str]) -> Path:
+    def commit(root: str | Path, step: int, plan: Plan, devices: list[str], keep: int) -> Path:
         """Commit the checkpoint of ``step`` whose parts ``devices`` wrote (every rank of a
-        generation of ``plan``, so every block): record, marker, rename. Returns it."""
+        generation of ``plan``, so every block): record, marker, rename, then keep the
+        newest ``keep`` (module docstring, "Retention"). Returns it."""
         final, tmp = _directories(root, step)
         missing = [d for d in devices if not (tmp / PARTS / f"{d}.pt").is_file()]
         if missing:
             raise InputError(str(tmp), "", f"no checkpoint part of device(s) {missing}")
         _commit(tmp, final, {**training_record(plan), "step": step, "plan": plan.id,
-                             PARTS: sorted(set(devices))})
+                             PARTS: sorted(set(devices))}, keep)
         return final
 
     def read(self, ckpt: Path, state: dict[str, Any]) -> None:
@@ -290,7 +323,7 @@ def resolve(path: str | Path) -> Path:
     if (p / MARKER).is_file():
         return p
     for folder in (p, p / "checkpoints"):
-        done = sorted(d for d in folder.glob("step-*") if (d / MARKER).is_file())
+        done = _committed(folder)
         if done:
             return done[-1]
     raise InputError(str(p), "", "no committed checkpoint here (a step-N directory with a "

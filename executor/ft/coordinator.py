@@ -94,7 +94,7 @@ from edgepipe.executor.ft.control import (
     host_store,
 )
 from edgepipe.executor.ft.joins import JoinRequests, read_join, register
-from edgepipe.planner.cli.args import add_coordinate_arguments
+from edgepipe.planner.cli.args import KEEP_CHECKPOINTS, add_coordinate_arguments
 from edgepipe.planner.errors import EdgepipeError, InputError
 from edgepipe.planner.plan import Plan, load_plan, replica_standbys
 from edgepipe.planner.timeouts import HANG_TIMEOUT_S, HEARTBEAT_S, START_TIMEOUT_S
@@ -370,6 +370,8 @@ class Checkpointing:
     every: int = 0
     folder: str | None = None
     resume: str | None = None
+    #: committed checkpoints kept (executor/ft/checkpoint.py, "Retention")
+    keep: int = KEEP_CHECKPOINTS
 
 
 def supervise(
@@ -422,6 +424,7 @@ def supervise(
         store, coordinator, plan, plan_path, steps, resume=resume,
         checkpoint_every=checkpoints.every,
         checkpoint_dir=Path(checkpoints.folder or folder / "checkpoints"),
+        keep_checkpoints=checkpoints.keep,
         writer=(MetricsWriter(folder, layout, deterministic, append=resume > 0)
                 if out else None),
         plans_dir=folder / "plans",
@@ -534,7 +537,8 @@ def run(args: argparse.Namespace) -> Stopped:
     if args.recover:
         return supervise(args.plan, store, args.steps, args.out, args.hang_timeout,
                          args.start_timeout, args.deterministic,
-                         Checkpointing(args.checkpoint_every, args.checkpoint_dir, args.resume),
+                         Checkpointing(args.checkpoint_every, args.checkpoint_dir, args.resume,
+                                       args.keep_checkpoints),
                          args.time_scale if args.emulate else None, args.standbys,
                          args.watch_slowdown is not False)
     return coordinate(args.plan, store, args.hang_timeout, args.start_timeout)

@@ -97,6 +97,7 @@ from edgepipe.executor.core.metrics import MetricsWriter
 from edgepipe.executor.ft import checkpoint
 from edgepipe.executor.ft.control import Coordinator, Failure, generation_store
 from edgepipe.executor.ft.slowdown import SlowdownWatch
+from edgepipe.planner.cli.args import KEEP_CHECKPOINTS
 from edgepipe.planner.errors import EdgepipeError, InfeasibleError, InputError, UnrecoverableError
 from edgepipe.planner.inputs.cluster import Cluster
 from edgepipe.planner.plan import Plan, plan_to_dict, replica_placement, save_plan
@@ -235,8 +236,9 @@ class Supervisor:
             (a waiting period for the abort to be seen ends early for the dead).
         precompute_plans: pre-compute the re-plan of every single-device loss of each
             generation's plan in the background, so a recovery is a lookup.
-        checkpoint_every / checkpoint_dir: commit a checkpoint every that many steps
-            into that folder (module docstring, "Checkpoints"; 0: none).
+        checkpoint_every / checkpoint_dir / keep_checkpoints: commit a checkpoint every
+            that many steps into that folder, keeping the newest ``keep_checkpoints``
+            (module docstring, "Checkpoints"; 0: none).
         slowdown: fed every durable step's compute per device
             (:class:`executor.ft.slowdown.SlowdownWatch`); the coordinator re-partitions
             (:meth:`repartition`, cause ``slow``) for what it declares.
@@ -250,10 +252,10 @@ class Supervisor:
         plans_dir: Path, kill: Callable[[str], None],
         alive: Callable[[str], bool] = lambda d: True, precompute_plans: bool = True,
         slowdown: SlowdownWatch | None = None, checkpoint_every: int = 0,
-        checkpoint_dir: Path | None = None,
+        checkpoint_dir: Path | None = None, keep_checkpoints: int = KEEP_CHECKPOINTS,
     ) -> None:
         self.slowdown = slowdown
-        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_dir, self.keep_checkpoints = checkpoint_dir, keep_checkpoints
         #: checkpoints still to commit (steps applied)
         self.checkpoints = [n for n in range(resume + 1, steps + 1)
                             if checkpoint_every and n % checkpoint_every == 0]
@@ -364,7 +366,8 @@ class Supervisor:
                 checkpoint.Parts.write(self.checkpoint_dir, n, device, part)
                 senders.append(device)
             storeblob.delete(gen.store, key)
-        checkpoint.Parts.commit(self.checkpoint_dir, n, gen.plan, senders)
+        checkpoint.Parts.commit(self.checkpoint_dir, n, gen.plan, senders,
+                                self.keep_checkpoints)
         self.checkpointed = n
 
     # -- joins -------------------------------------------------------------------------

@@ -17,6 +17,10 @@ from edgepipe.planner.inputs.config import AUTO, MAX_REPLICATION_INTERVAL
 from edgepipe.planner.inputs.schema import excerpt
 from edgepipe.planner.timeouts import HANG_TIMEOUT_S, START_TIMEOUT_S
 
+#: committed checkpoints a run keeps (``--keep-checkpoints``; executor/ft/checkpoint.py,
+#: "Retention"): the newest, and one before it should the newest's medium fail
+KEEP_CHECKPOINTS = 2
+
 
 def add_coordinate_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of ``edgepipe coordinate``, also those of ``python -m
@@ -40,6 +44,9 @@ def add_coordinate_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --recover: commit a checkpoint every N steps on this host "
                    "(the workers send their parts through the store)")
     p.add_argument("--checkpoint-dir", help="with --recover: where (default OUT/checkpoints)")
+    p.add_argument("--keep-checkpoints", type=positive_int, default=KEEP_CHECKPOINTS,
+                   metavar="K", help="with --recover: keep the newest K committed "
+                   f"checkpoints, delete older ones (default {KEEP_CHECKPOINTS})")
     p.add_argument("--resume", help="with --recover: start from this checkpoint (or the "
                    "newest in this folder); it reaches the workers through the store")
     p.add_argument("--emulate", action="store_true",

@@ -9,6 +9,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from edgepipe.planner.cli.args import (
+    KEEP_CHECKPOINTS,
     add_coordinate_arguments,
     non_negative_int,
     output_dir,
@@ -45,6 +46,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         time_scale=args.time_scale,
         checkpoint_every=args.checkpoint_every,
         checkpoint_dir=args.checkpoint_dir,
+        keep_checkpoints=args.keep_checkpoints,
         resume=args.resume,
         emulate_slowdown=_emulated_slowdowns(args),
         faults=args.inject,
@@ -205,6 +207,14 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         help="save a checkpoint every N steps to --checkpoint-dir (default OUT/checkpoints)",
     )
     p.add_argument("--checkpoint-dir", help="where --checkpoint-every saves")
+    p.add_argument(
+        "--keep-checkpoints",
+        type=positive_int,
+        default=KEEP_CHECKPOINTS,
+        metavar="K",
+        help="keep the newest K committed checkpoints, delete older ones after each commit "
+        f"(default {KEEP_CHECKPOINTS})",
+    )
     p.add_argument(
         "--hang-timeout",
         type=positive_float,

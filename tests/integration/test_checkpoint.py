@@ -147,11 +147,11 @@ def test_a_folder_with_two_committed_steps_resumes_from_the_newest(tmp_path: Pat
         for steps in (2, 10):
             module, optimizer = _trained(plan, steps)
             if layout == "dcp":
-                checkpoint.Dcp(group).save(folder, steps, module, optimizer, 0, plan, 0)
+                checkpoint.Dcp(group).save(folder, steps, module, optimizer, 0, plan, 0, 2)
             else:
                 part = checkpoint.Parts.part_bytes(steps, module, optimizer, 0, "adam")
                 checkpoint.Parts.write(folder, steps, "d0", part)
-                checkpoint.Parts.commit(folder, steps, plan, ["d0"])
+                checkpoint.Parts.commit(folder, steps, plan, ["d0"], 2)
         assert sorted(d.name for d in folder.glob("step-*")) == ["step-00000002",
                                                                   "step-00000010"]
         assert checkpoint.resume_step(tmp_path) == 10
@@ -167,3 +167,83 @@ def test_a_folder_with_two_committed_steps_resumes_from_the_newest(tmp_path: Pat
     for p, q in zip(module.parameters(), newest.parameters(), strict=True):
         for key, value in newest_optimizer.state[q].items():
             assert torch.equal(optimizer.state[p][key], value), key
+
+
+def _committed_steps(folder: Path) -> list[str]:
+    return sorted(d.name for d in folder.iterdir())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recover", [False, None], ids=["dcp", "parts"])
+def test_a_run_checkpointing_every_step_keeps_the_newest_k_and_resumes_from_the_newest(
+    tmp_path: Path, gpt2_profile, recover: bool | None
+) -> None:
+    # executor/ft/checkpoint.py, "Retention": 4 steps, a checkpoint after each, K = 2:
+    # after each commit the older ones go, so steps 3 and 4 stay and nothing else (no
+    # .tmp, no .del); a plain run saves DCP checkpoints, a recovering one (the plan
+    # replicates every step) parts
+    plan = make_test_plan(gpt2_profile, [(0, 2, [3]), (2, 6, [3])], 3, 2, **CONFIG)
+    path = write_plan(plan, tmp_path, "a.json")
+    launch(opts(path, tmp_path / "a", 4, checkpoint_every=1, keep_checkpoints=2),
+           recover=recover)
+    folder = tmp_path / "a" / "checkpoints"
+    assert _committed_steps(folder) == ["step-00000003", "step-00000004"]
+    layout = "parts" if recover is None else "dcp"
+    assert ((folder / "step-00000004" / checkpoint.PARTS).is_dir()) == (layout == "parts")
+    resumed = launch(opts(path, tmp_path / "b", 5, resume=str(tmp_path / "a")), recover=recover)
+    assert [m["step"] for m in resumed.metrics] == [4]
+
+
+@pytest.mark.parametrize("layout", ["dcp", "parts"])
+def test_a_commit_keeps_the_newest_k_and_clears_an_interrupted_deletion(
+    tmp_path: Path, gpt2_profile, layout: str
+) -> None:
+    # a crash mid-deletion (checkpoint.prune) leaves a renamed .step-N.del folder, never
+    # a half-deleted step-N: resolve does not see it, the next commit removes it
+    plan = make_test_plan(gpt2_profile, [(0, 6, [3])], 3, 2, **CONFIG)
+    folder = tmp_path / "checkpoints"
+    (folder / ".step-00000001.del" / "parts").mkdir(parents=True)
+    (folder / ".step-00000001.del" / checkpoint.MARKER).write_text("1\n")
+    with pytest.raises(InputError, match="no committed checkpoint"):
+        checkpoint.resolve(folder)
+    group = None
+    if layout == "dcp":
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        group = dist.group.WORLD
+    kept = []
+    try:
+        for steps in (2, 3, 4, 5):
+            module, optimizer = _trained(plan, 1)
+            if layout == "dcp":
+                checkpoint.Dcp(group).save(folder, steps, module, optimizer, 0, plan, 0, 3)
+            else:
+                part = checkpoint.Parts.part_bytes(steps, module, optimizer, 0, "adam")
+                checkpoint.Parts.write(folder, steps, "d0", part)
+                checkpoint.Parts.commit(folder, steps, plan, ["d0"], 3)
+            kept.append(_committed_steps(folder))
+    finally:
+        if group is not None:
+            dist.destroy_process_group()
+    assert kept == [["step-00000002"], ["step-00000002", "step-00000003"],
+                    ["step-00000002", "step-00000003", "step-00000004"],
+                    ["step-00000003", "step-00000004", "step-00000005"]]
+    assert checkpoint.resume_step(folder) == 5
+
+
+def test_keeping_fewer_than_one_checkpoint_is_refused_when_the_arguments_are_parsed(
+    tmp_path: Path,
+) -> None:
+    # edgepipe run and coordinate (argparse: exit 2, one line naming the flag) and the
+    # worker, before any plan is read (this one does not exist)
+    for command in (["run", "no-plan.json", "--keep-checkpoints", "0"],
+                    ["coordinate", "no-plan.json", "--recover", "--steps", "2",
+                     "--keep-checkpoints", "-1"],
+                    ["-m", "edgepipe.executor.worker", "no-plan.json", "--steps", "2",
+                     "--keep-checkpoints", "0"]):
+        argv = ([sys.executable, *command] if command[0] == "-m"
+                else [str(REPO / ".venv" / "bin" / "edgepipe"), *command])
+        done = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path)
+        assert done.returncode == 2, done
+        assert "--keep-checkpoints: must be at least 1, got" in done.stderr.splitlines()[-1]
+    with pytest.raises(InputError, match=r"--keep-checkpoints.*must be at least 1, got 0"):
+        checkpoint.prune(tmp_path, 0)
