@@ -328,7 +328,8 @@ def make_plan(
         # capped at the schema's maximum: a slower link then shows in interval_note
         k = min(hiding_interval(cm.replica_transfer_ms(partition), cost.iteration_ms),
                 MAX_REPLICATION_INTERVAL)
-        problem = replace(problem, config=replace(problem.config, replication_interval=k))
+        problem = replace(problem, config=replace(problem.config, replication_interval=k,
+                                                  replication_interval_auto=True))
     return Plan(
         id=content_id(problem, partition),
         parent_id=parent_id,

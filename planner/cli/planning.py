@@ -240,7 +240,8 @@ def cmd_replan(args: argparse.Namespace) -> None:
     slowed = dict(args.slowed or [])
     joined = Cluster.load(args.joined) if args.joined else None
     full = True if args.full_solve else None
-    new = api.replan(plan, lost=args.lost or [], slowed=slowed, joined=joined, full_solve=full)
+    new = api.replan(plan, lost=args.lost or [], slowed=slowed, joined=joined, full_solve=full,
+                     interval=args.replication_interval)
     if args.output == "-":
         sys.stdout.write(json.dumps(plan_to_dict(new), indent=1) + "\n")
         return
@@ -330,6 +331,11 @@ def add_replan_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--joined", metavar="FILE", help="cluster file of the devices that join")
     p.add_argument("--full-solve", action="store_true", help="always run the full solve to compare")
+    p.add_argument(
+        "--replication-interval", type=replication_interval, metavar="K|auto",
+        help="the new plan's replication interval, 0 for none (default: the parent's choice; "
+        "auto, where the parent's was auto, is resolved again for the new plan)",
+    )
     p.add_argument("-o", "--output", type=output_file, help="plan file to write ('-': stdout)")
     p.set_defaults(func=cmd_replan)
 

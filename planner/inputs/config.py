@@ -64,6 +64,10 @@ class TrainingConfig:
     adam_eps: float | None = None
     data_seed: int | None = None
     replication_interval: int | str = AUTO
+    #: a plan's config: its interval was resolved from ``auto`` (:func:`planner.plan.make_plan`),
+    #: so a re-plan resolves it again for the new plan (planner/replan/incremental.py);
+    #: False: a number the user chose, kept as given
+    replication_interval_auto: bool = False
 
     def __post_init__(self) -> None:
         def bad(field: str, problem: str) -> InputError:
@@ -118,6 +122,11 @@ class TrainingConfig:
                 f"must be {AUTO!r} or 0 (off) .. {MAX_REPLICATION_INTERVAL} steps, got "
                 f"{str(k)[:40]!r}",
             )
+
+    def interval_choice(self) -> int | str:
+        """The interval the user chose: ``auto`` where a plan's interval was resolved
+        from it, else the interval itself."""
+        return AUTO if self.replication_interval_auto else self.replication_interval
 
     @property
     def replicated(self) -> bool:
@@ -194,6 +203,8 @@ class TrainingConfig:
         # always written: a config without it means auto, a plan's without it 1 (the
         # plan's id leaves out an interval of 1: planner.plan.content_id)
         out["replication_interval"] = self.replication_interval
+        if self.replication_interval_auto:  # only when set: other plans' ids are unchanged
+            out["replication_interval_auto"] = True
         return out
 
     @classmethod
@@ -217,6 +228,7 @@ class TrainingConfig:
                 adam_eps=doc.get("adam_eps"),
                 data_seed=doc.get("data_seed"),
                 replication_interval=doc.get("replication_interval", interval),
+                replication_interval_auto=doc.get("replication_interval_auto", False),
             )
         except InputError as exc:
             raise InputError(source, exc.path, exc.problem) from None

@@ -55,12 +55,15 @@ promotes it locally. Bytes are weights + optimizer state; times are the cost mod
 link terms (:func:`planner.cost.channels.migration_ms`). No surviving copy of a block ->
 :class:`~planner.errors.UnrecoverableError` naming the blocks.
 
-Replication interval: the re-plan keeps its parent's, a whole number (a plan holds
-the interval ``auto`` resolved to, :func:`planner.plan.make_plan`), so a running job's
-points stay at the same steps across generations; where the new plan's transfer or
-iteration makes it too short, the re-plan's assumptions say so
-(:func:`planner.plan.interval_note`). Not re-resolved: the plan does not record that
-its interval came from ``auto``, and a user's explicit interval must stay as given.
+Replication interval: the re-plan keeps its parent's choice
+(:meth:`planner.inputs.config.TrainingConfig.interval_choice`): where the parent's
+interval was resolved from ``auto`` (its config's ``replication_interval_auto``), ``auto``
+is resolved again for the new plan (:func:`planner.plan.make_plan`: the new partition's
+transfer and step, which a loss can change several-fold), so that an interval that hid
+the old plan's transfer does not throttle the new one; a number the user chose is kept
+as given (where it is too short for the new plan, its assumptions say so:
+:func:`planner.plan.interval_note`); ``interval`` overrides either. A running job's
+supervisor takes each generation's points from its own plan's interval.
 
 Complexity of the fast path: O((L + idle + P x entrants) x (P g + S M)) - each candidate
 is an Algorithm 1 run per re-split stage plus one cost-model evaluation.
@@ -655,9 +658,12 @@ def replan(
     full_solve: bool | None = None,
     margin: float = FULL_SOLVE_MARGIN,
     horizon_steps: float = HORIZON_STEPS,
+    interval: int | str | None = None,
 ) -> Plan:
     """The plan after ``lost`` devices left, ``slowed`` ones slowed (id -> factor on their
     slowdown) and ``joined`` ones arrived, with its migration (module docstring).
+    ``interval``: the new plan's replication interval (a number or ``auto``; None: the
+    parent's choice, module docstring "Replication interval").
 
     ``full_solve``: ``None`` decides by the margin rule, ``True`` always runs the full
     solve to compare, ``False`` never does (fast path only). ``margin``: the fallback
@@ -674,7 +680,11 @@ def replan(
     _check_request(plan, lost_list, slowed, joined)
     lost_set = set(lost_list)
     _check_recoverable(plan, lost_set)
-    problem = _new_problem(plan.problem, lost_set, slowed, joined)
+    config = plan.problem.config
+    choice = config.interval_choice() if interval is None else interval
+    inputs = replace(plan.problem, config=replace(config, replication_interval=choice,
+                                                  replication_interval_auto=False))
+    problem = _new_problem(inputs, lost_set, slowed, joined)
     joined_ids = [d.id for d in joined.devices] if joined is not None else []
     search = _Search(plan, problem, lost_set, horizon_steps)
     fast = _fast_path(plan, search, lost_set, set(slowed), joined_ids)

@@ -115,7 +115,9 @@ OPTIONAL = {
     "catalog": {("device_types", "fast"), ("device_types", "slow")},
     "cluster": {("devices", "#"), ("network", "shared_medium")},
     "config": {("micro_batch_candidates",), ("micro_batch_candidates", "#"), ("optimizer",),
-               ("schedule",), ("warmup",), ("replication_interval",)},
+               ("schedule",), ("warmup",), ("replication_interval",),
+               # a plan's config says its interval came from auto (the fuzzed one does)
+               ("replication_interval_auto",)},
     "model": {("timings", "fast"), ("timings", "slow")},
     "plan": {("assumptions",), ("idle_devices", "#"), ("inputs", "config", "optimizer"),
              # the interval the plan resolved to is 1: a plan without it means 1

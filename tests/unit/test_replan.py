@@ -17,6 +17,8 @@ import json
 import pytest
 from edgepipe.planner import api
 from edgepipe.planner.cli.main import main
+from edgepipe.planner.cost.formulas import hiding_interval
+from edgepipe.planner.cost.model import CostModel
 from edgepipe.planner.errors import (
     InfeasibleError,
     InputError,
@@ -548,3 +550,60 @@ def test_a_plan_overflowing_only_by_its_replica_says_so():
         interval=0,
     )
     assert fits.cost.memory_ok
+
+
+# -- replication interval of the re-plan ---------------------------------------------------
+
+
+def _ring_of_three(interval):
+    # f = (1, 1, 2), a [0,1), b [1,2), c [2,3), ring replicas, 80 Mbit/s = 1e4 B/ms
+    return hand_plan(
+        [1, 1, 2],
+        [(0, 1, ("a",), (4,)), (1, 2, ("b",), (4,)), (2, 3, ("c",), (4,))],
+        ["a", "b", "c"],
+        bandwidth_mbps=80.0,
+        interval=interval,
+    )
+
+
+def _transfer_ms(plan):
+    return CostModel(plan.problem, plan.partition.micro_batch_size).replica_transfer_ms(
+        plan.partition)
+
+
+def test_a_replan_of_an_auto_plan_resolves_its_interval_again_for_the_new_plan(tmp_path):
+    # Each stage's ring replica is 1 block = weights + momentum = 2 MB: 2e6 / 1e4 = 200 ms
+    # (plus the little the iteration's own activations take of the channel) beside a
+    # step of 216 ms: auto resolves to 1. Lose b: a takes [0,2) (test above), its replica
+    # is 4 MB = 400 ms, so 1 step no longer hides it: ceil(400 / 216) = 2. Keeping 1
+    # would hold every step until the transfer ends (216 / 400 = 54% of the throughput).
+    old = _ring_of_three("auto")
+    assert old.problem.config.replication_interval == 1
+    assert old.problem.config.replication_interval_auto
+    assert 200 < _transfer_ms(old) < 201 and old.cost.iteration_ms == pytest.approx(216, abs=0.1)
+    save_plan(old, tmp_path / "old.json")  # the choice survives the plan file
+    new = replan(load_plan(tmp_path / "old.json"), lost=["b"])
+    assert layout(new) == [(0, 2, ("a",), (4,)), (2, 3, ("c",), (4,))]
+    transfer, step = _transfer_ms(new), new.cost.iteration_ms
+    assert 400 < transfer < 401 and step == pytest.approx(216, abs=0.1)
+    assert hiding_interval(transfer, step) == 2
+    assert new.problem.config.replication_interval == 2
+    assert new.problem.config.replication_interval_auto  # and again at the next re-plan
+
+
+def test_a_replan_keeps_an_interval_the_user_chose_and_the_flag_overrides_it(tmp_path, capsys):
+    old = _ring_of_three(1)
+    assert not old.problem.config.replication_interval_auto
+    new = replan(old, lost=["b"])
+    assert new.problem.config.replication_interval == 1  # as given, though 2 would hide it
+    assert not new.problem.config.replication_interval_auto
+    assert replan(old, lost=["b"], interval="auto").problem.config.replication_interval == 2
+    assert replan(_ring_of_three("auto"), lost=["b"],
+                  interval=3).problem.config.replication_interval == 3
+    src, dst = tmp_path / "plan.json", tmp_path / "new.json"
+    save_plan(old, src)
+    assert main(["replan", str(src), "--lost", "b", "--replication-interval", "5",
+                 "-o", str(dst)]) == 0
+    assert load_plan(dst).problem.config.replication_interval == 5
+    assert main(["replan", str(src), "--lost", "b", "--replication-interval", "-1"]) == 2
+    assert "--replication-interval" in capsys.readouterr().err
