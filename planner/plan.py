@@ -411,6 +411,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "idle_devices": [d.id for d in problem.cluster.devices if d.id not in used],
         "prediction": {
             "iteration_ms": cost.iteration_ms,
+            "steady_ms": cost.steady_ms,
             "samples_per_s": cost.samples_per_s if math.isfinite(cost.samples_per_s) else None,
             "bottleneck": cost.bottleneck,
             "dominant_step": cost.dominant_step,

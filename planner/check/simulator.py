@@ -42,6 +42,15 @@ Model:
       of its own pair rate that it gets on its tightest channel, and no transfer can grow
       without shrinking one that is not larger.
 
+    * **Steps in a row** (``iterations`` > 1): step i+1's actions are each device's
+      action list again, micro-batch m of step i numbered i x M + m. Nothing separates
+      steps but what a rank of the executor waits for (executor/core/loop.py): a device
+      starts step i+1 when it has ended its own step i, its ``REDUCE_GRAD`` included, so
+      a stage whose all-reduce ends early runs ahead while later stages still
+      all-reduce; pairs keep their messages in order across steps. The steady-state
+      step (:func:`steady_step_ms`) is the difference between the ends of two steps in
+      a row once it no longer changes.
+
 Event loop: the clock jumps to the next compute end, delivery or transfer completion
 under the current rates; rates are recomputed after every event. Complexity: with E
 events (O(n M) compute actions and sends for n devices and M micro-batches, plus the ring
@@ -114,7 +123,8 @@ class Timeline:
         devices: per device id, its busy intervals in time order.
         transfers: every transfer, in the order they completed.
         makespan_ms: when the last device finished (all-reduces included).
-        num_micro_batches: M.
+        num_micro_batches: M (of one step).
+        iterations: steps simulated in a row.
     """
 
     topology: Topology
@@ -123,6 +133,25 @@ class Timeline:
     transfers: tuple[Transfer, ...]
     makespan_ms: float
     num_micro_batches: int
+    iterations: int = 1
+
+    def iteration_ends(self) -> list[float]:
+        """When each step ended: its last compute, delivery of a piece, or all-reduce
+        (a device's k-th all-reduce is of step k). O(intervals + transfers)."""
+        ends = [0.0] * self.iterations
+        for ivs in self.devices.values():
+            rings = 0
+            for iv in ivs:
+                if iv.kind == "AR":
+                    step, rings = rings, rings + 1
+                else:
+                    step = iv.micro_batch // self.num_micro_batches
+                ends[step] = max(ends[step], iv.end_ms)
+        for t in self.transfers:
+            if t.kind != "AR":
+                step = t.micro_batch // self.num_micro_batches
+                ends[step] = max(ends[step], t.delivered_ms)
+        return ends
 
     def channel_intervals(self) -> dict[str, tuple[tuple[float, float], ...]]:
         """Per channel, the (start, end) of every transfer that used it, by start time."""
@@ -140,8 +169,10 @@ def default_schedule(problem: Problem, partition: Partition) -> Schedule:
     return build(config.schedule, warmups, m)
 
 
-def simulate(problem: Problem, partition: Partition, schedule: Schedule | None = None) -> Timeline:
-    """Simulate one iteration of ``partition`` on ``problem``'s cluster (module docstring).
+def simulate(problem: Problem, partition: Partition, schedule: Schedule | None = None,
+             iterations: int = 1) -> Timeline:
+    """Simulate ``iterations`` steps in a row (one by default) of ``partition`` on
+    ``problem``'s cluster (module docstring).
 
     ``schedule`` defaults to :func:`default_schedule`. Raises ``ValueError`` when the
     schedule does not have one action list per stage, or deadlocks (the message names
@@ -153,7 +184,29 @@ def simulate(problem: Problem, partition: Partition, schedule: Schedule | None =
         raise ValueError(
             f"the schedule has {len(schedule)} stages, the partition {partition.num_stages}"
         )
-    return _Simulation(problem, partition, schedule).run()
+    m = partition.num_micro_batches
+    steps = tuple(
+        tuple(
+            a if a.micro_batch is None else Action(a.stage, a.type, a.micro_batch + i * m)
+            for i in range(iterations)
+            for a in lane
+        )
+        for lane in schedule
+    )
+    return _Simulation(problem, partition, steps, iterations).run()
+
+
+#: steps simulated for :func:`steady_step_ms`
+STEADY_STEPS = 4
+
+
+def steady_step_ms(problem: Problem, partition: Partition) -> float:
+    """The steady-state step: ``STEADY_STEPS`` steps in a row (:func:`simulate`), the
+    difference between the ends of the last two steps that have a successor (the last
+    step shares its channels with no following one, so it is left out). O(STEADY_STEPS)
+    simulations' work."""
+    ends = simulate(problem, partition, iterations=STEADY_STEPS).iteration_ends()
+    return ends[-2] - ends[-3]
 
 
 @dataclass
@@ -172,12 +225,14 @@ class _Flow:
 
 
 class _Simulation:
-    def __init__(self, problem: Problem, partition: Partition, schedule: Schedule) -> None:
+    def __init__(self, problem: Problem, partition: Partition, schedule: Schedule,
+                 iterations: int) -> None:
         cluster, model = problem.cluster, problem.model
         self.cluster = cluster
         self.topology: Topology = cluster.network.kind
         self.schedule = schedule
         self.m = partition.num_micro_batches
+        self.iterations = iterations
         self.stages = tuple(s.devices for s in partition.stages)
         self.stage_of = {d: p for p, devs in enumerate(self.stages) for d in devs}
         batch = partition.micro_batch_size
@@ -228,7 +283,7 @@ class _Simulation:
         self.expected: dict[tuple[str, str, int], int] = {}
         for pieces in self.pieces:
             for a, b, _ in pieces:
-                for m in range(self.m):
+                for m in range(self.m * iterations):
                     self.expected[(b, "F", m)] = self.expected.get((b, "F", m), 0) + 1
                     self.expected[(a, "B", m)] = self.expected.get((a, "B", m), 0) + 1
         self.ring_joined: dict[int, set[str]] = defaultdict(set)
@@ -359,6 +414,7 @@ class _Simulation:
         self.ring_entered[dev] = self.now
         self.ring_joined[p].add(dev)
         if len(self.ring_joined[p]) == len(group):
+            self.ring_joined[p] = set()  # the next step's ring
             for r in range(len(group)):
                 self.ring_received[group[r]] = 0
                 self._ring_send(p, r, 0)
@@ -437,6 +493,7 @@ class _Simulation:
             transfers=tuple(self.done_transfers),
             makespan_ms=max(ends, default=0.0),
             num_micro_batches=self.m,
+            iterations=self.iterations,
         )
 
     def _deadlock_message(self) -> str:

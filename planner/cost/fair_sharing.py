@@ -34,7 +34,20 @@ def fair_sharing_makespan(
     rings: list[RingCost],
     topology: Topology,
 ) -> float:
-    """Iteration time of one round as a fluid event simulation (what
+    """Iteration time of one round: the first of :func:`fair_sharing_ends` (one
+    iteration)."""
+    return fair_sharing_ends(schedule, devices, links, rings, topology, 1)[0]
+
+
+def fair_sharing_ends(
+    schedule: Schedule,
+    devices: list[list[tuple[str, float, float]]],
+    links: list[BoundaryCost],
+    rings: list[RingCost],
+    topology: Topology,
+    iterations: int,
+) -> list[float]:
+    """When each of ``iterations`` chained rounds ends, as a fluid event simulation (what
     :func:`planner.cost.makespan.round_makespan` computes; it runs this where a channel is
     shared).
 
@@ -49,7 +62,11 @@ def fair_sharing_makespan(
     (``SEND_F``), when its ``B m`` ends its gradient pieces (``SEND_B``). After its last
     backward it joins the ring (``REDUCE_GRAD``): once all g members have joined, every
     member r posts its chunk to r+1 (step 0), a member posts step k+1 when it has
-    received step k, and it is done when it has received step 2(g-1)-1.
+    received step k, and it is done when it has received step 2(g-1)-1. Chained
+    iterations (:mod:`planner.cost.steady`): a device's first action of iteration i+1
+    waits for its own iteration i, its last action and its ring (its last chunk
+    received), as the executor's loop does; pairs keep posting order across iterations,
+    so iteration i+1's pieces share channels with iteration i's rings.
 
     Transfers: a transfer holds :func:`planner.cost.channels.channels` of the topology;
     transfers between one ordered pair go one at a time in posting order (one connection
@@ -59,14 +76,14 @@ def fair_sharing_makespan(
     delivery, a transfer's end) the rates are constant, so the clock jumps from event to
     event.
 
-    The round ends with the last compute, delivery or ring step. E events (O(M x
+    Iteration i ends with its last compute, delivery or ring step. E events (O(M x
     (devices + pieces)) plus 2(g-1)g per ring), each O(T C) for T transfers in progress
     over C channels.
 
     Raises:
         ValueError: the schedule deadlocks.
     """
-    return _Round(schedule, devices, links, rings, topology).run()
+    return _Round(schedule, devices, links, rings, topology, iterations).run()
 
 
 class _Transfer:
@@ -232,15 +249,19 @@ class _Round:
         links: list[BoundaryCost],
         rings: list[RingCost],
         topology: Topology,
+        iterations: int = 1,
     ) -> None:
         self.lanes, _, m_count = stage_order(schedule)
+        self.m_count, self.iterations = m_count, iterations
         self.last = len(self.lanes) - 1
         index: dict[str, int] = {}
         self.stage_of: list[int] = []
+        self.members: list[list[int]] = [[] for _ in devices]
         self.dur: list[tuple[float, float]] = []  # per device: (B ms, F ms), by is-forward
         for p, devs in enumerate(devices):
             for d, f, b in devs:
                 index[d] = len(self.dur)
+                self.members[p].append(len(self.dur))
                 self.stage_of.append(p)
                 self.dur.append((b, f))
         n = len(self.dur)
@@ -268,8 +289,10 @@ class _Round:
         self.ring_chunks = [
             [(pair_of(x.src, x.dst), x.ms, x.latency_ms) for x in ring.chunks] for ring in rings
         ]
-        self.got = [([0] * m_count, [0] * m_count) for _ in range(n)]
-        self.ready = [([0.0] * m_count, [0.0] * m_count) for _ in range(n)]
+        count = m_count * iterations  # micro-batch m of iteration i is i x M + m
+        self.got = [([0] * count, [0] * count) for _ in range(n)]
+        self.ready = [([0.0] * count, [0.0] * count) for _ in range(n)]
+        self.rings_done = [0] * n  # per device: its rings completed
         self.pos = [0] * n
         self.done = [0] * n
         self.free = [0.0] * n
@@ -278,12 +301,12 @@ class _Round:
         self.events: list[tuple[float, int, int, int, int, int]] = []
         self.seq = 0  # events pushed: the tie-break of equal times
         self.net = _Sharing(chans, topology == "shared_medium")
-        self.end = 0.0
+        self.ends = [0.0] * iterations
 
-    def run(self) -> float:
+    def run(self) -> list[float]:
         """The event loop: re-rate what changed, jump to the next event or transfer end,
         complete every transfer and event due then (within a relative EPS), repeat until
-        nothing is left; the round's end. Raises ValueError if a device never ends."""
+        nothing is left; each iteration's end. Raises ValueError if a device never ends."""
         net, events = self.net, self.events
         rerate, next_end, ended = net.rerate, net.next_end, net.ended
         delivered, action_ended = self._delivered, self._action_ended
@@ -303,25 +326,34 @@ class _Round:
                     delivered(tag, arrive)
             while events and events[0][0] <= limit:
                 _, _, kind, a, b, c = heappop(events)
-                if now > self.end:
-                    self.end = now
                 if kind == 0:
+                    i = c // self.m_count
+                    if now > self.ends[i]:
+                        self.ends[i] = now
                     action_ended(a, b, c)
                 else:
                     self._chunk_received(a, b)
-        if any(self.done[d] < len(self.lanes[self.stage_of[d]]) for d in range(len(self.dur))):
+        if any(self.done[d] < len(self.lanes[self.stage_of[d]]) * self.iterations
+               for d in range(len(self.dur))):
             raise ValueError(DEADLOCK)
-        return self.end
+        return self.ends
 
     def _start_ready(self, d: int) -> None:
         """Start every next action of device ``d`` whose inputs are all on their way: it
-        begins when its last piece is delivered and ``d`` is free."""
-        lane = self.lanes[self.stage_of[d]]
+        begins when its last piece is delivered and ``d`` is free; an iteration's first
+        action once ``d``'s ring of the previous one is done."""
+        p = self.stage_of[d]
+        lane = self.lanes[p]
         got, need, ready = self.got[d], self.need[d], self.ready[d]
         free, dur = self.free, self.dur[d]
-        k = self.pos[d]
-        while k < len(lane):
-            forward, m = lane[k]
+        k, size = self.pos[d], len(lane)
+        ringed = bool(self.ring_chunks[p])
+        while k < size * self.iterations:
+            i, j = divmod(k, size)
+            if j == 0 and ringed and self.rings_done[d] < i:
+                break
+            forward, m = lane[j]
+            m += i * self.m_count
             if got[forward][m] < need[forward]:
                 break
             t = free[d]
@@ -336,8 +368,9 @@ class _Round:
         """A transfer's last byte left; it is delivered at ``arrive``."""
         kind, a, b, c = tag
         if kind == 0:  # a piece for device a's action (b, c)
-            if arrive > self.end:
-                self.end = arrive
+            i = c // self.m_count
+            if arrive > self.ends[i]:
+                self.ends[i] = arrive
             count = self.got[a][b]
             count[c] += 1
             if arrive > self.ready[a][b][c]:
@@ -357,9 +390,9 @@ class _Round:
             for pair, ms, lat, dst in self.sends[d][forward]:
                 self.net.post(pair, ms, lat, (0, dst, forward, m))
         chunks = self.ring_chunks[p]
-        if chunks and self.done[d] == len(self.lanes[p]):
+        if chunks and self.done[d] % len(self.lanes[p]) == 0:
             self.joined[p] += 1
-            if self.joined[p] == len(chunks):
+            if self.joined[p] % len(chunks) == 0:
                 for r, (pair, ms, lat) in enumerate(chunks):
                     self.net.post(pair, ms, lat, (1, p, (r + 1) % len(chunks), 0))
 
@@ -367,6 +400,16 @@ class _Round:
         """``member`` of stage ``p``'s ring received a chunk: it posts the next step's."""
         self.received[p][member] += 1
         chunks = self.ring_chunks[p]
-        if self.received[p][member] < 2 * (len(chunks) - 1):
+        steps = 2 * (len(chunks) - 1)
+        i = (self.received[p][member] - 1) // steps  # the ring's iteration
+        if self.net.now > self.ends[i]:
+            self.ends[i] = self.net.now
+        if self.received[p][member] % steps:
             pair, ms, lat = chunks[member]
             self.net.post(pair, ms, lat, (1, p, (member + 1) % len(chunks), 0))
+        else:  # its ring is done: its next iteration may start
+            d = self.members[p][member]
+            self.rings_done[d] += 1
+            if self.net.now > self.free[d]:
+                self.free[d] = self.net.now
+            self._start_ready(d)

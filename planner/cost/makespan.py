@@ -14,7 +14,7 @@ the independent simulator (:mod:`planner.check.simulator`) and where it approxim
 
 from __future__ import annotations
 
-from edgepipe.planner.cost.fair_sharing import fair_sharing_makespan
+from edgepipe.planner.cost.fair_sharing import fair_sharing_ends, fair_sharing_makespan
 from edgepipe.planner.cost.order import DEADLOCK, stage_order
 from edgepipe.planner.cost.transfers import BoundaryCost, RingCost
 from edgepipe.planner.inputs.cluster import Topology
@@ -39,6 +39,16 @@ def round_makespan(schedule: Schedule, devices: list[list[tuple[str, float, floa
     return fair_sharing_makespan(schedule, devices, links, rings, topology)
 
 
+def round_ends(schedule: Schedule, devices: list[list[tuple[str, float, float]]],
+               links: list[BoundaryCost], rings: list[RingCost], topology: Topology,
+               iterations: int) -> list[float]:
+    """When each of ``iterations`` chained rounds ends (:mod:`planner.cost.steady`): the
+    chained form of :func:`round_makespan`, picked the same way."""
+    if topology == "point_to_point":
+        return longest_path_ends(schedule, devices, links, rings, iterations)
+    return fair_sharing_ends(schedule, devices, links, rings, topology, iterations)
+
+
 def longest_path_makespan(
     schedule: Schedule,
     devices: list[list[tuple[str, float, float]]],
@@ -46,9 +56,23 @@ def longest_path_makespan(
     rings: list[RingCost],
 ) -> float:
     """The round of :func:`fair_sharing_makespan` (inputs as there) when every transfer
-    runs at its pair's full rate, as it does point to point, where no two transfers ever
-    hold one channel: each time is then the latest of what it waits for plus its
-    duration, a longest path through the actions, with no event queue:
+    runs at its pair's full rate, as it does point to point: the first of
+    :func:`longest_path_ends` (one iteration)."""
+    return longest_path_ends(schedule, devices, links, rings, 1)[0]
+
+
+def longest_path_ends(
+    schedule: Schedule,
+    devices: list[list[tuple[str, float, float]]],
+    links: list[BoundaryCost],
+    rings: list[RingCost],
+    iterations: int,
+) -> list[float]:
+    """When each of ``iterations`` chained rounds ends (inputs as
+    :func:`fair_sharing_makespan`) when every transfer runs at its pair's full rate, as
+    it does point to point, where no two transfers ever hold one channel: each time is
+    then the latest of what it waits for plus its duration, a longest path through the
+    actions, with no event queue:
 
         compute of device d:  start = max(end of d's previous action, delivery of the
                               last piece it waits for), end = start + t_f(d) or t_b(d)
@@ -57,12 +81,17 @@ def longest_path_makespan(
                               end = start + ms, delivered end + latency
         ring step k of member r: posted when every member has ended its last action
                               (k = 0), else when r has received step k-1 from r-1
+        next iteration:       a device's first action waits for its own previous
+                              iteration: its last action and its ring (the delivery of
+                              its last chunk), as the executor's loop does
+                              (:mod:`planner.cost.steady`)
 
     Devices' actions are taken in :func:`planner.cost.order.stage_order`, each ring after
-    its stage's last action. The round ends with the last compute end or delivery.
+    its stage's last action, iteration after iteration (pairs keep their order across
+    iterations). Iteration i ends with its last compute end or delivery.
 
-    Complexity: O(P x M) for the order (cached per schedule), then O(M x (devices +
-    pieces) + sum_p g_p^2), one pass.
+    Complexity: O(P x M) for the order (cached per schedule), then per iteration
+    O(M x (devices + pieces) + sum_p g_p^2), one pass.
 
     Raises:
         ValueError: the schedule deadlocks.
@@ -99,6 +128,22 @@ def longest_path_makespan(
     ]
     free = [0.0] * n
     pair_end = [0.0] * len(pairs)
+    ends: list[float] = []
+    for _ in range(iterations):
+        for got in (*arrival[0], *arrival[1]):
+            got[:] = [0.0] * m_count
+        ends.append(_one_round(order, members, f_ms, b_ms, sends, arrival, free, pair_end))
+        ends[-1] = max(ends[-1], _rings(rings, ring_pairs, members, free, pair_end))
+    return ends
+
+
+def _one_round(order: list[tuple[int, int, int]], members: list[list[int]],
+               f_ms: list[float], b_ms: list[float], sends: tuple[list[list], list[list]],
+               arrival: tuple[list[list[float]], list[list[float]]], free: list[float],
+               pair_end: list[float]) -> float:
+    """The devices' actions of one round in ``order`` (:func:`longest_path_ends`),
+    advancing ``free`` (per device) and ``pair_end`` (per pair) and filling ``arrival``;
+    the round's last compute end or delivery."""
     for p, forward, m in order:
         ms_of = f_ms if forward else b_ms
         out = sends[forward]
@@ -118,6 +163,14 @@ def longest_path_makespan(
     for per_device in arrival:
         for got in per_device:
             end = max(end, *got)
+    return end
+
+
+def _rings(rings: list[RingCost], ring_pairs: list[list[int]], members: list[list[int]],
+           free: list[float], pair_end: list[float]) -> float:
+    """The stages' ring all-reduces after their last actions (:func:`longest_path_ends`):
+    each member is free again when its last chunk is delivered; the last delivery."""
+    end = 0.0
     for p, ring in enumerate(rings):
         g = len(ring.chunks)
         if g == 0:
@@ -132,4 +185,6 @@ def longest_path_makespan(
                 delivered[(r + 1) % g] = stop + x.latency_ms
             posted = delivered
             end = max(end, *delivered)
+        for r, d in enumerate(members[p]):
+            free[d] = max(free[d], posted[r])
     return end

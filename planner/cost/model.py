@@ -29,6 +29,7 @@ from edgepipe.planner.cost.channels import background_ms, channel_loads
 from edgepipe.planner.cost.formulas import ring_allreduce_ms, stage_memory_bytes, transfer_ms
 from edgepipe.planner.cost.makespan import longest_path_makespan, round_makespan
 from edgepipe.planner.cost.order import cached_schedule
+from edgepipe.planner.cost.steady import steady_period_ms
 from edgepipe.planner.cost.steps import Step, StepChain
 from edgepipe.planner.cost.transfers import BoundaryCost, Piece, RingCost, reslice_pieces
 from edgepipe.planner.inputs.cluster import Cluster
@@ -57,9 +58,14 @@ class StageCost:
 
 @dataclass(frozen=True)
 class PlanCost:
-    """Prediction for a partition: iteration time, throughput, bottleneck, memory."""
+    """Prediction for a partition: iteration time, throughput, bottleneck, memory.
+
+    ``iteration_ms`` is one isolated iteration from a cold start; ``steady_ms`` the
+    step of a long run, where consecutive steps may overlap (:mod:`planner.cost.steady`);
+    ``samples_per_s`` is of the steady step."""
 
     iteration_ms: float
+    steady_ms: float
     closed_form_ms: float
     chain_ms: float
     samples_per_s: float
@@ -320,9 +326,10 @@ class CostModel:
         return longest_path_makespan(*self._round_inputs(partition))
 
     def evaluate(self, partition: Partition) -> PlanCost:
-        """All figures of ``partition``: step chain, round latency, per-stage costs, memory.
+        """All figures of ``partition``: step chain, round latency, the steady-state step,
+        per-stage costs, memory.
 
-        O(P x g) plus O(S) for the round latency.
+        O(P x g) plus the round latency's cost, ``1 + steady.ITERATIONS`` times.
         """
         config = self.problem.config
         cluster = self.problem.cluster
@@ -377,11 +384,13 @@ class CostModel:
         chain = StepChain(tuple(steps), m, topology)
         closed, dominant = closed_form_latency(chain)
         total = round_makespan(schedule, devices, links, rings, topology)
+        steady = steady_period_ms(schedule, devices, links, rings, topology, total)
         return PlanCost(
             iteration_ms=total,
+            steady_ms=steady,
             closed_form_ms=closed,
             chain_ms=schedule_makespan(chain),
-            samples_per_s=mb * m / total * 1e3 if total > 0 else float("inf"),
+            samples_per_s=mb * m / steady * 1e3 if steady > 0 else float("inf"),
             dominant_step=dominant,
             bottleneck=describe_step(dominant),
             stages=tuple(stage_costs),
