@@ -124,6 +124,8 @@ OPTIONAL = {
              ("inputs", "config", "replication_interval"),
              ("inputs", "config", "schedule"), ("inputs", "config", "warmup"),
              ("prediction", "dominant_step"), ("prediction", "peak_memory_fraction"),
+             # plans written before the steady-state step lack it (computed on load)
+             ("prediction", "steady_ms"),
              *{("stages", "#", k) for k in ("allreduce_ms", "backward_ms", "forward_ms",
                                             "link_out_ms", "warmup")},
              *{("stages", "#", "devices", "#", k) for k in ("backward_ms", "forward_ms",
