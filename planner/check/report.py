@@ -12,8 +12,10 @@ Figures (steps after the first, which carries start-up costs, when there are sev
   (``StageCost.device_forward_ms / device_backward_ms``) against the mean measured ``F``
   and ``B`` action; predicted all-reduce (``StageCost.allreduce_ms``) against the mean
   ``REDUCE_GRAD``; the measured receive wait per step;
-* per run: predicted iteration (``PlanCost.iteration_ms``) against the median measured
-  step wall time, and samples/s.
+* per run: predicted iteration (``PlanCost.iteration_ms``, one isolated step) and
+  steady-state step (``PlanCost.steady_ms``, a step of a long run, where consecutive
+  steps may overlap: docs/cost-model.md) against the median measured step wall time of
+  the steps after the first, which are steady steps; samples/s of the steady step.
 
 Predictions are multiplied by the emulation's time scale when the run was emulated (then
 they are the emulated devices' budgets); a run that was not emulated ran at this
@@ -143,6 +145,9 @@ class RunReport:
     steps: int
     steps_used: tuple[int, ...]
     iteration_predicted_ms: float
+    #: the steady-state step (``PlanCost.steady_ms`` x the time scale): what the
+    #: measured steps after the first are compared with
+    steady_predicted_ms: float
     iteration_measured_ms: float
     samples_per_s_predicted: float
     samples_per_s_measured: float
@@ -248,6 +253,7 @@ def build_report(run_dir: str | Path) -> RunReport:
             )
     batch = plan.partition.micro_batch_size * plan.partition.num_micro_batches
     predicted = scale * plan.cost.iteration_ms
+    steady = scale * plan.cost.steady_ms
     return RunReport(
         plan=plan,
         time_scale=scale,
@@ -255,8 +261,9 @@ def build_report(run_dir: str | Path) -> RunReport:
         steps=len(metrics),
         steps_used=used,
         iteration_predicted_ms=predicted,
+        steady_predicted_ms=steady,
         iteration_measured_ms=median_wall,
-        samples_per_s_predicted=batch / predicted * 1e3 if predicted > 0 else float("inf"),
+        samples_per_s_predicted=batch / steady * 1e3 if steady > 0 else float("inf"),
         samples_per_s_measured=batch / median_wall * 1e3 if median_wall > 0 else float("inf"),
         devices=tuple(rows),
         overrun_warning=emulation_overruns(folder) if emulation else None,

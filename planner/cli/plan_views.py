@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from edgepipe.planner.cli.console import compact_table, out, print_table
 from edgepipe.planner.cost.closed_form import pipeline_closed_form_ms
-from edgepipe.planner.cost.model import CostModel
+from edgepipe.planner.cost.model import CostModel, PlanCost
 from edgepipe.planner.plan import Plan
 from rich.table import Table
 
@@ -81,9 +81,18 @@ def plan_heading(plan: Plan) -> str:
         f"{plan.solver.solve_time_s:.2f} s)\n"
         f"{plan.problem.model.name} on {plan.problem.cluster.name}: micro-batch "
         f"{part.micro_batch_size} x {part.num_micro_batches}, iteration "
-        f"{cost.iteration_ms:.1f} ms, {cost.samples_per_s:.2f} samples/s, bottleneck "
-        f"{cost.bottleneck}"
+        f"{cost.iteration_ms:.1f} ms{steady_text(cost)}, {cost.samples_per_s:.2f} "
+        f"samples/s, bottleneck {cost.bottleneck}"
     )
+
+
+def steady_text(cost: PlanCost) -> str:
+    """The steady-state step beside the isolated iteration (planner/cost/steady.py): the
+    same, shorter where consecutive steps overlap, longer where they contend."""
+    if cost.steady_ms == cost.iteration_ms:
+        return " (also the steady step)"
+    how = "steps overlap" if cost.steady_ms < cost.iteration_ms else "steps contend"
+    return f", steady step {cost.steady_ms:.1f} ms ({how})"
 
 
 def plan_lines(plan: Plan) -> list[str]:

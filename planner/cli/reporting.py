@@ -80,10 +80,12 @@ def cmd_report(args: argparse.Namespace) -> None:
         )
     out.print(table)
     out.print(
-        f"iteration: predicted {report.iteration_predicted_ms:.1f} ms, measured "
+        f"iteration: predicted {report.iteration_predicted_ms:.1f} ms (one isolated step), "
+        f"{report.steady_predicted_ms:.1f} ms a step in a run; measured "
         f"{report.iteration_measured_ms:.1f} ms (median; x"
-        f"{_ratio(report.iteration_measured_ms, report.iteration_predicted_ms)}); "
-        f"{report.samples_per_s_predicted:.2f} vs {report.samples_per_s_measured:.2f} samples/s",
+        f"{_ratio(report.iteration_measured_ms, report.steady_predicted_ms)} of the steady "
+        f"step); {report.samples_per_s_predicted:.2f} vs "
+        f"{report.samples_per_s_measured:.2f} samples/s",
         highlight=False,
     )
     if not report.emulated:

@@ -19,11 +19,14 @@ on a point-to-point network of 8 Mbit/s (1000 bytes/ms) and 1 ms latency, global
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 from edgepipe.planner import api
+from edgepipe.planner.check.report import build_report
 from edgepipe.planner.check.simulator import simulate, steady_step_ms
+from edgepipe.planner.cli.plan_views import plan_heading
 from edgepipe.planner.cost.makespan import round_ends
 from edgepipe.planner.cost.model import CostModel
 from edgepipe.planner.inputs.cluster import Cluster, Device, DeviceType, Network
@@ -31,7 +34,9 @@ from edgepipe.planner.inputs.config import TrainingConfig
 from edgepipe.planner.inputs.problem import Problem, make_problem
 from edgepipe.planner.inputs.profile import Block, ModelProfile, Timing
 from edgepipe.planner.partition import Partition, StageAssignment
+from edgepipe.planner.plan import SolverInfo, make_plan, plan_from_dict, plan_to_dict
 
+from tests.helpers.runs import write_run
 from tests.helpers.synthetic import random_plans
 
 T = DeviceType("t", "test type", 1e9, 1.0, 100.0, 0.5, "test", 1e4, {})
@@ -100,6 +105,32 @@ def test_the_simulator_runs_steps_in_a_row_one_after_another_per_device():
     assert timeline.iteration_ends() == pytest.approx([25.01, 48.03, 71.05])
     assert [iv.start_ms for iv in timeline.devices["A"] if iv.kind == "F"] == pytest.approx(
         [0.0, 23.02, 46.04])
+
+
+def overlapping_plan():
+    part = Partition(2, 1, (StageAssignment(0, 1, ("A",), (2,)),
+                            StageAssignment(1, 3, ("B", "C"), (1, 1))))  # fmt: skip
+    return make_plan(hand_problem(), part, SolverInfo("hand", {}, 0.0, "heuristic"))
+
+
+def test_plan_and_show_print_the_steady_step_beside_the_iteration():
+    heading = plan_heading(overlapping_plan())
+    assert "iteration 25.0 ms, steady step 23.0 ms (steps overlap), 86.88 samples/s" in heading
+
+
+def test_a_plan_file_carries_the_steady_step_and_an_older_file_without_it_loads():
+    plan = overlapping_plan()
+    doc = plan_to_dict(plan)
+    assert doc["prediction"]["steady_ms"] == pytest.approx(23.02)
+    del doc["prediction"]["steady_ms"]  # as written before the figure existed
+    assert plan_from_dict(doc).cost.steady_ms == pytest.approx(23.02)
+
+
+def test_report_sets_the_measured_steps_against_the_steady_step(tmp_path: Path):
+    plan = write_run(tmp_path, time_scale=4.0)
+    report = build_report(tmp_path)
+    assert report.steady_predicted_ms == 4.0 * plan.cost.steady_ms
+    assert report.samples_per_s_predicted == pytest.approx(4 / (4.0 * plan.cost.steady_ms) * 1e3)
 
 
 #: plans over the shipped profiles and clusters whose steps overlap or contend: the
