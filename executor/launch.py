@@ -81,6 +81,7 @@ from edgepipe.executor.ft.joins import FLAG, EmulatedJoin, JoinSchedule, check_j
 from edgepipe.executor.ft.recovery import Supervisor
 from edgepipe.executor.ft.slowdown import SlowdownWatch
 from edgepipe.executor.worker import spawned
+from edgepipe.planner.check import live
 from edgepipe.planner.errors import EdgepipeError, InputError
 from edgepipe.planner.plan import Plan, load_plan, replica_standbys
 from edgepipe.planner.timeouts import HANG_TIMEOUT_S, HEARTBEAT_S, START_TIMEOUT_S
@@ -249,6 +250,8 @@ def launch(
                                           watched, children)
         if joins:
             schedule = _join_schedule(joins, supervisor, children, opts, join_timeout_s)
+    if out is not None:
+        live.write_state(out, "running", opts.steps)
     try:
         children.start(spares)
         if on_start is not None:
@@ -259,13 +262,26 @@ def launch(
         else:
             _watch(children.procs, layout, generation_store(store, opts.generation),
                    coordinator)
+    except BaseException as exc:
+        if out is not None:
+            live.write_state(out, *_ended(exc, opts.steps))
+        raise
     finally:
         _stop(children.procs)
         if supervisor is not None and supervisor.writer is not None:
             supervisor.writer.close()
         if scratch is not None:
             scratch.cleanup()
+    if out is not None:
+        live.write_state(out, "finished", opts.steps)
     return RunResult.read(out)
+
+
+def _ended(exc: BaseException, steps: int) -> tuple[str, int, str]:
+    """The ``status.json`` state of a run that ``exc`` ended (planner/check/live.py)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "stopped", steps, "interrupted (Ctrl-C or SIGINT)"
+    return "failed", steps, (str(exc).splitlines() or [type(exc).__name__])[0]
 
 
 def _check_heartbeat(hang_timeout_s: float | None, heartbeat_s: float) -> None:

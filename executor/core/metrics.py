@@ -81,7 +81,11 @@ def step_loss(payloads: list[dict[str, Any]], global_batch: int, deterministic: 
 
 
 class MetricsWriter:
-    """Appends merged step lines to ``metrics.jsonl`` and ``timeline.jsonl``."""
+    """Appends merged step lines to ``metrics.jsonl`` and ``timeline.jsonl``, each step's
+    flushed as it is written, so a reader sees every step written so far (a run still
+    going, or one that died). :meth:`rollback` takes the lines of steps from a given one
+    on out of both files again (a recovering run's replay); it keeps the other lines
+    (``"type"``) written after them."""
 
     def __init__(
         self, out_dir: Path, layout: RankLayout, deterministic: bool, append: bool = False
@@ -92,6 +96,8 @@ class MetricsWriter:
         mode = "a" if append else "w"
         self.metrics = (out_dir / "metrics.jsonl").open(mode)
         self.timeline = (out_dir / "timeline.jsonl").open(mode)
+        #: step -> where its lines begin in (metrics, timeline): what a rollback cuts
+        self._offsets: dict[int, tuple[int, int]] = {}
 
     def write_step(
         self, step: int, payloads: list[dict[str, Any]], extra: dict[str, Any] | None = None
@@ -99,6 +105,7 @@ class MetricsWriter:
         """Merge one step's payloads (index = rank) and write its lines (``extra``: more
         keys of the metrics line); returns the metrics line."""
         wall = max(p["wall_ms"] for p in payloads)
+        self._offsets[step] = (self.metrics.tell(), self.timeline.tell())
         devices = {}
         for info, p in zip(self.layout.ranks, payloads, strict=True):
             devices[info.device] = {
@@ -141,6 +148,25 @@ class MetricsWriter:
         """A line that is not a step (e.g. a recovery event, ``"type": "recovery"``)."""
         self.metrics.write(json.dumps(event) + "\n")
         self.metrics.flush()
+
+    def rollback(self, step: int) -> None:
+        """Truncate both files where the lines of ``step`` begin (nothing when no line of
+        it or a later step was written), then write again the other lines (``"type"``)
+        that followed; a later step's line is written again by its replay.
+        O(bytes cut)."""
+        if step not in self._offsets:
+            return
+        for f, at in zip((self.metrics, self.timeline), self._offsets[step], strict=True):
+            f.flush()
+            with open(f.name, "rb") as cut:
+                cut.seek(at)
+                tail = cut.read().decode().splitlines()
+            f.seek(at)
+            f.truncate()
+            if f is self.metrics:
+                f.writelines(x + "\n" for x in tail if x.strip() and "type" in json.loads(x))
+            f.flush()
+        self._offsets = {s: at for s, at in self._offsets.items() if s < step}
 
     def close(self) -> None:
         self.metrics.close()

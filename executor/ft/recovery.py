@@ -26,8 +26,14 @@ The coordinator (the local launcher, or a cross-host coordinator process) runs o
   each generation) and writes ``repl/<n>/<rank>`` (``n`` = steps applied) once its sends
   are posted and its replicas received; ``n`` is **durable** when every member did.
   Every rank keeps its own state at the last durable step until the next is durable
-  (:class:`executor.ft.replication.Copies`). Metrics lines of steps are written when they
-  become durable, so ``metrics.jsonl`` never holds a step that is later replayed.
+  (:class:`executor.ft.replication.Copies`).
+* **Metrics.** A step's ``metrics.jsonl`` line is written (flushed) as soon as the step
+  has committed and every voter has published its payload, so a person watching the run
+  (or reading a run that died) sees every committed step; its payloads are deleted (and
+  its compute fed to the slowdown watch) once it is durable. A recovery that replays
+  from ``d`` first takes the lines of steps ``d`` and later out of the file again
+  (:meth:`executor.core.metrics.MetricsWriter.rollback`), so the file holds only
+  committed steps that stand, each once.
 * **Recovery** (:meth:`Supervisor.recover`, called with the coordinator's failures):
   abort generation ``g`` and fence the dead; wait until every other member has
   acknowledged the abort or died (event-driven, at most ``ABORT_SEEN_S``; the members
@@ -270,7 +276,10 @@ class Supervisor:
         self._pending_event: dict[str, Any] | None = None
         self._precomputed: dict[str, dict] = {}
         self._precompute = precompute_plans
+        #: steps before this one have their metrics line (written at commit) ...
         self._written = resume
+        #: ... and before this one are durable (payloads deleted, slowdown fed)
+        self._settled = resume
         # the last durable state: (plan whose placement holds its copies, step, fresh)
         self.base: tuple[Plan, int, bool] = (plan, resume, True)
         self.finished = False
@@ -338,12 +347,16 @@ class Supervisor:
             gen.durable = n
             self.base = (gen.plan, n, False)
             self._write_metrics(gen, n)
+            self._settle(gen, n)
         while (gen.next_commit < end and not commit_blocked(gen.next_commit, gen.points)
                and gen.all_wrote(f"vote/{gen.next_commit}")):
             gen.store.set(f"commit/{gen.next_commit}", repr(time.time()))
             gen.next_commit += 1
             if self._pending_event is not None and self._pending_event["generation"] == gen.number:
                 self._finish_event(time.time())
+        # the lines of the committed steps whose payloads every voter published
+        while self._written < gen.next_commit and gen.all_wrote(f"metrics/{self._written}"):
+            self._write_metrics(gen, self._written + 1)
         # after the repl keys: a rank writes its ckpt key before any later repl key
         while self.checkpoints and gen.all_wrote(f"ckpt/{self.checkpoints[0]}"):
             self._commit_checkpoint(gen, self.checkpoints.pop(0))
@@ -394,29 +407,34 @@ class Supervisor:
         return self.coordinator.readmit(device)
 
     def _write_metrics(self, gen: Generation, n: int) -> None:
-        """The lines of the steps before ``n`` not written yet (now durable); each
-        step's compute per device goes to the slowdown watch."""
-        if self.writer is None and self.slowdown is None:
-            self._written = n
-            return
+        """The lines of the committed steps before ``n`` not written yet (module
+        docstring, "Metrics"; every voter has published their payloads)."""
         if self.writer is not None:
             self.writer.layout = RankLayout.from_plan(gen.plan)
-        for step in range(self._written, n):
-            keys = [f"metrics/{step}/{r}" for r in range(gen.voters)]
-            payloads = [json.loads(gen.store.get(k)) for k in keys]
-            if self.slowdown is not None:
-                members = list(zip(gen.members, payloads, strict=False))
-                self.slowdown.observe(gen.plan, step, {d: p["compute_ms"] for d, p in members},
-                                      {d for d, p in members if p.get("overruns")})
-            samples = dict(s for p in payloads for s in p.get("samples", []))
-            if self.writer is not None:
+            for step in range(self._written, n):
+                payloads = [json.loads(gen.store.get(f"metrics/{step}/{r}"))
+                            for r in range(gen.voters)]
+                samples = dict(s for p in payloads for s in p.get("samples", []))
                 self.writer.write_step(step, payloads, {
                     "generation": gen.number, "plan_id": gen.plan.id,
                     "samples": [samples[i] for i in sorted(samples)],
                 })
+        self._written = max(self._written, n)
+
+    def _settle(self, gen: Generation, n: int) -> None:
+        """Steps before ``n`` are durable: feed their compute per device to the slowdown
+        watch (once: a step is never replayed past a durable point) and delete their
+        payloads."""
+        for step in range(self._settled, n):
+            keys = [f"metrics/{step}/{r}" for r in range(gen.voters)]
+            if self.slowdown is not None:
+                payloads = [json.loads(gen.store.get(k)) for k in keys]
+                members = list(zip(gen.members, payloads, strict=False))
+                self.slowdown.observe(gen.plan, step, {d: p["compute_ms"] for d, p in members},
+                                      {d for d, p in members if p.get("overruns")})
             for k in keys:
                 gen.store.delete_key(k)
-        self._written = n
+        self._settled = max(self._settled, n)
 
     # -- recovery ----------------------------------------------------------------------
     def recover(self, failures: Iterable[Failure]) -> dict[str, Any]:
@@ -556,6 +574,9 @@ class Supervisor:
         members = self.members_of(new)
         self._discard_checkpoint_parts(old)
         g = self.coordinator.open_generation(members)
+        if self.writer is not None:  # the replayed steps' lines go (module docstring)
+            self.writer.rollback(d)
+        self._written = d
         self.gen = self._open(g, new, str(path), d, fresh=fresh, migration=migration)
         moved = [t for t in migration if t["source"] != t["to"]]
         event = {

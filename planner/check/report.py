@@ -50,19 +50,22 @@ warning; the steps are not affected.
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edgepipe.planner.check.live import RunState, complete_lines, run_state
 from edgepipe.planner.check.simulator import Interval, Timeline, Transfer, WorkKind, simulate
 from edgepipe.planner.errors import InputError
 from edgepipe.planner.plan import Plan, load_plan
 
 if TYPE_CHECKING:  # gantt loads matplotlib: imported where a chart is drawn
     from edgepipe.planner.check.gantt import Marker
+
+#: the state of a run whose folder has no status.json, or whose launcher finished
+FINISHED = RunState("finished")
 
 #: the keys of a recovery line of metrics.jsonl, all required (docs/fault-tolerance.md)
 RECOVERY_KEYS = (
@@ -159,18 +162,24 @@ class RunReport:
     step_lines: tuple[dict[str, Any], ...] = ()
     #: the ``reason`` of every ``join_failed`` line, in file order
     join_failures: tuple[str, ...] = ()
+    #: whether the run finished, is still going or died (``status.json``)
+    state: RunState = FINISHED
+
+    @property
+    def unfinished(self) -> str | None:
+        """One line on a run still going or one that died (None: it finished)."""
+        return self.state.describe(len(self.step_lines))
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
+    """The complete lines of ``path`` (:func:`planner.check.live.complete_lines`: a run
+    still going, or one that died, may have half a last line)."""
     try:
         text = path.read_text()
     except OSError as exc:
         raise InputError(str(path), "", f"cannot read it ({exc.strerror}); is this a run "
                          "directory written by `edgepipe run --out DIR`?") from None
-    try:
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
-    except json.JSONDecodeError as exc:
-        raise InputError(str(path), "", f"line {exc.lineno} is not JSON") from None
+    return complete_lines(text, str(path))
 
 
 def _emulation_lines(run_dir: Path) -> list[dict[str, Any]]:
@@ -209,12 +218,15 @@ def build_report(run_dir: str | Path) -> RunReport:
     prediction (module docstring). O(timeline lines)."""
     folder = Path(run_dir)
     plan = load_plan(folder / "plan.json")
+    state = run_state(folder)
     steps, recoveries, join_failures = split_metrics(_jsonl(folder / "metrics.jsonl"),
                                                      str(folder / "metrics.jsonl"))
     first_plan_end = recoveries[0].replay_from_step if recoveries else None
     metrics = [m for m in steps if first_plan_end is None or m["step"] < first_plan_end]
     if not metrics:
-        raise InputError(str(folder / "metrics.jsonl"), "", "no steps recorded")
+        why = state.describe(0)
+        raise InputError(str(folder / "metrics.jsonl"), "", "no steps recorded"
+                         + (f": {why}" if why else ""))
     timeline = _jsonl(folder / "timeline.jsonl")
     emulation = _emulation_lines(folder)
     scale = float(emulation[0]["time_scale"]) if emulation else 1.0
@@ -271,6 +283,7 @@ def build_report(run_dir: str | Path) -> RunReport:
         recoveries=tuple(recoveries),
         step_lines=tuple(steps),
         join_failures=join_failures,
+        state=state,
     )
 
 

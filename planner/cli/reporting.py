@@ -62,6 +62,8 @@ def cmd_report(args: argparse.Namespace) -> None:
     from edgepipe.planner.check.report import build_report, draw_report
 
     report = build_report(args.run_dir)
+    if report.unfinished:  # a run still going, or one that died: its steps so far
+        out.print(report.unfinished, highlight=False, soft_wrap=True)
     used = report.steps_used
     kind = f"emulated, time scale {report.time_scale:g}" if report.emulated else "not emulated"
     table = Table(

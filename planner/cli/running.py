@@ -6,8 +6,12 @@ it torch, is imported inside each command
 from __future__ import annotations
 
 import argparse
+import threading
+import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from edgepipe.planner.check.live import Follower, progress
 from edgepipe.planner.cli.args import (
     KEEP_CHECKPOINTS,
     add_coordinate_arguments,
@@ -62,6 +66,9 @@ def cmd_run(args: argparse.Namespace) -> None:
     slow = None if args.no_recover else short_run_note(plan, args.steps)
     if slow:  # a recovering run replicates at the plan's interval
         warn(slow)
+    ticker = ProgressLine(Path(args.out) / "metrics.jsonl", args.steps,
+                          plan.partition.micro_batch_size * plan.partition.num_micro_batches)
+    ticker.start()
     try:
         result = launch.launch(
             opts, hang_timeout_s=args.hang_timeout, heartbeat_s=args.heartbeat,
@@ -70,6 +77,8 @@ def cmd_run(args: argparse.Namespace) -> None:
         )
     except KeyboardInterrupt:
         raise EdgepipeError("interrupted: every worker was stopped") from None
+    finally:
+        ticker.finish()
     table = Table(title=f"{plan.id}: measured", title_justify="left")
     for col in ("step", "loss", "wall ms", "samples/s"):
         table.add_column(col, justify="right")
@@ -111,6 +120,67 @@ def cmd_run(args: argparse.Namespace) -> None:
         warning = emulation_overruns(args.out)
         if warning:
             warn(warning)
+
+
+class ProgressLine(threading.Thread):
+    """The progress line of ``edgepipe run`` on stderr (step/N, loss, samples/s, ETA:
+    :func:`planner.check.live.progress` of the run's ``metrics.jsonl`` so far, read
+    every ``TICK_S``): refreshed in place on a terminal, else one line when the first
+    step shows, then at most one every ``EVERY_S``, and the last step's at the end. A
+    ``metrics.jsonl`` left by an earlier run is ignored until this run's writer touches
+    it."""
+
+    TICK_S = 0.5
+    EVERY_S = 10.0
+
+    def __init__(self, path: Path, total: int, global_batch: int) -> None:
+        super().__init__(name="edgepipe-progress", daemon=True)
+        self.follower, self.total, self.batch = Follower(path), total, global_batch
+        self.stale = _stamp(path)
+        self.tty = err.is_terminal
+        self.shown: int | None = None
+        self.printed_at = 0.0
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.wait(self.TICK_S):
+            self._tick(final=False)
+
+    def _tick(self, final: bool) -> None:
+        if self.stale is not None and _stamp(self.follower.path) == self.stale:
+            return
+        self.stale = None
+        self.follower.read()
+        now = progress(self.follower.lines, self.total, self.batch)
+        if now is None or now.done == self.shown:
+            return
+        if self.tty:
+            err.file.write(f"\r{now.text()}\x1b[K")
+            err.file.flush()
+        elif self.shown is None or final or time.monotonic() - self.printed_at >= self.EVERY_S:
+            err.print(now.text(), highlight=False, soft_wrap=True)
+            self.printed_at = time.monotonic()
+        else:
+            return
+        self.shown = now.done
+
+    def finish(self) -> None:
+        """Stop; show the last step read (and end the refreshed line)."""
+        self._done.set()
+        self.join()
+        self._tick(final=True)
+        if self.tty and self.shown is not None:
+            err.file.write("\n")
+            err.file.flush()
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    """A file's (mtime ns, size), None when it does not exist."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
 
 
 def _emulated_slowdowns(args: argparse.Namespace) -> tuple[EmulatedSlowdown, ...]:
