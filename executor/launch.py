@@ -49,6 +49,11 @@ process (a rejoined device's old one is gone), and ``ranks.json`` gains a line (
 before it is admitted, or a rejoining device still serves) is dropped with one
 ``join_failed`` line in ``metrics.jsonl`` (:attr:`RunResult.join_failures`) and the run
 goes on.
+
+**State** (with ``out``): ``status.json`` says ``running`` (with this process's pid)
+from before the first child starts, then ``finished``, ``failed`` or ``stopped`` with
+the reason (:mod:`planner.check.live`), so ``edgepipe report`` can tell a run still
+going from one that died.
 """
 
 from __future__ import annotations
