@@ -31,7 +31,12 @@ from edgepipe.planner.cost.model import CostModel, PlanCost
 from edgepipe.planner.errors import PlanMismatchError
 from edgepipe.planner.inputs.cluster import Cluster
 from edgepipe.planner.inputs.config import AUTO, MAX_REPLICATION_INTERVAL, TrainingConfig
-from edgepipe.planner.inputs.problem import Problem, batch_range_notes, make_problem
+from edgepipe.planner.inputs.problem import (
+    Problem,
+    batch_range_notes,
+    check_partition,
+    make_problem,
+)
 from edgepipe.planner.inputs.profile import ModelProfile
 from edgepipe.planner.inputs.schema import load_document, validate, write_text_atomic
 from edgepipe.planner.partition import Partition, StageAssignment
@@ -171,61 +176,6 @@ def replication_note(interval: int, transfer_ms: float, iteration_ms: float) -> 
             f"{interval * iteration_ms / transfer_ms:.1%} of an unreplicated run; "
             f"replication_interval {k} hides it (a loss then replays up to {2 * k - 1} "
             "steps)")
-
-
-def check_partition(problem: Problem, partition: Partition) -> None:
-    """Raise :class:`PlanMismatchError` unless ``partition`` fits ``problem``: stages
-    cover blocks [0, L) contiguously, every device exists and serves one stage, samples
-    sum to the micro-batch size, and micro-batch size x count = global batch."""
-    n_blocks = problem.model.num_blocks
-    g = problem.config.global_batch
-    mb, m = partition.micro_batch_size, partition.num_micro_batches
-    if mb * m != g:
-        raise PlanMismatchError(
-            f"micro-batch size {mb} x {m} micro-batches = {mb * m}, but the config's "
-            f"global batch is {g}; re-plan for this config"
-        )
-    expected_first = 0
-    seen: set[str] = set()
-    for p, stage in enumerate(partition.stages):
-        if stage.first != expected_first or stage.end <= stage.first:
-            raise PlanMismatchError(
-                f"stage {p} covers blocks [{stage.first}, {stage.end}) but should start at "
-                f"block {expected_first} and be non-empty; stages must tile the model's "
-                f"{n_blocks} blocks in order"
-            )
-        expected_first = stage.end
-        for dev in stage.devices:
-            if not problem.cluster.has_device(dev):
-                raise PlanMismatchError(
-                    f"stage {p} uses device {_excerpt(dev)}, which is not in cluster "
-                    f"{_excerpt(problem.cluster.name)}; re-plan for this cluster"
-                )
-            if dev in seen:
-                raise PlanMismatchError(
-                    f"device {_excerpt(dev)} serves two stages; a device runs one"
-                )
-            seen.add(dev)
-        if not stage.devices or len(stage.devices) != len(stage.samples):
-            raise PlanMismatchError(
-                f"stage {p} needs at least one device and one sample count per device"
-            )
-        if min(stage.samples) < 1:
-            raise PlanMismatchError(
-                f"stage {p} gives a device {min(stage.samples)} samples; list only devices "
-                "that take at least one (others stay idle)"
-            )
-        if sum(stage.samples) != mb:
-            raise PlanMismatchError(
-                f"stage {p}'s devices take {sum(stage.samples)} samples per micro-batch, "
-                f"but the micro-batch size is {mb}"
-            )
-    if expected_first != n_blocks:
-        raise PlanMismatchError(
-            f"the stages cover blocks [0, {expected_first}) but model "
-            f"{_excerpt(problem.model.name)} has {n_blocks} blocks; the plan was made for another "
-            "model, re-plan for this one"
-        )
 
 
 def check_memory(problem: Problem, partition: Partition, cost: PlanCost) -> None:
@@ -584,7 +534,14 @@ def _excerpt(value: str, limit: int = 40) -> str:
 
 def save_plan(plan: Plan, path: str | Path) -> None:
     """Write the plan as indented JSON, atomically
-    (:func:`planner.inputs.schema.write_text_atomic`)."""
+    (:func:`planner.inputs.schema.write_text_atomic`). Raises ``TypeError`` naming the
+    expected type when ``plan`` is not a :class:`Plan` or ``path`` not a path."""
+    if not isinstance(plan, Plan):
+        raise TypeError(f"save_plan() takes a Plan (api.solve, api.load_plan), got a "
+                        f"{type(plan).__name__}")
+    if not isinstance(path, str | Path):
+        raise TypeError(f"save_plan() writes to a path (str or pathlib.Path), got a "
+                        f"{type(path).__name__}")
     write_text_atomic(path, json.dumps(plan_to_dict(plan), indent=1) + "\n")
 
 

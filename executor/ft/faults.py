@@ -68,7 +68,7 @@ def parse(spec: str) -> tuple[Fault, ...]:
             raise InputError(
                 "--inject", item, f"expected DEVICE:STEP:PHASE[:SIGNAL] with STEP a number "
                 f"or * (* for join), PHASE one of {', '.join(PHASES)}, SIGNAL one of "
-                f"{', '.join(SIGNALS)}"
+                f"{', '.join(SIGNALS)}; e.g. d1:2:forward"
             )
         step = None if parts[1] == "*" else int(parts[1])
         out.append(Fault(parts[0], step, parts[2], parts[3] if len(parts) == 4 else "KILL"))

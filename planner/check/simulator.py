@@ -68,7 +68,7 @@ from typing import Literal
 
 import numpy as np
 from edgepipe.planner.inputs.cluster import Topology
-from edgepipe.planner.inputs.problem import Problem
+from edgepipe.planner.inputs.problem import Problem, check_partition
 from edgepipe.planner.inputs.profile import batch_curve
 from edgepipe.planner.partition import Partition
 from edgepipe.planner.schedule import Action, ActionType, Schedule, build
@@ -174,10 +174,13 @@ def simulate(problem: Problem, partition: Partition, schedule: Schedule | None =
     """Simulate ``iterations`` steps in a row (one by default) of ``partition`` on
     ``problem``'s cluster (module docstring).
 
-    ``schedule`` defaults to :func:`default_schedule`. Raises ``ValueError`` when the
-    schedule does not have one action list per stage, or deadlocks (the message names
-    each blocked device and the action it waits on).
+    ``schedule`` defaults to :func:`default_schedule`. Raises
+    :class:`~planner.errors.PlanMismatchError` when ``partition`` does not fit ``problem``
+    (:func:`planner.inputs.problem.check_partition`), ``ValueError`` when the schedule
+    does not have one action list per stage, or deadlocks (the message names each
+    blocked device and the action it waits on).
     """
+    check_partition(problem, partition)
     if schedule is None:
         schedule = default_schedule(problem, partition)
     if len(schedule) != partition.num_stages:

@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 
 from edgepipe.planner import api
-from edgepipe.planner.cli.args import output_dir, positive_float
+from edgepipe.planner.cli.args import non_negative_int, output_dir, positive_float
 from edgepipe.planner.cli.console import err, out, progress_callback, warn
 from edgepipe.planner.cli.plan_views import gantt_title, print_plan, simulation_summary
 from edgepipe.planner.cli.planning import run_compare
@@ -128,7 +128,7 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--run-steps",
-        type=int,
+        type=non_negative_int,
         default=3,
         help="also run a plan of resnet18 here for this many emulated steps (0: skip)",
     )

@@ -102,7 +102,11 @@ def cmd_validate(args: argparse.Namespace) -> None:
 
 
 def cmd_import_pipedream(args: argparse.Namespace) -> None:
-    from edgepipe.planner.inputs.importers.pipedream import import_pipedream, swallowing_block
+    from edgepipe.planner.inputs.importers.pipedream import (
+        implied_batch,
+        import_pipedream,
+        swallowing_block,
+    )
 
     known = load_catalog()
     if args.device_type not in known:
@@ -121,6 +125,13 @@ def cmd_import_pipedream(args: argparse.Namespace) -> None:
     warning = swallowing_block(profile)
     if warning:
         warn(warning)
+    linear = implied_batch(Path(args.graph).read_text(encoding="utf-8"), args.graph)
+    if linear is not None and linear > args.batch_size:
+        warn(f"the Linear layers' outputs hold {linear} samples of out_features fp32 values, "
+             f"not --batch-size {args.batch_size}: if this is a classifier (one vector per "
+             f"sample), it was profiled at batch {linear} and every per-sample figure here "
+             f"is {linear / args.batch_size:g}x too large: re-import with --batch-size "
+             f"{linear}; a sequence model's hold one per token: then ignore this")
     out.print(f"wrote {args.output}: {profile.name}, {profile.num_blocks} blocks")
 
 
@@ -157,8 +168,11 @@ def add_import_pipedream_arguments(p: argparse.ArgumentParser) -> None:
         "--batch-size",
         type=positive_int,
         required=True,
-        help="batch the graph was profiled at (PipeDream's vgg16: 128; alexnet, resnet18, "
-        "squeezenet1_0: 256 - the Input node's bytes / one sample's bytes)",
+        help="the batch the graph was profiled at (PipeDream's -b; vgg16: 128; alexnet, "
+        "resnet18, squeezenet1_0: 256): a graph.txt does not record it, and a wrong one "
+        "scales every per-sample size. Read it off the Input node (activation_size / one "
+        "sample's input bytes) or a classifier's last Linear (activation_size / 4 / "
+        "out_features); one that does not divide them is refused",
     )
     p.add_argument("--device-type", default="v100", help="catalog type it was profiled on")
     p.add_argument("--name", help="model name (default: the file's stem)")

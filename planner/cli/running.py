@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,13 +24,14 @@ from edgepipe.planner.cli.args import (
 from edgepipe.planner.cli.console import err, out, warn
 from edgepipe.planner.cli.torch_imports import executor_imports
 from edgepipe.planner.errors import EdgepipeError, InputError
-from edgepipe.planner.plan import load_plan, replica_standbys, short_run_note
+from edgepipe.planner.plan import Plan, load_plan, replica_standbys, short_run_note
 from edgepipe.planner.timeouts import GLOO_TIMEOUT_S, HANG_TIMEOUT_S, HEARTBEAT_S
 from rich.table import Table
 
 if TYPE_CHECKING:
     from edgepipe.executor.core.emulation import EmulatedSlowdown
     from edgepipe.executor.ft.coordinator import Stopped
+    from edgepipe.executor.ft.joins import EmulatedJoin
 
 
 def cmd_run(args: argparse.Namespace) -> None:
@@ -38,6 +40,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         from edgepipe.executor.core.options import WorkerOptions
         from edgepipe.executor.ft.joins import EmulatedJoin
     plan = load_plan(args.plan)
+    time_scale = _time_scale(args)
     opts = WorkerOptions(
         plan=args.plan,
         steps=args.steps,
@@ -47,7 +50,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         timeout_s=args.timeout,
         save_weights=args.save_weights,
         emulate=args.emulate,
-        time_scale=args.time_scale,
+        time_scale=time_scale,
         checkpoint_every=args.checkpoint_every,
         checkpoint_dir=args.checkpoint_dir,
         keep_checkpoints=args.keep_checkpoints,
@@ -56,12 +59,14 @@ def cmd_run(args: argparse.Namespace) -> None:
         faults=args.inject,
     )
     joins = [EmulatedJoin.parse(spec, plan) for spec in args.emulate_join]
+    _check_faults(args, plan, joins, launch.recovers(
+        opts, plan, args.hang_timeout, False if args.no_recover else None))
     devices = len(plan.partition.used_devices())
     err.print(
         f"running {plan.id} ({plan.problem.model.name}, {plan.partition.num_stages} stages) "
         f"on {devices} local processes for {args.steps} steps"
         f"{' (deterministic mode)' if args.deterministic else ''}"
-        f"{f' emulating its devices (time scale {args.time_scale:g})' if args.emulate else ''}"
+        f"{f' emulating its devices (time scale {time_scale:g})' if args.emulate else ''}"
     )
     slow = None if args.no_recover else short_run_note(plan, args.steps)
     if slow:  # a recovering run replicates at the plan's interval
@@ -109,7 +114,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         if e.get("warning"):
             warn(e["warning"])
     walls = sorted(m["wall_ms"] for m in result.metrics)
-    predicted = plan.cost.iteration_ms * (args.time_scale if args.emulate else 1.0)
+    predicted = plan.cost.iteration_ms * time_scale
     out.print(
         f"median step {walls[len(walls) // 2]:.1f} ms measured vs {predicted:.1f} ms "
         f"predicted; wrote {args.out}/metrics.jsonl and timeline.jsonl"
@@ -198,6 +203,43 @@ def _emulated_slowdowns(args: argparse.Namespace) -> tuple[EmulatedSlowdown, ...
         raise InputError("--emulate-slowdown", "", str(exc)) from None
 
 
+def _time_scale(args: argparse.Namespace) -> float:
+    """``--time-scale`` (default 1); it stretches emulated times, so it needs --emulate."""
+    if args.time_scale is None:
+        return 1.0
+    if not args.emulate:
+        raise InputError("--time-scale", "", f"{args.time_scale:g} stretches emulated times, "
+                         "but this run does not emulate; add --emulate or drop --time-scale")
+    return float(args.time_scale)
+
+
+def _check_faults(args: argparse.Namespace, plan: Plan, joins: Sequence[EmulatedJoin],
+                  recovering: bool) -> None:
+    """Refuse an ``--inject`` spec that could never fire, before any process starts: one
+    that does not parse (:func:`executor.ft.faults.parse`), names a device that runs no
+    process in this run (the plan's devices, its standbys and the joining devices), a
+    step at or beyond ``--steps``, or, in a run that does not recover, a phase other
+    than ``forward`` and ``backward`` (executor/ft/faults.py)."""
+    with executor_imports():
+        from edgepipe.executor.ft.faults import parse
+
+    running = [*plan.partition.used_devices(), *(replica_standbys(plan) if recovering else ()),
+               *(d for join in joins for d in join.devices)]
+    for fault in parse(args.inject):
+        where = f"{fault.device}:{'*' if fault.step is None else fault.step}:{fault.phase}"
+        if fault.device not in running:
+            raise InputError("--inject", where, f"device {fault.device!r} runs no process in "
+                             f"this run; name one of {', '.join(running)}")
+        if fault.step is not None and fault.step >= args.steps:
+            raise InputError("--inject", where, f"step {fault.step} is beyond the run (--steps "
+                             f"{args.steps} trains steps 0..{args.steps - 1}); give a step "
+                             f"below {args.steps}")
+        if not recovering and fault.phase not in ("forward", "backward"):
+            raise InputError("--inject", where, f"phase {fault.phase} happens only in a run "
+                             "that recovers in-process; this one does not (--no-recover, or "
+                             "the plan does not replicate): use forward or backward")
+
+
 def _s(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f} s"
 
@@ -259,8 +301,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--time-scale",
         type=positive_float,
-        default=1.0,
-        help="with --emulate: stretch every emulated time by this factor",
+        help="with --emulate: stretch every emulated time by this factor (default 1; "
+        "without --emulate it is refused)",
     )
     p.add_argument(
         "--emulate-slowdown",
@@ -312,7 +354,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         default="",
         metavar="DEV:STEP:PHASE[:SIGNAL]",
         help="fault injection for tests and benchmarks (executor/ft/faults.py): e.g. "
-        "d1:2:forward kills d1 after its first forward of step 2",
+        "d1:2:forward kills d1 after its first forward of step 2; DEV must run in this run "
+        "and STEP be below --steps (checked before anything starts)",
     )
     p.add_argument(
         "--emulate-join",

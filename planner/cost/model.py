@@ -32,8 +32,9 @@ from edgepipe.planner.cost.order import cached_schedule
 from edgepipe.planner.cost.steady import steady_period_ms
 from edgepipe.planner.cost.steps import Step, StepChain
 from edgepipe.planner.cost.transfers import BoundaryCost, Piece, RingCost, reslice_pieces
+from edgepipe.planner.errors import PlanMismatchError
 from edgepipe.planner.inputs.cluster import Cluster
-from edgepipe.planner.inputs.problem import Problem
+from edgepipe.planner.inputs.problem import Problem, check_partition
 from edgepipe.planner.inputs.profile import Timing, batch_curve
 from edgepipe.planner.partition import Partition, StageAssignment
 from edgepipe.planner.replan.replicas import RING, Replica, placement, refusal, ring_load, standbys
@@ -330,7 +331,19 @@ class CostModel:
         per-stage costs, memory.
 
         O(P x g) plus the round latency's cost, ``1 + steady.ITERATIONS`` times.
+
+        Raises:
+            PlanMismatchError: ``partition`` does not fit the problem
+                (:func:`planner.inputs.problem.check_partition`), or its micro-batch is
+                larger than this model's tables (``max_batch``).
         """
+        check_partition(self.problem, partition)
+        if partition.micro_batch_size > self.max_batch:
+            raise PlanMismatchError(
+                f"micro-batch size {partition.micro_batch_size} is above this cost model's "
+                f"max_batch {self.max_batch}; build it as CostModel(problem, "
+                f"{partition.micro_batch_size})"
+            )
         config = self.problem.config
         cluster = self.problem.cluster
         num_stages = partition.num_stages

@@ -17,6 +17,7 @@ from edgepipe.planner.plan import Plan, SolverInfo, make_plan
 from edgepipe.planner.solvers.baselines import BASELINES, plan_baseline
 from edgepipe.planner.solvers.dp.driver import plan_dp
 from edgepipe.planner.solvers.exact.solver import DEFAULT_BACKEND, DEFAULT_TIME_LIMIT, plan_milp
+from edgepipe.planner.solvers.time_limit import check_time_limit
 
 
 def planners() -> list[str]:
@@ -48,12 +49,14 @@ def solve(
 
     Raises:
         InfeasibleError: nothing fits memory (the message names the binding figure).
-        InputError: unknown solver or backend name, or a non-positive time limit.
+        InputError: unknown solver or backend name, or a time limit that is not a finite
+            number of seconds above 0.
+        TypeError: ``problem`` is not a :class:`Problem`.
     """
-    if not isinstance(time_limit, int | float) or isinstance(time_limit, bool):
-        raise InputError(
-            "--time-limit", "", f"expected seconds as a number, got a {type(time_limit).__name__}"
-        )
+    if not isinstance(problem, Problem):
+        raise TypeError(f"solve() takes a Problem (api.load_problem), got a "
+                        f"{type(problem).__name__}")
+    check_time_limit(time_limit)
     if solver == "dp":
         result = plan_dp(problem, progress=progress, time_limit=time_limit,
                          multilevel=multilevel)  # fmt: skip

@@ -81,7 +81,14 @@ whichever stage consumes it (a second input that feeds a late layer, as in PipeD
 GNMT profile, would otherwise cross every boundary). Their profiled "forward time" is
 data loading, not compute, and is dropped. An Input's ``activation_size`` is its whole
 profiled minibatch, so it must be a whole multiple of ``batch_size``: a batch size that
-does not divide it contradicts the profile and is refused.
+does not divide it contradicts the profile and is refused. So is one that does not
+divide a Linear layer's output into whole samples of ``out_features`` fp32 values.
+
+A graph.txt does not record the batch it was profiled at, so ``batch_size`` must be
+given and must be that batch: a smaller one that divides every size (128 for a graph
+profiled at 256) multiplies every per-sample figure and cannot be refused.
+:func:`implied_batch` reads the likely batch off the Linear layers (exact for a
+classifier) and the CLI warns when ``--batch-size`` is below it.
 
 :func:`swallowing_block` names a block holding most of the graph's time (a sign that the
 profile cannot be pipelined well); the CLI prints it as a warning.
@@ -108,6 +115,11 @@ _METRICS = ("forward_compute_time", "backward_compute_time", "activation_size", 
 
 _SEP = re.compile(r"\s+--\s+")
 _KEY_VALUE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=\S*$")
+
+#: a Linear layer's description, as PyTorch prints it, and its output width
+_LINEAR = re.compile(r"^Linear\(.*\bout_features=(\d+)")
+#: bytes of one value of a profiled activation (PipeDream profiles in fp32)
+FP32_BYTES = 4
 
 _NODE_FORMAT = (
     "write a node line as 'nodeID -- <layer> -- forward_compute_time=<ms>, "
@@ -440,6 +452,17 @@ def _chain(
                 f"profiled minibatch, which batch size {batch} does not divide; give the "
                 "--batch-size the graph was profiled at",
             )
+    for node in layers:  # and against the Linear layers' outputs
+        width = _linear_width(node)
+        if width is not None and node.activation_bytes % (batch * width * FP32_BYTES):
+            raise InputError(
+                source,
+                f"line {node.line}",
+                f"Linear node {node.node_id} outputs {node.activation_bytes:.0f} bytes for the "
+                f"profiled minibatch, not a whole number of {batch} samples x {width} fp32 "
+                "values; give the --batch-size the graph was profiled at (a classifier's: "
+                "its last Linear's activation_size / 4 / out_features)",
+            )
 
     # Boundaries: one after every position of the topological order but the last; the
     # tensors crossing the boundary after position i are the outputs of nodes at or
@@ -535,6 +558,25 @@ def _saved_bytes(
 
 #: a block holding more than this share of the forward + backward time is reported
 SWALLOW_SHARE = 0.5
+
+
+def _linear_width(node: _Node) -> int | None:
+    """``out_features`` of a ``Linear(...)`` node (its output's last dimension), else None."""
+    match = _LINEAR.match(node.desc)
+    return int(match.group(1)) if match and int(match.group(1)) > 0 else None
+
+
+def implied_batch(text: str, source: str) -> int | None:
+    """The fewest samples a Linear layer's output of the graph holds, ``activation_size /
+    (4 x out_features)`` (fp32) over the Linear nodes; None without one. A graph.txt does
+    not record its profiled batch: for a classifier, whose Linear layers output one
+    vector per sample, this is it; a sequence model's hold one per token, a multiple of
+    it. The CLI warns when ``--batch-size`` is below it. O(L)."""
+    nodes, _ = _parse_lines(text, source)
+    counts = [n.activation_bytes / (w * FP32_BYTES) for n in nodes.values()
+              if (w := _linear_width(n)) is not None]
+    whole = [int(c) for c in counts if c >= 1 and c.is_integer()]
+    return min(whole) if whole else None
 
 
 def swallowing_block(profile: ModelProfile) -> str | None:

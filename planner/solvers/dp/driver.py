@@ -18,6 +18,7 @@ from edgepipe.planner.partition import Partition
 from edgepipe.planner.solvers.diagnosis import diagnose_infeasible
 from edgepipe.planner.solvers.dp.multilevel import plan_multilevel
 from edgepipe.planner.solvers.dp.sizes import DEFAULT_TIME_LIMIT, DPResult, best_plan
+from edgepipe.planner.solvers.time_limit import check_time_limit
 
 #: chains of more blocks than this are planned coarse to fine by default
 #: (:mod:`planner.solvers.dp.multilevel`, docs/decisions.md)
@@ -58,8 +59,10 @@ def plan_dp(
     Raises:
         InfeasibleError: no candidate fits memory (message names the binding figure).
         PlanMismatchError: the incumbent is not a plan of ``problem``.
-        InputError: the incumbent's micro-batch size is not a candidate.
+        InputError: the incumbent's micro-batch size is not a candidate, or the time
+            limit is not a finite number of seconds above 0.
     """
+    check_time_limit(time_limit)
     if multilevel and problem.model.num_blocks > MULTILEVEL_ABOVE:
         result = plan_multilevel(problem, progress, time_limit, by_class=by_class,
                                  incumbent=incumbent)  # fmt: skip

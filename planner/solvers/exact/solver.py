@@ -44,6 +44,7 @@ from edgepipe.planner.solvers.exact.search import (
 )
 from edgepipe.planner.solvers.exact.stage_bounds import StageBounds
 from edgepipe.planner.solvers.exact.tables import Tables
+from edgepipe.planner.solvers.time_limit import check_time_limit
 
 BACKENDS = ("cpsat", "cbc", "highs")
 
@@ -107,7 +108,8 @@ def plan_milp(
             unable to beat the incumbent).
 
     Raises:
-        InputError: unknown backend or a non-positive time limit.
+        InputError: unknown backend, or a time limit that is not a finite number of
+            seconds above 0 (:func:`planner.solvers.time_limit.check_time_limit`).
         InfeasibleError: no plan fits memory (proven: every program infeasible; the
             message names the binding figure) or none was found within the time limit
             (constraint ``time_limit``).
@@ -116,8 +118,7 @@ def plan_milp(
         raise InputError(
             "--backend", "", f"unknown backend {backend!r}; available: {list(BACKENDS)}"
         )
-    if not time_limit > 0:
-        raise InputError("--time-limit", "", f"must be positive seconds, got {time_limit!r}")
+    check_time_limit(time_limit)
     start = time.perf_counter()
     deadline = start + time_limit
     sizes = problem.config.micro_batch_sizes()
