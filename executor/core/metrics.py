@@ -154,9 +154,10 @@ class MetricsWriter:
         it or a later step was written), then write again the other lines (``"type"``)
         that followed; a later step's line is written again by its replay.
         O(bytes cut)."""
-        if step not in self._offsets:
+        cut_from = min((s for s in self._offsets if s >= step), default=None)
+        if cut_from is None:
             return
-        for f, at in zip((self.metrics, self.timeline), self._offsets[step], strict=True):
+        for f, at in zip((self.metrics, self.timeline), self._offsets[cut_from], strict=True):
             f.flush()
             with open(f.name, "rb") as cut:
                 cut.seek(at)
