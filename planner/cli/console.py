@@ -8,7 +8,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rich import box
+from rich.cells import cell_len
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 if TYPE_CHECKING:
@@ -32,24 +34,61 @@ def compact_table(**options: Any) -> Table:
                  title_justify="left", **options)
 
 
-def unbroken_width(table: Table) -> int:
-    """Columns needed to print ``table`` with no word of any cell or header cut: each
-    column as wide as its longest word plus the two spaces rich puts around it."""
-    widths = [
-        max(len(word) for cell in (column.header, *column.cells) for word in str(cell).split())
-        for column in table.columns
-    ]
-    return sum(widths) + 2 * len(widths)
+def _fitted(table: Table, width: int) -> bool:
+    """Whether ``table`` fits ``width`` columns with no word of any cell or header cut;
+    where it fits only with some columns wrapped, their widths are fixed so that it does.
+
+    rich fits a table too wide for the terminal by narrowing its widest wrappable column,
+    which cuts a number or a device id there (``444021...``) while another column could
+    have wrapped at a space. Instead: each column's natural width n_i (its longest line)
+    and least width w_i (its longest word; n_i where the column does not wrap), and the
+    table's overhead (rules, padding: its measured natural width minus the sum of the
+    n_i). Fits unwrapped when
+    sum(n_i) fits; else, when sum(w_i) fits, columns are capped at the largest c with
+    sum(max(w_i, min(n_i, c))) within the room (water-filling: the widest columns give
+    up width first, none below its longest word), found by bisection over c. O(cells x
+    log(widest column))."""
+    texts = [[out.render_str(str(c)) for c in (col.header, *col.cells)] for col in table.columns]
+    natural = [max(cell_len(line) for t in col for line in t.plain.split("\n")) for col in texts]
+    least = [n if column.no_wrap else max((cell_len(w) for t in col for w in t.plain.split()),
+                                          default=0)
+             for column, col, n in zip(table.columns, texts, natural, strict=True)]
+    overhead = Measurement.get(out, out.options.update_width(10**6), table).maximum - sum(natural)
+    room = width - overhead
+    if sum(natural) <= room:
+        return True
+    if sum(least) > room:
+        return False
+
+    def total(cap: int) -> int:
+        return sum(max(w, min(n, cap)) for w, n in zip(least, natural, strict=True))
+
+    low, high = 0, max(natural)  # total(low) <= room < total(high)
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if total(mid) <= room else (low, mid)
+    for column, w, n in zip(table.columns, least, natural, strict=True):
+        column.width = max(w, min(n, low))
+    return True
 
 
 def print_table(table: Table, narrow: Callable[[], list[str]]) -> None:
-    """Print ``table`` if every cell fits the terminal unbroken (rich may wrap the device
-    lists), else the ``narrow`` layout: one line per row, labelled, wrapped at words."""
-    if unbroken_width(table) <= out.width:
+    """Print ``table`` if every word of its cells fits the terminal unbroken (columns
+    of several words may wrap: :func:`_fitted`), else the ``narrow`` layout: one line per
+    row, labelled, wrapped at words. A number or a device id is never cut."""
+    if _fitted(table, out.width):
         out.print(table)
         return
     for line in narrow():
         out.print(line, highlight=False)
+
+
+def progress_bars() -> Progress:
+    """The progress bars of a long step, on stderr, erased when done; none where stderr
+    is not a terminal (rich would leave a blank line there)."""
+    from rich.progress import Progress
+
+    return Progress(console=err, transient=True, disable=not err.is_terminal)
 
 
 def progress_callback(progress: Progress, label: str) -> Callable[[int, int], None]:

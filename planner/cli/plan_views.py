@@ -17,12 +17,12 @@ from rich.table import Table
 def plan_table(plan: Plan) -> Table:
     """Per-stage summary of a plan as a rich table (fits 80 columns; the device list
     wraps). Columns: stage, blocks, devices (samples), K = in-flight micro-batches,
-    forward / backward / all-reduce / outgoing link ms, the stage's peak memory as a
-    share of its most loaded device's usable memory."""
+    forward / backward / all-reduce / outgoing link ms, and ``mem used``: the stage's
+    peak memory as a share of its most loaded device's usable memory."""
     cost, part = plan.cost, plan.partition
     table = compact_table()
     for col in ("stage", "blocks", "devices (samples)", "K", "fwd ms", "bwd ms", "ar ms",
-                "link ms", "mem"):  # fmt: skip
+                "link ms", "mem used"):  # fmt: skip
         table.add_column(col, justify="left" if col == "devices (samples)" else "right")
     for p, (stage, sc) in enumerate(zip(part.stages, cost.stages, strict=True)):
         devices = ", ".join(f"{d} ({y})" for d, y in zip(stage.devices, stage.samples, strict=True))
@@ -105,7 +105,7 @@ def plan_lines(plan: Plan) -> list[str]:
         lines.append(
             f"stage {p}: blocks {stage.first}-{stage.end - 1} on {devices}; K {sc.warmup}; "
             f"fwd {sc.forward_ms:.1f} ms, bwd {sc.backward_ms:.1f} ms, all-reduce "
-            f"{sc.allreduce_ms:.1f} ms{link}; memory {peak:.0%}"
+            f"{sc.allreduce_ms:.1f} ms{link}; memory used {peak:.0%}"
         )
     return lines
 

@@ -32,7 +32,7 @@ from edgepipe.planner.inputs.cluster import Cluster
 from edgepipe.planner.inputs.config import OPTIMIZER_STATE, TrainingConfig
 from edgepipe.planner.inputs.problem import Problem
 from edgepipe.planner.inputs.schema import excerpt
-from edgepipe.planner.plan import Plan, load_plan, plan_to_dict, save_plan
+from edgepipe.planner.plan import Plan, Transfer, load_plan, plan_to_dict, save_plan
 from edgepipe.planner.solvers.comparison import ComparisonResult
 from edgepipe.planner.solvers.exact.solver import BACKENDS, DEFAULT_BACKEND, DEFAULT_TIME_LIMIT
 from rich.progress import Progress, TaskID
@@ -122,12 +122,13 @@ def comparison_table(result: ComparisonResult) -> Table:
     micro-batch size (legend in the caption)."""
     table = compact_table(
         caption=(
-            "x DP: speed-up over data-parallel; mem: memory headroom; "
+            "x DP: speed-up over data-parallel; headroom: usable memory left free on the "
+            "fullest device; "
             "P/N: stages/devices used; B: micro-batch size"
         ),
         caption_justify="left",
     )
-    for col in ("planner", "status", "iter ms", "samp/s", "x DP", "solve s", "gap", "mem",
+    for col in ("planner", "status", "iter ms", "samp/s", "x DP", "solve s", "gap", "headroom",
                 "P/N", "B"):  # fmt: skip
         left = col in ("planner", "status")
         table.add_column(col, justify="left" if left else "right", no_wrap=left)
@@ -217,22 +218,32 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 1
 
 
+def migration_heading(plan: Plan) -> str:
+    """The line above :func:`migration_table`: transfers, MiB and predicted seconds."""
+    return (f"migration: {len(plan.migration)} transfers, "
+            f"{sum(t.bytes for t in plan.migration) / 2**20:.1f} MiB, "
+            f"predicted {plan.migration_ms / 1e3:.2f} s")
+
+
+def _copy_kind(t: Transfer) -> str:
+    return "local replica" if t.source == t.to else "replica" if t.from_replica else "live"
+
+
 def migration_table(plan: Plan) -> Table:
     """The transfers a re-planned plan needs, as a rich table."""
-    table = Table(
-        title=f"migration: {len(plan.migration)} transfers, "
-        f"{sum(t.bytes for t in plan.migration) / 2**20:.1f} MiB, "
-        f"predicted {plan.migration_ms / 1e3:.2f} s",
-        title_justify="left",
-    )
+    table = Table()
     for col in ("to", "from", "blocks", "copy", "MiB", "ms"):
         table.add_column(col, justify="right" if col in ("MiB", "ms") else "left")
     for t in plan.migration:
-        kind = "local replica" if t.source == t.to else "replica" if t.from_replica else "live"
-        table.add_row(
-            t.to, t.source, f"[{t.first}, {t.end})", kind, f"{t.bytes / 2**20:.1f}", f"{t.ms:.0f}"
-        )
+        table.add_row(t.to, t.source, f"[{t.first}, {t.end})", _copy_kind(t),
+                      f"{t.bytes / 2**20:.1f}", f"{t.ms:.0f}")
     return table
+
+
+def migration_lines(plan: Plan) -> list[str]:
+    """The narrow layout of :func:`migration_table`: one line per transfer."""
+    return [f"{t.to} <- {t.source}: blocks [{t.first}, {t.end}), {_copy_kind(t)}, "
+            f"{t.bytes / 2**20:.1f} MiB, {t.ms:.0f} ms" for t in plan.migration]
 
 
 def cmd_replan(args: argparse.Namespace) -> None:
@@ -249,7 +260,8 @@ def cmd_replan(args: argparse.Namespace) -> None:
     ch = new.changes
     assert ch is not None
     out.print(f"re-planned from {plan.id} ({ch.path} path): {ch.reason}")
-    out.print(migration_table(new))
+    out.print(migration_heading(new), highlight=False)
+    print_table(migration_table(new), lambda: migration_lines(new))
     if args.output:
         save_plan(new, args.output)
         out.print(f"wrote {args.output}", highlight=False)

@@ -58,19 +58,9 @@ def recovery_lines(report: RunReport) -> list[str]:
     ]
 
 
-def cmd_report(args: argparse.Namespace) -> None:
-    from edgepipe.planner.check.report import build_report, draw_report
-
-    report = build_report(args.run_dir)
-    if report.unfinished:  # a run still going, or one that died: its steps so far
-        out.print(report.unfinished, highlight=False, soft_wrap=True)
-    used = report.steps_used
-    kind = f"emulated, time scale {report.time_scale:g}" if report.emulated else "not emulated"
-    table = Table(
-        title=f"{report.plan.id}: predicted vs measured per micro-batch ({kind}; steps "
-        f"{used[0]}-{used[-1]} of {report.steps})",
-        title_justify="left",
-    )
+def device_table(report: RunReport) -> Table:
+    """One row per device of the run's plan: predicted and measured ms per micro-batch."""
+    table = Table()
     for col in ("stage", "device", "y", "fwd pred", "fwd meas", "bwd pred", "bwd meas",
                 "ar pred", "ar meas", "recv wait/step"):
         table.add_column(col, justify="right")
@@ -80,7 +70,31 @@ def cmd_report(args: argparse.Namespace) -> None:
             _ms(d.forward_measured), _ms(d.backward_predicted), _ms(d.backward_measured),
             _ms(d.allreduce_predicted), _ms(d.allreduce_measured), _ms(d.recv_wait_measured),
         )
-    out.print(table)
+    return table
+
+
+def device_lines(report: RunReport) -> list[str]:
+    """The narrow layout of :func:`device_table`: one line per device."""
+    return [
+        f"{d.device} (stage {d.stage}, {d.samples} samples): forward {_ms(d.forward_predicted)} "
+        f"predicted, {_ms(d.forward_measured)} measured; backward {_ms(d.backward_predicted)} "
+        f"/ {_ms(d.backward_measured)}; all-reduce {_ms(d.allreduce_predicted)} / "
+        f"{_ms(d.allreduce_measured)}; receive wait {_ms(d.recv_wait_measured)} per step (ms)"
+        for d in report.devices
+    ]
+
+
+def cmd_report(args: argparse.Namespace) -> None:
+    from edgepipe.planner.check.report import build_report, draw_report
+
+    report = build_report(args.run_dir)
+    if report.unfinished:  # a run still going, or one that died: its steps so far
+        out.print(report.unfinished, highlight=False, soft_wrap=True)
+    used = report.steps_used
+    kind = f"emulated, time scale {report.time_scale:g}" if report.emulated else "not emulated"
+    out.print(f"{report.plan.id}: predicted vs measured per micro-batch ({kind}; steps "
+              f"{used[0]}-{used[-1]} of {report.steps})", highlight=False)
+    print_table(device_table(report), lambda: device_lines(report))
     out.print(
         f"iteration: predicted {report.iteration_predicted_ms:.1f} ms (one isolated step), "
         f"{report.steady_predicted_ms:.1f} ms a step in a run; measured "

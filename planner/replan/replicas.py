@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from edgepipe.planner.partition import Partition
+from edgepipe.planner.units import human_bytes
 
 DP_PEER = "dp_peer"
 RING = "ring"
@@ -126,13 +127,12 @@ def refusal(
     idle = [d for d in budget if d != owner]
     if not idle or standbys(partition, budget, replicated, size):
         return None
-    gib = 2**30
     need = size(stages[0].first, stages[0].end)
     best = max(idle, key=lambda d: budget[d])
     return (f"stage 0 (blocks [{stages[0].first}, {stages[0].end})) is not replicated: its "
-            f"weights and optimizer state take {need / gib:.3f} GiB ({need:.0f} bytes) and "
+            f"weights and optimizer state take {human_bytes(need)} ({need:.0f} bytes) and "
             f"no idle device can hold them (the largest, {best}, has "
-            f"{budget[best] / gib:.3f} GiB usable, {budget[best]:.0f} bytes); losing {owner} "
+            f"{human_bytes(budget[best])} usable, {budget[best]:.0f} bytes); losing {owner} "
             "stops the run")
 
 

@@ -63,8 +63,7 @@ from edgepipe.planner.cost.model import CostModel, PlanCost
 from edgepipe.planner.errors import InfeasibleError, InputError
 from edgepipe.planner.inputs.problem import Problem
 from edgepipe.planner.partition import Partition, StageAssignment
-
-GIB = 2**30
+from edgepipe.planner.units import human_bytes
 
 #: a baseline builds, for one micro-batch size, its partition (None: not applicable)
 Builder = Callable[[Problem, CostModel, int], Partition | None]
@@ -429,9 +428,9 @@ def _infeasible(
     if name == "data-parallel" and overflow is None:
         return InfeasibleError(
             f"memory: data-parallel needs the whole model's weights, gradients and "
-            f"{problem.config.optimizer} state ({static / GIB:.2f} GiB) on every device, but "
-            f"the largest device has {largest / GIB:.2f} GiB usable: short by "
-            f"{(static - largest) / GIB:.2f} GiB. Use a pipeline planner (dp, milp).",
+            f"{problem.config.optimizer} state ({human_bytes(static)}) on every device, but "
+            f"the largest device has {human_bytes(largest)} usable: short by "
+            f"{human_bytes(static - largest)}. Use a pipeline planner (dp, milp).",
             "memory",
             static - largest,
         )
@@ -442,7 +441,7 @@ def _infeasible(
         )
     short, where = overflow
     return InfeasibleError(
-        f"memory: {name}'s best attempt overflows device {where} by {short / GIB:.3f} GiB "
+        f"memory: {name}'s best attempt overflows device {where} by {human_bytes(short)} "
         "for every micro-batch size; use a memory-aware planner (dp, milp) or smaller "
         "micro_batch_candidates",
         "memory",

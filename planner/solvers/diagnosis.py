@@ -12,6 +12,7 @@ from edgepipe.planner.cost.model import CostModel
 from edgepipe.planner.errors import InfeasibleError
 from edgepipe.planner.inputs.problem import Problem
 from edgepipe.planner.solvers.dp.sizes import DPResult, best_plan
+from edgepipe.planner.units import human_bytes
 
 
 def diagnose_infeasible(problem: Problem) -> InfeasibleError:
@@ -32,16 +33,16 @@ def diagnose_infeasible(problem: Problem) -> InfeasibleError:
     n = len(cluster.devices)
     budgets = [cluster.budget_bytes(i) for i in range(n)]
     largest = max(range(n), key=lambda i: budgets[i])
-    gib = 2**30
     for i, block in enumerate(problem.model.blocks):
         need = cm.static_bytes(i, i + 1)
         if need > budgets[largest]:
             short = need - budgets[largest]
             return InfeasibleError(
-                f"memory: block {i} ({block.name}) alone needs {need / gib:.2f} GiB for "
+                f"memory: block {i} ({block.name}) alone needs {human_bytes(need)} for "
                 f"weights, gradients and {problem.config.optimizer} state, but the largest "
-                f"device ({cluster.devices[largest].id}) has {budgets[largest] / gib:.2f} GiB "
-                f"usable: short by {short / gib:.2f} GiB. Use a device with more memory, "
+                f"device ({cluster.devices[largest].id}) has "
+                f"{human_bytes(budgets[largest])} usable: short by "
+                f"{human_bytes(short)}. Use a device with more memory, "
                 "a lighter optimizer (sgd), or a smaller model.",
                 "memory",
                 short,
@@ -51,8 +52,8 @@ def diagnose_infeasible(problem: Problem) -> InfeasibleError:
         short = total - sum(budgets)
         return InfeasibleError(
             f"memory: the model's weights, gradients and {problem.config.optimizer} state "
-            f"need {total / gib:.2f} GiB but all devices together have "
-            f"{sum(budgets) / gib:.2f} GiB usable: short by {short / gib:.2f} GiB. Add "
+            f"need {human_bytes(total)} but all devices together have "
+            f"{human_bytes(sum(budgets))} usable: short by {human_bytes(short)}. Add "
             "devices, use a lighter optimizer (sgd), or a smaller model.",
             "memory",
             short,
@@ -80,7 +81,7 @@ def diagnose_infeasible(problem: Problem) -> InfeasibleError:
         return InfeasibleError(
             "no plan was found, though memory does not rule one out: with micro-batch "
             f"{smallest} a {plan.partition.num_stages}-stage plan fits every device's usable "
-            f"memory (the fullest, {device}, has {_human_bytes(-over)} to spare), so the "
+            f"memory (the fullest, {device}, has {human_bytes(-over)} to spare), so the "
             "search missed it (the exact solver's relaxed model, or the DP's search, which "
             "prices ring replicas only after it). Try the other solver (--solver dp or "
             "milp), or replication_interval 0.",
@@ -90,19 +91,12 @@ def diagnose_infeasible(problem: Problem) -> InfeasibleError:
     return InfeasibleError(
         "memory: no stage layout fits; the activations of in-flight micro-batches bind. "
         f"With micro-batch {smallest} the best plan needs {scale:.2f}x the usable memory: "
-        f"device {device} is short by {_human_bytes(over)} "
+        f"device {device} is short by {human_bytes(over)} "
         f"({plan.partition.num_stages} stages). Try smaller micro_batch_candidates, "
         "warmup 'classic' (fewer micro-batches in flight), or more devices.",
         "memory",
         over,
     )
-
-
-def _human_bytes(n: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n:.0f} B"
 
 
 def _memory_scale_to_fit(problem: Problem, batch: int) -> tuple[float, DPResult | None]:

@@ -79,7 +79,10 @@ def test_memory_that_does_not_fit(tmp_path, plan_doc, capsys):
     doc = json.loads(json.dumps(plan_doc))
     doc["inputs"]["cluster"]["device_types"]["host-cpu"]["memory_bytes"] = 1000
     err = run_edited(tmp_path, doc, capsys)
-    assert "device 'd0' (stage 0) needs" in err and "GiB usable" in err
+    # 1000 B x 0.9 usable = 900 B = 0.88 KiB against 1660 B = 1.62 KiB: in the unit that
+    # shows them (not 0.000 GiB)
+    assert "device 'd0' (stage 0) needs 1.62 KiB," in err
+    assert "but has 0.88 KiB usable (1660 > 900 bytes)" in err
 
 
 def test_a_profile_without_a_build_spec(tmp_path, capsys):

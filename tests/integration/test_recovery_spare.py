@@ -72,10 +72,12 @@ def test_an_idle_device_too_small_for_the_replica_is_refused_with_one_line():
     (replica,) = placement(plan.partition, budget, True, cm.replica_bytes)
     assert (replica.kind, replica.holders) == ("none", ())
     note = refusal(plan.partition, budget, True, cm.replica_bytes)
+    # 45504 B = 44.4375 KiB, 45503 B = 44.4365 KiB: both 44.44 KiB (not 0.000 GiB)
+    assert need == 45504
     assert note == (
-        f"stage 0 (blocks [0, 6)) is not replicated: its weights and optimizer state take "
-        f"0.000 GiB ({need:.0f} bytes) and no idle device can hold them (the largest, d1, "
-        f"has 0.000 GiB usable, {need - 1:.0f} bytes); losing d0 stops the run")
+        "stage 0 (blocks [0, 6)) is not replicated: its weights and optimizer state take "
+        "44.44 KiB (45504 bytes) and no idle device can hold them (the largest, d1, "
+        "has 44.44 KiB usable, 45503 bytes); losing d0 stops the run")
     # one byte more and d1 holds it; no idle device at all is no refusal
     assert standbys(plan.partition, {**budget, "d1": need}, True, cm.replica_bytes) == ("d1",)
     assert refusal(plan.partition, {"d0": 8 * 2**30}, True, cm.replica_bytes) is None
