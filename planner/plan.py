@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from edgepipe.planner.cost.formulas import hiding_interval
+from edgepipe.planner.cost.formulas import PointSchedule, hiding_interval, point_schedule
 from edgepipe.planner.cost.model import CostModel, PlanCost
 from edgepipe.planner.errors import PlanMismatchError
 from edgepipe.planner.inputs.cluster import Cluster
@@ -129,21 +129,40 @@ def interval_note(plan: Plan) -> str | None:
 
 def short_run_note(plan: Plan, steps: int) -> str | None:
     """:func:`interval_note`, else, for a replicating plan, one line when a run of
-    ``steps`` steps is shorter than the interval that hides a point's transfer
-    (:func:`planner.cost.formulas.hiding_interval`): its start state's point then has fewer
-    steps to travel beside than its transfer takes, and the commit before its last step
-    waits for the rest (docs/fault-tolerance.md, "Points in flight"), whatever the
-    interval. ``edgepipe demo`` runs such a short run without replicas. O(P)."""
+    ``steps`` steps skips or defers replication points or sends no replica of its final state
+    (:func:`replication_schedule`: a point's transfer outlasts the steps left after it,
+    docs/fault-tolerance.md, "Short runs"), naming the points, why, what a failure then
+    replays from, and how to turn replicas off. ``edgepipe run`` shows it as a warning,
+    ``edgepipe demo`` runs such a short run without replicas. O(P + steps / interval)."""
     if note := interval_note(plan):
         return note
-    transfer = _transfer_ms(plan)
-    k = hiding_interval(transfer, plan.cost.iteration_ms)
-    if _interval(plan) == 0 or steps >= k:
+    schedule = replication_schedule(plan, 0, steps)
+    if _interval(plan) == 0 or (not schedule.skipped and schedule.final_sent):
         return None
-    return (f"a run of {steps} steps cannot hide a replication point's transfer of "
-            f"{transfer:.0f} ms on the modelled links, {transfer / plan.cost.iteration_ms:.1f} "
-            f"steps of {plan.cost.iteration_ms:.1f} ms (a run of {k} or more steps at "
-            f"replication_interval {_interval(plan)} does)")
+    transfer, step = _transfer_ms(plan), plan.cost.iteration_ms
+    what = []
+    if schedule.skipped:
+        s = "s" if len(schedule.skipped) > 1 else ""
+        named = ", ".join(map(str, schedule.skipped))
+        what.append(f"defers replication point{s} {named} to its end (point {steps})"
+                    if schedule.final_sent else f"skips replication point{s} {named}")
+    if not schedule.final_sent:
+        what.append(f"sends no replica of its final state (point {steps})")
+    return (f"a run of {steps} steps {' and '.join(what)}: a point's transfer takes "
+            f"{transfer:.0f} ms on the modelled links, {transfer / step:.1f} steps of "
+            f"{step:.1f} ms, more than the steps the run has left after it; a failure "
+            "replays from the last point taken or the start state (plan with "
+            "--replication-interval 0 to turn replicas off)")
+
+
+def replication_schedule(plan: Plan, resume: int, steps: int) -> PointSchedule:
+    """The replication points a generation of ``plan`` from step ``resume`` takes and
+    sends in a run of ``steps`` steps (:func:`planner.cost.formulas.point_schedule` at the
+    plan's interval, predicted replica transfer and step). Deterministic: the
+    coordinator and every worker compute it from the same plan. O(P + steps /
+    interval)."""
+    return point_schedule(resume, steps, _interval(plan), _transfer_ms(plan),
+                          plan.cost.iteration_ms)
 
 
 def _interval(plan: Plan) -> int:

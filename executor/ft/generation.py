@@ -36,7 +36,6 @@ from edgepipe.executor.ft.control import (
 )
 from edgepipe.executor.ft.faults import FaultHook, Injector
 from edgepipe.executor.ft.faults import parse as parse_faults
-from edgepipe.executor.ft.recovery import interval_of, replication_points
 from edgepipe.executor.ft.replication import (
     MIGRATION_TAG,
     REPLICA_TAG,
@@ -53,7 +52,7 @@ from edgepipe.executor.ft.replication import (
     receive_header,
 )
 from edgepipe.planner.errors import UnrecoverableError
-from edgepipe.planner.plan import Plan, plan_from_dict, replica_placement
+from edgepipe.planner.plan import Plan, plan_from_dict, replica_placement, replication_schedule
 from edgepipe.planner.replan.replicas import RING
 
 
@@ -67,7 +66,8 @@ class RecoveringWorker:
     restores the state of step ``d`` (own copies, then the migration's transfers), posts
     a replication of it and runs steps ``d .. steps-1``: compute, **vote**
     ``vote/<t>/<rank>``, wait for the coordinator's ``commit/<t>``, apply the optimizer
-    step, replicate every ``replication_interval`` steps (and after the last one),
+    step, replicate every ``replication_interval`` steps (and after the last one; a
+    short run skips some, docs/fault-tolerance.md, "Short runs"),
     acknowledge ``repl/<n>/<rank>`` (n = steps applied). The main thread watches the
     control plane: on an abort of ``g`` it marks ``g`` dead (under the copies' lock; the
     thread, maybe blocked in a gloo op, can change nothing afterwards, P6) and waits for
@@ -191,7 +191,9 @@ class _GenerationRun:
         self.spare = self.rank >= self.layout.world_size
         self.me = None if self.spare else self.layout.ranks[self.rank]
         self.timeout = timedelta(seconds=self.opts.timeout_s)
-        self.interval = interval_of(self.plan)
+        # the points this generation takes and whether the last one travels; the
+        # coordinator computes the same (docs/fault-tolerance.md, "Short runs")
+        self.schedule = replication_schedule(self.plan, int(record["resume"]), self.opts.steps)
         self.replicas = [r for r in replica_placement(self.plan)
                          if r.kind == RING and r.holders[0] in self.members]
 
@@ -253,7 +255,7 @@ class _GenerationRun:
             if previous:
                 self.w.copies.promote(self.g, previous[-1])
 
-        for n in replication_points(d, self.opts.steps, self.interval):
+        for n in self.schedule.points:
             got = self._receive_held(n, promote)
             if got:  # a holder: received, not acknowledged yet
                 self.w.faults.at(n - 1, "replication")
@@ -312,8 +314,7 @@ class _GenerationRun:
     def _await_durable(self, step: int) -> None:
         """Return once the replication point ``step`` (steps applied) is durable (every
         member acknowledged it), at once when it is none of this generation's."""
-        if step in replication_points(int(self.record["resume"]), self.opts.steps,
-                                      self.interval):
+        if step in self.schedule.points:
             keys = [f"repl/{step}/{r}" for r in range(len(self.members))]
             while not self.store.check(keys):
                 self.check()
@@ -366,7 +367,7 @@ class _GenerationRun:
         rank_of = {dev: r for r, dev in enumerate(self.members)}
         me = self.w.device_id
         holders = [rank_of[r.holders[0]] for r in self.replicas
-                   if self.plan.partition.stages[r.stage].devices == (me,)]
+                   if self.plan.partition.stages[r.stage].devices == (me,) and self._sends(n)]
         emulation = self.emulation
         return point_work(
             self.w.copies, self.g, snapshot, self.rpg, holders,
@@ -376,6 +377,12 @@ class _GenerationRun:
             pace=(lambda h, b: emulation.transport.occupy(h, b, check=self.check))
             if emulation else lambda h, b: None,
             copied=copied)
+
+    def _sends(self, n: int) -> bool:
+        """Whether point ``n``'s replicas travel: all but a last point whose wait would
+        cost more than the generation's steps (:func:`planner.cost.formulas.point_schedule`;
+        its owners then keep it and acknowledge at once)."""
+        return n != self.opts.steps or self.schedule.final_sent
 
     def _receive_held(self, n: int, arrived: Callable[[], None] = lambda: None,
                       ) -> dict[int, BlockState]:
@@ -392,7 +399,7 @@ class _GenerationRun:
         held: dict[int, BlockState] = {}
         first = True
         for r in self.replicas:
-            if r.holders[0] == self.w.device_id:
+            if r.holders[0] == self.w.device_id and self._sends(n):
                 owner = rank_of[self.plan.partition.stages[r.stage].devices[0]]
                 self._wait_key(f"posted/{n}/{owner}", poll_s=0.005)
                 header = receive_header(self.rpg, owner, REPLICA_TAG)
@@ -417,11 +424,13 @@ class _RecoveringSteps(StepHooks):
 
     def __init__(self, run: _GenerationRun, faults: FaultHook, d: int) -> None:
         self.run, self.faults = run, faults
-        self.points = replication_points(d, run.opts.steps, run.interval)
+        self.points = run.schedule.points
         self.successor = dict(itertools.pairwise(self.points))
         self.point, self.copied = d, threading.Event()
-        self.pending: Background | None = Background(f"replicate-{d}",
-                                                     run._replicate(d, self.copied))
+        # a short run may skip its start state's point ("Short runs")
+        self.pending: Background | None = (Background(f"replicate-{d}",
+                                                      run._replicate(d, self.copied))
+                                           if d in self.points else None)
         self.joined: int | None = None
         self.work: Callable[[], None] | None = None
         self.blocked_s, self.background_s = 0.0, 0.0

@@ -23,8 +23,10 @@ The coordinator (the local launcher, or a cross-host coordinator process) runs o
   after the commit is replayed from the last durable step, as every other rank is).
 * **Durability.** After applying step ``t`` a rank replicates at replication points
   (every ``replication_interval`` steps, after the last step, and the start state of
-  each generation) and writes ``repl/<n>/<rank>`` (``n`` = steps applied) once its sends
-  are posted and its replicas received; ``n`` is **durable** when every member did.
+  each generation, less those a short run skips:
+  :func:`planner.plan.replication_schedule`, docs/fault-tolerance.md, "Short runs") and
+  writes ``repl/<n>/<rank>`` (``n`` = steps applied) once its sends are posted and its
+  replicas received; ``n`` is **durable** when every member did.
   Every rank keeps its own state at the last durable step until the next is durable
   (:class:`executor.ft.replication.Copies`).
 * **Metrics.** A step's ``metrics.jsonl`` line is written (flushed) as soon as the step
@@ -106,7 +108,13 @@ from edgepipe.executor.ft.slowdown import SlowdownWatch
 from edgepipe.planner.cli.args import KEEP_CHECKPOINTS
 from edgepipe.planner.errors import EdgepipeError, InfeasibleError, InputError, UnrecoverableError
 from edgepipe.planner.inputs.cluster import Cluster
-from edgepipe.planner.plan import Plan, plan_to_dict, replica_placement, save_plan
+from edgepipe.planner.plan import (
+    Plan,
+    plan_to_dict,
+    replica_placement,
+    replication_schedule,
+    save_plan,
+)
 from edgepipe.planner.replan.incremental import precompute, replan
 from edgepipe.planner.replan.replicas import NONE
 from torch.distributed import Store
@@ -163,30 +171,11 @@ def _precompute_into(slot: dict, plan: Plan) -> None:
         slot.update(precompute(plan))
 
 
-def interval_of(plan: Plan) -> int:
-    """The plan's replication interval in steps: always a whole number
-    (:func:`planner.plan.make_plan` resolves ``auto``, :func:`planner.plan.plan_from_dict`
-    refuses it)."""
-    k = plan.problem.config.replication_interval
-    assert isinstance(k, int), f"plan {plan.id} has an unresolved replication interval {k!r}"
-    return k
-
-
-def replication_points(resume: int, steps: int, interval: int) -> list[int]:
-    """States (steps applied) a generation replicates: its start ``resume``, every
-    multiple of ``interval`` after it, and ``steps``."""
-    points = [resume]
-    if interval > 0:
-        points += range((resume // interval + 1) * interval, steps, interval)
-    if steps > resume:
-        points.append(steps)
-    return points
-
-
 def commit_blocked(step: int, undurable: Sequence[int]) -> bool:
     """Whether step ``step`` must wait for a replication point before it commits, given
     the generation's points not durable yet (``undurable``, ascending; durability comes
-    in point order, so they are a suffix of :func:`replication_points`).
+    in point order, so they are a suffix of the generation's points,
+    :func:`planner.plan.replication_schedule`).
 
     Rule (docs/fault-tolerance.md, "Points in flight"): the commit of step t makes state
     t + 1, so it needs every point p durable whose successor p' <= t + 1; the first
@@ -298,7 +287,8 @@ class Supervisor:
         gen = Generation(g, plan, members, layout.world_size, resume, gstore, time.time(),
                          next_commit=resume)
         self.checkpoints = [n for n in self.checkpoints if n > resume]
-        gen.points = replication_points(resume, self.steps, interval_of(plan))
+        # the points it takes (the workers compute the same from the same plan)
+        gen.points = list(replication_schedule(plan, resume, self.steps).points)
         # the plan itself travels through the store: hosts need no shared file system
         storeblob.put(gstore, "plan", json.dumps(plan_to_dict(plan)).encode())
         gstore.set("start", json.dumps({

@@ -1,6 +1,7 @@
 """The cost model's closed formulas of one quantity each: a ring all-reduce, a point-to-point
 transfer, a device's memory (and the samples and warm-up that fit it), and the replication
-interval that hides a transfer. Elementwise on numpy arrays where they say so, so the
+interval that hides a transfer, and the replication points a run of some steps takes and
+sends. Elementwise on numpy arrays where they say so, so the
 planners' tables evaluate them over whole grids.
 
 All-reduce (reference/asteroid.md §3.3): ring over the g devices of a group,
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import math
 import sys
+from typing import NamedTuple
 
 import numpy as np
 
@@ -79,3 +81,70 @@ def hiding_interval(transfer_ms: float, iteration_ms: float) -> int:
     if math.isinf(transfer_ms):
         return sys.maxsize
     return max(1, math.ceil(transfer_ms / iteration_ms))
+
+
+def replication_points(resume: int, steps: int, interval: int) -> list[int]:
+    """The candidate replication points (states, in steps applied) of a generation that
+    runs steps ``resume .. steps - 1``: its start ``resume``, every multiple of
+    ``interval`` after it, and ``steps`` (docs/fault-tolerance.md, "Durability").
+    O(steps / interval)."""
+    points = [resume]
+    if interval > 0:
+        points += range((resume // interval + 1) * interval, steps, interval)
+    if steps > resume:
+        points.append(steps)
+    return points
+
+
+class PointSchedule(NamedTuple):
+    """The replication points a generation takes (:func:`point_schedule`)."""
+
+    #: the points taken, ascending: every member acknowledges each; the last is ``steps``
+    points: tuple[int, ...]
+    #: the candidate points dropped: no member copies, sends or acknowledges them
+    skipped: tuple[int, ...]
+    #: whether the last point's replicas travel (else each member keeps only its own
+    #: state of it, and acknowledges at once)
+    final_sent: bool
+
+
+def point_schedule(resume: int, steps: int, interval: int, transfer_ms: float,
+                   iteration_ms: float) -> PointSchedule:
+    """Which of :func:`replication_points` a generation takes so that it never waits
+    for a point longer than its own steps take (issue 28; docs/fault-tolerance.md,
+    "Short runs").
+
+    Inputs: the generation's first step ``resume`` and the run's ``steps``; the plan's
+    ``interval``; one point's predicted transfer ``transfer_ms``
+    (:meth:`planner.cost.model.CostModel.replica_transfer_ms`: the background flow's
+    time beside training) and the predicted step ``iteration_ms``. A point p before the
+    last travels beside the steps after it up to the next point taken p', and the
+    commit that makes p' waits for the rest, ``max(0, transfer - (p' - p) x
+    iteration)`` ("Points in flight"). Rule, over the candidates from the last down:
+
+    * a point p at the interval is **skipped** when ``transfer_ms > (steps - p) x
+      iteration_ms``: its transfer outlasts every step the run has left, it could only
+      be waited for; the waits between points the interval leaves are the interval's
+      own price (:func:`planner.plan.interval_note` names it);
+    * the start point ``resume`` is taken only when the steps up to the next point taken
+      hide it, ``transfer_ms <= (p' - resume) x iteration_ms``: its distance to the
+      interval's next multiple is where the generation happens to start, not a choice;
+    * the last point (``steps``) has no step after it: it is always taken (every member
+      keeps and acknowledges its own final state, which ends the run), but its replicas
+      are **sent** only when waiting for them costs no more than the generation's
+      steps, ``transfer_ms <= (steps - resume) x iteration_ms``.
+
+    An ``inf`` or NaN transfer skips every point and sends none; a zero one (no ring
+    replicas) keeps them all. At an interval of at least :func:`hiding_interval` every
+    point taken before the last is hidden, so a generation's predicted wait is at most
+    the last point's transfer, at most its steps' time. O(steps / interval)."""
+    *before, last = replication_points(resume, steps, interval)
+    kept: list[int] = []
+    following = steps  # the next point taken after the one looked at
+    for p in reversed(before):
+        if transfer_ms <= ((following if p == resume else steps) - p) * iteration_ms:
+            kept.insert(0, p)
+            following = p
+    taken = set(kept)
+    return PointSchedule((*kept, last), tuple(p for p in before if p not in taken),
+                         transfer_ms <= (steps - resume) * iteration_ms)

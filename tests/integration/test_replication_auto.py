@@ -192,14 +192,21 @@ def test_a_replan_keeps_its_parents_resolved_interval():
     assert hiding_interval(transfer_ms(child), child.cost.iteration_ms) != 3
 
 
-def test_a_run_shorter_than_the_hiding_interval_says_it_cannot_hide_the_transfer():
+def test_a_run_shorter_than_the_hiding_interval_names_the_points_it_skips():
     plan = spanning(2.5, replication_interval="auto")
     t, s = transfer_ms(plan), plan.cost.iteration_ms
+    # points 0 and 2: 2.5 steps of transfer outlast the 2 steps after point 0, and the
+    # final point's wait would outlast the run's 2 steps (issue 28)
     assert short_run_note(plan, 2) == (
-        f"a run of 2 steps cannot hide a replication point's transfer of {t:.0f} ms on the "
-        f"modelled links, 2.5 steps of {s:.1f} ms (a run of 3 or more steps at "
-        "replication_interval 3 does)")
-    assert short_run_note(plan, 3) is None
+        "a run of 2 steps skips replication point 0 and sends no replica of its final "
+        f"state (point 2): a point's transfer takes {t:.0f} ms on the modelled links, 2.5 "
+        f"steps of {s:.1f} ms, more than the steps the run has left after it; a failure "
+        "replays from the last point taken or the start state (plan with "
+        "--replication-interval 0 to turn replicas off)")
+    assert short_run_note(plan, 3) is None  # points 0 and 3: 2.5 <= 3 steps after each
+    # points 0, 3, 6, 7: point 6 has 1 step left, so it waits for the end (point 7)
+    assert short_run_note(plan, 7).startswith(
+        "a run of 7 steps defers replication point 6 to its end (point 7): ")
     short = spanning(2.5, replication_interval=1)
     assert short_run_note(short, 100) == interval_note(short) is not None
     assert short_run_note(spanning(2.5, replication_interval=0), 2) is None

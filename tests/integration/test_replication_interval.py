@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 from edgepipe.executor.core.options import WorkerOptions
-from edgepipe.executor.ft.recovery import commit_blocked, replication_points
+from edgepipe.executor.ft.recovery import commit_blocked
 from edgepipe.planner.cli.main import main
 from edgepipe.planner.cost.channels import background_ms
-from edgepipe.planner.cost.formulas import hiding_interval
+from edgepipe.planner.cost.formulas import hiding_interval, replication_points
 from edgepipe.planner.cost.model import CostModel
 from edgepipe.planner.plan import replication_note
 
@@ -217,11 +217,12 @@ def test_edgepipe_run_warns_once_when_the_interval_does_not_hide_the_transfer(
     assert capsys.readouterr().err.count(f"warning: {note}") == 1
 
 
-def test_edgepipe_run_warns_once_when_a_run_is_shorter_than_its_auto_interval(
+def test_edgepipe_run_says_once_which_points_a_run_shorter_than_its_auto_interval_skips(
     tmp_path, capsys,
 ):
     # auto resolves to the interval that hides the transfer, so the plan itself is
-    # sound, but a run of one step cannot hide its start state's point (review 8 F3)
+    # sound, but a run of one step cannot hide its start state's point (review 8 F3):
+    # it skips it, sends no replica of its final state and says so (issue 28)
     plan = one_device_plan(2, network={"bandwidth_mbps": 0.008}, replication_interval="auto")
     k = plan.problem.config.replication_interval
     assert k > 1 and plan.assumptions == ()
@@ -230,5 +231,6 @@ def test_edgepipe_run_warns_once_when_a_run_is_shorter_than_its_auto_interval(
                  "--deterministic", "--hang-timeout", str(HANG_S), "--heartbeat",
                  str(BEAT_S), "--timeout", str(GLOO_TIMEOUT_S)]) == 0
     err = capsys.readouterr().err
-    assert err.count("warning: a run of 1 steps cannot hide a replication point's") == 1
-    assert f"(a run of {k} or more steps at replication_interval {k} does)" in err
+    assert err.count("warning: a run of 1 steps skips replication point 0 and sends no "
+                     "replica of its final state (point 1): ") == 1
+    assert "(plan with --replication-interval 0 to turn replicas off)" in err

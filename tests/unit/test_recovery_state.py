@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 import torch
 from edgepipe.executor.ft.faults import Fault, parse
-from edgepipe.executor.ft.recovery import replication_points
 from edgepipe.executor.ft.replication import (
     Buffers,
     Copies,
@@ -19,6 +18,7 @@ from edgepipe.executor.ft.replication import (
     install,
     unflatten,
 )
+from edgepipe.planner.cost.formulas import replication_points
 from edgepipe.planner.errors import InputError
 from torch import nn
 
