@@ -132,6 +132,18 @@ def _trained(plan, steps: int):
     return module, optimizer
 
 
+def _commit(layout: str, group, folder: Path, steps: int, module, optimizer, plan,
+            keep: int) -> None:
+    """Commit the one-stage checkpoint of ``steps`` in ``layout`` (a DCP save over
+    ``group``, or device d0's part), keeping the newest ``keep``."""
+    if layout == "dcp":
+        checkpoint.Dcp(group).save(folder, steps, module, optimizer, 0, plan, 0, keep)
+    else:
+        part = checkpoint.Parts.part_bytes(steps, module, optimizer, 0, "adam")
+        checkpoint.Parts.write(folder, steps, "d0", part)
+        checkpoint.Parts.commit(folder, steps, plan, ["d0"], keep)
+
+
 @pytest.mark.parametrize("layout", ["dcp", "parts"])
 def test_a_folder_with_two_committed_steps_resumes_from_the_newest(tmp_path: Path, gpt2_profile,
                                                                    layout: str) -> None:
@@ -146,12 +158,7 @@ def test_a_folder_with_two_committed_steps_resumes_from_the_newest(tmp_path: Pat
     try:
         for steps in (2, 10):
             module, optimizer = _trained(plan, steps)
-            if layout == "dcp":
-                checkpoint.Dcp(group).save(folder, steps, module, optimizer, 0, plan, 0, 2)
-            else:
-                part = checkpoint.Parts.part_bytes(steps, module, optimizer, 0, "adam")
-                checkpoint.Parts.write(folder, steps, "d0", part)
-                checkpoint.Parts.commit(folder, steps, plan, ["d0"], 2)
+            _commit(layout, group, folder, steps, module, optimizer, plan, 2)
         assert sorted(d.name for d in folder.glob("step-*")) == ["step-00000002",
                                                                   "step-00000010"]
         assert checkpoint.resume_step(tmp_path) == 10
@@ -214,12 +221,7 @@ def test_a_commit_keeps_the_newest_k_and_clears_an_interrupted_deletion(
     try:
         for steps in (2, 3, 4, 5):
             module, optimizer = _trained(plan, 1)
-            if layout == "dcp":
-                checkpoint.Dcp(group).save(folder, steps, module, optimizer, 0, plan, 0, 3)
-            else:
-                part = checkpoint.Parts.part_bytes(steps, module, optimizer, 0, "adam")
-                checkpoint.Parts.write(folder, steps, "d0", part)
-                checkpoint.Parts.commit(folder, steps, plan, ["d0"], 3)
+            _commit(layout, group, folder, steps, module, optimizer, plan, 3)
             kept.append(_committed_steps(folder))
     finally:
         if group is not None:
