@@ -17,8 +17,10 @@ from edgepipe.executor.core.options import WorkerOptions
 from edgepipe.executor.core.runtime import make_optimizer
 from edgepipe.executor.core.stage import build_stage
 from edgepipe.executor.ft import checkpoint
+from edgepipe.executor.ft.coordinator import build_parser
 from edgepipe.executor.launch import launch
 from edgepipe.executor.profiling import zoo
+from edgepipe.executor.worker import parse_args
 from edgepipe.planner.errors import InputError
 from edgepipe.planner.inputs.profile import BuildSpec
 from edgepipe.planner.plan import load_plan
@@ -249,3 +251,9 @@ def test_keeping_fewer_than_one_checkpoint_is_refused_when_the_arguments_are_par
         assert "--keep-checkpoints: must be at least 1, got" in done.stderr.splitlines()[-1]
     with pytest.raises(InputError, match=r"--keep-checkpoints.*must be at least 1, got 0"):
         checkpoint.prune(tmp_path, 0)
+    # a K the worker and the coordinator accept reaches their options, the default is 2
+    argv = ["p.json", "--steps", "2", "--heartbeat", "0.5"]
+    assert parse_args([*argv, "--keep-checkpoints", "3"]) == WorkerOptions(
+        "p.json", 2, heartbeat_s=0.5, keep_checkpoints=3)
+    assert parse_args(argv).keep_checkpoints == 2
+    assert build_parser().parse_args(["p.json", "--keep-checkpoints", "5"]).keep_checkpoints == 5
