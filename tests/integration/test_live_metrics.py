@@ -46,17 +46,18 @@ def _cli(*argv: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def _run(tmp_path: Path, steps: int) -> Iterator[subprocess.Popen[str]]:
-    """``edgepipe run`` of the module's plan for ``steps`` steps into ``tmp_path/run``,
-    in its own session; on the way out its whole process group is SIGKILLed (if still
-    there) and it is reaped, and every worker it started is gone."""
+def _run(tmp_path: Path, steps: int, *more: str) -> Iterator[subprocess.Popen[str]]:
+    """``edgepipe run`` of the module's plan for ``steps`` steps into ``tmp_path/run``
+    (``more``: more options), in its own session; on the way out its whole process group
+    is SIGKILLed (if still there) and it is reaped, and every worker it started is
+    gone."""
     plan = one_device_plan(2, replication_interval=100)
     path = write_plan(plan, tmp_path)
     scale = STEP_S * 1e3 / plan.cost.iteration_ms
     proc = subprocess.Popen(
         _cli("run", str(path), "--steps", str(steps), "--out", str(tmp_path / "run"),
              "--deterministic", "--emulate", "--time-scale", f"{scale:.6g}",
-             "--hang-timeout", str(HANG_S), "--heartbeat", str(BEAT_S)),
+             "--hang-timeout", str(HANG_S), "--heartbeat", str(BEAT_S), *more),
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
     try:
@@ -96,11 +97,17 @@ def _started(line: dict) -> float:
     return min(d["started_at"] for d in line["devices"].values())
 
 
-def test_each_committed_step_is_in_metrics_jsonl_while_the_run_goes_on(tmp_path: Path) -> None:
+@pytest.mark.parametrize("more", [(), ("--no-recover",)], ids=["recovering", "plain"])
+def test_each_committed_step_is_in_metrics_jsonl_while_the_run_goes_on(
+    tmp_path: Path, more: tuple[str, ...],
+) -> None:
+    # recovering: the launcher's supervisor writes the lines (it wrote them only once
+    # durable: with no replication point between start and end, all at the end);
+    # plain (--no-recover): rank 0's collector thread, one line per step as it ends
     steps = 12
     first_seen: dict[int, float] = {}
     seen_lines: dict[int, dict] = {}
-    with _run(tmp_path, steps) as proc:
+    with _run(tmp_path, steps, *more) as proc:
         deadline = time.monotonic() + DEADLINE_S
         while proc.poll() is None and time.monotonic() < deadline:
             now = time.time()
