@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from edgepipe.executor.core.layout import RankLayout
 from edgepipe.executor.core.runtime import StepRecord
+from edgepipe.planner.check.live import complete_lines
 
 COMPUTE = ("F", "B")
 SEND = ("SEND_F", "SEND_B", "SEND_WAIT")
@@ -175,5 +176,7 @@ class MetricsWriter:
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """The lines of a ``metrics.jsonl`` or ``timeline.jsonl`` file."""
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """The complete lines of a ``metrics.jsonl`` or ``timeline.jsonl`` file (of a run
+    still going, a last line not yet terminated is left out:
+    :func:`planner.check.live.complete_lines`)."""
+    return complete_lines(Path(path).read_text(), str(path))
