@@ -135,10 +135,11 @@ def complete_lines(text: str, where: str) -> list[dict[str, Any]]:
 
 class Follower:
     """Reads the complete lines appended to a JSON-lines file since the last read (module
-    docstring); ``lines`` holds every line read, in file order."""
+    docstring); ``lines`` holds the lines read, in file order (the last ``keep`` of them
+    when given: a long run's follower stays small)."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, path: Path, keep: int | None = None) -> None:
+        self.path, self.keep = path, keep
         self.offset = 0
         self.lines: list[dict[str, Any]] = []
 
@@ -162,6 +163,8 @@ class Follower:
             return []
         self.offset += end
         self.lines += new
+        if self.keep is not None:
+            del self.lines[:-self.keep]
         return new
 
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from edgepipe.planner.check.live import Follower, progress
+from edgepipe.planner.check.live import WINDOW, Follower, progress
 from edgepipe.planner.cli.args import (
     KEEP_CHECKPOINTS,
     add_coordinate_arguments,
@@ -140,7 +140,9 @@ class ProgressLine(threading.Thread):
 
     def __init__(self, path: Path, total: int, global_batch: int) -> None:
         super().__init__(name="edgepipe-progress", daemon=True)
-        self.follower, self.total, self.batch = Follower(path), total, global_batch
+        # the progress needs the last WINDOW steps; the slack is for other lines
+        self.follower = Follower(path, keep=2 * WINDOW)
+        self.total, self.batch = total, global_batch
         self.stale = _stamp(path)
         self.tty = err.is_terminal
         self.shown: int | None = None

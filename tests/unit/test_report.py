@@ -177,3 +177,6 @@ def test_the_follower_reads_complete_new_lines_and_rereads_a_shrunk_file(tmp_pat
     assert follow.read() == [{"step": 2}]
     path.write_text('{"step": 0}\n')  # truncated (a rollback): read from the top again
     assert follow.read() == [{"step": 0}] and follow.lines == [{"step": 0}]
+    last_two = Follower(path, keep=2)  # a long run's follower keeps the last lines only
+    path.write_text("".join(f'{{"step": {s}}}\n' for s in range(5)))
+    assert len(last_two.read()) == 5 and last_two.lines == [{"step": 3}, {"step": 4}]
