@@ -15,7 +15,7 @@ the independent simulator (:mod:`planner.check.simulator`) and where it approxim
 from __future__ import annotations
 
 from edgepipe.planner.cost.fair_sharing import fair_sharing_ends, fair_sharing_makespan
-from edgepipe.planner.cost.order import DEADLOCK, stage_order
+from edgepipe.planner.cost.order import DEADLOCK, Order, stage_order
 from edgepipe.planner.cost.transfers import BoundaryCost, RingCost
 from edgepipe.planner.inputs.cluster import Topology
 from edgepipe.planner.schedule import Schedule
@@ -137,7 +137,7 @@ def longest_path_ends(
     return ends
 
 
-def _one_round(order: list[tuple[int, int, int]], members: list[list[int]],
+def _one_round(order: Order, members: list[list[int]],
                f_ms: list[float], b_ms: list[float], sends: tuple[list[list], list[list]],
                arrival: tuple[list[list[float]], list[list[float]]], free: list[float],
                pair_end: list[float]) -> float:

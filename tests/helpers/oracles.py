@@ -50,16 +50,18 @@ def all_partitions(problem: Problem, batch: int) -> Iterator[Partition]:
                     )
 
 
-def brute_force_best(problem: Problem) -> tuple[float, Partition | None]:
-    """Lowest exact iteration time over every memory-feasible partition and micro-batch."""
+def brute_force_best(problem: Problem, figure: str = "iteration_ms"
+                     ) -> tuple[float, Partition | None]:
+    """Lowest exact ``figure`` of ``PlanCost`` (the isolated iteration, or ``steady_ms``)
+    over every memory-feasible partition and micro-batch."""
     sizes = problem.config.micro_batch_sizes()
     cm = CostModel(problem, max(sizes))
     best: tuple[float, Partition | None] = (float("inf"), None)
     for batch in sizes:
         for part in all_partitions(problem, batch):
             cost = cm.evaluate(part)
-            if cost.memory_ok and cost.iteration_ms < best[0]:
-                best = (cost.iteration_ms, part)
+            if cost.memory_ok and getattr(cost, figure) < best[0]:
+                best = (getattr(cost, figure), part)
     return best
 
 
