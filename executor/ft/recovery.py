@@ -31,8 +31,10 @@ The coordinator (the local launcher, or a cross-host coordinator process) runs o
   (:class:`executor.ft.replication.Copies`).
 * **Metrics.** A step's ``metrics.jsonl`` line is written (flushed) as soon as the step
   has committed and every voter has published its payload, so a person watching the run
-  (or reading a run that died) sees every committed step; its payloads are deleted (and
-  its compute fed to the slowdown watch) once it is durable. A recovery that replays
+  (or reading a run that died) sees every committed step, and the slowdown watch gets
+  its compute per device then too (a watch fed at durability would see nothing until
+  the end of a run whose points are all skipped or deferred); its payloads are deleted
+  once it is durable. A recovery that replays
   from ``d`` first takes the lines of steps ``d`` and later out of the file again
   (:meth:`executor.core.metrics.MetricsWriter.rollback`), so the file holds only
   committed steps that stand, each once.
@@ -234,7 +236,7 @@ class Supervisor:
         checkpoint_every / checkpoint_dir / keep_checkpoints: commit a checkpoint every
             that many steps into that folder, keeping the newest ``keep_checkpoints``
             (module docstring, "Checkpoints"; 0: none).
-        slowdown: fed every durable step's compute per device
+        slowdown: fed every committed step's compute per device
             (:class:`executor.ft.slowdown.SlowdownWatch`); the coordinator re-partitions
             (:meth:`repartition`, cause ``slow``) for what it declares.
 
@@ -397,14 +399,23 @@ class Supervisor:
         return self.coordinator.readmit(device)
 
     def _write_metrics(self, gen: Generation, n: int) -> None:
-        """The lines of the committed steps before ``n`` not written yet (module
-        docstring, "Metrics"; every voter has published their payloads)."""
+        """The lines of the committed steps before ``n`` not written yet, and their
+        compute per device to the slowdown watch (module docstring, "Metrics"; every
+        voter has published its payload)."""
+        if self.writer is None and self.slowdown is None:
+            self._written = max(self._written, n)
+            return
         if self.writer is not None:
             self.writer.layout = RankLayout.from_plan(gen.plan)
-            for step in range(self._written, n):
-                payloads = [json.loads(gen.store.get(f"metrics/{step}/{r}"))
-                            for r in range(gen.voters)]
-                samples = dict(s for p in payloads for s in p.get("samples", []))
+        for step in range(self._written, n):
+            payloads = [json.loads(gen.store.get(f"metrics/{step}/{r}"))
+                        for r in range(gen.voters)]
+            if self.slowdown is not None:
+                members = list(zip(gen.members, payloads, strict=False))
+                self.slowdown.observe(gen.plan, step, {d: p["compute_ms"] for d, p in members},
+                                      {d for d, p in members if p.get("overruns")})
+            samples = dict(s for p in payloads for s in p.get("samples", []))
+            if self.writer is not None:
                 self.writer.write_step(step, payloads, {
                     "generation": gen.number, "plan_id": gen.plan.id,
                     "samples": [samples[i] for i in sorted(samples)],
@@ -412,18 +423,11 @@ class Supervisor:
         self._written = max(self._written, n)
 
     def _settle(self, gen: Generation, n: int) -> None:
-        """Steps before ``n`` are durable: feed their compute per device to the slowdown
-        watch (once: a step is never replayed past a durable point) and delete their
+        """Steps before ``n`` are durable (never replayed again): delete their
         payloads."""
         for step in range(self._settled, n):
-            keys = [f"metrics/{step}/{r}" for r in range(gen.voters)]
-            if self.slowdown is not None:
-                payloads = [json.loads(gen.store.get(k)) for k in keys]
-                members = list(zip(gen.members, payloads, strict=False))
-                self.slowdown.observe(gen.plan, step, {d: p["compute_ms"] for d, p in members},
-                                      {d for d, p in members if p.get("overruns")})
-            for k in keys:
-                gen.store.delete_key(k)
+            for r in range(gen.voters):
+                gen.store.delete_key(f"metrics/{step}/{r}")
         self._settled = max(self._settled, n)
 
     # -- recovery ----------------------------------------------------------------------

@@ -231,7 +231,7 @@ class SlowdownDetector:
 class SlowdownWatch:
     """The coordinator's slowdown detection over a run that changes plans: one
     :class:`SlowdownDetector` per plan (a new one, with its warm-up, whenever the plan
-    changes), fed each durable step's compute per device; the declared slowdowns wait
+    changes), fed each committed step's compute per device; the declared slowdowns wait
     in :meth:`take` until the coordinator re-plans for them at a step boundary.
 
     ``time_scale``: the emulation's; ``None`` on real devices, whose predictions each
@@ -247,9 +247,10 @@ class SlowdownWatch:
 
     def observe(self, plan: Plan, step: int, compute_ms: Mapping[str, float],
                 overran: Collection[str] = ()) -> None:
-        """Step ``step`` under ``plan`` is durable; ``compute_ms``: every used device's
-        measured F + B time of it; ``overran``: the devices whose emulation overran a
-        budget in it (no evidence). Steps count from the plan's first (its warm-up)."""
+        """Step ``step`` under ``plan`` has committed (a replay may feed it again);
+        ``compute_ms``: every used device's measured F + B time of it; ``overran``: the
+        devices whose emulation overran a budget in it (no evidence). Steps count from
+        the plan's first (its warm-up)."""
         if plan.id != self._plan_id:
             self._plan_id = plan.id
             self._detector = SlowdownDetector(
