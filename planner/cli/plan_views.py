@@ -87,10 +87,11 @@ def plan_heading(plan: Plan) -> str:
 
 
 def steady_text(cost: PlanCost) -> str:
-    """The steady-state step beside the isolated iteration (planner/cost/steady.py): the
-    same, shorter where consecutive steps overlap, longer where they contend."""
+    """The steady-state step beside the isolated iteration (planner/cost/steady.py) where
+    it differs: shorter where consecutive steps overlap, longer where they contend;
+    nothing where a run's steps are the isolated iteration (most plans)."""
     if cost.steady_ms == cost.iteration_ms:
-        return " (also the steady step)"
+        return ""
     how = "steps overlap" if cost.steady_ms < cost.iteration_ms else "steps contend"
     return f", steady step {cost.steady_ms:.1f} ms ({how})"
 
