@@ -200,7 +200,7 @@ def simulate(problem: Problem, partition: Partition, schedule: Schedule | None =
 
 
 #: steps simulated for :func:`steady_step_ms`
-STEADY_STEPS = 4
+STEADY_STEPS = 5
 
 
 def steady_step_ms(problem: Problem, partition: Partition) -> float:
