@@ -4,6 +4,7 @@ row) and progress bars for the solvers and the profiler."""
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +17,17 @@ from rich.table import Table
 if TYPE_CHECKING:
     from rich.progress import Progress
 
-out = Console()
+
+class _Stdout(Console):
+    """Standard output's console: a reader gone (``| head``) raises BrokenPipeError,
+    for the CLI's exit status (:mod:`planner.cli.main`), where rich would exit with 1."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError(errno.EPIPE, "standard output closed")
+
+
+out = _Stdout()
 err = Console(stderr=True)
 
 

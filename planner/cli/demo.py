@@ -9,7 +9,7 @@ from pathlib import Path
 
 from edgepipe.planner import api
 from edgepipe.planner.cli.args import non_negative_int, output_dir, positive_float
-from edgepipe.planner.cli.console import err, out, progress_callback, warn
+from edgepipe.planner.cli.console import err, out, progress_bars, progress_callback, warn
 from edgepipe.planner.cli.plan_views import gantt_title, print_plan, simulation_summary
 from edgepipe.planner.cli.planning import run_compare
 from edgepipe.planner.cli.torch_imports import executor_imports
@@ -17,7 +17,6 @@ from edgepipe.planner.errors import EdgepipeError
 from edgepipe.planner.inputs.profile import ModelProfile
 from edgepipe.planner.plan import replica_standbys, save_plan, short_run_note
 from edgepipe.planner.solvers.exact.solver import DEFAULT_BACKEND, DEFAULT_TIME_LIMIT
-from rich.progress import Progress
 
 #: the model the demo runs here: a zoo build spec with analytic Jetson times, and this
 #: machine's measured profile of the same blocks (for the emulation's time scale)
@@ -32,7 +31,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
     outdir.mkdir(parents=True, exist_ok=True)
     out.rule(f"edgepipe demo: {api.DEMO_MODEL} on {api.DEMO_CLUSTER}")
     problem = api.load_problem(api.DEMO_MODEL, api.DEMO_CLUSTER)
-    with Progress(console=err, transient=True) as progress:
+    with progress_bars() as progress:
         plan = api.solve(problem, "dp", progress_callback(progress, "planning (dp)"))
     print_plan(plan)
     path = outdir / "plan.json"

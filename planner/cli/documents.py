@@ -50,9 +50,10 @@ def draw_gantt_atomic(plan: Plan, path: str | Path) -> None:
 
 def cmd_show(args: argparse.Namespace) -> None:
     plan = load_plan(args.plan)
+    if args.output:  # first: a reader of the summary that stops early loses nothing
+        draw_gantt_atomic(plan, args.output)
     print_plan(plan)
     if args.output:
-        draw_gantt_atomic(plan, args.output)
         out.print(f"wrote {args.output}", highlight=False)
 
 

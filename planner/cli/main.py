@@ -8,7 +8,10 @@ Every argument is parsed into a typed value before anything runs (:mod:`planner.
 flags given explicitly beat a ``--config`` file's values; a flag that does not apply to
 the chosen planner is an error. Exit status: 0 success; 1 ``compare`` found no feasible
 plan; 2 a bad argument or input, or any other error of edgepipe
-(:class:`~planner.errors.EdgepipeError`), printed as one line; 130 interrupted (Ctrl-C).
+(:class:`~planner.errors.EdgepipeError`), printed as one line; 130 interrupted (Ctrl-C),
+printed as one line; 141 standard output closed early (``edgepipe plan -o f | head``):
+the status of a command killed by SIGPIPE, as ``cat`` gives; nothing more is printed,
+and every file was written before the command printed its summary.
 
 This module parses and dispatches. Each command lives in the module :data:`COMMANDS`
 names, which adds the command's arguments to its parser and runs it; that module is
@@ -20,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -120,6 +125,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: exit status when standard output was closed early: 128 + SIGPIPE (module docstring)
+BROKEN_PIPE = 141
+
+
+def _drop_stdout() -> None:
+    """Point descriptor 1 at /dev/null after its reader went away, so that flushing what
+    is still buffered at exit neither fails nor prints "Exception ignored"."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 def _forget_handled_interrupts() -> None:
     """Keep the exit status ours after a Ctrl-C that was caught.
 
@@ -152,11 +169,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = f"[bold red]error:[/bold red] {escape(str(exc))}"
         err.print(message, highlight=False, soft_wrap=True)
         status = 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # a command may say what it stopped
         from edgepipe.planner.cli.console import err
 
-        err.print("interrupted; nothing was written", highlight=False, soft_wrap=True)
+        said = str(exc) or "interrupted; nothing was written"
+        err.print(said, highlight=False, soft_wrap=True, markup=False)
         status = 130
+    except BrokenPipeError:
+        _drop_stdout()
+        status = BROKEN_PIPE
     _forget_handled_interrupts()
     return 0 if status is None else status
 

@@ -8,12 +8,11 @@ import argparse
 import json
 
 from edgepipe.planner.cli.args import file_output, increasing_int_list, positive_int
-from edgepipe.planner.cli.console import err, out, progress_callback
+from edgepipe.planner.cli.console import out, progress_bars, progress_callback
 from edgepipe.planner.cli.torch_imports import needs_torch
 from edgepipe.planner.errors import InputError
 from edgepipe.planner.inputs.cluster import load_catalog
 from edgepipe.planner.inputs.schema import validate, write_text_atomic
-from rich.progress import Progress
 
 GIB = 2**30
 
@@ -47,7 +46,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
         example = partial(zoo.example_input, args.model, **sizes)
         name = args.name or args.model
     batch_sizes = list(args.batch_sizes)
-    with Progress(console=err, transient=True) as progress:
+    with progress_bars() as progress:
         profile = profile_model(
             model,
             example,
@@ -75,7 +74,7 @@ def cmd_probe(args: argparse.Namespace) -> None:
     with needs_torch("probe"):
         from edgepipe.executor.profiling.probe import probe_device
 
-    with Progress(console=err, transient=True) as progress:
+    with progress_bars() as progress:
         progress.add_task("probing this machine (compute, memory, loopback link)", total=None)
         entry = probe_device(num_threads=args.threads)
     doc = {

@@ -25,7 +25,14 @@ from edgepipe.planner.cli.args import (
     positive_int,
     replication_interval,
 )
-from edgepipe.planner.cli.console import compact_table, err, out, print_table, progress_callback
+from edgepipe.planner.cli.console import (
+    compact_table,
+    err,
+    out,
+    print_table,
+    progress_bars,
+    progress_callback,
+)
 from edgepipe.planner.cli.plan_views import print_plan
 from edgepipe.planner.errors import InputError
 from edgepipe.planner.inputs.cluster import Cluster
@@ -35,7 +42,7 @@ from edgepipe.planner.inputs.schema import excerpt
 from edgepipe.planner.plan import Plan, Transfer, load_plan, plan_to_dict, save_plan
 from edgepipe.planner.solvers.comparison import ComparisonResult
 from edgepipe.planner.solvers.exact.solver import BACKENDS, DEFAULT_BACKEND, DEFAULT_TIME_LIMIT
-from rich.progress import Progress, TaskID
+from rich.progress import TaskID
 from rich.table import Table
 
 #: training-config flags -> TrainingConfig fields; a flag given explicitly beats --config
@@ -93,7 +100,7 @@ def _solve(args: argparse.Namespace) -> Plan:
     problem = api.load_problem(args.model, args.cluster, _config_from_args(args))
     backend, time_limit = _solver_options(args)
     label = f"planning ({args.solver})"
-    with Progress(console=err, transient=True) as progress:
+    with progress_bars() as progress:
         return api.solve(
             problem,
             args.solver,
@@ -109,9 +116,10 @@ def cmd_plan(args: argparse.Namespace) -> None:
     if args.output == "-":
         sys.stdout.write(json.dumps(plan_to_dict(plan), indent=1) + "\n")
         return
+    if args.output:  # first: a reader of the summary that stops early loses nothing
+        save_plan(plan, args.output)
     print_plan(plan)
     if args.output:
-        save_plan(plan, args.output)
         out.print(f"wrote {args.output}", highlight=False)
 
 
@@ -178,7 +186,7 @@ def run_compare(
     outdir: str | Path | None,
 ) -> bool:
     """Run and print the comparison (and write its files); True if any plan is feasible."""
-    with Progress(console=err, transient=True) as progress:
+    with progress_bars() as progress:
         tasks: dict[str, TaskID] = {}
 
         def report(label: str, done: int, total: int) -> None:
@@ -187,6 +195,8 @@ def run_compare(
             progress.update(tasks[label], completed=done, total=total)
 
         result = api.compare(problem, names, backend, time_limit, report)
+    # the files first: a reader of the table that stops early loses nothing
+    written = result.write(outdir) if outdir else []
     out.print(
         f"{result.model} on {result.cluster}, global batch {result.global_batch} "
         "(every row scored by the cost model)",
@@ -196,9 +206,8 @@ def run_compare(
     for r in result.rows:
         if r.note:
             out.print(f"[dim]{r.planner}: {r.note}[/dim]", highlight=False)
-    if outdir:
-        for path in result.write(outdir):
-            out.print(f"wrote {path}", highlight=False)
+    for path in written:
+        out.print(f"wrote {path}", highlight=False)
     return any(r.feasible for r in result.rows)
 
 
@@ -256,6 +265,8 @@ def cmd_replan(args: argparse.Namespace) -> None:
     if args.output == "-":
         sys.stdout.write(json.dumps(plan_to_dict(new), indent=1) + "\n")
         return
+    if args.output:  # first: a reader of the summary that stops early loses nothing
+        save_plan(new, args.output)
     print_plan(new)
     ch = new.changes
     assert ch is not None
@@ -263,7 +274,6 @@ def cmd_replan(args: argparse.Namespace) -> None:
     out.print(migration_heading(new), highlight=False)
     print_table(migration_table(new), lambda: migration_lines(new))
     if args.output:
-        save_plan(new, args.output)
         out.print(f"wrote {args.output}", highlight=False)
 
 

@@ -88,6 +88,8 @@ def cmd_report(args: argparse.Namespace) -> None:
     from edgepipe.planner.check.report import build_report, draw_report
 
     report = build_report(args.run_dir)
+    chart = Path(args.output) if args.output else Path(args.run_dir) / "report.png"
+    draw_report(report, args.run_dir, chart)  # first: a reader that stops early loses nothing
     if report.unfinished:  # a run still going, or one that died: its steps so far
         out.print(report.unfinished, highlight=False, soft_wrap=True)
     used = report.steps_used
@@ -119,8 +121,6 @@ def cmd_report(args: argparse.Namespace) -> None:
             warn(f"recovery {r.generation}: {r.warning}")
     for reason in report.join_failures:
         warn(reason)
-    chart = Path(args.output) if args.output else Path(args.run_dir) / "report.png"
-    draw_report(report, args.run_dir, chart)
     whole = ", the whole run with its recoveries below" if report.recoveries else ""
     out.print(f"wrote {chart} (predicted iteration above measured step "
               f"{report.measured_step}{whole})", highlight=False)

@@ -23,7 +23,7 @@ from edgepipe.planner.cli.args import (
 )
 from edgepipe.planner.cli.console import err, out, warn
 from edgepipe.planner.cli.torch_imports import executor_imports
-from edgepipe.planner.errors import EdgepipeError, InputError
+from edgepipe.planner.errors import InputError
 from edgepipe.planner.plan import Plan, load_plan, replica_standbys, short_run_note
 from edgepipe.planner.timeouts import GLOO_TIMEOUT_S, HANG_TIMEOUT_S, HEARTBEAT_S
 from rich.table import Table
@@ -80,8 +80,8 @@ def cmd_run(args: argparse.Namespace) -> None:
             recover=False if args.no_recover else None, joins=joins,
             standbys=args.standbys, watch_slowdown=args.watch_slowdown,
         )
-    except KeyboardInterrupt:
-        raise EdgepipeError("interrupted: every worker was stopped") from None
+    except KeyboardInterrupt:  # the launcher has reaped every worker: 130 (cli.main)
+        raise KeyboardInterrupt("interrupted; every worker was stopped") from None
     finally:
         ticker.finish()
     table = Table(title=f"{plan.id}: measured", title_justify="left")

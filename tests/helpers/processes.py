@@ -4,6 +4,7 @@ multi-host job, and the checks and reaping that leave no child behind."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 import time
@@ -43,6 +44,27 @@ def with_timeout_reap(pid: int) -> None:
         except ChildProcessError:
             return
         time.sleep(0.01)
+
+
+def ctrl_c_at_default() -> None:
+    """``preexec_fn`` of a child that must get Ctrl-C: SIGINT at its default, which
+    Python turns into KeyboardInterrupt (a background job inherits it ignored, and an
+    ignored signal stays ignored across exec)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def group_gone(pgid: int) -> bool:
+    """Whether every process of group ``pgid`` has ended, waiting at most 10 s; SIGKILL
+    the group where not."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    os.killpg(pgid, signal.SIGKILL)
+    return False
 
 
 def torchrun_argv(hosts: netns.Hosts | Sequence[netns.Host], index: int, script: list[str],

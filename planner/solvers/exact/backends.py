@@ -15,6 +15,16 @@ solver object is built in a process. Redirecting descriptor 1 around it would si
 every thread of the caller's process, so HiGHS programs run in worker processes
 (:class:`HighsWorkers`, spawned, their descriptor 1 on /dev/null); the caller's stdout
 is never touched.
+
+Interrupts (Ctrl-C): a solve runs in a thread of the search, or in a HiGHS worker, while
+the caller's main thread takes the KeyboardInterrupt; :class:`Halt` then stops every
+running solve at once: CP-SAT by its ``stop_search``, HiGHS, which cannot be stopped
+from outside its process, by killing its workers (:meth:`HighsWorkers.kill`); CBC, a
+child in the terminal's process group, stops on the same Ctrl-C. CP-SAT would
+otherwise install its own SIGINT handler for every solve (``catch_sigint_signal``, on
+by default, sat_parameters.proto), two solves in two threads overriding each other's:
+a Ctrl-C then killed the process without a word or aborted it
+(``std::bad_function_call``, status 134). It is turned off, so Python's handler stays.
 """
 
 from __future__ import annotations
@@ -23,11 +33,15 @@ import math
 import multiprocessing
 import os
 import re
+import signal
 import sys
 import tempfile
+import threading
 import time
 import warnings
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,12 +63,57 @@ class Outcome:
     bound_ms: float | None
 
 
+class Halt:
+    """Stops a search's running solves from another thread (module docstring).
+
+    A solve registers how to stop it for as long as it runs (:meth:`during`);
+    :meth:`stop` marks the search stopped and calls every registered stop. A solve that
+    registers after :meth:`stop` is stopped at once; CP-SAT ignores a stop that comes
+    before its solve has started, so a caller stopping a search calls :meth:`stop` again
+    until its threads are done."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stops: dict[int, Callable[[], None]] = {}
+        self._stopped = threading.Event()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped.is_set()
+
+    @contextmanager
+    def during(self, stop: Callable[[], None]) -> Iterator[None]:
+        """Register ``stop`` while the block runs (called at once if already stopped)."""
+        with self._lock:
+            key = max(self._stops, default=0) + 1
+            self._stops[key] = stop
+        if self.stopped:
+            stop()
+        try:
+            yield
+        finally:
+            with self._lock:
+                del self._stops[key]
+
+    def stop(self) -> None:
+        """Mark the search stopped and stop every solve running now."""
+        self._stopped.set()
+        with self._lock:
+            stops = list(self._stops.values())
+        for stop in stops:
+            stop()
+
+
 def solve_cpsat(
-    md: Model, hint: dict[int, float], time_limit: float, units_per_ms: float
+    md: Model,
+    hint: dict[int, float],
+    time_limit: float,
+    units_per_ms: float,
+    halt: Halt | None = None,
 ) -> Outcome:
     """Lower the program to CP-SAT (times in integer units of 1 / ``units_per_ms`` ms,
     memory rounded conservatively, indicator rows as enforcement literals) and solve it
-    with 2 workers, ``hint`` as the solution hint."""
+    with one worker, ``hint`` as the solution hint; ``halt`` (if given) can stop it."""
     from ortools.sat.python import cp_model
 
     model = cp_model.CpModel()
@@ -93,7 +152,9 @@ def solve_cpsat(
     solver.parameters.max_time_in_seconds = max(time_limit, 0.01)
     solver.parameters.num_workers = 1  # PARALLEL programs run side by side
     solver.parameters.log_search_progress = False
-    status = solver.solve(model)
+    solver.parameters.catch_sigint_signal = False  # keep Python's handler (module docstring)
+    with (halt or Halt()).during(solver.stop_search):
+        status = solver.solve(model)
     bound = solver.best_objective_bound / scale
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         values = [
@@ -211,7 +272,9 @@ def cbc_result(log: str) -> tuple[str, float | None]:
 
 def _silence_stdout() -> None:
     """Worker initializer: descriptor 1 (and ``sys.stdout``) to /dev/null, in this
-    worker process only."""
+    worker process only; Ctrl-C ignored (it reaches the terminal's whole process group:
+    the caller stops the workers, :meth:`HighsWorkers.kill`)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.close(devnull)
@@ -232,6 +295,12 @@ class HighsWorkers:
 
     def solve(self, md: Model, hint: dict[int, float], time_limit: float) -> Outcome:
         return self.pool.submit(solve_pulp, md, hint, time_limit, "highs").result()
+
+    def kill(self) -> None:
+        """Kill every worker now (an interrupted search: HiGHS cannot be stopped from
+        outside its process); their solves end as ``BrokenProcessPool``."""
+        for process in list((self.pool._processes or {}).values()):  # no public list before 3.14
+            process.kill()
 
     def __enter__(self) -> HighsWorkers:
         return self

@@ -3,7 +3,10 @@ program (:mod:`planner.solvers.exact.formulation`) under the incumbent's cutoff,
 (:mod:`planner.solvers.exact.backends`), re-scores every solution by the cost model and
 shares the incumbent between programs; :class:`SubProblem` records what happened to one
 program. Two passes: a short slice for every program, then the time left for the open
-ones, lowest bound first (:meth:`ProgramSearch.run`)."""
+ones, lowest bound first (:meth:`ProgramSearch.run`). An exception in the caller's
+thread (Ctrl-C) stops the search: no program starts, the running solves are stopped
+(:class:`~planner.solvers.exact.backends.Halt`) and the exception goes on once their
+threads are done."""
 
 from __future__ import annotations
 
@@ -12,12 +15,12 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 
 from edgepipe.planner.cost.model import PlanCost
 from edgepipe.planner.partition import Partition
-from edgepipe.planner.solvers.exact.backends import HighsWorkers, solve_cpsat, solve_pulp
+from edgepipe.planner.solvers.exact.backends import Halt, HighsWorkers, solve_cpsat, solve_pulp
 from edgepipe.planner.solvers.exact.formulation import Builder
 from edgepipe.planner.solvers.exact.solutions import decision, extract, solution_hint
 from edgepipe.planner.solvers.exact.tables import Tables
@@ -30,6 +33,9 @@ IMPROVEMENT = 1e-9
 
 #: programs solved at the same time (one solver thread each)
 PARALLEL = 2
+
+#: seconds between the stops of an interrupted search (:meth:`ProgramSearch.stop`)
+HALT_POLL_S = 0.05
 
 #: the objective cutoff sits this far (relative) above the incumbent, so that CP-SAT's
 #: rounded times cannot cut off the incumbent's own program
@@ -92,6 +98,7 @@ class ProgramSearch:
         self.excluded: dict[tuple[int, int], list[dict[int, float]]] = {}
         self.lock = threading.Lock()
         self.highs: HighsWorkers | None = None  # set while run() uses the highs backend
+        self.halt = Halt()
 
     def attempt(self, job: tuple[int, int], cap: float, before: SubProblem | None) -> SubProblem:
         """Solve program ``job`` for at most ``cap`` seconds (and never past the
@@ -111,7 +118,7 @@ class ProgramSearch:
         program = before.program_ms if before else None
         outcome_status, bound = (before.status, before.bound_ms) if before else ("unknown", None)
         excluded = self.excluded.setdefault(job, [])
-        while (limit := stop - time.perf_counter()) > 0:
+        while (limit := stop - time.perf_counter()) > 0 and not self.halt.stopped:
             with self.lock:
                 best = self.best
             ref = best[0] if best else self.horizon
@@ -122,7 +129,7 @@ class ProgramSearch:
             if best and (best[1].micro_batch_size, best[1].num_stages) == job:
                 hint = solution_hint(form, self.tables, best[1])
             if self.backend == "cpsat":
-                outcome = solve_cpsat(form.model, hint, limit, CPSAT_UNITS / ref)
+                outcome = solve_cpsat(form.model, hint, limit, CPSAT_UNITS / ref, self.halt)
             elif self.highs is not None:
                 outcome = self.highs.solve(form.model, hint, limit)
             else:
@@ -155,20 +162,41 @@ class ProgramSearch:
     ) -> list[SubProblem]:
         """Pass 1 gives every program a short slice ``quick`` (closing the easy ones and
         improving the incumbent early, which strengthens the cutoff of every later
-        proof); pass 2 gives the open ones the time left, lowest bound first."""
+        proof); pass 2 gives the open ones the time left, lowest bound first. Any
+        exception here (Ctrl-C) halts the search (:meth:`stop`) and goes on."""
         results: dict[tuple[int, int], SubProblem] = {}
         order = jobs
         workers = HighsWorkers(PARALLEL) if self.backend == "highs" else None
         self.highs = workers
-        with workers or contextlib.nullcontext(), ThreadPoolExecutor(max_workers=PARALLEL) as pool:
-            for cap in (quick, math.inf):
-                futures = {pool.submit(self.attempt, j, cap, results.get(j)): j for j in order}
-                for future in as_completed(futures):
-                    results[futures[future]] = future.result()
-                    if progress is not None:
-                        progress(sum(r.closed for r in results.values()), len(jobs))
-                order = sorted(
-                    (j for j in jobs if not results[j].closed),
-                    key=lambda j: results[j].bound_ms or 0.0,
-                )
+        futures: dict[Future[SubProblem], tuple[int, int]] = {}
+        with (
+            workers or contextlib.nullcontext(),
+            self.halt.during(workers.kill if workers else lambda: None),
+            ThreadPoolExecutor(max_workers=PARALLEL) as pool,
+        ):
+            try:
+                for cap in (quick, math.inf):
+                    futures = {pool.submit(self.attempt, j, cap, results.get(j)): j for j in order}
+                    for future in as_completed(futures):
+                        results[futures[future]] = future.result()
+                        if progress is not None:
+                            progress(sum(r.closed for r in results.values()), len(jobs))
+                    order = sorted(
+                        (j for j in jobs if not results[j].closed),
+                        key=lambda j: results[j].bound_ms or 0.0,
+                    )
+            except BaseException:
+                self.stop(pool, list(futures))
+                raise
         return [results[j] for j in jobs]
+
+    def stop(self, pool: ThreadPoolExecutor, futures: list[Future[SubProblem]]) -> None:
+        """Halt the search: cancel the programs not yet started and stop the running
+        solves, again every HALT_POLL_S until their threads are done (a solve that had
+        not quite started when stopped, :class:`~planner.solvers.exact.backends.Halt`)."""
+        pool.shutdown(wait=False, cancel_futures=True)
+        # not wait(): it counts a future cancelled here as done only once a worker thread
+        # has seen it, and none will
+        while not all(f.done() for f in futures):
+            self.halt.stop()
+            time.sleep(HALT_POLL_S)
