@@ -24,11 +24,19 @@ DEMO_RUN_MODEL, DEMO_RUN_HOST, DEMO_RUN_BATCH = "resnet18-analytic", "resnet18-c
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
+    outdir = Path(args.out)
+    outdir.mkdir(parents=True, exist_ok=True)
+    try:
+        _demo_steps(args, outdir)
+    except KeyboardInterrupt:  # its run's workers are reaped (launch): 130 (cli.main)
+        raise KeyboardInterrupt(f"interrupted; the demo's files so far are in {outdir}") from None
+
+
+def _demo_steps(args: argparse.Namespace, outdir: Path) -> None:
+    """The demo's steps (:func:`cmd_demo`), writing into ``outdir``."""
     from edgepipe.planner.check.gantt import draw_gantt
     from edgepipe.planner.check.simulator import simulate
 
-    outdir = Path(args.out)
-    outdir.mkdir(parents=True, exist_ok=True)
     out.rule(f"edgepipe demo: {api.DEMO_MODEL} on {api.DEMO_CLUSTER}")
     problem = api.load_problem(api.DEMO_MODEL, api.DEMO_CLUSTER)
     with progress_bars() as progress:

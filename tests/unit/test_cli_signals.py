@@ -146,3 +146,23 @@ def test_a_stdout_closed_early_loses_no_file_and_exits_141_silently(tmp_path):
 
 def test_json_to_a_closed_stdout_exits_141_silently(tmp_path: Path):
     assert _closed_early(["plan", *PROBLEM, "-o", "-"]) == (141, "")
+
+
+def test_ctrl_c_during_the_demos_comparison_exits_130_naming_what_it_wrote(tmp_path):
+    # the demo plans and draws first, then compares with the exact solver (CP-SAT): the
+    # same problem as above, so the same timing, plus its drawing's time
+    limit, at = _timing()
+    folder = tmp_path / "demo"
+    proc = _start(["demo", "--out", str(folder), "--time-limit", f"{limit:.1f}",
+                   "--run-steps", "0"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + DEADLINE_S
+    while not (folder / "gantt.png").is_file():
+        assert proc.poll() is None and time.monotonic() < deadline, _finish(proc)
+        time.sleep(0.05)
+    time.sleep(at)
+    assert proc.poll() is None, _finish(proc)
+    os.killpg(proc.pid, signal.SIGINT)
+    assert (_finish(proc), proc.returncode) == (
+        f"interrupted; the demo's files so far are in {folder}\n", 130)
+    assert group_gone(proc.pid)
+    assert load_plan(folder / "plan.json").partition.num_stages >= 1
