@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import select
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -129,6 +130,14 @@ def build_parser() -> argparse.ArgumentParser:
 BROKEN_PIPE = 141
 
 
+def _stdout_gone() -> bool:
+    """Whether descriptor 1 is a pipe whose reader has gone (poll reports an error on
+    its write end), so that a BrokenPipeError of any other pipe is not taken for it."""
+    poll = select.poll()
+    poll.register(sys.stdout.fileno(), 0)
+    return any(events & select.POLLERR for _, events in poll.poll(0))
+
+
 def _drop_stdout() -> None:
     """Point descriptor 1 at /dev/null after its reader went away, so that flushing what
     is still buffered at exit neither fails nor prints "Exception ignored"."""
@@ -176,6 +185,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         err.print(said, highlight=False, soft_wrap=True, markup=False)
         status = 130
     except BrokenPipeError:
+        if not _stdout_gone():  # another pipe's: an error like any other
+            raise
         _drop_stdout()
         status = BROKEN_PIPE
     _forget_handled_interrupts()

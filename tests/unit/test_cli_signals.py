@@ -166,3 +166,21 @@ def test_ctrl_c_during_the_demos_comparison_exits_130_naming_what_it_wrote(tmp_p
         f"interrupted; the demo's files so far are in {folder}\n", 130)
     assert group_gone(proc.pid)
     assert load_plan(folder / "plan.json").partition.num_stages >= 1
+
+
+A_MODEL_WITH_A_BROKEN_PIPE = """\
+def model():
+    raise BrokenPipeError(32, "a socket of the model")
+"""
+
+
+def test_a_broken_pipe_other_than_stdout_is_not_taken_for_a_closed_stdout(tmp_path):
+    # a BrokenPipeError of the user's code, stdout still read: not the silent 141
+    (tmp_path / "broken_pipe_model.py").write_text(A_MODEL_WITH_A_BROKEN_PIPE)
+    proc = _start(["profile", "--model", "broken_pipe_model:model",
+                   "--input", "broken_pipe_model:model", "-o", str(tmp_path / "x.json")],
+                  stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                  env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    err = _finish(proc)
+    assert proc.returncode != 141 and "a socket of the model" in err
+    assert not (tmp_path / "x.json").exists()
