@@ -114,7 +114,7 @@ def test_a_replay_past_committed_checkpoints_sends_none_of_their_parts_again(
     result = launch_reaped(
         WorkerOptions(str(write_plan(plan, tmp_path)), 4, str(tmp_path), deterministic=True,
                       timeout_s=GLOO_TIMEOUT_S, save_weights=True, faults="d0:3:forward",
-                      checkpoint_every=1))
+                      checkpoint_every=1, keep_checkpoints=4))  # keep all: the commits count
     (event,) = result.events
     assert (event["device"], event["replay_from_step"]) == ("d0", 0)
     folder = tmp_path / "checkpoints"
@@ -136,7 +136,7 @@ def test_a_checkpoint_cut_short_by_a_loss_leaves_no_part_of_the_dead_generation(
     # it; the next generation replays step 1 and sends checkpoint 2 afresh (review 8 F1)
     stores = kept_stores(monkeypatch)
     plan, result = run(tmp_path, "cut", THREE_STAGES, 3, faults="d2:1:optimizer",
-                       checkpoint_every=1)
+                       checkpoint_every=1, keep_checkpoints=3)  # keep all: the commits count
     (event,) = result.events
     folder = tmp_path / "cut" / "checkpoints"
     assert sorted(d.name for d in folder.glob("step-*")) == [
