@@ -534,7 +534,8 @@ def test_a_recovering_run_across_hosts_without_a_shared_folder_checkpoints_throu
         job = RecoveringJob(tmp_path, hosts, write_plan(plan, tmp_path), "a", steps)
         # (5 s, recovery_runs.HANG_S: under a load of 26 a 3 s one declared a starved
         # device of test_coordinator.py hung)
-        job.start(["--checkpoint-every", "2"], lambda i: [], hang_s=5.0)
+        job.start(["--checkpoint-every", "2", "--keep-checkpoints", "3"], lambda i: [],
+                  hang_s=5.0)  # every checkpoint kept: the test reads each
         job.wait_for(2)
         hosts.set_link(2, up=False)
         lines = job.finish(survivors=[0, 1])
@@ -575,7 +576,10 @@ def test_the_other_hosts_recover_when_every_process_of_a_host_is_killed(tmp_path
     with netns.Hosts(3, rate_mbit=100) as hosts:
         job = RecoveringJob(tmp_path, hosts, write_plan(plan, tmp_path), "k", steps)
         job.start([], lambda i: [], hang_s=5.0)
-        job.wait_for(2)
+        # two committed steps (one durable), as before lines arrived at commit; killed
+        # later (three committed), the final weights of d2's blocks went missing: see
+        # docs/fault-tolerance.md, "Known gaps"
+        job.wait_for(1)
         kill_host(hosts, 2)
         lines = job.finish(survivors=[0, 1])
     events, _ = bit_identical(job, lines, gpt2_reference(plan, steps))
