@@ -16,25 +16,13 @@ import pytest
 from edgepipe.planner import api
 from edgepipe.planner.cost.model import CostModel
 from edgepipe.planner.errors import InfeasibleError
-from edgepipe.planner.inputs.cluster import Cluster, Device, DeviceType, Link, Network
+from edgepipe.planner.inputs.cluster import Cluster, Device, Link, Network
 from edgepipe.planner.inputs.config import TrainingConfig
 from edgepipe.planner.inputs.problem import make_problem
-from edgepipe.planner.inputs.profile import Block, ModelProfile, Timing
 from edgepipe.planner.partition import Partition, StageAssignment
 from edgepipe.planner.solvers.diagnosis import diagnose_infeasible
 
-#: effective GFLOP/s: t 100 x 0.5 = 50, u 400 x 0.5 = 200
-T = DeviceType("t", "test type", 1e9, 1.0, 100.0, 0.5, "test", 1e4, {})
-U = DeviceType("u", "4x faster", 1e9, 1.0, 400.0, 0.5, "test", 1e4, {})
-FORWARD = ((1.0, 2.0), (2.0, 4.0), (3.0, 6.0))
-MODEL = ModelProfile(
-    "hand3",
-    {"kind": "analytic"},
-    100.0,
-    (Block("b0", 1000.0, 10.0, 100.0), Block("b1", 2000.0, 20.0, 200.0),
-     Block("b2", 3000.0, 30.0, 300.0)),
-    {"t": Timing((1, 2), FORWARD, tuple((2 * a, 2 * b) for a, b in FORWARD))},
-)  # fmt: skip
+from tests.helpers.hand_model import MODEL, T, U
 
 
 def cluster(*devices: Device, network: Network | None = None) -> Cluster:

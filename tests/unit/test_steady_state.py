@@ -29,26 +29,16 @@ from edgepipe.planner.check.simulator import simulate, steady_step_ms
 from edgepipe.planner.cli.plan_views import plan_heading
 from edgepipe.planner.cost.makespan import round_ends
 from edgepipe.planner.cost.model import CostModel
-from edgepipe.planner.inputs.cluster import Cluster, Device, DeviceType, Network
+from edgepipe.planner.inputs.cluster import Cluster, Device, Network
 from edgepipe.planner.inputs.config import TrainingConfig
 from edgepipe.planner.inputs.problem import Problem, make_problem
-from edgepipe.planner.inputs.profile import Block, ModelProfile, Timing
+from edgepipe.planner.inputs.profile import ModelProfile
 from edgepipe.planner.partition import Partition, StageAssignment
 from edgepipe.planner.plan import SolverInfo, make_plan, plan_from_dict, plan_to_dict
 
+from tests.helpers.hand_model import MODEL, T
 from tests.helpers.runs import write_run
 from tests.helpers.synthetic import random_plans
-
-T = DeviceType("t", "test type", 1e9, 1.0, 100.0, 0.5, "test", 1e4, {})
-FORWARD = ((1.0, 2.0), (2.0, 4.0), (3.0, 6.0))
-MODEL = ModelProfile(
-    "hand3",
-    {"kind": "analytic"},
-    100.0,
-    (Block("b0", 1000.0, 10.0, 100.0), Block("b1", 2000.0, 20.0, 200.0),
-     Block("b2", 3000.0, 30.0, 300.0)),
-    {"t": Timing((1, 2), FORWARD, tuple((2 * a, 2 * b) for a, b in FORWARD))},
-)  # fmt: skip
 
 
 def hand_problem() -> Problem:
