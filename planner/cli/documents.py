@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from edgepipe.planner.cli.args import chart_file, file_output, positive_int
-from edgepipe.planner.cli.console import out, warn
+from edgepipe.planner.cli.console import line, out, warn
 from edgepipe.planner.cli.plan_views import gantt_title, print_plan, simulation_summary
 from edgepipe.planner.errors import InputError
 from edgepipe.planner.inputs.cluster import Cluster, catalog_from_dict, load_catalog
@@ -95,11 +95,11 @@ def cmd_validate(args: argparse.Namespace) -> None:
         plan = plan_from_dict(doc, args.file, rehash=args.rehash)
         if args.rehash and plan.id != doc["id"]:
             save_plan(plan, args.file)
-            out.print(f"{args.file}: valid {kind}; re-identified {doc['id']} -> {plan.id}")
+            line(f"{args.file}: valid {kind}; re-identified {doc['id']} -> {plan.id}")
             return
     else:
         LOADERS[kind](doc, args.file)
-    out.print(f"{args.file}: valid {kind}", highlight=False)
+    line(f"{args.file}: valid {kind}")
 
 
 def cmd_import_pipedream(args: argparse.Namespace) -> None:

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from edgepipe.planner.cli.console import compact_table, out, print_table
 from edgepipe.planner.cost.closed_form import pipeline_closed_form_ms
 from edgepipe.planner.cost.model import CostModel, PlanCost
 from edgepipe.planner.plan import Plan
-from rich.table import Table
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 
 def plan_table(plan: Plan) -> Table:
