@@ -63,6 +63,7 @@ import multiprocessing
 import shutil
 import signal
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -350,6 +351,23 @@ def _control_plane(
                                 heartbeat_s=heartbeat_s, recover=recovering)
 
 
+def _start_deaf_to_ctrl_c(proc: Any) -> None:
+    """Start ``proc`` with SIGINT ignored, which a spawned child keeps across exec. Ctrl-C
+    reaches the terminal's whole process group; the launcher, not each worker, handles it
+    (it stops every worker and the CLI says one line), so a worker interrupted in its
+    imports or its training no longer prints a traceback into the launcher's stderr.
+    The launcher's own SIGINT is ignored only while the child starts (a few ms), and only
+    from the main thread, where Python allows setting a handler."""
+    if threading.current_thread() is not threading.main_thread():
+        proc.start()
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        proc.start()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 class _Children:
     """The run's processes: one per plan rank, then standbys and joining devices
     (``procs``, in start order; ``current``: each device's newest process) and the
@@ -377,7 +395,7 @@ class _Children:
                 target=spawned, args=(self.opts, endpoint), name=f"edgepipe-{info.device}",
                 daemon=True,
             )
-            proc.start()
+            _start_deaf_to_ctrl_c(proc)
             self.procs.append(proc)
             self.current[info.device] = proc
         for device in spares:
@@ -399,7 +417,7 @@ class _Children:
                                   endpoint),
             name=f"edgepipe-{device}-{role}", daemon=True,
         )
-        proc.start()
+        _start_deaf_to_ctrl_c(proc)
         self.procs.append(proc)
         self.current[device] = proc
         line = {"rank": None, "device": device, "stage": None, "pid": proc.pid,

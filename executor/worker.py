@@ -330,13 +330,16 @@ def spawned(opts: WorkerOptions, endpoint: Endpoint) -> None:
     """Entry point of a process started by the local launcher: exit status 0 on success,
     2 for an edgepipe error, 1 otherwise: one line when a peer's connection broke (the
     launcher's own error names the device that failed), else the traceback on
-    stderr (a bug)."""
+    stderr (a bug). Ctrl-C reaches the terminal's whole process group: a worker then
+    exits 130 without a word, the launcher stops the others and says the one line."""
     status = 0
     try:
         run(opts, endpoint)
     except EdgepipeError as exc:
         _line(f"edgepipe worker {endpoint.rank}: {exc}")
         status = EXIT_REFUSED
+    except KeyboardInterrupt:
+        status = 130
     except BaseException as exc:
         status = _failed(str(endpoint.rank), exc)
     _leave_if_recovering(opts, status)

@@ -46,7 +46,7 @@ def test_ctrl_c_stops_a_run_with_130_and_one_line_and_leaves_no_process(tmp_path
         start_new_session=True, preexec_fn=ctrl_c_at_default)
     try:
         deadline = time.monotonic() + DEADLINE_S
-        while not (out / "metrics.jsonl").is_file():
+        while not ((out / "metrics.jsonl").is_file() and (out / "ranks.json").is_file()):
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.1)
         workers = [r["pid"] for r in json.loads((out / "ranks.json").read_text())]
