@@ -10,12 +10,24 @@ The receiver concatenates its pieces in position order.
 Tags: ``2 m`` for the activations of micro-batch ``m``, ``2 m + 1`` for its gradients, so
 messages of different micro-batches and directions between one pair never match each
 other (gloo matches a recv to a send by peer and tag).
+
+**Transfer times** (for ``edgepipe report``'s per-link rows, docs/executor.md): every
+piece is stamped with the wall clock (``time.time()``, one machine's processes share
+it): a send when it is posted, ``["send", peer, tag, posted_at]``; a receive when the
+receiver begins to wait for it and when its wait returns, ``["recv", peer, tag,
+waited_at, done_at]``. A gloo receive cannot say when its data arrived without being
+waited for (torch's ``RecvWork`` has no completion flag), so ``done_at`` is the
+delivery when the receiver was waiting, and an upper bound on it when the data was in
+before the wait began. :meth:`StageLinks.take_transfers` hands a step's stamps over
+(the runtime puts them in its step record). Cost: one clock read per piece and end of
+wait; no synchronisation.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -92,17 +104,29 @@ def backward_tag(m: int) -> int:
     return 2 * m + 1
 
 
+#: one stamped piece (module docstring, "Transfer times")
+Stamp = list[Any]
+
+
 @dataclass
 class Pending:
-    """Receives in flight for one tensor: wait, then read :attr:`tensor`."""
+    """Receives in flight for one tensor: wait, then read :attr:`tensor`. ``peers[i]``
+    sent ``works[i]`` under ``tag``; :meth:`wait` appends each piece's stamp to
+    ``stamps`` (module docstring)."""
 
     tensor: torch.Tensor
+    tag: int = 0
+    stamps: list[Stamp] = field(default_factory=list)
     works: list[Work] = field(default_factory=list)
+    peers: list[int] = field(default_factory=list)
 
     def wait(self) -> torch.Tensor:
-        for w in self.works:
+        waited = time.time()
+        for w, peer in zip(self.works, self.peers, strict=True):
             w.wait()
+            self.stamps.append(["recv", peer, self.tag, waited, time.time()])
         self.works.clear()
+        self.peers.clear()
         return self.tensor
 
 
@@ -146,6 +170,13 @@ class StageLinks:
                 if o.dst == rank
             ]
         self._sends: list[tuple[Work, torch.Tensor]] = []
+        self._stamps: list[Stamp] = []
+
+    def take_transfers(self) -> list[Stamp]:
+        """The stamps of the pieces sent and received since the last call (module
+        docstring, "Transfer times"), in the order they were taken."""
+        stamps, self._stamps = self._stamps, []
+        return stamps
 
     def _send_pieces(
         self, rows: torch.Tensor, pieces: list[Overlap], to_dst: bool, tag: int
@@ -153,6 +184,7 @@ class StageLinks:
         for o in pieces:
             piece = rows[o.start - self.offset : o.end - self.offset].contiguous()
             peer = o.dst if to_dst else o.src
+            self._stamps.append(["send", peer, tag, time.time()])
             self._sends.append((self.transport.send(piece, peer, tag), piece))
 
     def _recv_pieces(
@@ -160,11 +192,12 @@ class StageLinks:
         tag: int,
     ) -> Pending:
         buf = torch.empty((self.samples, *shape), dtype=dtype, device=self.device)
-        pending = Pending(buf)
+        pending = Pending(buf, tag, self._stamps)
         for o in pieces:
             view = buf[o.start - self.offset : o.end - self.offset]
             peer = o.src if from_src else o.dst
             pending.works.append(self.transport.recv(view, peer, tag))
+            pending.peers.append(peer)
         return pending
 
     def send_activations(self, m: int, output: torch.Tensor) -> None:

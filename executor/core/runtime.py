@@ -83,6 +83,8 @@ class StepRecord:
     wall_ms: float = 0.0
     #: wall-clock seconds (``time.time()``) at the step's start
     started_at: float = 0.0
+    #: the step's stamped transfer pieces (:meth:`StageLinks.take_transfers`)
+    transfers: list[list[Any]] = field(default_factory=list)
 
     def total(self, *kinds: str) -> float:
         return sum(i.end_ms - i.start_ms for i in self.intervals if i.kind in kinds)
@@ -200,6 +202,7 @@ class StageRuntime:
         start = time.perf_counter()
         self.links.wait_sends()
         self._mark(record, "SEND_WAIT", None, start)
+        record.transfers = self.links.take_transfers()
         return record
 
     def _mark(self, record: StepRecord, kind: str, m: int | None, start: float) -> None:
