@@ -49,7 +49,7 @@ CFS_PERIOD_US = 100_000
 MIN_CPU_CORES = 1_000 / CFS_PERIOD_US
 #: resident memory of a worker process with torch imported and gloo initialised, before
 #: any model: the memory group's peak charge, measured as docs/lab.md "Compute" says
-PROCESS_BASELINE_BYTES = 384 * 2**20
+PROCESS_BASELINE_BYTES = 256 * 2**20
 #: the highest CPU weight of each cgroup version (v1 ``cpu.shares``, v2 ``cpu.weight``)
 _MAX_WEIGHT = {1: "262144", 2: "10000"}
 
@@ -345,6 +345,6 @@ def confinements(
             )
         budget = int(cluster.budget_bytes(cluster.index(dev)))
         out[dev] = Confinement(
-            cpu_cores=math.floor(cpu * 1e4) / 1e4, mem_bytes=budget + PROCESS_BASELINE_BYTES
+            cpu_cores=math.floor(cpu * 1e4 + 1e-9) / 1e4, mem_bytes=budget + PROCESS_BASELINE_BYTES
         )
     return out

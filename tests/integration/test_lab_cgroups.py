@@ -1,0 +1,157 @@
+"""Specification of the lab's compute confinement on this machine's real cgroups: a
+quarter-core quota takes four times as long as a full core, a process past its memory
+limit is killed and the group says so, nothing is left behind, and a machine without
+the controllers gets one line saying what is missing."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+from pathlib import Path
+
+import pytest
+from edgepipe.executor.lab.cgroups import (
+    Cgroup,
+    Confinement,
+    check_available,
+    remove_stale,
+)
+from edgepipe.executor.lab.errors import LabUnavailable
+
+from tests.helpers.processes import PY
+
+try:
+    check_available()
+except LabUnavailable as exc:  # a machine without root or cgroups: nothing to test
+    pytestmark = pytest.mark.skip(reason=str(exc))
+
+#: a child that waits for a line on stdin (so that it is in its group before it works),
+#: runs a fixed CPU-bound loop and prints the loop's wall seconds
+SPIN = (
+    "import sys, time\n"
+    "sys.stdin.readline()\n"
+    "t = time.perf_counter()\n"
+    "x = 0\n"
+    "for i in range(N): x += i * i\n"
+    "print(time.perf_counter() - t)\n"
+)
+
+
+def run_in(group: Cgroup, code: str) -> subprocess.CompletedProcess[str]:
+    """Run ``python -c code`` as a member of ``group`` from its first line on; the child
+    is reaped (killed by pid after 60 s) whatever happens."""
+    proc = subprocess.Popen(
+        [PY, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        group.add(proc.pid)
+        out, err = proc.communicate("go\n", timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+@pytest.mark.serial  # compares wall-clock times: 25% vs 100% of a core within 3.2x-4.8x
+def test_a_quarter_core_takes_four_times_as_long_as_a_full_one() -> None:
+    # The same loop (about 0.4 s of CPU) runs alternately under a 100% and a 25% quota,
+    # three times each, so a burst of load from elsewhere hits both alike; the medians'
+    # ratio is 4 when the quota is what limits the confined run. The loop spans many
+    # 100 ms CFS periods: the confined run's first 25 ms of each period run free, so a
+    # loop of a few periods would measure less than 4x (0.09 s of CPU measured 2.7x).
+    # Both groups carry the top CPU weight, so other processes barely slow either.
+    spin = SPIN.replace("N", "6_000_000")
+    full, quarter = [], []
+    with Cgroup.create("full", Confinement(1.0, None)) as g1, Cgroup.create(
+        "quarter", Confinement(0.25, None)
+    ) as g4:
+        for _ in range(3):
+            full.append(float(run_in(g1, spin).stdout))
+            quarter.append(float(run_in(g4, spin).stdout))
+    ratio = statistics.median(quarter) / statistics.median(full)
+    assert 3.2 <= ratio <= 4.8, (full, quarter, os.getloadavg())
+
+
+def test_a_process_past_its_memory_limit_is_killed_and_the_group_says_so() -> None:
+    # 64 MiB limit; the child touches 256 MiB (a bytes object of non-zero bytes)
+    with Cgroup.create("hog", Confinement(1.0, 64 * 2**20)) as group:
+        done = run_in(group, "import sys\nsys.stdin.readline()\nb = b'x' * (256 << 20)\n")
+        assert done.returncode == -9  # SIGKILL from the kernel's OOM killer
+        assert group.oom_killed()
+        assert group.peak_memory_bytes() <= 64 * 2**20
+
+
+def test_a_process_within_its_limit_runs_and_its_peak_is_read() -> None:
+    with Cgroup.create("fits", Confinement(1.0, 256 * 2**20)) as group:
+        done = run_in(group, "import sys\nsys.stdin.readline()\nb = b'x' * (64 << 20)\n")
+        assert done.returncode == 0
+        assert not group.oom_killed()
+        assert 64 * 2**20 <= group.peak_memory_bytes() <= 256 * 2**20
+
+
+def test_remove_leaves_no_group_even_with_a_process_inside() -> None:
+    group = Cgroup.create("left", Confinement(0.5, 128 * 2**20))
+    proc = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"])
+    try:
+        group.add(proc.pid)
+        assert group.pids() == [proc.pid]
+        group.remove()  # kills the process still inside, then removes the group
+        assert proc.wait(timeout=10) == -9
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not any(d.exists() for d in group.dirs)
+    group.remove()  # already gone: no error
+
+
+def test_remove_stale_clears_the_groups_of_a_dead_creator_only() -> None:
+    made = subprocess.run(
+        [PY, "-c", "import os\nfrom edgepipe.executor.lab.cgroups import Cgroup, Confinement\n"
+         "print(Cgroup.create('orphan', Confinement(0.5, None)).name)\nos._exit(0)"],
+        capture_output=True, text=True, check=True, timeout=60,
+    )
+    orphan = made.stdout.strip()
+    with Cgroup.create("mine", Confinement(0.5, None)) as mine:
+        removed = remove_stale()
+        assert orphan in removed
+        assert mine.name not in removed
+        assert all(d.exists() for d in mine.dirs)
+    assert orphan not in remove_stale()
+
+
+def test_without_controllers_the_message_names_them_and_emulation(tmp_path: Path) -> None:
+    with pytest.raises(LabUnavailable) as nothing:
+        check_available(root=tmp_path)
+    assert str(nothing.value) == (
+        f"the lab needs the cgroup cpu and memory controllers (mounted neither as cgroup "
+        f"v2 at {tmp_path} nor as v1 under {tmp_path}/cpu and {tmp_path}/memory); run the "
+        "plan with --emulate instead"
+    )
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")  # v1 cpu, no memory
+    with pytest.raises(LabUnavailable, match="the cgroup memory controller "):
+        check_available(root=tmp_path)
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cgroup.controllers").write_text("cpuset cpu io pids\n")  # v2 without memory
+    with pytest.raises(LabUnavailable, match="the cgroup memory controller "):
+        check_available(root=v2)
+    (v2 / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    check_available(root=v2)
+
+
+def test_without_root_the_message_says_so() -> None:
+    # the child imports as root, then becomes user nobody before the check
+    code = (
+        "import os\n"
+        "from edgepipe.executor.lab.cgroups import check_available\n"
+        "from edgepipe.executor.lab.errors import LabUnavailable\n"
+        "os.setgid(65534)\nos.setuid(65534)\n"
+        "try:\n    check_available()\nexcept LabUnavailable as e:\n    print(e)\n"
+    )
+    done = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout == (
+        "the lab needs root (run as root); run the plan with --emulate instead\n"
+    ), done.stderr
