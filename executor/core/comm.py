@@ -104,6 +104,13 @@ def backward_tag(m: int) -> int:
     return 2 * m + 1
 
 
+def tag_parts(tag: int) -> tuple[int, bool]:
+    """The micro-batch of a transfer's tag and whether it carries activations (forward)
+    rather than gradients."""
+    m, odd = divmod(tag, 2)
+    return m, not odd
+
+
 #: one stamped piece (module docstring, "Transfer times")
 Stamp = list[Any]
 

@@ -9,12 +9,24 @@ these files needs no torch.
 
 Per-device figures of a step: ``compute_ms`` (F + B), ``send_ms`` (posting sends and
 waiting for them at the end of the step), ``recv_wait_ms`` (waiting for activations and
-gradients), ``allreduce_ms`` (REDUCE_GRAD), ``optim_ms``, ``wall_ms`` (the rank's step
-from its start to its optimizer step), ``started_at`` (the wall clock at its start;
-step periods, replication included, are differences of it) and ``peak_mem_bytes``
-(CUDA: peak allocated;
-CPU: the process's peak resident set size, which includes the interpreter and torch).
+gradients), ``allreduce_ms`` (REDUCE_GRAD), ``optim_ms``, ``wall_ms`` (the rank's step:
+from the start of its first action, once its rows are loaded, to the end of its
+optimizer step, the commit point between them included), ``started_at`` (the wall clock
+at that start; step periods, replication included, are differences of it),
+``peak_mem_bytes`` (CUDA: peak allocated; CPU: the process's peak resident set size,
+which includes the interpreter and torch) and, on CPU, ``baseline_mem_bytes`` (the
+peak resident set size when this module was imported: interpreter, torch and edgepipe
+loaded, no model built yet; :data:`BASELINE_MEM_BYTES`).
 The step's ``wall_ms`` is the largest rank's, ``samples_per_s`` the global batch over it.
+
+**Transfers** (docs/executor.md, "timeline.jsonl"): each payload carries its rank's
+stamped pieces (:mod:`executor.core.comm`, "Transfer times"); the writer matches each
+send to its receive (sender, receiver and tag are unique within a step) and writes one
+``TRANSFER_F`` (activations) or ``TRANSFER_B`` (gradients) timeline line per piece,
+times in ms from the *sender's* step start on the shared wall clock: ``start_ms`` the
+post, ``end_ms`` the receiver's completion, ``waited_ms`` when the receiver began
+waiting for it. A piece without its other half (a payload of an older writer) is
+left out.
 Deterministic-mode loss: ``L = l_0.clone(); L.add_(l_i) ...; L.div_(B)`` over the
 per-sample losses in global position order (DETERMINISTIC.md); fast mode: the sum of the
 last stage's scaled slice losses in rank order.
@@ -28,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from edgepipe.executor.core.comm import tag_parts
 from edgepipe.executor.core.layout import RankLayout
 from edgepipe.executor.core.runtime import StepRecord
 from edgepipe.planner.check.live import complete_lines
@@ -37,13 +50,23 @@ SEND = ("SEND_F", "SEND_B", "SEND_WAIT")
 RECV = ("RECV_F", "RECV_B")
 #: per-device figures that payloads of older writers, or of runs without replication, lack
 OPTIONAL = ("started_at", "replication_ms", "replication_background_ms", "replication_point",
-            "replication_acked_at")
+            "replication_acked_at", "baseline_mem_bytes")
+#: decimals of a transfer stamp's wall-clock seconds (microseconds)
+STAMP_DECIMALS = 6
+
+
+def _peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+#: this process's peak resident set size when this module was imported (module docstring)
+BASELINE_MEM_BYTES = _peak_rss_bytes()
 
 
 def peak_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return _peak_rss_bytes()
 
 
 def rank_payload(record: StepRecord, device: torch.device) -> dict[str, Any]:
@@ -60,11 +83,44 @@ def rank_payload(record: StepRecord, device: torch.device) -> dict[str, Any]:
         "wall_ms": record.wall_ms,
         "started_at": record.started_at,
         "peak_mem_bytes": peak_memory_bytes(device),
+        **({} if device.type == "cuda" else {"baseline_mem_bytes": BASELINE_MEM_BYTES}),
         "intervals": [
             [i.kind, i.micro_batch, round(i.start_ms, 4), round(i.end_ms, 4)]
             for i in record.intervals
         ],
+        "transfers": [
+            [kind, peer, tag, *(round(t, STAMP_DECIMALS) for t in times)]
+            for kind, peer, tag, *times in record.transfers
+        ],
     }
+
+
+def transfer_lines(step: int, layout: RankLayout, payloads: list[dict[str, Any]]
+                   ) -> list[dict[str, Any]]:
+    """The ``TRANSFER_F`` / ``TRANSFER_B`` timeline lines of one step (module docstring),
+    in sender rank order, then in posting order. O(pieces)."""
+    received = {
+        (peer, rank, tag): (waited, done)
+        for rank, p in enumerate(payloads)
+        for _, peer, tag, waited, done in (s for s in p.get("transfers", ()) if s[0] == "recv")
+    }
+    lines = []
+    for rank, p in enumerate(payloads):
+        src = layout.ranks[rank]
+        for _, peer, tag, posted in (s for s in p.get("transfers", ()) if s[0] == "send"):
+            if (rank, peer, tag) not in received or "started_at" not in p:
+                continue
+            waited, done = received[(rank, peer, tag)]
+            m, forward = tag_parts(tag)
+            start, end, wait = ((t - p["started_at"]) * 1e3 for t in (posted, done, waited))
+            lines.append({
+                "device": src.device, "rank": rank, "stage": src.stage, "step": step,
+                "kind": "TRANSFER_F" if forward else "TRANSFER_B", "micro_batch": m,
+                "peer": layout.ranks[peer].device, "peer_rank": peer,
+                "start_ms": round(start, 4), "end_ms": round(end, 4),
+                "waited_ms": round(wait, 4),
+            })
+    return lines
 
 
 def step_loss(payloads: list[dict[str, Any]], global_batch: int, deterministic: bool) -> float:
@@ -132,6 +188,8 @@ class MetricsWriter:
                     )
                     + "\n"
                 )
+        for t in transfer_lines(step, self.layout, payloads):
+            self.timeline.write(json.dumps(t) + "\n")
         line = {
             "step": step,
             "loss": step_loss(payloads, self.layout.global_batch, self.deterministic),
