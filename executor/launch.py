@@ -92,8 +92,8 @@ from edgepipe.planner.errors import EdgepipeError, InputError
 from edgepipe.planner.plan import Plan, load_plan, replica_standbys
 from edgepipe.planner.timeouts import HANG_TIMEOUT_S, HEARTBEAT_S, START_TIMEOUT_S
 
-__all__ = ["ABORT_GRACE_S", "GRACE_S", "POLL_S", "RunFailed", "RunResult", "launch",
-           "preflight", "recovers"]
+__all__ = ["ABORT_GRACE_S", "GRACE_S", "POLL_S", "Placement", "RunFailed", "RunResult",
+           "launch", "preflight", "recovers"]
 
 #: seconds between two polls of the children's exit codes (and the control plane)
 POLL_S = 0.02
@@ -119,6 +119,21 @@ class RunFailed(EdgepipeError):
         self.cause, self.detected_at = cause, detected_at
         self.aborted_at, self.abort_seen = aborted_at, abort_seen or {}
         super().__init__(message)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the workers run: the store's host as they reach it, and each worker's process
+    entry and arguments. The default runs plain processes on this machine
+    (:func:`executor.worker.spawned`); the lab places each in its device's network
+    namespace and cgroup (:mod:`executor.lab.launch`, docs/lab.md)."""
+
+    store_host: str = "127.0.0.1"
+
+    def entry(self, opts: WorkerOptions, endpoint: Endpoint) -> tuple[
+        Callable[..., None], tuple[Any, ...]
+    ]:
+        return spawned, (opts, endpoint)
 
 
 @dataclass
@@ -203,6 +218,7 @@ def launch(
     standbys: int | None = None,
     join_timeout_s: float | None = None,
     watch_slowdown: bool | None = None,
+    placement: Placement = Placement(),
 ) -> RunResult:
     """Run the plan of ``opts`` here, one process per plan device (module docstring).
 
@@ -224,6 +240,7 @@ def launch(
     plan's budgets (this run's processes share this machine, so without emulation
     their times measure its scheduling, not devices); True without emulation: the
     predictions are calibrated over the plan's first steps ("Real devices").
+    ``placement``: where the workers run (:class:`Placement`; the lab's, docs/lab.md).
 
     Steps: check the options and the plan (:func:`_check_heartbeat`, :func:`preflight`,
     :func:`_spares`), prepare the run's folder, host the store, open the control plane
@@ -247,7 +264,7 @@ def launch(
     if hang_timeout_s is not None:
         coordinator, opts = _control_plane(store, opts, layout, spares, hang_timeout_s,
                                            heartbeat_s, recovering, current)
-    children = _Children(opts, layout, store.port, out, current)
+    children = _Children(opts, layout, store.port, out, current, placement)
     supervisor = scratch = schedule = None
     if recovering:
         assert coordinator is not None
@@ -374,8 +391,9 @@ class _Children:
     ``ranks.json`` lines (``ranks``) that name them."""
 
     def __init__(self, opts: WorkerOptions, layout: RankLayout, port: int, out: Path | None,
-                 current: dict[str, Any]) -> None:
+                 current: dict[str, Any], placement: Placement) -> None:
         self.opts, self.layout, self.port, self.out = opts, layout, port, out
+        self.placement = placement
         self.ctx = multiprocessing.get_context("spawn")
         self.procs: list[Any] = []
         self.current = current
@@ -389,12 +407,12 @@ class _Children:
         """Start one process per plan rank, then one per standby (``spares``)."""
         layout = self.layout
         for info in layout.ranks:
-            endpoint = Endpoint(info.rank, layout.world_size, "127.0.0.1", self.port,
-                                local_rank=info.rank, local_world_size=layout.world_size)
-            proc = self.ctx.Process(
-                target=spawned, args=(self.opts, endpoint), name=f"edgepipe-{info.device}",
-                daemon=True,
-            )
+            endpoint = Endpoint(info.rank, layout.world_size, self.placement.store_host,
+                                self.port, local_rank=info.rank,
+                                local_world_size=layout.world_size)
+            target, args = self.placement.entry(self.opts, endpoint)
+            proc = self.ctx.Process(target=target, args=args, name=f"edgepipe-{info.device}",
+                                    daemon=True)
             _start_deaf_to_ctrl_c(proc)
             self.procs.append(proc)
             self.current[info.device] = proc
