@@ -27,13 +27,18 @@ by :func:`init_block` from :func:`block_seed` ``(s, i)`` alone, so a pipeline st
 builds only blocks 5..9 gets exactly the weights those blocks have in the full model.
 
 Bring your own model with :func:`load_model` (``"package.module:callable"`` returning an
-``nn.Sequential`` or a list of blocks).
+``nn.Sequential`` or a list of blocks), or any ``nn.Module`` split into blocks at module
+boundaries by :mod:`executor.profiling.split` (``--model package.module:factory --split
+auto``). ``package.module`` is imported as ``python -m`` would from the current
+directory: an installed module, or one beside where the command runs.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import sys
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -274,10 +279,15 @@ def loss_fn(name: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
 
 
 def load_callable(spec: str) -> Callable[..., Any]:
-    """Import ``"package.module:attr"`` (attr may be dotted) and return it."""
+    """Import ``"package.module:attr"`` (attr may be dotted) and return it; the current
+    directory is searched after the installed packages (appended to ``sys.path``), so
+    ``examples.gpt:factory`` works from the repository root, and in the workers a run
+    starts there."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise InputError(spec, "", "expected 'package.module:callable'")
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:

@@ -27,9 +27,16 @@ def cmd_profile(args: argparse.Namespace) -> None:
         from edgepipe.executor.profiling.analytic import analytic_profile
         from edgepipe.executor.profiling.profiler import profile_model
 
+    if args.split is not None and ":" not in args.model:
+        raise InputError("--split", "", "splits a MODULE:FACTORY model; zoo models are chains")
     if ":" in args.model:
-        model = zoo.load_model(args.model)
-        build = BuildSpec(callable=args.model)
+        if args.split is not None:
+            from edgepipe.executor.profiling.split import split_source
+
+            model, build = split_source(args.model, args.split)
+        else:
+            model = zoo.load_model(args.model)
+            build = BuildSpec(callable=args.model)
         if not args.input:
             raise InputError(
                 "--input",
@@ -93,7 +100,15 @@ def cmd_probe(args: argparse.Namespace) -> None:
 
 def add_profile_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--model", required=True, help="zoo name or MODULE:CALLABLE returning an nn.Sequential"
+        "--model",
+        required=True,
+        help="zoo name, MODULE:CALLABLE returning an nn.Sequential, or with --split any "
+        "nn.Module's MODULE:FACTORY",
+    )
+    p.add_argument(
+        "--split",
+        help="cut MODULE:FACTORY's nn.Module into blocks: 'auto' (every module boundary "
+        "where one tensor crosses) or module FQNs, e.g. layers.2,layers.4",
     )
     p.add_argument("--input", help="MODULE:CALLABLE(batch) -> example input, for your own model")
     p.add_argument(
