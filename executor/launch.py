@@ -274,7 +274,7 @@ def launch(
         if joins:
             schedule = _join_schedule(joins, supervisor, children, opts, join_timeout_s)
     if out is not None:
-        live.write_state(out, "running", opts.steps)
+        live.write_state(out, "running", opts.steps, mode="emulated" if opts.emulate else "real")
     try:
         children.start(spares)
         if on_start is not None:

@@ -3,9 +3,10 @@
 
 **State** (``status.json`` in the run directory, written by the local launcher,
 :func:`executor.launch.launch`): ``state`` is ``running`` from the start (with the
-launcher's ``pid`` and ``host``, the ``steps`` asked for and ``started_at``, wall-clock
-s), then ``finished``, ``failed`` (``reason``: the error's first line) or ``stopped``
-(``reason``: interrupted), with ``ended_at``. A file still saying ``running`` whose
+launcher's ``pid`` and ``host``, the ``steps`` asked for, ``started_at``, wall-clock
+s, and the run's ``mode``, one of :data:`MODES`), then ``finished``, ``failed``
+(``reason``: the error's first line) or ``stopped`` (``reason``: interrupted), with
+``ended_at``. A file still saying ``running`` whose
 launcher process is gone (same host) was killed without a word (SIGKILL, a crash of the
 machine): :func:`run_state` reads it as ``died``. A folder without the file (written by
 an older edgepipe, or by the cross-host coordinator) is read as ``finished``.
@@ -36,25 +37,35 @@ from typing import Any
 from edgepipe.planner.errors import InputError
 
 STATUS = "status.json"
+#: how a run's devices ran (``mode`` in status.json): ``emulated`` (``--emulate``: each
+#: device sleeps to the cost model's budgets), ``lab`` (``--lab``: real compute confined
+#: like each device, shaped links) or ``real`` (this machine's own speed)
+MODES = ("emulated", "lab", "real")
 #: steps whose start times give the progress line's rate
 WINDOW = 20
 
 
-def write_state(folder: Path, state: str, steps: int, reason: str | None = None) -> None:
+def write_state(folder: Path, state: str, steps: int, reason: str | None = None,
+                mode: str | None = None) -> None:
     """Write ``folder/status.json`` (module docstring) atomically (a reader never sees
-    half a file): ``running`` with this process's pid, host and the time; any other
-    state keeps the start's fields and adds ``ended_at`` (and ``reason``)."""
+    half a file): ``running`` with this process's pid, host, the time and the run's
+    ``mode`` (one of :data:`MODES`); any other state keeps the start's fields and adds
+    ``ended_at`` (and ``reason``)."""
+    if mode is not None and mode not in MODES:
+        raise ValueError(f"run mode {mode!r} is not one of {', '.join(MODES)}")
     path = folder / STATUS
     doc: dict[str, Any] = {"state": state, "steps": steps}
     if state == "running":
         doc.update(pid=os.getpid(), host=socket.gethostname(), started_at=time.time())
+        if mode is not None:
+            doc["mode"] = mode
     else:
         try:
             start = json.loads(path.read_text())
         except (OSError, ValueError):
             start = {}
-        doc = {**{k: start[k] for k in ("pid", "host", "started_at") if k in start}, **doc,
-               "ended_at": time.time()}
+        doc = {**{k: start[k] for k in ("pid", "host", "started_at", "mode") if k in start},
+               **doc, "ended_at": time.time()}
         if reason is not None:
             doc["reason"] = reason
     tmp = path.with_name(f".{STATUS}.{os.getpid()}")
@@ -72,6 +83,8 @@ class RunState:
     reason: str | None = None
     pid: int | None = None
     host: str | None = None
+    #: one of :data:`MODES`; None where status.json does not say (an older writer)
+    mode: str | None = None
 
     def describe(self, committed: int) -> str | None:
         """One line on a run that is not (known to be) finished, given how many steps
@@ -109,14 +122,16 @@ def run_state(folder: Path) -> RunState:
     try:
         doc = json.loads(path.read_text())
         state, steps = str(doc["state"]), doc.get("steps")
-        pid, host = doc.get("pid"), doc.get("host")
+        pid, host, mode = doc.get("pid"), doc.get("host"), doc.get("mode")
     except (OSError, ValueError, KeyError, TypeError):
         raise InputError(str(path), "", "is not a run state written by edgepipe run; "
                          "delete it to report the run as finished") from None
+    if mode is not None and mode not in MODES:
+        raise InputError(str(path), "$.mode", f"{mode!r} is not one of {', '.join(MODES)}")
     if state == "running" and host == socket.gethostname() and isinstance(pid, int) \
             and not _alive(pid):
         state = "died"
-    return RunState(state, steps, doc.get("reason"), pid, host)
+    return RunState(state, steps, doc.get("reason"), pid, host, mode)
 
 
 def complete_lines(text: str, where: str) -> list[dict[str, Any]]:
