@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import replace
 
 import numpy as np
@@ -31,6 +30,7 @@ from edgepipe.planner.solvers.dp import tables as dp_tables
 from edgepipe.planner.solvers.dp.driver import plan_dp
 from edgepipe.planner.solvers.dp.sizes import TIE_TOLERANCE
 from edgepipe.planner.solvers.exact.solver import plan_milp
+from edgepipe.planner.solvers.time_limit import Deadline
 
 from tests.helpers.dp_cases import NON_UNIFORM, identical, mixed, searched_sizes, tiny
 from tests.helpers.oracles import brute_force_best
@@ -282,7 +282,7 @@ def test_levels_collapse_without_algorithm_1_when_memory_never_binds(monkeypatch
     classes = device_classes(problem)
     tables = dp_tables._Tables(problem, cm, classes)
     graph = dp_graph.state_graph(tables, 16, dp_graph.device_orders(problem, classes))
-    search = dp_search._BatchSearch(tables, graph, 16, np.inf, lambda: None)
+    search = dp_search._BatchSearch(tables, graph, 16, Deadline(np.inf), lambda: None)
     assert search.first_free_level() == 1
     assert len(tables._base) == 0  # no composition's split computed
     k_max = search.warmup(search.max_p)
@@ -293,7 +293,7 @@ def test_levels_collapse_without_algorithm_1_when_memory_never_binds(monkeypatch
 
 def best_value(tables, graph, batch: int, bound: float) -> float:
     """The least DP value of one micro-batch size's search under ``bound``."""
-    search = dp_search._BatchSearch(tables, graph, batch, np.inf, lambda: None, bound)
+    search = dp_search._BatchSearch(tables, graph, batch, Deadline(np.inf), lambda: None, bound)
     return min((a[0] for a in search.run()), default=np.inf)
 
 
@@ -695,7 +695,7 @@ def test_relaxed_bounds_never_exceed_any_plans_closed_form(build, seed):
     checked = 0
     for batch in sizes:
         graph = dp_graph.state_graph(tables, batch, device_orders(problem, classes))
-        relaxed = _BatchSearch(tables, graph, batch, time.perf_counter() + 60, lambda: None).relaxed
+        relaxed = _BatchSearch(tables, graph, batch, Deadline(60), lambda: None).relaxed
         levels = relaxed.g.shape[0]
         by_class = class_weighted_bound(tables, batch)
         m, warmups, _ = _relax_levels(tables, batch)
@@ -739,7 +739,7 @@ def test_prefix_bound_on_the_ordered_graph_reaches_every_state_through_skips(mon
     tables = _Tables(problem, CostModel(problem, 8), classes)
     graph = dp_graph.state_graph(tables, 4, device_orders(problem, classes))
     assert graph.kind == "ordered"
-    prefix = _BatchSearch(tables, graph, 4, time.perf_counter() + 60, lambda: None).prefix
+    prefix = _BatchSearch(tables, graph, 4, Deadline(60), lambda: None).prefix
     assert (prefix[:, 5] == 0.0).all()
     assert (prefix[:, :5] > 0.0).all()
 
@@ -781,7 +781,7 @@ def test_prefix_bound_never_exceeds_the_stages_before_any_cut(build, seed):
     for batch in sizes:
         graph = dp_graph.state_graph(tables, batch, device_orders(problem, classes))
         assert graph.kind == "complete"
-        search = _BatchSearch(tables, graph, batch, time.perf_counter() + 60, lambda: None)
+        search = _BatchSearch(tables, graph, batch, Deadline(60), lambda: None)
         prefix = search.prefix
         for part in all_partitions(problem, batch):
             cost = cm.evaluate(part)
@@ -900,7 +900,7 @@ def test_no_cell_of_a_plan_within_the_bound_is_emptied(build, seed):
         graph = dp_graph.state_graph(tables, batch, device_orders(problem, classes))
         assert graph.kind == "complete"
         state = {s: i for i, s in enumerate(graph.states)}
-        search = _BatchSearch(tables, graph, batch, np.inf, lambda: None)
+        search = _BatchSearch(tables, graph, batch, Deadline(np.inf), lambda: None)
         for part in all_partitions(problem, batch):
             cost = cm.evaluate(part)
             if not cost.memory_ok:
@@ -936,7 +936,7 @@ def test_the_forward_traversal_rule_empties_cells_the_other_rules_keep():
     for batch in sizes:
         graph = dp_graph.state_graph(tables, batch, dp_graph.device_orders(problem, classes))
         bound = best_value(tables, graph, batch, np.inf)
-        search = dp_search._BatchSearch(tables, graph, batch, np.inf, lambda: None, bound)
+        search = dp_search._BatchSearch(tables, graph, batch, Deadline(np.inf), lambda: None, bound)
         relaxed = search.relaxed
         q_least, g_least = relaxed.q.min(axis=0), relaxed.g.min(axis=0)
         for s, size in enumerate(search.sizes):

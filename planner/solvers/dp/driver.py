@@ -18,7 +18,7 @@ from edgepipe.planner.partition import Partition
 from edgepipe.planner.solvers.diagnosis import diagnose_infeasible
 from edgepipe.planner.solvers.dp.multilevel import plan_multilevel
 from edgepipe.planner.solvers.dp.sizes import DEFAULT_TIME_LIMIT, DPResult, best_plan
-from edgepipe.planner.solvers.time_limit import check_time_limit
+from edgepipe.planner.solvers.time_limit import Deadline, check_time_limit
 
 #: chains of more blocks than this are planned coarse to fine by default
 #: (:mod:`planner.solvers.dp.multilevel`, docs/decisions.md)
@@ -33,6 +33,7 @@ def plan_dp(
     by_class: bool = True,
     incumbent: Partition | None = None,
     multilevel: bool = True,
+    cpu_time_limit: float | None = None,
 ) -> DPResult:
     """Best partition found by the DP over every micro-batch candidate.
 
@@ -42,6 +43,9 @@ def plan_dp(
             candidate.
         time_limit: wall-clock seconds; when they run out the best plan so far is
             returned with status ``timed_out``.
+        cpu_time_limit: optionally, this process's CPU seconds as a second limit (the
+            first to run out stops the search; :class:`~planner.solvers.time_limit.Deadline`):
+            the same plan however busy the machine is.
         by_class: key states by device class (default); ``False`` makes every device a
             class of its own (the device-by-device DP, for tests and benchmarks).
         incumbent: a warm start, a known plan of ``problem`` at one of its micro-batch
@@ -60,14 +64,17 @@ def plan_dp(
         InfeasibleError: no candidate fits memory (message names the binding figure).
         PlanMismatchError: the incumbent is not a plan of ``problem``.
         InputError: the incumbent's micro-batch size is not a candidate, or the time
-            limit is not a finite number of seconds above 0.
+            limit (or the CPU-time limit) is not a finite number of seconds above 0.
     """
     check_time_limit(time_limit)
+    if cpu_time_limit is not None:
+        check_time_limit(cpu_time_limit, "--cpu-time-limit")
+    deadline = Deadline(time_limit, cpu_time_limit)
     if multilevel and problem.model.num_blocks > MULTILEVEL_ABOVE:
-        result = plan_multilevel(problem, progress, time_limit, by_class=by_class,
+        result = plan_multilevel(problem, progress, deadline, by_class=by_class,
                                  incumbent=incumbent)  # fmt: skip
     else:
-        result = best_plan(problem, progress, time_limit, by_class=by_class,
+        result = best_plan(problem, progress, deadline, by_class=by_class,
                            incumbent=incumbent)  # fmt: skip
     if result is None:
         raise diagnose_infeasible(problem)

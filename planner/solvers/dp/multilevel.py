@@ -69,6 +69,7 @@ from edgepipe.planner.solvers.dp.sizes import (
     check_incumbent,
     choose,
 )
+from edgepipe.planner.solvers.time_limit import Deadline
 
 #: blocks of the coarse chain, about (ceil((L - 1) / k) + 1 for the width k =
 #: ceil(L / COARSE_BLOCKS): 101 at 300 and 400 blocks)
@@ -157,7 +158,7 @@ def contract(partition: Partition, cuts: list[int]) -> Partition:
 def plan_multilevel(
     problem: Problem,
     progress: Callable[[int, int], None] | None = None,
-    time_limit: float = DEFAULT_TIME_LIMIT,
+    time_limit: float | Deadline = DEFAULT_TIME_LIMIT,
     *,
     by_class: bool = True,
     incumbent: Partition | None = None,
@@ -185,8 +186,9 @@ def plan_multilevel(
             return None
         return lambda done, total: progress(offset * total + done, 2 * total)
 
-    coarse = best_plan(merge_blocks(problem, grid), half(0), time_limit, by_class=by_class)
-    left = max(time_limit - (time.perf_counter() - start), 0.0)
+    # one running limit (wall clock, CPU time) for both runs
+    left = time_limit if isinstance(time_limit, Deadline) else Deadline(time_limit)
+    coarse = best_plan(merge_blocks(problem, grid), half(0), left, by_class=by_class)
     if coarse is None:
         # no coarse plan fits memory: one may need a cut off the grid
         return best_plan(problem, half(1), left, by_class=by_class, incumbent=incumbent)

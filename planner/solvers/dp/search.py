@@ -92,7 +92,6 @@ floats each.
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -110,6 +109,7 @@ from edgepipe.planner.solvers.dp.fronts import FRONT, _fields, _front, _Level
 from edgepipe.planner.solvers.dp.graph import _Graph
 from edgepipe.planner.solvers.dp.recurrence import compose
 from edgepipe.planner.solvers.dp.tables import _Tables
+from edgepipe.planner.solvers.time_limit import Deadline
 
 #: root answers re-scored by the exact schedule makespan: the best of a collapsed level
 #: (every stage count), and per exact level (one stage count) the best RERANK_LEVEL, so
@@ -172,7 +172,7 @@ class _BatchSearch:
         tables: _Tables,
         graph: _Graph,
         batch: int,
-        deadline: float,
+        deadline: Deadline,
         tick: Callable,
         bound: float = INF,
         relaxed: _Relaxed | None = None,
@@ -257,7 +257,7 @@ class _BatchSearch:
             return 1
         worst = -INF
         for cid in sorted({c for _, c, _ in self.g.edges if c >= 0}):
-            if time.perf_counter() > self.deadline:
+            if self.deadline.passed():
                 raise _Timeout
             depth = self.t.unconstrained(cid, self.batch)[2]
             binding = depth[np.isfinite(depth) & (depth < k_max)]
@@ -279,7 +279,7 @@ class _BatchSearch:
         for p in range(1, min(p0, self.max_p) + 1):
             collapsed = p == p0
             try:
-                if p == 1 and time.perf_counter() > self.deadline:
+                if p == 1 and self.deadline.passed():
                     raise _Timeout
                 level = self._level(p, collapsed)
             except _Timeout:
@@ -335,7 +335,7 @@ class _BatchSearch:
         for s in states:
             if self.sizes[s] < p or not np.isfinite(self.before[s, p:]).any():
                 continue  # too few devices, or no plan through this state within the bound
-            if not only_root and time.perf_counter() > self.deadline:
+            if not only_root and self.deadline.passed():
                 raise _Timeout
             moves = [e for e in graph.out[s] if graph.edges[e][1] >= 0]
             skips = [] if only_root else [e for e in graph.out[s] if graph.edges[e][1] < 0]

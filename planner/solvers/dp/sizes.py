@@ -90,6 +90,7 @@ from edgepipe.planner.solvers.dp.bounds import (
 from edgepipe.planner.solvers.dp.graph import complete_fits, device_orders, state_graph
 from edgepipe.planner.solvers.dp.search import _BatchSearch, _Timeout
 from edgepipe.planner.solvers.dp.tables import _Tables
+from edgepipe.planner.solvers.time_limit import Deadline
 
 #: sizes, in order of DP value) are re-scored by the exact makespan, none whose DP value
 #: is above the fastest figure found by more than RESCORE_MARGIN, and only while the
@@ -194,16 +195,18 @@ def check_incumbent(problem: Problem, incumbent: Partition) -> None:
 def best_plan(
     problem: Problem,
     progress: Callable[[int, int], None] | None = None,
-    time_limit: float = DEFAULT_TIME_LIMIT,
+    time_limit: float | Deadline = DEFAULT_TIME_LIMIT,
     *,
     by_class: bool = True,
     incumbent: Partition | None = None,
 ) -> DPResult | None:
     """:func:`planner.solvers.dp.driver.plan_dp` without the diagnosis (nor the coarse to
-    fine planning of long chains): ``None`` when nothing fits."""
+    fine planning of long chains): ``None`` when nothing fits. ``time_limit``: wall-clock
+    seconds from now, or a running :class:`~planner.solvers.time_limit.Deadline` (wall
+    clock and CPU time) shared with the caller."""
     run = _Sizes(problem, progress, time_limit, by_class, incumbent)
     for i, batch in enumerate(run.micro_batches()):
-        if run.found and time.perf_counter() >= run.deadline:
+        if run.found and run.deadline.passed():
             run.status = "timed_out"  # a plan exists: the sizes left are not searched
             break
         bound = run.bound_for(batch)
@@ -221,14 +224,14 @@ class _Sizes:
         self,
         problem: Problem,
         progress: Callable[[int, int], None] | None,
-        time_limit: float,
+        time_limit: float | Deadline,
         by_class: bool,
         incumbent: Partition | None,
     ) -> None:
         # the searches' arrays stay on mapped pages (planner.solvers.dp.allocator)
         retain_freed_memory()
         self.start = time.perf_counter()
-        self.deadline = self.start + time_limit
+        self.deadline = time_limit if isinstance(time_limit, Deadline) else Deadline(time_limit)
         self.progress = progress
         self.sizes = problem.config.micro_batch_sizes()
         self.cm = CostModel(problem, max(self.sizes))
@@ -321,20 +324,20 @@ class _Sizes:
         tables, sizes = self.tables, self.sizes
         for b in sorted(sizes, key=lambda b: (self.bounds[b], b)):
             self.weighted[b] = weighted_bound(tables, b)
-            if time.perf_counter() >= self.deadline:
+            if self.deadline.passed():
                 break
         for b in sorted(self.weighted, key=lambda b: (self.weighted[b], b)):
             lowest = min(((self.root(a), a) for a in self.relaxed), default=None)
             if lowest is not None and (self.weighted[b], b) > lowest:
                 break
             self.relaxed[b] = relaxed_bounds(tables, b)
-            if time.perf_counter() >= self.deadline:
+            if self.deadline.passed():
                 break
         least = min(self.root(b) for b in self.relaxed)
         near = 0.0 if complete_fits(tables.counts) else FIRST_NEAR
         first = min(b for b in self.relaxed if self.root(b) <= least * (1 + near))
         yield first
-        if self.found and time.perf_counter() >= self.deadline:
+        if self.found and self.deadline.passed():
             return  # out of time with a plan: no other size's tables are built
         # a size whose Z exceeds the bound now is skipped whenever it comes (the bound
         # only falls), so its tables are not built and its place does not matter
@@ -454,12 +457,10 @@ class _Sizes:
         by RESCORE_MARGIN (the DP value over-predicts by less: RESCORE_MARGIN's comment)."""
         self.waiting.sort(key=lambda w: w[0])
         searched = time.perf_counter() - self.start
-        budget_end = min(
-            self.deadline, time.perf_counter() + max(RESCORE_MIN_S, RESCORE_SHARE * searched)
-        )
+        budget_end = time.perf_counter() + max(RESCORE_MIN_S, RESCORE_SHARE * searched)
         for k, (value, batch, partition) in enumerate(self.waiting):
             fastest = self.fastest()
-            over = k >= RESCORE or time.perf_counter() > budget_end
+            over = k >= RESCORE or time.perf_counter() > budget_end or self.deadline.passed()
             if self.found and (over or value > fastest * (1 + RESCORE_MARGIN)):
                 break
             # a plan whose figure is provably above the tie window and above its size's
