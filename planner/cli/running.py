@@ -22,6 +22,7 @@ from edgepipe.planner.cli.args import (
     positive_int,
 )
 from edgepipe.planner.cli.console import err, out, warn
+from edgepipe.planner.cli.lab import add_lab_arguments, check_lab_arguments, run_in_lab
 from edgepipe.planner.cli.torch_imports import executor_imports
 from edgepipe.planner.errors import InputError
 from edgepipe.planner.plan import Plan, load_plan, replica_standbys, short_run_note
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 
 
 def cmd_run(args: argparse.Namespace) -> None:
+    check_lab_arguments(args)
     with executor_imports():
         from edgepipe.executor import launch
         from edgepipe.executor.core.options import WorkerOptions
@@ -67,6 +69,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         f"on {devices} local processes for {args.steps} steps"
         f"{' (deterministic mode)' if args.deterministic else ''}"
         f"{f' emulating its devices (time scale {time_scale:g})' if args.emulate else ''}"
+        f"{' in the lab (docs/lab.md)' if args.lab else ''}"
     )
     slow = None if args.no_recover else short_run_note(plan, args.steps)
     if slow:  # a recovering run replicates at the plan's interval
@@ -75,7 +78,7 @@ def cmd_run(args: argparse.Namespace) -> None:
                           plan.partition.micro_batch_size * plan.partition.num_micro_batches)
     ticker.start()
     try:
-        result = launch.launch(
+        result = run_in_lab(args, opts) if args.lab else launch.launch(
             opts, hang_timeout_s=args.hang_timeout, heartbeat_s=args.heartbeat,
             recover=False if args.no_recover else None, joins=joins,
             standbys=args.standbys, watch_slowdown=args.watch_slowdown,
@@ -387,6 +390,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         help="continue from the latest committed checkpoint in DIR (a checkpoint, a "
         "checkpoints directory or a run directory); any plan of the same model and config",
     )
+    add_lab_arguments(p)
     p.set_defaults(func=cmd_run)
 
 
