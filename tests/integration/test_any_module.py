@@ -1,0 +1,85 @@
+"""Any nn.Module through the whole flow: the plain-torch GPT of examples/gpt.py is
+profiled through the CLI with ``--split auto``, planned on orin-pair-2, and its plan
+trains 5 steps on edgepipe's runtime (real processes over gloo) in deterministic mode,
+bit-identical to the single-process reference trainer run on the *original* module
+(not its split chain)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import torch
+from edgepipe.executor.core.options import WorkerOptions
+from edgepipe.executor.launch import launch
+from edgepipe.planner.cli.main import main
+from edgepipe.planner.plan import load_plan
+from torch import nn
+
+from examples import gpt
+from tests.helpers import reference_trainer as ref
+
+STEPS = 5
+DATASET = "examples.gpt:dataset"
+
+
+@dataclass(frozen=True)
+class OriginalGPT(ref.ModelSpec):
+    """The reference trains ``examples.gpt.factory()`` itself, built as the split
+    builder builds it (torch's RNG seeded with the build spec's seed). The name
+    ``gpt2-small`` only selects the zoo's language-modelling loss, mean cross-entropy
+    per token: the loss of a callable model without a ``loss`` of its own."""
+
+    name: str = "gpt2-small"
+
+    def build(self) -> nn.Sequential:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            return nn.Sequential(gpt.factory())  # keys "0.<original name>"
+
+
+def test_the_example_gpt_is_profiled_planned_and_trained_as_the_original(tmp_path, capsys):
+    profile, plan_path = tmp_path / "gpt.json", tmp_path / "plan.json"
+    assert main([
+        "profile", "--model", "examples.gpt:factory", "--input", "examples.gpt:example_input",
+        "--split", "auto", "--name", "gpt", "--batch-sizes", "1,2", "--warmup", "1",
+        "--repeats", "1", "--analytic", "-o", str(profile),
+    ]) == 0
+    doc = json.loads(profile.read_text())
+    assert [b["name"] for b in doc["blocks"]] == [
+        "tok_emb", "layers_0", "layers_1", "layers_2", "layers_3", "ln_f", "head"
+    ]
+    # the pipeline-only baseline: two stages on the two Orins, 4 micro-batches of 2
+    assert main([
+        "plan", "--model", str(profile), "--cluster", "orin-pair-2", "--solver", "gpipe",
+        "--global-batch", "8", "--micro-batches", "2", "-o", str(plan_path),
+    ]) == 0
+    capsys.readouterr()
+    plan = load_plan(plan_path)
+    assert [(s.first, s.end) for s in plan.partition.stages] == [(0, 4), (4, 7)]
+
+    result = launch(WorkerOptions(str(plan_path), STEPS, str(tmp_path / "run"),
+                                  deterministic=True, dataset=DATASET, timeout_s=60,
+                                  save_weights=True))
+    config = plan.problem.config
+    settings = config.optimizer_settings()
+    want = ref.train(
+        OriginalGPT(seed=0), gpt.dataset(), config.global_batch, STEPS,
+        ref.OptimizerSpec(config.optimizer, lr=settings["lr"],
+                          momentum=settings.get("momentum", 0.9)),
+        data_seed=config.seed,
+    )
+    assert result.losses == want.losses
+    names = [n for n, _ in OriginalGPT(seed=0).build().named_parameters()]
+    seen = set()
+    for saved in sorted((tmp_path / "run" / "weights").glob("rank*.pt")):
+        rank = torch.load(saved)
+        # a block's keys are "<block>.<original name>"; the reference's "0.<original name>"
+        local = [f"0.{key.split('.', 1)[1]}" for key in rank["model"]]
+        for key, value in zip(local, rank["model"].values(), strict=True):
+            assert torch.equal(value, want.state[key]), f"{saved.name}: {key}"
+        for i, state in rank["optimizer"]["state"].items():
+            expected = want.optimizer["state"][names.index(local[i])]
+            assert torch.equal(state["momentum_buffer"], expected["momentum_buffer"])
+        seen.update(local)
+    assert seen == set(want.state)
