@@ -16,7 +16,7 @@ without one (an imported PipeDream profile) can be planned but not run.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +40,38 @@ class Block:
 
 
 @dataclass(frozen=True)
+class Noise:
+    """How a measured timing settled (executor/profiling/noise.py): ``rounds`` whole
+    profiles taken, the relative ``spread`` (max - min) / median of the last rounds'
+    totals, the highest 1-minute ``load_average`` seen, and whether the spread met the
+    threshold (``stable``)."""
+
+    rounds: int
+    spread: float
+    load_average: float
+    stable: bool
+
+
+@dataclass(frozen=True)
+class LabQuota:
+    """The confinement a ``lab`` timing was measured in (docs/lab.md, "Lab profiles"):
+    ``cpu_cores`` of one core (the CPU quota), the memory limit in bytes (None: none),
+    torch ``threads``, and ``measured_cores``: the CPU time the process got over the wall
+    time it ran, the share of a core it actually reached."""
+
+    cpu_cores: float
+    mem_bytes: int | None
+    threads: int
+    measured_cores: float
+
+
+@dataclass(frozen=True)
 class Timing:
     """Forward/backward times of every block on one device type.
 
     ``forward_ms[b][j]`` is block ``b``'s forward time at ``batch_sizes[j]`` samples.
-    ``valid_batch_range`` (analytic timings): the smallest and largest batch size of the
+    ``noise``: how the measurement settled; ``lab``: the confinement of a ``lab``
+    timing. ``valid_batch_range`` (analytic timings): the smallest and largest batch size of the
     measurements the batch curve was fitted to, and validated on where they allow it
     (docs/profiles.md, "Analytic batch curves"); outside it the times are an
     extrapolation, and a plan that runs a device there says so.
@@ -58,6 +85,8 @@ class Timing:
     backward_spread_ms: tuple[tuple[float, ...], ...] | None = None
     repeats: int | None = None
     valid_batch_range: tuple[int, int] | None = None
+    noise: Noise | None = None
+    lab: LabQuota | None = None
 
 
 def batch_curve(batch_sizes: tuple[int, ...], times: np.ndarray, max_batch: int) -> np.ndarray:
@@ -173,6 +202,10 @@ class ModelProfile:
                 td["repeats"] = t.repeats
             if t.valid_batch_range is not None:
                 td["valid_batch_range"] = list(t.valid_batch_range)
+            if t.noise is not None:
+                td["noise"] = asdict(t.noise)
+            if t.lab is not None:
+                td["lab"] = asdict(t.lab)
             timings[type_name] = td
         out: dict[str, Any] = {
             "schema_version": 1,
@@ -265,4 +298,6 @@ def _timing_from_dict(t: dict[str, Any], n_blocks: int, source: str, path: str) 
         backward_spread_ms=opt("backward_spread_ms"),
         repeats=t.get("repeats"),
         valid_batch_range=None if valid is None else (valid[0], valid[1]),
+        noise=Noise(**t["noise"]) if "noise" in t else None,
+        lab=LabQuota(**t["lab"]) if "lab" in t else None,
     )
