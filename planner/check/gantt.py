@@ -37,6 +37,9 @@ _STYLE: dict[WorkKind, _Style] = {
     "AR": _Style("#d9d9d9", "#555555", "all-reduce", hatch="///"),
 }
 _ROW_HEIGHT_IN = 0.42
+_AXIS_IN = 0.55  # a panel's tick labels and axis label
+_TITLE_LINE_IN = 0.2  # one line of a panel's title
+_LEGEND_IN = 0.35
 _WIDTH_IN = 12.0
 _DPI = 120
 _MIN_LABEL_PX = 12.0  # narrowest box that gets its micro-batch number
@@ -96,26 +99,42 @@ def draw_gantts(
     """Several Gantt charts (e.g. predicted and measured) stacked in one figure on a
     common time axis, each as :func:`draw_gantt` draws it, with its own title.
     ``markers[i]``: vertical lines on panel ``i``; panels listed in ``own_axis`` get a
-    time axis of their own (a whole run under one iteration)."""
-    labels = [label for timeline, _ in panels for label, _ in rows(timeline)]
-    heights = [1.0 + _ROW_HEIGHT_IN * len(rows(timeline)) for timeline, _ in panels]
-    height_in = 0.4 + sum(heights)
-    label_in = 0.3 + 0.075 * max(len(label) for label in labels)
-    fig = Figure(figsize=(_WIDTH_IN, height_in), dpi=_DPI)
+    time axis of their own (a whole run under one iteration).
+
+    Layout: matplotlib's constrained layout places each panel's title (above it), tick
+    labels and axis label (below it) so that none overlaps another panel's; one legend
+    of every kind drawn sits above the first panel, right of nothing but the figure's
+    edge, so it never covers a title."""
+    heights = [_ROW_HEIGHT_IN * len(rows(timeline)) for timeline, _ in panels]
+    titles = [1 + title.count("\n") + 1 for _, title in panels]  # + the heading line
+    height_in = _LEGEND_IN + sum(h + _AXIS_IN + _TITLE_LINE_IN * n
+                                 for h, n in zip(heights, titles, strict=True))
+    fig = Figure(figsize=(_WIDTH_IN, height_in), dpi=_DPI, layout="constrained")
     FigureCanvasAgg(fig)
-    fig.subplots_adjust(
-        left=label_in / _WIDTH_IN,
-        right=1 - 0.25 / _WIDTH_IN,
-        top=1 - 0.55 / height_in,
-        bottom=0.6 / height_in,
-        hspace=0.9 / max(heights),
-    )
     axes = fig.subplots(len(panels), 1, squeeze=False, height_ratios=heights)[:, 0]
     shared = [t.makespan_ms for i, (t, _) in enumerate(panels) if i not in own_axis]
     common = max(shared, default=0.0) or 1.0
-    for i, (ax, (timeline, title)) in enumerate(zip(axes, panels, strict=True)):
-        span = (timeline.makespan_ms or 1.0) if i in own_axis else common
-        _draw_panel(ax, timeline, title, span)
+    spans = [(t.makespan_ms or 1.0) if i in own_axis else common
+             for i, (t, _) in enumerate(panels)]
+    for ax, (timeline, title), span in zip(axes, panels, spans, strict=True):
+        _frame(ax, timeline, title, span)
+    drawn = {iv.kind for t, _ in panels for _, ivs in rows(t) for iv in ivs}
+    shown = [style for kind, style in _STYLE.items() if kind in drawn]
+    fig.legend(
+        handles=[
+            Patch(facecolor=s.facecolor, edgecolor=s.edgecolor, hatch=s.hatch, label=s.label)
+            for s in shown
+        ],
+        loc="outside upper right",
+        ncol=max(len(shown), 1),
+        frameon=False,
+        fontsize=8,
+    )
+    layout = fig.get_layout_engine()
+    assert layout is not None
+    layout.execute(fig)  # the panels' final sizes: which boxes have room for a label
+    for i, (ax, (timeline, _), span) in enumerate(zip(axes, panels, spans, strict=True)):
+        _boxes(ax, timeline, span)
         for marker in (markers or {}).get(i, ()):
             ax.axvline(marker.at_ms, color="#c44e52", linewidth=1.2, linestyle="--")
             ax.text(marker.at_ms, -0.45, f" {marker.label}", color="#c44e52", fontsize=7,
@@ -123,7 +142,8 @@ def draw_gantts(
     fig.savefig(path)
 
 
-def _draw_panel(ax: Axes, timeline: Timeline, title: str, span: float) -> None:
+def _frame(ax: Axes, timeline: Timeline, title: str, span: float) -> None:
+    """A panel's axes, row labels and title (what the layout places)."""
     chart_rows = rows(timeline)
     n = len(chart_rows)
     ax.set_xlim(0, span)
@@ -132,6 +152,16 @@ def _draw_panel(ax: Axes, timeline: Timeline, title: str, span: float) -> None:
     ax.set_xlabel("time (ms)")
     ax.grid(axis="x", color="#e0e0e0", linewidth=0.6)
     ax.set_axisbelow(True)
+    heading = (
+        f"makespan {timeline.makespan_ms:.3f} ms, M = {timeline.num_micro_batches}, "
+        f"{timeline.topology}"
+    )
+    ax.set_title(f"{title}\n{heading}" if title else heading, loc="left", fontsize=9)
+
+
+def _boxes(ax: Axes, timeline: Timeline, span: float) -> None:
+    """A panel's boxes, each with its micro-batch number where it has room."""
+    chart_rows = rows(timeline)
     px_per_ms = (ax.transData.transform((span, 0))[0] - ax.transData.transform((0, 0))[0]) / span
     n_devices = sum(len(devs) for devs in timeline.stages)
 
@@ -154,25 +184,6 @@ def _draw_panel(ax: Axes, timeline: Timeline, title: str, span: float) -> None:
                     fontsize=7,
                     color="white",
                 )
-
-    drawn = {iv.kind for _, intervals in chart_rows for iv in intervals}
-    shown = [style for kind, style in _STYLE.items() if kind in drawn]
-    ax.legend(
-        handles=[
-            Patch(facecolor=s.facecolor, edgecolor=s.edgecolor, hatch=s.hatch, label=s.label)
-            for s in shown
-        ],
-        loc="lower right",
-        bbox_to_anchor=(1.0, 1.0),
-        ncol=max(len(shown), 1),
-        frameon=False,
-        fontsize=8,
-    )
-    heading = (
-        f"makespan {timeline.makespan_ms:.3f} ms, M = {timeline.num_micro_batches}, "
-        f"{timeline.topology}"
-    )
-    ax.set_title(f"{title}\n{heading}" if title else heading, loc="left", fontsize=9)
 
 
 def timeline_text(timeline: Timeline) -> str:

@@ -52,10 +52,18 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edgepipe.planner.check.breakdown import (
+    TRANSFER_KIND,
+    LinkRow,
+    StageRow,
+    link_rows,
+    stage_rows,
+)
 from edgepipe.planner.check.live import RunState, complete_lines, run_state
 from edgepipe.planner.check.simulator import Interval, Timeline, Transfer, WorkKind, simulate
 from edgepipe.planner.errors import InputError
@@ -73,6 +81,10 @@ RECOVERY_KEYS = (
     "replay_from_step", "blocks_moved", "bytes_moved", "t_detect_s", "t_replan_s",
     "t_rebuild_s", "t_restore_s", "t_first_commit_s",
 )
+
+#: what a chart calls a run of each mode (:data:`planner.check.live.MODES`)
+MODE_TITLE = {"emulated": "emulated run", "lab": "lab run (real compute, confined)",
+              "real": "real run (this machine's speed)"}
 
 #: the timeline.jsonl event kinds drawn as intervals, and the interval kind of each
 _WORK_KIND: dict[str, WorkKind] = {"F": "F", "B": "B", "REDUCE_GRAD": "AR"}
@@ -92,6 +104,26 @@ class DeviceFigures:
     allreduce_predicted: float
     allreduce_measured: float | None
     recv_wait_measured: float | None
+    #: per step: F + B of every micro-batch (M x (forward + backward) predicted)
+    compute_predicted: float = 0.0
+    compute_measured: float | None = None
+    #: per step: neither computing nor all-reducing (module docstring, "Bubbles")
+    bubble_predicted: float = 0.0
+    bubble_measured: float | None = None
+    #: bytes: the cost model's memory of the device (Eq. 3 plus ring replicas held)
+    memory_predicted: float = 0.0
+    #: bytes: the largest ``peak_mem_bytes`` over the steps compared
+    memory_peak: int | None = None
+    #: bytes: ``baseline_mem_bytes`` (CPU: the process before its model was built)
+    memory_baseline: int | None = None
+
+    @property
+    def memory_measured(self) -> int | None:
+        """The measured memory set against the prediction: the peak above the baseline
+        where the run recorded one (CPU), else the peak (CUDA: allocated memory)."""
+        if self.memory_peak is None or self.memory_baseline is None:
+            return self.memory_peak
+        return self.memory_peak - self.memory_baseline
 
 
 @dataclass(frozen=True)
@@ -164,6 +196,10 @@ class RunReport:
     join_failures: tuple[str, ...] = ()
     #: whether the run finished, is still going or died (``status.json``)
     state: RunState = FINISHED
+    #: how the devices ran: emulated | lab | real (:data:`planner.check.live.MODES`)
+    mode: str = "real"
+    stages: tuple[StageRow, ...] = ()
+    links: tuple[LinkRow, ...] = ()
 
     @property
     def unfinished(self) -> str | None:
@@ -236,33 +272,10 @@ def build_report(run_dir: str | Path) -> RunReport:
     median_wall = statistics.median(walls.values())
     measured_step = min(walls, key=lambda s: (abs(walls[s] - median_wall), s))
 
-    durations: dict[tuple[str, str], list[float]] = defaultdict(list)
-    for e in timeline:
-        if e["step"] in chosen:
-            durations[(e["device"], e["kind"])].append(e["end_ms"] - e["start_ms"])
-    recv_wait = defaultdict(list)
-    for m in metrics:
-        if m["step"] in chosen:
-            for d, fig in m["devices"].items():
-                recv_wait[d].append(fig["recv_wait_ms"])
-
-    rows = []
-    for p, (stage, cost) in enumerate(zip(plan.partition.stages, plan.cost.stages, strict=True)):
-        for j, device in enumerate(stage.devices):
-            rows.append(
-                DeviceFigures(
-                    stage=p,
-                    device=device,
-                    samples=stage.samples[j],
-                    forward_predicted=scale * cost.device_forward_ms[j],
-                    forward_measured=_mean(durations[(device, "F")]),
-                    backward_predicted=scale * cost.device_backward_ms[j],
-                    backward_measured=_mean(durations[(device, "B")]),
-                    allreduce_predicted=scale * cost.allreduce_ms,
-                    allreduce_measured=_mean(durations[(device, "REDUCE_GRAD")]),
-                    recv_wait_measured=_mean(recv_wait[device]),
-                )
-            )
+    events = [e for e in timeline if e["step"] in chosen]
+    per_step = [m for m in metrics if m["step"] in chosen]
+    started = {(d, m["step"]): float(fig["started_at"])
+               for m in per_step for d, fig in m["devices"].items() if "started_at" in fig}
     batch = plan.partition.micro_batch_size * plan.partition.num_micro_batches
     predicted = scale * plan.cost.iteration_ms
     steady = scale * plan.cost.steady_ms
@@ -277,14 +290,62 @@ def build_report(run_dir: str | Path) -> RunReport:
         iteration_measured_ms=median_wall,
         samples_per_s_predicted=batch / steady * 1e3 if steady > 0 else float("inf"),
         samples_per_s_measured=batch / median_wall * 1e3 if median_wall > 0 else float("inf"),
-        devices=tuple(rows),
+        devices=device_rows(plan, events, per_step, scale),
         overrun_warning=emulation_overruns(folder) if emulation else None,
         measured_step=measured_step,
         recoveries=tuple(recoveries),
         step_lines=tuple(steps),
         join_failures=join_failures,
         state=state,
+        mode=state.mode or ("emulated" if emulation else "real"),
+        stages=stage_rows(plan, events, started, scale),
+        links=link_rows(plan, events, scale),
     )
+
+
+def device_rows(plan: Plan, events: list[dict[str, Any]], metrics: list[dict[str, Any]],
+                scale: float) -> tuple[DeviceFigures, ...]:
+    """One :class:`DeviceFigures` per device of ``plan`` from the timeline lines
+    ``events`` and the metrics lines ``metrics`` of the steps compared (module
+    docstring); predictions x ``scale``. O(lines)."""
+    durations: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for e in events:
+        durations[(e["device"], e["kind"])].append(e["end_ms"] - e["start_ms"])
+    figs: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for m in metrics:
+        for d, fig in m["devices"].items():
+            figs[d].append(fig)
+    m_count = plan.partition.num_micro_batches
+    rows = []
+    for p, (stage, cost) in enumerate(zip(plan.partition.stages, plan.cost.stages, strict=True)):
+        for j, device in enumerate(stage.devices):
+            mine = figs[device]
+            compute = m_count * (cost.device_forward_ms[j] + cost.device_backward_ms[j])
+            peaks = [int(f["peak_mem_bytes"]) for f in mine]
+            base = [int(f["baseline_mem_bytes"]) for f in mine if "baseline_mem_bytes" in f]
+            rows.append(
+                DeviceFigures(
+                    stage=p,
+                    device=device,
+                    samples=stage.samples[j],
+                    forward_predicted=scale * cost.device_forward_ms[j],
+                    forward_measured=_mean(durations[(device, "F")]),
+                    backward_predicted=scale * cost.device_backward_ms[j],
+                    backward_measured=_mean(durations[(device, "B")]),
+                    allreduce_predicted=scale * cost.allreduce_ms,
+                    allreduce_measured=_mean(durations[(device, "REDUCE_GRAD")]),
+                    recv_wait_measured=_mean([f["recv_wait_ms"] for f in mine]),
+                    compute_predicted=scale * compute,
+                    compute_measured=_mean([f["compute_ms"] for f in mine]),
+                    bubble_predicted=scale * (plan.cost.steady_ms - compute - cost.allreduce_ms),
+                    bubble_measured=_mean([f["wall_ms"] - f["compute_ms"] - f["allreduce_ms"]
+                                           - f["optim_ms"] for f in mine]),
+                    memory_predicted=cost.memory_bytes[j],
+                    memory_peak=max(peaks, default=None),
+                    memory_baseline=min(base, default=None),
+                )
+            )
+    return tuple(rows)
 
 
 def split_metrics(
@@ -316,17 +377,35 @@ def predicted_timeline(plan: Plan) -> Timeline:
     return simulate(plan.problem, plan.partition)
 
 
-def measured_timeline(run_dir: str | Path, plan: Plan, step: int) -> Timeline:
+def measured_timeline(run_dir: str | Path, plan: Plan, step: int,
+                      started: Mapping[str, float] | None = None) -> Timeline:
     """Step ``step`` of the run as a :class:`Timeline` of the plan's devices (module
-    docstring: per-rank clocks, no channel rows)."""
+    docstring, "Charts"): with every device's ``started`` (wall-clock s at its step
+    start), the devices on the shared clock from the earliest start and a channel row
+    per device pair with its measured transfers (post to delivery); else each rank from
+    its own step start, no channel rows."""
     stages = tuple(s.devices for s in plan.partition.stages)
+    aligned = started is not None and all(d in started for s in stages for d in s)
+    t0 = min(started.values()) if started and aligned else 0.0
+
+    def shift(device: str) -> float:
+        return (started[device] - t0) * 1e3 if started and aligned else 0.0
+
     per_device: dict[str, list[Interval]] = defaultdict(list)
+    transfers = []
     for e in _jsonl(Path(run_dir) / "timeline.jsonl"):
-        if e["step"] == step and e["kind"] in _WORK_KIND:
+        if e["step"] != step:
+            continue
+        o = shift(e["device"])
+        start, end = o + float(e["start_ms"]), o + float(e["end_ms"])
+        if e["kind"] in _WORK_KIND:
             mb = -1 if e["kind"] == "REDUCE_GRAD" else int(e["micro_batch"])
-            per_device[e["device"]].append(
-                Interval(_WORK_KIND[e["kind"]], mb, float(e["start_ms"]), float(e["end_ms"]))
-            )
+            per_device[e["device"]].append(Interval(_WORK_KIND[e["kind"]], mb, start, end))
+        elif e["kind"] in TRANSFER_KIND.values() and aligned:
+            kind: WorkKind = "F" if e["kind"] == TRANSFER_KIND["activations"] else "B"
+            transfers.append(Transfer(kind, int(e["micro_batch"]), e["device"], e["peer"], 0.0,
+                                      (f"{e['device']} -> {e['peer']}",), start, start, end,
+                                      end))
     devices = {
         d: tuple(sorted(per_device[d], key=lambda iv: iv.start_ms)) for s in stages for d in s
     }
@@ -335,8 +414,8 @@ def measured_timeline(run_dir: str | Path, plan: Plan, step: int) -> Timeline:
         topology=plan.problem.cluster.network.kind,
         stages=stages,
         devices=devices,
-        transfers=(),
-        makespan_ms=span,
+        transfers=tuple(transfers),
+        makespan_ms=max([span, *(x.delivered_ms for x in transfers)]),
         num_micro_batches=plan.partition.num_micro_batches,
     )
 
@@ -375,11 +454,11 @@ def run_timeline(report: RunReport, run_dir: str | Path) -> tuple[Timeline, list
     later: list[str] = []
     # a device missing from a step's committed line ran only an aborted try of it
     ran = {line["step"]: set(line["devices"]) for line in report.step_lines}
+    # actions only: a transfer line is timed from its sender's post, out of action order
     events = [e for e in _jsonl(Path(run_dir) / "timeline.jsonl")
-              if e["step"] in offsets and e["device"] in ran[e["step"]]]
+              if e["step"] in offsets and e["device"] in ran[e["step"]]
+              and e["kind"] in _WORK_KIND]
     for e in _last_tries(events):
-        if e["kind"] not in _WORK_KIND:
-            continue
         if e["device"] not in known and e["device"] not in later:
             later.append(e["device"])
         o = offsets[e["step"]]
@@ -417,15 +496,21 @@ def draw_report(report: RunReport, run_dir: str | Path, path: str | Path) -> Non
     predicted = predicted_timeline(report.plan)
     if report.time_scale != 1.0:
         predicted = _scaled(predicted, report.time_scale)
-    measured = measured_timeline(run_dir, report.plan, report.measured_step)
+    line = next(m for m in report.step_lines if m["step"] == report.measured_step)
+    started = {d: float(f["started_at"]) for d, f in line["devices"].items()
+               if "started_at" in f}
+    measured = measured_timeline(run_dir, report.plan, report.measured_step, started)
     scale = f" x time scale {report.time_scale:g}" if report.time_scale != 1.0 else ""
+    clock = ("every device on the shared clock; channel rows: measured transfers, post to "
+             "delivery" if measured.transfers else "each rank from its step start")
     panels = [
         (
             predicted,
-            f"{report.plan.id}: predicted iteration (independent simulator{scale}; cost "
-            f"model {report.iteration_predicted_ms:.1f} ms)",
+            f"{report.plan.id}, {MODE_TITLE[report.mode]}: predicted iteration (independent "
+            f"simulator{scale}; cost model {report.iteration_predicted_ms:.1f} ms)",
         ),
-        (measured, f"measured step {report.measured_step} (each rank from its step start)"),
+        (measured, f"measured step {report.measured_step} of the {MODE_TITLE[report.mode]} "
+                   f"({clock})"),
     ]
     markers: dict[int, list[Marker]] = {}
     if report.recoveries:

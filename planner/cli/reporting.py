@@ -12,11 +12,16 @@ from edgepipe.planner.cli.console import out, print_table, warn
 from rich.table import Table
 
 if TYPE_CHECKING:
+    from edgepipe.planner.check.breakdown import LinkRow
     from edgepipe.planner.check.report import RunReport
 
 
 def _ms(x: float | None) -> str:
-    return "-" if x is None else f"{x:.1f}"
+    """Milliseconds: one decimal, or two significant digits below 1 ms (a figure of
+    0.03 ms does not show as 0.0)."""
+    if x is None:
+        return "-"
+    return f"{x:.1f}" if abs(x) >= 1 or x == 0 else f"{x:.2g}"
 
 
 def _ratio(measured: float | None, predicted: float) -> str:
@@ -60,7 +65,8 @@ def recovery_lines(report: RunReport) -> list[str]:
 
 def device_table(report: RunReport) -> Table:
     """One row per device of the run's plan: predicted and measured ms per micro-batch."""
-    table = Table()
+    table = Table(title="per device, ms per micro-batch (receive wait: per step)",
+                  title_justify="left")
     for col in ("stage", "device", "y", "fwd pred", "fwd meas", "bwd pred", "bwd meas",
                 "ar pred", "ar meas", "recv wait/step"):
         table.add_column(col, justify="right")
@@ -84,6 +90,123 @@ def device_lines(report: RunReport) -> list[str]:
     ]
 
 
+def _mem(x: float | None) -> str:
+    """Bytes in the largest binary unit below them, three significant digits at most
+    (a figure never shows as 0.00 of a unit too large for it)."""
+    if x is None:
+        return "-"
+    for size, name in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if abs(x) >= size:
+            v = x / size
+            return f"{v:.0f} {name}" if abs(v) >= 100 else f"{v:.3g} {name}"
+    return f"{x:.0f} B"
+
+
+def _memory_what(report: RunReport) -> str:
+    """What the measured memory is (planner.check.report.DeviceFigures.memory_measured)."""
+    if any(d.memory_baseline is not None for d in report.devices):
+        return "peak resident set above the process's before its model was built"
+    return "peak allocated"
+
+
+def step_table(report: RunReport) -> Table:
+    """One row per device: predicted and measured figures of one step (compute, bubble)
+    and its memory."""
+    table = Table(title=f"per device and step, ms; memory (measured: "
+                  f"{_memory_what(report)})", title_justify="left")
+    for col in ("device", "compute pred", "compute meas", "bubble pred", "bubble meas",
+                "mem pred", "mem meas"):
+        table.add_column(col, justify="right")
+    for d in report.devices:
+        table.add_row(d.device, _ms(d.compute_predicted), _ms(d.compute_measured),
+                      _ms(d.bubble_predicted), _ms(d.bubble_measured),
+                      _mem(d.memory_predicted), _mem(d.memory_measured))
+    return table
+
+
+def step_lines(report: RunReport) -> list[str]:
+    """The narrow layout of :func:`step_table`: one line per device."""
+    return [
+        f"{d.device} per step: compute {_ms(d.compute_predicted)} predicted, "
+        f"{_ms(d.compute_measured)} measured; bubble {_ms(d.bubble_predicted)} / "
+        f"{_ms(d.bubble_measured)} (ms); memory {_mem(d.memory_predicted)} / "
+        f"{_mem(d.memory_measured)}"
+        for d in report.devices
+    ]
+
+
+def stage_table(report: RunReport) -> Table:
+    """One row per stage: its slowest device's compute, its ring all-reduce and the link
+    to the next stage, predicted and measured (ms)."""
+    table = Table(title="per stage, ms (fwd / bwd per micro-batch, ar per step, link per "
+                  "micro-batch's activations)", title_justify="left")
+    for col in ("stage", "devices", "fwd pred", "fwd meas", "bwd pred", "bwd meas",
+                "ar pred", "ar meas", "link pred", "link meas"):
+        table.add_column(col, justify="right")
+    for r in report.stages:
+        table.add_row(str(r.stage), " ".join(r.devices), _ms(r.forward_predicted),
+                      _ms(r.forward_measured), _ms(r.backward_predicted),
+                      _ms(r.backward_measured), _ms(r.allreduce_predicted),
+                      _ms(r.allreduce_measured), _ms(r.link_predicted), _ms(r.link_measured))
+    return table
+
+
+def stage_lines(report: RunReport) -> list[str]:
+    """The narrow layout of :func:`stage_table`: one line per stage."""
+    return [
+        f"stage {r.stage} ({', '.join(r.devices)}): forward {_ms(r.forward_predicted)} "
+        f"predicted, {_ms(r.forward_measured)} measured; backward "
+        f"{_ms(r.backward_predicted)} / {_ms(r.backward_measured)}; all-reduce "
+        f"{_ms(r.allreduce_predicted)} / {_ms(r.allreduce_measured)}; link out "
+        f"{_ms(r.link_predicted)} / {_ms(r.link_measured)} (ms)"
+        for r in report.stages
+    ]
+
+
+def _link_measured(r: LinkRow) -> str:
+    """The measured transfer: the mean of the exactly timed pieces, else the upper bound
+    (planner.check.breakdown, "Per link")."""
+    if r.measured_ms is not None:
+        return _ms(r.measured_ms)
+    return "-" if r.bound_ms is None else f"<={r.bound_ms:.1f}"
+
+
+def link_table(report: RunReport) -> Table:
+    """One row per ordered device pair of each boundary and direction: predicted and
+    measured ms per piece, post to delivery."""
+    table = Table(title="per link, ms per transfer from post to delivery (pred: alone on "
+                  "an idle network; timed: pieces whose receiver was waiting)",
+                  title_justify="left")
+    for col in ("boundary", "dir", "from", "to", "kB", "per step", "pred", "meas", "x",
+                "timed"):
+        table.add_column(col, justify="right")
+    for r in report.links:
+        table.add_row(f"{r.boundary}->{r.boundary + 1}", r.direction, r.src, r.dst,
+                      f"{r.num_bytes / 1e3:.1f}", str(r.per_step), _ms(r.predicted_ms),
+                      _link_measured(r), _ratio(r.measured_ms, r.predicted_ms),
+                      f"{r.exact}/{r.count}")
+    return table
+
+
+def link_lines(report: RunReport) -> list[str]:
+    """The narrow layout of :func:`link_table`: one line per link."""
+    return [
+        f"{r.direction} {r.src} -> {r.dst} (stage {r.boundary} -> {r.boundary + 1}, "
+        f"{r.num_bytes / 1e3:.1f} kB, {r.per_step} a step): {_ms(r.predicted_ms)} predicted, "
+        f"{_link_measured(r)} measured (ms; {r.exact} of {r.count} timed)"
+        for r in report.links
+    ]
+
+
+def _mode(report: RunReport) -> str:
+    """What the run measured, in words."""
+    if report.mode == "emulated":
+        return f"emulated run, time scale {report.time_scale:g}"
+    if report.mode == "lab":
+        return "lab run: real compute confined like each device, shaped links"
+    return "real run at this machine's speed"
+
+
 def cmd_report(args: argparse.Namespace) -> None:
     from edgepipe.planner.check.report import build_report, draw_report
 
@@ -93,10 +216,13 @@ def cmd_report(args: argparse.Namespace) -> None:
     if report.unfinished:  # a run still going, or one that died: its steps so far
         out.print(report.unfinished, highlight=False, soft_wrap=True)
     used = report.steps_used
-    kind = f"emulated, time scale {report.time_scale:g}" if report.emulated else "not emulated"
-    out.print(f"{report.plan.id}: predicted vs measured per micro-batch ({kind}; steps "
-              f"{used[0]}-{used[-1]} of {report.steps})", highlight=False)
+    out.print(f"{report.plan.id}: predicted vs measured, {_mode(report)} (steps "
+              f"{used[0]}-{used[-1]} of {report.steps})", highlight=False, soft_wrap=True)
     print_table(device_table(report), lambda: device_lines(report))
+    print_table(step_table(report), lambda: step_lines(report))
+    print_table(stage_table(report), lambda: stage_lines(report))
+    if report.links:
+        print_table(link_table(report), lambda: link_lines(report))
     out.print(
         f"iteration: predicted {report.iteration_predicted_ms:.1f} ms (one isolated step), "
         f"{report.steady_predicted_ms:.1f} ms a step in a run; measured "
@@ -106,10 +232,10 @@ def cmd_report(args: argparse.Namespace) -> None:
         f"{report.samples_per_s_measured:.2f} samples/s",
         highlight=False,
     )
-    if not report.emulated:
+    if report.mode == "real":
         out.print(
-            "[dim]not emulated: measured at this machine's speed, predicted for the plan's "
-            "devices (run with --emulate to compare like with like)[/dim]",
+            "[dim]real run: measured at this machine's speed, predicted for the plan's "
+            "devices (run with --emulate or --lab to compare like with like)[/dim]",
             highlight=False,
         )
     if report.overrun_warning:
