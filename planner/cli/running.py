@@ -40,8 +40,14 @@ def cmd_run(args: argparse.Namespace) -> None:
     with executor_imports():
         from edgepipe.executor import launch
         from edgepipe.executor.core.options import WorkerOptions
+        from edgepipe.executor.engines import base as engines
         from edgepipe.executor.ft.joins import EmulatedJoin
     plan = load_plan(args.plan)
+    engine = engines.find(args.engine)  # an unknown name: one line naming the installed ones
+    engines.refuse_unsupported(engine, plan, plan.problem.model.build)
+    if args.lab and engine.name != engines.DEFAULT:
+        raise InputError("--engine", engine.name, "the lab runs edgepipe's runtime only; drop "
+                         "--lab or --engine")
     time_scale = _time_scale(args)
     opts = WorkerOptions(
         plan=args.plan,
@@ -68,6 +74,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         f"running {plan.id} ({plan.problem.model.name}, {plan.partition.num_stages} stages) "
         f"on {devices} local processes for {args.steps} steps"
         f"{' (deterministic mode)' if args.deterministic else ''}"
+        f"{f' on the {engine.name} engine' if engine.name != engines.DEFAULT else ''}"
         f"{f' emulating its devices (time scale {time_scale:g})' if args.emulate else ''}"
         f"{' in the lab (docs/lab.md)' if args.lab else ''}"
     )
@@ -78,11 +85,12 @@ def cmd_run(args: argparse.Namespace) -> None:
                           plan.partition.micro_batch_size * plan.partition.num_micro_batches)
     ticker.start()
     try:
-        result = run_in_lab(args, opts) if args.lab else launch.launch(
-            opts, hang_timeout_s=args.hang_timeout, heartbeat_s=args.heartbeat,
-            recover=False if args.no_recover else None, joins=joins,
-            standbys=args.standbys, watch_slowdown=args.watch_slowdown,
-        )
+        result = run_in_lab(args, opts) if args.lab else engine.run(
+            plan, plan.problem.model.build, engines.RunOptions(
+                opts, hang_timeout_s=args.hang_timeout, heartbeat_s=args.heartbeat,
+                recover=False if args.no_recover else None, joins=tuple(joins),
+                standbys=args.standbys, watch_slowdown=args.watch_slowdown,
+            ))
     except KeyboardInterrupt:  # the launcher has reaped every worker: 130 (cli.main)
         raise KeyboardInterrupt("interrupted; every worker was stopped") from None
     finally:
@@ -389,6 +397,15 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         "--resume",
         help="continue from the latest committed checkpoint in DIR (a checkpoint, a "
         "checkpoints directory or a run directory); any plan of the same model and config",
+    )
+    p.add_argument(
+        "--engine",
+        default="edgepipe",
+        metavar="NAME",
+        help="the engine that trains the plan: edgepipe (default: edgepipe's runtime, every "
+        "plan, fault tolerance), torch-pipelining (torch.distributed.pipelining: equal "
+        "shares, no fault tolerance) or any engine installed under the entry-point group "
+        "edgepipe.engines (docs/engines.md)",
     )
     add_lab_arguments(p)
     p.set_defaults(func=cmd_run)
