@@ -311,6 +311,28 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _scale(cluster: Cluster, share: float, cores: int | None) -> float:
+    """``k`` of :func:`confinements`: cores per GFLOP/s, from every device of ``cluster``."""
+    if not 0 < share <= 1:
+        raise ValueError(f"share {share} must be in (0, 1]")
+    if cores is None:
+        cores = len(os.sched_getaffinity(0))
+    speeds = [
+        cluster.type_of(i).effective_gflops / d.slowdown for i, d in enumerate(cluster.devices)
+    ]
+    return min(share * cores / sum(speeds), 1 / max(speeds))
+
+
+def _at_least_the_smallest(cpu: float, what: str, slower: float) -> float:
+    if cpu < MIN_CPU_CORES:
+        raise LabError(
+            f"{what} would get {cpu:.2%} of a core, below the kernel's smallest quota "
+            f"({MIN_CPU_CORES:.0%}): its speed is {slower:.0f}x slower than the fastest "
+            "device's; leave it out of the lab's cluster or run --emulate"
+        )
+    return math.floor(cpu * 1e4 + 1e-9) / 1e4
+
+
 def confinements(
     cluster: Cluster, device_ids: Sequence[str], share: float, cores: int | None = None
 ) -> dict[str, Confinement]:
@@ -318,33 +340,45 @@ def confinements(
 
     Speed of device d: ``s_d = effective_gflops / slowdown`` (catalog figures and the
     cluster's override). Quota ``q_d = k s_d`` with ``k = min(share C / sum s, 1 / max
-    s)``: together the devices use at most ``share`` of the ``C`` cores this process
-    may run on (``os.sched_getaffinity``; ``cores`` overrides), and none more than one
-    core (one torch thread per device). Memory: the device's budget (total x usable
-    fraction: what plans are made to fit) + :data:`PROCESS_BASELINE_BYTES`. A quota
-    below :data:`MIN_CPU_CORES` is an :class:`LabError` naming the device. O(devices).
+    s)`` over *every* device of the cluster: together they use at most ``share`` of the
+    ``C`` cores this process may run on (``os.sched_getaffinity``; ``cores`` overrides),
+    and none more than one core (one torch thread per device). ``k`` is the cluster's,
+    not the run's, so a device type's quota is the same in every plan's run and in
+    :func:`type_quotas`, which lab profiles are measured at; a run of fewer devices
+    uses less of the machine. Memory: the device's budget (total x usable fraction: what
+    plans are made to fit) + :data:`PROCESS_BASELINE_BYTES`. A quota below
+    :data:`MIN_CPU_CORES` is a :class:`LabError` naming the device. O(devices).
     """
-    if not 0 < share <= 1:
-        raise ValueError(f"share {share} must be in (0, 1]")
-    if cores is None:
-        cores = len(os.sched_getaffinity(0))
-    speed = {}
+    k = _scale(cluster, share, cores)
+    fastest = max(cluster.type_of(i).effective_gflops / d.slowdown
+                  for i, d in enumerate(cluster.devices))
+    out = {}
     for dev in device_ids:
         i = cluster.index(dev)
-        speed[dev] = cluster.type_of(i).effective_gflops / cluster.devices[i].slowdown
-    k = min(share * cores / sum(speed.values()), 1 / max(speed.values()))
+        speed = cluster.type_of(i).effective_gflops / cluster.devices[i].slowdown
+        cpu = _at_least_the_smallest(k * speed, f"device {dev}", fastest / speed)
+        budget = int(cluster.budget_bytes(i))
+        out[dev] = Confinement(cpu_cores=cpu, mem_bytes=budget + PROCESS_BASELINE_BYTES)
+    return out
+
+
+def type_quotas(cluster: Cluster, share: float, cores: int | None = None) -> dict[str, float]:
+    """The CPU quota of each device type of ``cluster`` in its lab: ``k`` x its
+    effective speed (:func:`confinements`), what a device of the type at slowdown 1
+    gets; its lab timings are measured at this quota, and the cost model multiplies
+    them by a device's slowdown as the lab divides its quota. O(devices)."""
+    k = _scale(cluster, share, cores)
+    fastest = max(t.effective_gflops for t in cluster.device_types.values())
     out = {}
-    for dev, s in speed.items():
-        cpu = k * s
-        if cpu < MIN_CPU_CORES:
+    for name, t in sorted(cluster.device_types.items()):
+        cpu = k * t.effective_gflops
+        if cpu > 1:
             raise LabError(
-                f"device {dev} would get {cpu:.2%} of a core, below the kernel's smallest "
-                f"quota ({MIN_CPU_CORES:.0%}): its speed is {max(speed.values()) / s:.0f}x "
-                "slower than the fastest device's; leave it out of the lab run or run "
-                "--emulate"
+                f"device type {name} would need {cpu:.2f} cores at slowdown 1 (every device "
+                "of it is slowed down): the lab gives a device at most one core; profile "
+                "a cluster with one of its devices at slowdown 1"
             )
-        budget = int(cluster.budget_bytes(cluster.index(dev)))
-        out[dev] = Confinement(
-            cpu_cores=math.floor(cpu * 1e4 + 1e-9) / 1e4, mem_bytes=budget + PROCESS_BASELINE_BYTES
+        out[name] = _at_least_the_smallest(
+            cpu, f"device type {name}", fastest / t.effective_gflops
         )
     return out

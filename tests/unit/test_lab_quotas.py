@@ -5,7 +5,12 @@ baseline of a worker process; figures worked by hand."""
 from __future__ import annotations
 
 import pytest
-from edgepipe.executor.lab.cgroups import PROCESS_BASELINE_BYTES, Confinement, confinements
+from edgepipe.executor.lab.cgroups import (
+    PROCESS_BASELINE_BYTES,
+    Confinement,
+    confinements,
+    type_quotas,
+)
 from edgepipe.executor.lab.errors import LabError
 from edgepipe.planner.inputs.cluster import Cluster, Device, DeviceType, Network
 
@@ -39,13 +44,17 @@ def test_no_device_gets_more_than_one_core() -> None:
     # all of 4 cores would give the fast ones 1.6 each: capped at 1, k = 1/100
     got = confinements(C, ALL, share=1.0, cores=4)
     assert {d: c.cpu_cores for d, c in got.items()} == {"a0": 1.0, "a1": 1.0, "b0": 0.5}
+    assert type_quotas(C, share=1.0, cores=4) == {"a": 1.0, "b": 0.5}
 
 
-def test_only_the_run_s_devices_count_and_a_slowdown_slows() -> None:
+def test_the_scale_is_the_cluster_s_whatever_the_run_and_a_slowdown_slows() -> None:
     slowed = cluster(Device("a0", "a"), Device("a1", "a", slowdown=4.0), Device("b0", "b"))
-    # speeds 100 and 25 (a1 at a quarter); 1 core: k = 1/125
+    # speeds 100, 25 (a1 at a quarter) and 50: 1 core over 175 GFLOP/s, also for a run
+    # of a0 and a1 alone (so a type's quota is the same in every plan's run)
     got = confinements(slowed, ["a0", "a1"], share=0.5, cores=2)
-    assert {d: c.cpu_cores for d, c in got.items()} == {"a0": 0.8, "a1": 0.2}
+    assert {d: c.cpu_cores for d, c in got.items()} == {"a0": 0.5714, "a1": 0.1428}
+    # the types at slowdown 1, what lab profiles are measured at: 100 / 175, 50 / 175
+    assert type_quotas(slowed, share=0.5, cores=2) == {"a": 0.5714, "b": 0.2857}
 
 
 def test_a_device_below_the_smallest_quota_is_named() -> None:
@@ -58,3 +67,5 @@ def test_a_device_below_the_smallest_quota_is_named() -> None:
     with pytest.raises(LabError, match=r"^device b0 would get 0\.50% of a core, below the "
                        r"kernel's smallest quota \(1%\): its speed is 200x slower"):
         confinements(slow, ["a0", "b0"], share=0.5, cores=2)
+    with pytest.raises(LabError, match=r"^device type b would get 0\.50% of a core"):
+        type_quotas(slow, share=0.5, cores=2)
