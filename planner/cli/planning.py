@@ -57,7 +57,8 @@ CONFIG_FLAGS = {
 }
 
 #: solver flags -> the planners they apply to (anything else given with them is an error)
-SOLVER_FLAGS = {"backend": ("milp",), "time_limit": ("dp", "milp"), "every_block": ("dp",)}
+SOLVER_FLAGS = {"backend": ("milp",), "time_limit": ("dp", "milp"), "every_block": ("dp",),
+                "no_improve": ("dp",)}
 
 
 def _config_from_args(args: argparse.Namespace) -> TrainingConfig:
@@ -108,6 +109,7 @@ def _solve(args: argparse.Namespace) -> Plan:
             backend=backend,
             time_limit=time_limit,
             multilevel=not args.every_block,
+            improve=not args.no_improve,
         )
 
 
@@ -326,6 +328,11 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
         "--every-block", action="store_const", const=True,
         help="dp: plan a model of more than 200 blocks on every block, not coarse to fine "
         "(slower; docs/planners.md)",
+    )  # fmt: skip
+    p.add_argument(
+        "--no-improve", action="store_const", const=True,
+        help="dp: return the DP's plan as it is, without the local improvement pass "
+        "(moved cuts, devices and micro-batch sizes; docs/planners.md)",
     )  # fmt: skip
     p.add_argument("-o", "--output", type=output_file, help="plan file to write ('-': stdout)")
     p.set_defaults(func=cmd_plan)

@@ -17,6 +17,8 @@ from edgepipe.planner.plan import Plan, SolverInfo, make_plan
 from edgepipe.planner.solvers.baselines import BASELINES, plan_baseline
 from edgepipe.planner.solvers.dp.driver import plan_dp
 from edgepipe.planner.solvers.exact.solver import DEFAULT_BACKEND, DEFAULT_TIME_LIMIT, plan_milp
+from edgepipe.planner.solvers.improve import DEFAULT_TIME_LIMIT as IMPROVE_LIMIT
+from edgepipe.planner.solvers.improve import improve as improve_plan
 from edgepipe.planner.solvers.time_limit import check_time_limit
 
 
@@ -33,6 +35,7 @@ def solve(
     backend: str = DEFAULT_BACKEND,
     time_limit: float = DEFAULT_TIME_LIMIT,
     multilevel: bool = True,
+    improve: bool = True,
 ) -> Plan:
     """Plan ``problem`` with ``solver`` and return the scored :class:`Plan`.
 
@@ -46,6 +49,10 @@ def solve(
     level of a micro-batch candidate or the exact solver each (micro-batch, stage count)
     program. ``multilevel`` (dp only): plan a model of more than ``dp.MULTILEVEL_ABOVE``
     blocks coarse to fine (:mod:`planner.solvers.dp.multilevel`; the default), or on every block.
+    ``improve`` (dp only, default on): polish the DP's plan by local moves priced by the
+    cost model (:func:`planner.solvers.improve.improve`) within what is left of
+    ``time_limit`` (at most ``improve.DEFAULT_TIME_LIMIT``); the baselines are never
+    improved (they stand for the published algorithms, docs/decisions.md).
 
     Raises:
         InfeasibleError: nothing fits memory (the message names the binding figure).
@@ -58,8 +65,14 @@ def solve(
                         f"{type(problem).__name__}")
     check_time_limit(time_limit)
     if solver == "dp":
+        start = time.perf_counter()
         result = plan_dp(problem, progress=progress, time_limit=time_limit,
                          multilevel=multilevel)  # fmt: skip
+        partition, cost, polish = result.partition, result.cost, None
+        left = time_limit - (time.perf_counter() - start)
+        if improve and left > 0:
+            polish = improve_plan(problem, partition, time_limit=min(left, IMPROVE_LIMIT))
+            partition, cost = polish.partition, polish.cost
         info = SolverInfo(
             name="dp",
             settings={
@@ -67,11 +80,12 @@ def solve(
                 "time_limit_s": time_limit,
                 "state_graph": result.graph,
                 "coarse_to_fine": result.coarse_to_fine,
+                "improve": None if polish is None else polish.summary(),
             },
-            solve_time_s=result.solve_time_s,
+            solve_time_s=time.perf_counter() - start,
             status="timed_out" if result.status == "timed_out" else "heuristic",
         )
-        return make_plan(problem, result.partition, info, cost=result.cost)
+        return make_plan(problem, partition, info, cost=cost)
     if solver == "milp":
         exact = plan_milp(problem, backend=backend, time_limit=time_limit, progress=progress)
         info = SolverInfo(

@@ -1,0 +1,303 @@
+"""A local improvement pass over a finished plan (issue 29): move single cuts, shift a
+device between adjacent stages, move a sample inside a stage, try the neighbouring
+micro-batch sizes; keep a move when the cost model prices it faster, until none helps.
+
+Inputs: a :class:`~planner.inputs.problem.Problem`, a memory-feasible
+:class:`~planner.partition.Partition` of it (the DP's plan, :func:`planner.solvers.solve.solve`
+runs this pass after the DP by default), a radius k, a budget of evaluations and a
+wall-clock limit.
+
+Objective: the cost model's steady-state step (``PlanCost.steady_ms``, what plans are
+ranked by, :func:`planner.solvers.dp.sizes.choose`), every candidate scored by
+:meth:`CostModel.evaluate` (the one cost model: no private formula). A candidate is
+accepted when it fits memory (``PlanCost.memory_ok``) and its step is below the current
+one by more than ``MIN_GAIN`` (relative; float noise never counts as progress), so the
+returned plan is never slower than the input.
+
+Neighbourhood of a plan of P stages at micro-batch B (in this order):
+
+1. cut moves: the boundary between stages p and p + 1 moved by d = +-1..k blocks, both
+   stages keeping at least one block; every stage keeps its devices and samples, and a
+   stage of several device kinds whose blocks changed is also tried with its samples
+   re-split by Asteroid's Algorithm 1 (:func:`planner.solvers.allocation.allocate`, memory
+   caps from the cost model): at most 2 k (P - 1) x 2 candidates;
+2. device shifts: one device of stage p moved to stage p + 1 or back (the giving stage
+   keeps a device), both stages' samples re-split by Algorithm 1; devices alike in type,
+   slowdown, memory and links are tried once: O(P x kinds) candidates;
+3. sample moves: one sample from one device of a stage to another of a different kind
+   (Algorithm 1's split is min-max per stage, not best for the whole pipeline):
+   O(P x kinds^2);
+4. micro-batch sizes: the config's candidates next to B (one below, one above), with
+   M = G / B' and every stage's samples re-split by Algorithm 1: at most 2.
+
+The set of devices used and the stage count never change (the DP's tie rule chose them:
+fewer devices within ``TIE_TOLERANCE`` of the fastest; this pass does not undo that).
+
+Acceptance: first improvement; after a move is kept the scan restarts on the new plan's
+neighbourhood. Scored candidates are remembered, so none is evaluated twice.
+
+Termination: no candidate of the neighbourhood improves (a local optimum; status
+``converged``), or ``max_evaluations`` candidates were scored (``evaluations``), or the
+wall clock passed ``time_limit`` seconds (``time_limit``); each accepted move lowers the
+step by more than ``MIN_GAIN``, so the moves are finite too. The limit is checked before
+each evaluation, so the overshoot is one evaluation.
+
+Complexity: one round scores at most 4 k (P - 1) + O(P x kinds^2) + 2 candidates, each
+one :meth:`CostModel.evaluate` (O(A log A) for A computations and transfers of the plan,
+a few ms at 16 devices) plus, for a re-split, Algorithm 1 on one row (O(g) rounds of O(g)
+numpy work); the whole pass at most ``max_evaluations`` evaluations. The cost model is
+built once (O(types x L x max micro-batch)).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+import numpy as np
+from edgepipe.planner.cost.model import CostModel, PlanCost
+from edgepipe.planner.inputs.problem import Problem
+from edgepipe.planner.partition import Partition, StageAssignment
+from edgepipe.planner.solvers.allocation import allocate
+
+#: blocks a cut moves at most, either way
+DEFAULT_RADIUS = 3
+#: beyond the radius, each cut distance is this multiple of the previous one
+LADDER_GROWTH = 1.6
+#: wall-clock seconds of one pass unless the caller gives fewer
+DEFAULT_TIME_LIMIT = 20.0
+#: candidates scored at most by one pass
+DEFAULT_MAX_EVALUATIONS = 2000
+#: a candidate is kept only when its step is below the current one by this fraction
+MIN_GAIN = 1e-9
+
+
+@dataclass(frozen=True)
+class ImproveResult:
+    """The improved plan and its figures; ``start_ms`` the input's steady step,
+    ``moves`` the moves kept, ``evaluations`` the candidates scored, ``status`` why the
+    pass stopped: ``converged``, ``evaluations`` or ``time_limit``."""
+
+    partition: Partition
+    cost: PlanCost
+    start_ms: float
+    moves: int
+    evaluations: int
+    status: str
+    solve_time_s: float
+
+    def summary(self) -> dict[str, float | int | str]:
+        """What a plan's solver settings record of the pass."""
+        return {"from_steady_ms": self.start_ms, "moves": self.moves,
+                "evaluations": self.evaluations, "status": self.status,
+                "time_s": self.solve_time_s}
+
+
+class _Neighbourhood:
+    """The candidates around one plan (module docstring's order), with the devices'
+    kinds and Algorithm 1's splits read from one cost model."""
+
+    def __init__(self, problem: Problem, cm: CostModel, radius: int) -> None:
+        self.problem, self.cm, self.radius = problem, cm, radius
+        cluster = problem.cluster
+        linked = {d for link in cluster.network.links for d in (link.a, link.b)}
+        self.kind = {
+            d.id: (d.type, d.slowdown, float(cm.budget[i]), d.id if d.id in linked else "")
+            for i, d in enumerate(cluster.devices)
+        }
+        self.sizes = sorted(problem.config.micro_batch_sizes())
+
+    def split(self, part: Partition, p: int, first: int, end: int,
+              devices: tuple[str, ...], batch: int, micro_batches: int) -> tuple[int, ...] | None:
+        """Algorithm 1's split of ``batch`` samples over ``devices`` for blocks
+        [first, end) as stage p of ``part``'s stage count, capped by memory (Eq. 3 at
+        the stage's warm-up); None when it cannot place them all or leaves a device
+        without a sample."""
+        cm, cluster = self.cm, self.problem.cluster
+        idx = [cluster.index(d) for d in devices]
+        warmup = self.problem.config.warmup_depth(p, part.num_stages, micro_batches)
+        rows = np.stack([
+            (cm.fwd[cm.device_type[i]][[first, end]] + cm.bwd[cm.device_type[i]][[first, end]])
+            * cm.slowdown[i]
+            for i in idx
+        ])
+        caps = np.array([[
+            max((y for y in range(batch + 1)
+                 if cm.device_memory(first, end, y, warmup) <= cm.budget[i]), default=0)
+            for i in idx
+        ]])
+        samples, ok = allocate(rows, np.array([0]), np.array([1]), batch, caps)
+        if not ok[0] or samples[0].min() < 1:
+            return None
+        return tuple(int(y) for y in samples[0])
+
+    def mixed(self, devices: tuple[str, ...]) -> bool:
+        return len({self.kind[d] for d in devices}) > 1
+
+    def candidates(self, part: Partition) -> Iterator[Partition]:
+        yield from self._cut_moves(part)
+        yield from self._device_shifts(part)
+        yield from self._sample_moves(part)
+        yield from self._batch_moves(part)
+
+    def _cut_moves(self, part: Partition) -> Iterator[Partition]:
+        stages = part.stages
+        b, m = part.micro_batch_size, part.num_micro_batches
+        span = max(s.end - s.first for s in stages)
+        for d in ladder(self.radius, span):
+            for p in range(len(stages) - 1):
+                a, c = stages[p], stages[p + 1]
+                for cut in (c.first - d, c.first + d):
+                    if not a.first < cut < c.end:
+                        continue
+                    na, nc = replace(a, end=cut), replace(c, first=cut)
+                    yield _with(part, {p: na, p + 1: nc})
+                    if self.mixed(a.devices) or self.mixed(c.devices):
+                        sa = self.split(part, p, a.first, cut, a.devices, b, m)
+                        sc = self.split(part, p + 1, cut, c.end, c.devices, b, m)
+                        if sa is not None and sc is not None:
+                            yield _with(part, {p: replace(na, samples=sa),
+                                               p + 1: replace(nc, samples=sc)})
+
+    def _device_shifts(self, part: Partition) -> Iterator[Partition]:
+        stages = part.stages
+        b, m = part.micro_batch_size, part.num_micro_batches
+        for p in range(len(stages) - 1):
+            for giver, taker in ((p, p + 1), (p + 1, p)):
+                g, t = stages[giver], stages[taker]
+                if len(g.devices) < 2:
+                    continue
+                seen = set()
+                for dev in reversed(g.devices):
+                    if self.kind[dev] in seen:
+                        continue
+                    seen.add(self.kind[dev])
+                    gd = tuple(x for x in g.devices if x != dev)
+                    td = (*t.devices, dev) if taker > giver else (dev, *t.devices)
+                    sg = self.split(part, giver, g.first, g.end, gd, b, m)
+                    st = self.split(part, taker, t.first, t.end, td, b, m)
+                    if sg is not None and st is not None:
+                        yield _with(part, {giver: replace(g, devices=gd, samples=sg),
+                                           taker: replace(t, devices=td, samples=st)})
+
+    def _sample_moves(self, part: Partition) -> Iterator[Partition]:
+        for p, stage in enumerate(part.stages):
+            if not self.mixed(stage.devices):
+                continue
+            first_of: dict[tuple[object, ...], int] = {}
+            for i, dev in enumerate(stage.devices):
+                first_of.setdefault(self.kind[dev], i)
+            for i in first_of.values():
+                for j in first_of.values():
+                    if i == j or stage.samples[i] < 2:
+                        continue
+                    samples = list(stage.samples)
+                    samples[i] -= 1
+                    samples[j] += 1
+                    yield _with(part, {p: replace(stage, samples=tuple(samples))})
+
+    def _batch_moves(self, part: Partition) -> Iterator[Partition]:
+        at = self.sizes.index(part.micro_batch_size)
+        for batch in self.sizes[max(at - 1, 0):at] + self.sizes[at + 1:at + 2]:
+            m = self.problem.config.global_batch // batch
+            stages = []
+            for p, s in enumerate(part.stages):
+                samples = self.split(part, p, s.first, s.end, s.devices, batch, m)
+                if samples is None:
+                    break
+                stages.append(replace(s, samples=samples))
+            else:
+                yield Partition(batch, m, tuple(stages))
+
+
+def busiest_device_ms(cm: CostModel, part: Partition) -> float:
+    """The compute one device does per step under ``part``, most over the devices:
+    M x (forward + backward) at its samples. The steady step is at least this (a device
+    runs its own actions one after another, every step: :mod:`planner.cost.steady`
+    defines the step as the limit of T_n / n), so a candidate at or above the current
+    step is skipped unscored. O(P x g)."""
+    cluster, m = cm.problem.cluster, part.num_micro_batches
+    return max(
+        m * sum(cm.device_times(s.first, s.end, cluster.index(d), y))
+        for s in part.stages
+        for d, y in zip(s.devices, s.samples, strict=True)
+    )
+
+
+def ladder(radius: int, span: int) -> list[int]:
+    """The distances a cut moves: 1..radius, then growing by ``LADDER_GROWTH`` up to
+    ``span`` (the longest stage): O(radius + log span) of them, so a fine chain's cut
+    can travel far in a few accepted moves and settle with the short ones."""
+    steps = list(range(1, min(radius, span) + 1))
+    while steps and steps[-1] < span:
+        steps.append(min(span, max(steps[-1] + 1, int(steps[-1] * LADDER_GROWTH))))
+    return steps
+
+
+def _with(part: Partition, changed: dict[int, StageAssignment]) -> Partition:
+    """``part`` with the stages of ``changed`` replaced."""
+    stages = tuple(changed.get(p, s) for p, s in enumerate(part.stages))
+    return replace(part, stages=stages)
+
+
+def improve(
+    problem: Problem,
+    partition: Partition,
+    *,
+    time_limit: float = DEFAULT_TIME_LIMIT,
+    max_evaluations: int = DEFAULT_MAX_EVALUATIONS,
+    radius: int = DEFAULT_RADIUS,
+    cost_model: CostModel | None = None,
+) -> ImproveResult:
+    """Improve ``partition`` by local moves (module docstring: neighbourhood, acceptance,
+    termination, complexity). ``time_limit``: wall-clock seconds for the pass;
+    ``max_evaluations``: candidates scored at most; ``radius``: blocks a cut moves at
+    most; ``cost_model``: one already built for ``problem`` with tables up to its largest
+    micro-batch candidate (else built here).
+
+    Returns the best plan found (``partition`` itself when nothing helps, or when it
+    does not fit memory: the pass only improves feasible plans).
+
+    Raises:
+        PlanMismatchError: ``partition`` is not a plan of ``problem``.
+        ValueError: a radius below 1 or a negative evaluation budget.
+    """
+    if radius < 1 or max_evaluations < 0:
+        raise ValueError(f"radius must be >= 1 and max_evaluations >= 0, got {radius}, "
+                         f"{max_evaluations}")
+    start = time.perf_counter()
+    cm = cost_model or CostModel(problem, max(problem.config.micro_batch_sizes()))
+    best, cost = partition, cm.evaluate(partition)
+    start_ms = cost.steady_ms
+    hood = _Neighbourhood(problem, cm, radius)
+    seen = {partition}
+    moves = evaluations = 0
+    status = "converged"
+    # the scan goes on from the move after the one kept (on the new plan's
+    # neighbourhood) and wraps around; it ends after a full turn without a kept move
+    cursor, improved = 0, cost.memory_ok
+    while improved:
+        improved = False
+        ring = list(hood.candidates(best))
+        turn = ring[cursor:] + ring[:cursor]
+        for at, candidate in enumerate(turn):
+            if candidate in seen:
+                continue
+            if evaluations >= max_evaluations:
+                status = "evaluations"
+                break
+            if time.perf_counter() - start >= time_limit:
+                status = "time_limit"
+                break
+            seen.add(candidate)
+            if busiest_device_ms(cm, candidate) >= cost.steady_ms * (1 - MIN_GAIN):
+                continue
+            evaluations += 1
+            figures = cm.evaluate(candidate)
+            if figures.memory_ok and figures.steady_ms < cost.steady_ms * (1 - MIN_GAIN):
+                best, cost, moves, improved = candidate, figures, moves + 1, True
+                cursor = (cursor + at + 1) % max(len(ring), 1)
+                break
+    return ImproveResult(best, cost, start_ms, moves, evaluations, status,
+                         time.perf_counter() - start)
