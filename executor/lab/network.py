@@ -17,14 +17,17 @@ devices ``device_ids`` of ``cluster``:
   - ``switched``: a bridge in a switch namespace ``...-sw``; device i's ``eth0`` is joined
     to it by port ``p<i>``; ``eth0``'s egress (the uplink) and ``p<i>``'s egress (the
     downlink) are both shaped to the device's port rate, min(network bandwidth, the
-    type's interface bandwidth);
+    type's interface bandwidth), each shared fairly among the peers of the moment
+    (:meth:`LabNetwork._shape_fair`: one FIFO bucket gave two transfers into one device
+    28.1 and 23.9 Mbit/s of 50; per-peer classes give 23.9 each, the cost model's
+    halves);
   - ``shared_medium``: a bridge in a hub namespace ``...-hub`` whose every port's ingress
     is redirected (``tc ... u32 ... mirred``) through one ``ifb`` device ``air``, shaped
     to the medium's rate: every frame of every transfer, both directions, crosses that
-    one bucket (a half-duplex channel). The bucket is an HTB class with one child class
-    per sending device (by source address), so the senders of the moment share the
-    medium equally, as Wi-Fi's stations share air time (:meth:`LabNetwork._medium`; one
-    tbf FIFO gave the first of two transfers 41.6 and the second 23.7 Mbit/s of 50). A
+    one bucket (a half-duplex channel), shared equally among the senders of the moment
+    (by source address, :meth:`LabNetwork._shape_fair`), as Wi-Fi's stations share air
+    time (one tbf FIFO gave the first of two transfers 41.6 and the second 23.7 Mbit/s
+    of 50). A
     device whose port rate is below the medium's gets its ``eth0`` and its port shaped
     too.
 
@@ -374,7 +377,7 @@ class LabNetwork:
         if medium:
             _ip("-n", hub, "link", "add", "air", "type", "ifb")
             _ip("-n", hub, "link", "set", "air", "up")
-            self._medium(hub)
+            self._shape_fair(hub, "air", self.medium_mbps(), "medium", "src")
         for i, dev in enumerate(self.devices.values()):
             port = f"p{i}"
             self._veth(dev.namespace, "eth0", hub, port)
@@ -388,31 +391,34 @@ class LabNetwork:
                       "protocol", "all", "u32", "match", "u32", "0", "0", "action", "mirred",
                       "egress", "redirect", "dev", "air"])
             if not medium or rate < self.medium_mbps():
-                self._shape(dev.namespace, "eth0", rate, f"{dev.id} up")
-                self._shape(hub, port, rate, f"{dev.id} down")
+                self._shape_fair(dev.namespace, "eth0", rate, f"{dev.id} up", "dst")
+                self._shape_fair(hub, port, rate, f"{dev.id} down", "src")
 
 
-    def _medium(self, hub: str) -> None:
-        """The medium: ``air`` under HTB, one class per device (by source address) each
-        guaranteed 1/n of the medium's rate and allowed all of it: the senders of the
-        moment share it equally (HTB's round robin), as Wi-Fi's stations share air time
-        at one rate; frames of no device (ARP) share a last class."""
-        rate, n = self.medium_mbps(), len(self.ids)
-        tc = ["tc", "-n", hub]
-        _run([*tc, "qdisc", "add", "dev", "air", "root", "handle", "1:", "htb", "default",
+    def _shape_fair(self, namespace: str, dev: str, rate_mbps: float, channel: str,
+                    by: str) -> None:
+        """Shape ``dev``'s egress to ``rate_mbps`` under HTB with one class per lab device,
+        matched by its address as the frame's ``by`` (``src``: per sender; ``dst``: per
+        receiver), each guaranteed 1/(n+1) of the rate and allowed all of it, so the
+        peers of the moment share the channel equally (HTB's round robin: the cost
+        model's fair shares); frames of no device (ARP) share one more class. O(n)
+        commands."""
+        tc, burst = ["tc", "-n", namespace], str(_burst(rate_mbps))
+        _run([*tc, "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default",
               "ffff"])
-        _run([*tc, "class", "add", "dev", "air", "parent", "1:", "classid", "1:1", "htb",
-              "rate", f"{rate:g}mbit", "burst", str(_burst(rate))])
-        for i, dev in enumerate([*self.devices.values(), None]):
-            share = rate / (n + 1)
-            _run([*tc, "class", "add", "dev", "air", "parent", "1:1", "classid",
-                  f"1:{i + 16 if dev else 0xffff:x}", "htb", "rate", f"{share:g}mbit", "ceil",
-                  f"{rate:g}mbit", "burst", str(_burst(rate)), "cburst", str(_burst(rate))])
-            if dev is not None:
-                _run([*tc, "filter", "add", "dev", "air", "parent", "1:", "protocol", "ip",
-                      "u32", "match", "ip", "src", f"{dev.address}/32", "flowid",
-                      f"1:{i + 16:x}"])
-        self.shaped.append(ShapedLink(hub, "air", rate, "medium"))
+        _run([*tc, "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb",
+              "rate", f"{rate_mbps:g}mbit", "burst", burst])
+        peers = list(self.devices.values())
+        share = f"{rate_mbps / (len(peers) + 1):g}mbit"
+        for i, peer in enumerate([*peers, None]):
+            classid = f"1:{i + 16 if peer else 0xffff:x}"
+            _run([*tc, "class", "add", "dev", dev, "parent", "1:1", "classid", classid, "htb",
+                  "rate", share, "ceil", f"{rate_mbps:g}mbit", "burst", burst, "cburst",
+                  burst])
+            if peer is not None:
+                _run([*tc, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip",
+                      "u32", "match", "ip", by, f"{peer.address}/32", "flowid", classid])
+        self.shaped.append(ShapedLink(namespace, dev, rate_mbps, channel))
 
 
 def _sigterm(signum: int, frame: FrameType | None) -> None:
