@@ -52,6 +52,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "profile": ("measuring", "measure a zoo (or your own) model's blocks on this machine"),
     "probe": ("measuring", "measure this machine as a device type (catalog entry)"),
     "run": ("running", "train a plan here: one process per planned device"),
+    "lab": ("lab_profile", "the lab's commands: `lab profile` measures a model in each "
+            "device type's lab confinement"),
     "coordinate": (
         "running",
         "host the control plane of a multi-host torchrun job (docs/executor.md, "
