@@ -33,10 +33,12 @@ scan per cut); building the blocks is O(N).
 
 Rebuilding in a worker: :func:`chain` is itself a ``package.module:callable`` (named by
 :data:`BUILDER`), so a profile's build spec ``{"callable": BUILDER, "kwargs":
-{"factory": ..., "split": [...], "seed": s}}`` makes every process build the same
-chain: the factory is called with torch's global RNG seeded with ``s`` (inside
-``torch.random.fork_rng``, so the caller's RNG is untouched), hence identical weights in
-every process and every plan of the model, whatever its split.
+{"factory": ..., "split": [...], "seed": s, "modules": [[...], ...]}}`` makes every
+process build the same chain (``modules``, the candidate modules each block runs, is
+checked on rebuilding, and names a plan's stages by module for ``edgepipe export``).
+The factory is called with torch's global RNG seeded with ``s`` (inside
+``torch.random.fork_rng``, so the caller's RNG is untouched), hence identical weights
+in every process and every plan of the model, whatever its split.
 """
 
 from __future__ import annotations
@@ -253,6 +255,33 @@ def build_blocks(
     return nn.Sequential(blocks)
 
 
+def block_modules(model: nn.Module, traced: fx.GraphModule, cuts: Sequence[Cut]) -> list[list[str]]:
+    """Per block, the :func:`candidates` that run in it, in module order: what
+    torchtitan calls a model part's module FQNs. A candidate cut inside (an explicit cut
+    at one of its submodules) is listed in every block it runs in. O(N + K)."""
+    graph = _Graph(traced)
+    bounds = [c.position for c in cuts]
+    out: list[list[str]] = [[] for _ in range(len(cuts) + 1)]
+    for fqn in candidates(model):
+        if fqn in graph.start:
+            first = sum(b <= graph.start[fqn] for b in bounds)
+            last = sum(b <= graph.end[fqn] for b in bounds)
+            for k in range(first, last + 1):
+                out[k].append(fqn)
+    return out
+
+
+def _split(
+    model: nn.Module, split: str | Sequence[str], source: str
+) -> tuple[nn.Sequential, list[str], list[list[str]]]:
+    traced = trace(model, source)
+    cuts = find_cuts(traced, model, split, source)
+    graph = _Graph(traced)
+    first = next((m for n in graph.nodes for m in _modules_of(n)[:1]), "forward")
+    blocks = build_blocks(traced, cuts, first, source)
+    return blocks, [c.fqn for c in cuts], block_modules(model, traced, cuts)
+
+
 def split_module(
     model: nn.Module, split: str | Sequence[str], source: str = "model"
 ) -> tuple[nn.Sequential, list[str]]:
@@ -260,12 +289,8 @@ def split_module(
     it was cut at (what :func:`chain` takes to rebuild it). Refusals are
     :class:`~planner.errors.InputError` naming ``source``. The blocks share ``model``'s
     parameters. O(K x N) in graph nodes N and candidates K."""
-    traced = trace(model, source)
-    cuts = find_cuts(traced, model, split, source)
-    graph = _Graph(traced)
-    first = next((m for n in graph.nodes for m in _modules_of(n)[:1]), "forward")
-    blocks = build_blocks(traced, cuts, first, source)
-    return blocks, [c.fqn for c in cuts]
+    blocks, cuts, _ = _split(model, split, source)
+    return blocks, cuts
 
 
 def _make(factory: str, seed: int) -> nn.Module:
@@ -279,12 +304,22 @@ def _make(factory: str, seed: int) -> nn.Module:
     return model
 
 
-def chain(factory: str, split: str | list[str] = AUTO, seed: int = 0) -> nn.Sequential:
+def chain(
+    factory: str, split: str | list[str] = AUTO, seed: int = 0,
+    modules: list[list[str]] | None = None,
+) -> nn.Sequential:
     """Build ``factory`` (``package.module:callable`` returning an ``nn.Module``) with
     torch's RNG seeded with ``seed`` (:func:`_make`) and split it at ``split``
-    (:func:`split_module`). The rebuild entry of split profiles (:data:`BUILDER`).
-    O(the factory + the split)."""
-    return split_module(_make(factory, seed), split, factory)[0]
+    (:func:`split_module`). The rebuild entry of split profiles (:data:`BUILDER`);
+    ``modules``, the profile's :func:`block_modules`, must be what the model gives now
+    (else it changed since it was profiled). O(the factory + the split)."""
+    blocks, _, found = _split(_make(factory, seed), split, factory)
+    if modules is not None and found != modules:
+        raise InputError(
+            factory, "", f"its blocks now run modules {found}, but the profile says "
+            f"{modules}; the model changed since it was profiled: profile it again"
+        )
+    return blocks
 
 
 def split_source(factory: str, split: str, seed: int = 0) -> tuple[nn.Sequential, BuildSpec]:
@@ -294,8 +329,9 @@ def split_source(factory: str, split: str, seed: int = 0) -> tuple[nn.Sequential
     fqns = split if split == AUTO else [s.strip() for s in split.split(",") if s.strip()]
     if not fqns:
         raise InputError("--split", "", "give 'auto' or module FQNs separated by commas")
-    blocks, cuts = split_module(_make(factory, seed), fqns, factory)
+    blocks, cuts, modules = _split(_make(factory, seed), fqns, factory)
     build = BuildSpec(
-        callable=BUILDER, kwargs={"factory": factory, "split": cuts, "seed": seed}
+        callable=BUILDER,
+        kwargs={"factory": factory, "split": cuts, "seed": seed, "modules": modules},
     )
     return blocks, build

@@ -119,6 +119,8 @@ def test_the_example_gpt_splits_at_every_layer_and_rebuilds_identically():
         "factory": "examples.gpt:factory",
         "split": ["layers.0", "layers.1", "layers.2", "layers.3", "ln_f", "head"],
         "seed": 0,
+        "modules": [["tok_emb", "pos_emb"], ["layers.0"], ["layers.1"], ["layers.2"],
+                    ["layers.3"], ["ln_f"], ["head"]],
     }
     again = split.chain(**build.kwargs)
     tokens = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(0))
@@ -132,6 +134,15 @@ def test_the_example_gpt_splits_at_every_layer_and_rebuilds_identically():
     # inside a layer the first residual's sum is the only live value before ln2
     with pytest.raises(InputError, match=r"cannot cut at 'layers\.1\.attn': 2 values cross"):
         split.split_source("examples.gpt:factory", "layers.1.attn")
-    assert split.split_source("examples.gpt:factory", "layers.1.ln2")[1].kwargs["split"] == [
-        "layers.1.ln2"
+    # a cut inside layers.1 (after its first residual): both blocks run layers.1
+    inside = split.split_source("examples.gpt:factory", "layers.1.ln2")[1].kwargs
+    assert inside["split"] == ["layers.1.ln2"]
+    assert inside["modules"] == [
+        ["tok_emb", "pos_emb", "layers.0", "layers.1"],
+        ["layers.1", "layers.2", "layers.3", "ln_f", "head"],
     ]
+
+
+def test_a_rebuild_whose_modules_differ_from_the_profile_is_refused():
+    with pytest.raises(InputError, match="the model changed since it was profiled"):
+        split.chain("examples.gpt:factory", ["layers.2"], modules=[["tok_emb"], ["head"]])
