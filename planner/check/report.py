@@ -487,12 +487,12 @@ def run_timeline(report: RunReport, run_dir: str | Path) -> tuple[Timeline, list
     return timeline, markers
 
 
-def draw_report(report: RunReport, run_dir: str | Path, path: str | Path) -> None:
-    """The predicted iteration (scaled like the report) above the measured step, one
-    figure on a common time axis (:func:`planner.check.gantt.draw_gantts`); a run that
-    recovered gets the whole run below, on its own axis, with a marker per recovery."""
-    from edgepipe.planner.check.gantt import draw_gantts
-
+def report_panels(report: RunReport, run_dir: str | Path
+                  ) -> tuple[list[tuple[Timeline, str]], dict[int, list[Marker]]]:
+    """The chart's panels, each a timeline and its title, and their markers: the
+    predicted iteration (scaled like the report) and the measured step, both titled
+    with the run's mode; a run that recovered gets the whole run as a third panel with
+    a marker per recovery."""
     predicted = predicted_timeline(report.plan)
     if report.time_scale != 1.0:
         predicted = _scaled(predicted, report.time_scale)
@@ -517,6 +517,16 @@ def draw_report(report: RunReport, run_dir: str | Path, path: str | Path) -> Non
         run, markers[2] = run_timeline(report, run_dir)
         panels.append((run, f"the whole run: {len(report.step_lines)} committed steps end "
                              f"to end, {len(report.recoveries)} recovery(ies) marked"))
+    return panels, markers
+
+
+def draw_report(report: RunReport, run_dir: str | Path, path: str | Path) -> None:
+    """:func:`report_panels` in one figure, the predicted iteration above the measured
+    step on a common time axis (:func:`planner.check.gantt.draw_gantts`), the whole run
+    of a run that recovered below, on its own axis."""
+    from edgepipe.planner.check.gantt import draw_gantts
+
+    panels, markers = report_panels(report, run_dir)
     draw_gantts(panels, path, markers, own_axis=(2,))
 
 

@@ -177,12 +177,12 @@ def link_table(report: RunReport) -> Table:
     table = Table(title="per link, ms per transfer from post to delivery (pred: alone on "
                   "an idle network; timed: pieces whose receiver was waiting)",
                   title_justify="left")
-    for col in ("boundary", "dir", "from", "to", "kB", "per step", "pred", "meas", "x",
+    for col in ("boundary", "dir", "from", "to", "size", "per step", "pred", "meas", "x",
                 "timed"):
         table.add_column(col, justify="right")
     for r in report.links:
         table.add_row(f"{r.boundary}->{r.boundary + 1}", r.direction, r.src, r.dst,
-                      f"{r.num_bytes / 1e3:.1f}", str(r.per_step), _ms(r.predicted_ms),
+                      _mem(r.num_bytes), str(r.per_step), _ms(r.predicted_ms),
                       _link_measured(r), _ratio(r.measured_ms, r.predicted_ms),
                       f"{r.exact}/{r.count}")
     return table
@@ -192,7 +192,7 @@ def link_lines(report: RunReport) -> list[str]:
     """The narrow layout of :func:`link_table`: one line per link."""
     return [
         f"{r.direction} {r.src} -> {r.dst} (stage {r.boundary} -> {r.boundary + 1}, "
-        f"{r.num_bytes / 1e3:.1f} kB, {r.per_step} a step): {_ms(r.predicted_ms)} predicted, "
+        f"{_mem(r.num_bytes)}, {r.per_step} a step): {_ms(r.predicted_ms)} predicted, "
         f"{_link_measured(r)} measured (ms; {r.exact} of {r.count} timed)"
         for r in report.links
     ]

@@ -1,0 +1,142 @@
+"""Per device, per stage and per link: ``edgepipe report`` on a hand-written run of a
+hand-worked hybrid plan (tests/helpers/link_runs.py), every figure worked out by hand;
+the metrics writer's transfer lines from hand-written rank payloads; the run's mode in
+the text and the chart titles (issue 25 item 3, issue 27)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from edgepipe.executor.core.layout import RankLayout
+from edgepipe.executor.core.metrics import transfer_lines
+from edgepipe.planner.check.live import write_state
+from edgepipe.planner.check.report import build_report, report_panels
+
+from tests.helpers.link_runs import MIB, hand_plan, write_link_run
+from tests.helpers.paths import REPO
+
+
+def test_link_rows_set_each_piece_against_the_cost_models_piece(tmp_path: Path) -> None:
+    write_link_run(tmp_path)
+    report = build_report(tmp_path)
+    assert report.steps_used == (1,)
+    got = {(r.direction, r.src, r.dst): r for r in report.links}
+    assert list(got) == [("activations", "A", "C"), ("activations", "B", "C"),
+                         ("gradients", "C", "A"), ("gradients", "C", "B")]
+    for r in report.links:
+        assert (r.boundary, r.per_step, r.num_bytes) == (0, 2, 20.0)  # one sample of b1
+    # 20 bytes at 1000 bytes/ms + 1 ms; B-C: 20 bytes at 100 bytes/ms + 4 ms
+    a_c, b_c = got[("activations", "A", "C")], got[("activations", "B", "C")]
+    assert a_c.predicted_ms == pytest.approx(1.02)
+    assert b_c.predicted_ms == pytest.approx(4.2)
+    assert got[("gradients", "C", "B")].predicted_ms == pytest.approx(4.2)
+    # A -> C: m0 timed exactly (1.5 ms); m1's receiver came after the data (1.1 ms, a bound)
+    assert (a_c.measured_ms, a_c.exact, a_c.count) == (pytest.approx(1.5), 1, 2)
+    assert a_c.bound_ms == pytest.approx((1.5 + 1.1) / 2)
+    assert (b_c.measured_ms, b_c.exact, b_c.count) == (pytest.approx(4.5), 2, 2)
+    assert got[("gradients", "C", "A")].measured_ms == pytest.approx(1.02)
+
+
+def test_stage_rows_time_the_ring_and_the_boundary_on_the_shared_clock(tmp_path: Path) -> None:
+    write_link_run(tmp_path)
+    first, last = build_report(tmp_path).stages
+    assert first.devices == ("A", "B")
+    # the slowest device's mean action: B's F 3 and B 5 ms; predicted b0 + b1 at batch 1
+    assert (first.forward_measured, first.backward_measured) == (3.0, 5.0)
+    assert (first.forward_predicted, first.backward_predicted) == (3.0, 6.0)
+    # ring: A 30-40 ms from 101.000 s, B 31-39 from 101.002: last start 101033, first end 101040
+    assert first.allreduce_measured == pytest.approx(7.0)
+    # W = 3000 bytes, g = 2, switched: 2(g-1)/g x 3000 / 1000 + 2(g-1) x 1 ms
+    assert first.allreduce_predicted == pytest.approx(5.0)
+    # m0 only (m1 not timed exactly): first post A at 101002, last delivery B at 101009.5
+    assert first.link_measured == pytest.approx(7.5)
+    # C's downlink carries both pieces: 0.02 + 0.2 ms, then the largest latency, 4 ms
+    assert first.link_predicted == pytest.approx(4.22)
+    assert (last.allreduce_measured, last.link_predicted, last.link_measured) == (None, None,
+                                                                                 None)
+
+
+def test_device_rows_give_compute_bubbles_and_memory_per_step(tmp_path: Path) -> None:
+    plan = write_link_run(tmp_path)
+    a, b, c = build_report(tmp_path).devices
+    # A: M x (f + b) = 2 x ((1 + 2) + (2 + 4)) ms at batch 1
+    assert a.compute_predicted == pytest.approx(18.0)
+    assert a.compute_measured == 12.0
+    # bubble: the step less compute, all-reduce (and, measured, the optimizer step)
+    assert a.bubble_predicted == pytest.approx(plan.cost.steady_ms - 18.0 - 5.0)
+    assert (a.bubble_measured, b.bubble_measured, c.bubble_measured) == (27.0, 25.0, 43.0)
+    # C at batch 2: 2 x (6 + 12) ms, no all-reduce
+    assert c.bubble_predicted == pytest.approx(plan.cost.steady_ms - 36.0)
+    assert a.memory_predicted == plan.cost.stages[0].memory_bytes[0]
+    assert (a.memory_measured, b.memory_measured) == (100 * MIB, 120 * MIB)
+    assert c.memory_measured == 90 * MIB  # no baseline recorded: the peak
+
+
+def test_the_writer_matches_each_send_to_its_receive() -> None:
+    layout = RankLayout.from_plan(hand_plan())  # ranks 0 A, 1 B, 2 C
+    payloads = [
+        {"started_at": 100.0, "transfers": [["send", 2, 0, 100.002],
+                                            ["recv", 2, 1, 100.004, 100.00902]]},
+        {"started_at": 100.002, "transfers": [["send", 2, 0, 100.005]]},
+        {"started_at": 100.001, "transfers": [["recv", 0, 0, 100.001, 100.0035],
+                                              ["send", 0, 1, 100.008]]},
+    ]
+    lines = transfer_lines(1, layout, payloads)
+    # B's send has no receive (a payload without it): left out
+    assert lines == [
+        {"device": "A", "rank": 0, "stage": 0, "step": 1, "kind": "TRANSFER_F",
+         "micro_batch": 0, "peer": "C", "peer_rank": 2, "start_ms": 2.0, "end_ms": 3.5,
+         "waited_ms": 1.0},
+        {"device": "C", "rank": 2, "stage": 1, "step": 1, "kind": "TRANSFER_B",
+         "micro_batch": 0, "peer": "A", "peer_rank": 0, "start_ms": 7.0, "end_ms": 8.02,
+         "waited_ms": 3.0},
+    ]
+
+
+@pytest.mark.parametrize(("mode", "words"), [
+    ("lab", "lab run (real compute, confined)"),
+    ("real", "real run (this machine's speed)"),
+    (None, "real run (this machine's speed)"),  # an older run without a mode: not emulated
+])
+def test_the_chart_titles_say_what_was_measured(tmp_path: Path, mode, words) -> None:
+    write_link_run(tmp_path)
+    if mode is not None:
+        write_state(tmp_path, "running", 2, mode=mode)
+        write_state(tmp_path, "finished", 2)
+    report = build_report(tmp_path)
+    panels, _ = report_panels(report, tmp_path)
+    assert [words in title for _, title in panels] == [True, True]
+    measured = panels[1][0]
+    # on the shared clock, a channel row per device pair: A -> C's m0 from 1002 ms on
+    # (step 1's earliest start 101.000 s is 0): posted 2 ms after A's start
+    a_c = [x for x in measured.transfers if (x.src, x.dst, x.micro_batch, x.kind)
+           == ("A", "C", 0, "F")]
+    assert [(x.start_ms, x.delivered_ms) for x in a_c] == [(pytest.approx(2.0),
+                                                           pytest.approx(3.5))]
+
+
+def test_the_command_prints_every_link_whole_at_any_width(tmp_path: Path) -> None:
+    write_link_run(tmp_path)
+    write_state(tmp_path, "running", 2, mode="lab")
+    write_state(tmp_path, "finished", 2)
+    run = [sys.executable, "-m", "edgepipe.planner.cli", "report", str(tmp_path)]
+    wide = subprocess.run(run, capture_output=True, text=True, cwd=REPO, timeout=120,
+                          env={"COLUMNS": "200", "PATH": ""})
+    assert wide.returncode == 0, wide.stderr
+    assert "predicted vs measured, lab run" in wide.stdout
+    row = next(line for line in wide.stdout.splitlines() if "activations" in line
+               and " A " in line)
+    cells = [c.strip() for c in row.strip("│┃| ").split("│")]
+    assert cells == ["0->1", "activations", "A", "C", "20 B", "2", "1.0", "1.5", "1.47", "1/2"]
+    narrow = subprocess.run(run, capture_output=True, text=True, cwd=REPO, timeout=120,
+                            env={"COLUMNS": "50", "PATH": ""})
+    text = " ".join(narrow.stdout.split())
+    assert ("activations A -> C (stage 0 -> 1, 20 B, 2 a step): 1.0 predicted, 1.5 "
+            "measured (ms; 1 of 2 timed)") in text
+    assert "A per step: compute 18.0 predicted, 12.0 measured; bubble" in text
+    assert "memory" in text and "100 MiB" in text
+    assert json.loads((tmp_path / "status.json").read_text())["mode"] == "lab"
