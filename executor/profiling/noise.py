@@ -137,16 +137,22 @@ def measure_until_stable(
 
 
 def warnings(
-    profile: ModelProfile, device_type: str, policy: NoisePolicy, cores: int | None = None
+    profile: ModelProfile,
+    device_type: str,
+    policy: NoisePolicy,
+    cores: int | None = None,
+    wall_clock: bool = True,
 ) -> list[str]:
     """One line per reason to doubt ``profile``'s timing of ``device_type``: a busy
-    machine, rounds that never settled, implausible times (module docstring)."""
+    machine (for a ``wall_clock`` timing only: a thread's CPU time does not count the
+    time other processes hold its core), rounds that never settled, implausible times
+    (module docstring)."""
     if cores is None:
         cores = len(os.sched_getaffinity(0))
     timing = profile.timings[device_type]
     out = []
     noise = timing.noise
-    if noise is not None and busy(noise.load_average, cores):
+    if wall_clock and noise is not None and busy(noise.load_average, cores):
         out.append(
             f"the machine is busy (load average {noise.load_average} on {cores} cores) while "
             f"profiling {device_type}: times may be too long"

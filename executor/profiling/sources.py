@@ -2,19 +2,22 @@
 command line (a zoo name with sizes, or ``MODULE:CALLABLE`` with its example input and
 optionally a split), built into a chain with its :class:`BuildSpec`, example input and
 profile name. A :class:`ModelSource` is plain data, so a child process can build the
-model itself (inside its lab confinement)."""
+model itself (inside its lab confinement); torch is imported by :func:`build_source`, not
+with this module, so a child unpickles its source before it loads torch."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
-import torch
-from edgepipe.executor.profiling import zoo
 from edgepipe.planner.errors import InputError
 from edgepipe.planner.inputs.profile import BuildSpec
-from torch import nn
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,8 @@ class Built:
 def build_source(source: ModelSource) -> Built:
     """Build ``source``; a bad name, size or combination is an
     :class:`~planner.errors.InputError` naming the flag."""
+    from edgepipe.executor.profiling import zoo
+
     if source.split is not None and ":" not in source.model:
         raise InputError("--split", "", "splits a MODULE:FACTORY model; zoo models are chains")
     if ":" not in source.model:

@@ -1,0 +1,253 @@
+"""Lab profiles: a model profiled inside each device type's lab confinement.
+
+For every device type of a cluster, one child process runs in a cgroup with the type's
+CPU quota (:func:`executor.lab.cgroups.type_quotas`: what a device of the type at
+slowdown 1 gets in every lab run of the cluster) and the memory limit a device of it
+runs under (the smallest budget among the cluster's devices of the type, plus the
+process baseline), on one torch thread. It builds the model itself (so its memory is
+charged to its group) and profiles it in rounds until they agree
+(:func:`executor.profiling.noise.measure_until_stable`).
+
+What is measured, and why: each block's forward and backward as the CPU time of the
+process's one thread (``clock="thread"``), divided by the quota. Under a CFS quota of
+``q`` of a core a process runs at most ``q x 100 ms`` of every 100 ms period, then waits
+for the next one; a block of a few milliseconds therefore either runs unthrottled or
+waits up to ``(1 - q) x 100 ms``, so its wall times are two-valued, their median says
+nothing of the quota, and their mean needs thousands of samples (a 1 ms block at
+``q = 0.25``: about 5,400 for a 5% error). Over whole periods the process gets ``q``
+CPU-seconds per second, so CPU time / ``q`` is the block's time on the device as the
+lab's runs see it, step after step. That the process did get its quota is measured too:
+its CPU time over its wall time while profiling (``measured_cores``, recorded), with a
+warning where it falls short by more than 10%. docs/lab.md, "Lab profiles".
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from edgepipe.executor.lab.cgroups import (
+    CGROUP_ROOT,
+    PROCESS_BASELINE_BYTES,
+    Cgroup,
+    Confinement,
+    check_available,
+    type_quotas,
+)
+from edgepipe.executor.lab.errors import LabError
+from edgepipe.executor.profiling.noise import NoisePolicy, measure_until_stable, warnings
+from edgepipe.executor.profiling.sources import ModelSource
+from edgepipe.planner.errors import EdgepipeError
+from edgepipe.planner.inputs.cluster import Cluster
+from edgepipe.planner.inputs.profile import LabQuota, ModelProfile, Timing
+from edgepipe.planner.units import human_bytes
+
+#: a device type that reached less than this share of its quota while profiling warns
+QUOTA_REACHED = 0.9
+#: seconds a device type's child may take before it is killed (a hung build)
+CHILD_TIMEOUT_S = 3600.0
+
+
+@dataclass(frozen=True)
+class Job:
+    """What one device type's child measures: ``repeats`` timed runs per round, rounds
+    until ``policy`` settles."""
+
+    source: ModelSource
+    device_type: str
+    batch_sizes: tuple[int, ...]
+    warmup: int
+    repeats: int
+    policy: NoisePolicy
+
+
+@dataclass(frozen=True)
+class LabProfile:
+    """The profile (one ``lab`` timing per device type), one line per reason to doubt it,
+    and each type's peak memory while profiling."""
+
+    profile: ModelProfile
+    warnings: list[str]
+    peak_memory_bytes: dict[str, int]
+
+
+def type_confinements(
+    cluster: Cluster, share: float, cores: int | None = None
+) -> dict[str, Confinement]:
+    """Each device type's confinement: its quota (:func:`type_quotas`) and the smallest
+    memory limit among its devices (budget + :data:`PROCESS_BASELINE_BYTES`)."""
+    budgets: dict[str, int] = {}
+    for i, d in enumerate(cluster.devices):
+        budget = int(cluster.budget_bytes(i))
+        budgets[d.type] = min(budgets.get(d.type, budget), budget)
+    return {
+        name: Confinement(q, budgets[name] + PROCESS_BASELINE_BYTES)
+        for name, q in type_quotas(cluster, share, cores).items()
+    }
+
+
+def lab_profile(
+    source: ModelSource,
+    cluster: Cluster,
+    share: float,
+    job: Callable[[str], Job],
+    on_round: Callable[[str, int, float | None], None] | None = None,
+    root: Path = CGROUP_ROOT,
+) -> LabProfile:
+    """Profile ``source`` in the lab of ``cluster`` (module docstring): one confined
+    child per device type, in turn; ``job(type)`` says what each measures and
+    ``on_round(type, rounds, spread so far)`` hears each round. A machine that cannot
+    host the lab raises :class:`LabUnavailable`; a child killed for memory, or failing,
+    raises :class:`LabError` naming the type; every group is removed and every child
+    reaped on the way out (also on Ctrl-C). O(device types x the rounds' profiles / quota).
+    """
+    check_available(root)
+    measured: dict[str, tuple[ModelProfile, LabQuota, int]] = {}
+    lines: list[str] = []
+    for name, conf in type_confinements(cluster, share).items():
+        task = job(name)
+        with Cgroup.create(f"profile-{name}", conf, root) as group:
+            doc, cores = _run_child(group, task, on_round)
+            peak = group.peak_memory_bytes()
+        profile = ModelProfile.from_dict(doc, f"lab profile of {name}")
+        quota = LabQuota(conf.cpu_cores, conf.mem_bytes, 1, round(cores, 4))
+        measured[name] = (profile, quota, peak)
+        lines += warnings(profile, name, task.policy, wall_clock=False)
+        if cores < QUOTA_REACHED * conf.cpu_cores:
+            lines.append(
+                f"device type {name} got {cores:.3g} of its {conf.cpu_cores:.3g}-core quota "
+                "while profiling: the machine is too busy to give the lab its quotas, "
+                "and the times are too short for a quieter lab run"
+            )
+    return LabProfile(_combine(measured, cluster, share), lines,
+                      {n: peak for n, (_, _, peak) in measured.items()})
+
+
+def _combine(
+    measured: dict[str, tuple[ModelProfile, LabQuota, int]], cluster: Cluster, share: float
+) -> ModelProfile:
+    """One profile with each type's timing, its CPU times divided by its quota."""
+    first = next(iter(measured.values()))[0]
+    timings = {}
+    for name, (profile, quota, _) in measured.items():
+        timings[name] = _per_quota(profile.timings[name], quota)
+    quotas = ", ".join(f"{n} {q.cpu_cores:.4g}" for n, (_, q, _) in measured.items())
+    return replace(
+        first,
+        source={
+            "kind": "lab",
+            "detail": f"lab of cluster {cluster.name} (share {share:g} of the cores) on "
+            f"{first.source.get('detail', '')}; per device type a process under its CPU "
+            f"quota (cores: {quotas}) and memory limit; times = the thread's CPU time / "
+            "quota",
+            "date": first.source.get("date", ""),
+            "tool": "edgepipe lab profile",
+        },
+        timings=timings,
+    )
+
+
+def _per_quota(t: Timing, quota: LabQuota) -> Timing:
+    def scale(m: tuple[tuple[float, ...], ...] | None) -> tuple[tuple[float, ...], ...] | None:
+        if m is None:
+            return None
+        return tuple(tuple(round(x / quota.cpu_cores, 4) for x in row) for row in m)
+
+    forward, backward = scale(t.forward_ms), scale(t.backward_ms)
+    assert forward is not None and backward is not None
+    return replace(
+        t, forward_ms=forward, backward_ms=backward, source="lab",
+        forward_spread_ms=scale(t.forward_spread_ms),
+        backward_spread_ms=scale(t.backward_spread_ms), lab=quota,
+    )
+
+
+def _run_child(
+    group: Cgroup, job: Job, on_round: Callable[[str, int, float | None], None] | None
+) -> tuple[dict[str, Any], float]:
+    """Start ``job``'s child, put it in ``group`` before it does anything, and return its
+    profile document and the cores it got; the child is killed and reaped on the way
+    out, whatever happens."""
+    ctx = mp.get_context("spawn")
+    ours, theirs = ctx.Pipe()
+    proc = ctx.Process(target=child_main, args=(theirs, job), daemon=True)
+    proc.start()
+    theirs.close()
+    assert proc.pid is not None  # started
+    result: tuple[dict[str, Any], float] | None = None
+    failure = None
+    try:
+        group.add(proc.pid)
+        ours.send("go")
+        deadline = time.monotonic() + CHILD_TIMEOUT_S
+        while result is None and failure is None:
+            if not ours.poll(max(0.0, deadline - time.monotonic())):
+                failure = f"took more than {CHILD_TIMEOUT_S:.0f} s"
+                break
+            kind, *rest = ours.recv()
+            if kind == "round" and on_round is not None:
+                on_round(job.device_type, rest[0], rest[1])
+            elif kind == "done":
+                result = (rest[0], rest[1])
+            elif kind == "error":
+                failure = rest[0]
+    except EOFError:  # the child died without a word
+        pass
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        proc.join()
+        ours.close()
+    if result is not None:
+        return result
+    if group.oom_killed():
+        limit = group.confinement.mem_bytes or 0
+        raise LabError(
+            f"profiling on device type {job.device_type} ran out of its lab memory limit "
+            f"{human_bytes(limit)} (its budget {human_bytes(limit - PROCESS_BASELINE_BYTES)} "
+            f"plus {human_bytes(PROCESS_BASELINE_BYTES)} for the process) at batch sizes up "
+            f"to {job.batch_sizes[-1]}: profile smaller batch sizes"
+        )
+    raise LabError(
+        f"profiling on device type {job.device_type} failed: "
+        f"{failure or f'its process exited with status {proc.exitcode}'}"
+    )
+
+
+def child_main(conn: Connection, job: Job) -> None:
+    """A device type's child: wait until the parent has put it in its group, then build
+    the model and profile it on one thread (thread CPU time) until stable; send
+    ``("round", n, spread)`` per round and ``("done", profile document, cores)`` or
+    ``("error", one line)``. Deaf to Ctrl-C: the parent ends it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    conn.recv()
+    try:
+        import torch
+        from edgepipe.executor.profiling.profiler import profile_model
+        from edgepipe.executor.profiling.sources import build_source
+
+        torch.set_num_threads(1)
+        built = build_source(job.source)
+        wall, cpu = time.perf_counter(), time.process_time()
+        profile = measure_until_stable(
+            lambda: profile_model(
+                built.model, built.example, list(job.batch_sizes), job.device_type,
+                name=built.name, warmup=job.warmup, repeats=job.repeats, num_threads=1,
+                build=built.build, clock="thread",
+            ),
+            job.device_type,
+            job.policy,
+            on_round=lambda n, s: conn.send(("round", n, s)),
+        )
+        cores = (time.process_time() - cpu) / (time.perf_counter() - wall)
+        conn.send(("done", profile.to_dict(), cores))
+    except EdgepipeError as exc:
+        conn.send(("error", str(exc)))
+    finally:
+        conn.close()

@@ -1,0 +1,92 @@
+"""Specification of ``edgepipe lab profile``: a model profiled in each device type's lab
+confinement (real cgroups), its timings keyed by the cluster's types with their quotas,
+a plan made from it, and a type whose memory limit the model exceeds refused in one
+line; nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from edgepipe.executor.lab.cgroups import PROCESS_BASELINE_BYTES, check_available
+from edgepipe.executor.lab.errors import LabUnavailable
+from edgepipe.planner.cli.main import main
+
+try:
+    check_available()
+except LabUnavailable as exc:
+    pytestmark = pytest.mark.skip(reason=str(exc))
+
+GIB = 2**30
+TINY_RESNET = ["--model", "resnet18", "--size", "resolution=32", "--size", "width=0.25"]
+
+
+def two_types(path: Path, orin_memory: float | None = None) -> Path:
+    """An Orin Nano (576 GFLOP/s effective, 8 GiB x 0.7 usable) and a TX2 (266.24,
+    8 GiB x 0.7)."""
+    orin: dict[str, object] = {"id": "o0", "type": "jetson-orin-nano"}
+    if orin_memory is not None:
+        orin["memory_bytes"] = orin_memory
+    path.write_text(json.dumps({
+        "schema_version": 1, "kind": "edgepipe.cluster", "name": "two-types",
+        "devices": [orin, {"id": "t0", "type": "jetson-tx2"}],
+        "network": {"bandwidth_mbps": 100, "latency_ms": 0, "shared_medium": False},
+    }))
+    return path
+
+
+def our_groups() -> list[str]:
+    return [d for d in os.listdir("/sys/fs/cgroup/cpu") if d.startswith(f"edgepipe-{os.getpid()}-")]
+
+
+def test_lab_profile_times_each_type_under_its_quota_and_plans(tmp_path: Path) -> None:
+    cluster, out = two_types(tmp_path / "c.json"), tmp_path / "lab.json"
+    assert main([
+        "lab", "profile", *TINY_RESNET, "--batch-sizes", "2", "--warmup", "1",
+        "--repeats", "1", "--max-rounds", "3", "--cluster", str(cluster), "-o", str(out),
+    ]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["source"]["kind"] == "lab"
+    assert sorted(doc["timings"]) == ["jetson-orin-nano", "jetson-tx2"]
+    # half of 2 cores over 576 + 266.24 GFLOP/s; rounded down to 1e-4 core
+    quotas = {"jetson-orin-nano": 0.6838, "jetson-tx2": 0.3161}  # 576/842.24, 266.24/842.24
+    limit = int(8 * GIB * 0.7) + PROCESS_BASELINE_BYTES
+    totals = {}
+    for name, t in doc["timings"].items():
+        assert t["source"] == "lab"
+        assert (t["lab"]["cpu_cores"], t["lab"]["mem_bytes"], t["lab"]["threads"]) == (
+            quotas[name], limit, 1
+        )
+        # the kernel holds the process to its quota; it got at least half of it here
+        assert 0.5 * quotas[name] <= t["lab"]["measured_cores"] <= 1.1 * quotas[name]
+        assert t["noise"]["rounds"] <= 3
+        totals[name] = sum(map(sum, t["forward_ms"])) + sum(map(sum, t["backward_ms"]))
+    # the same work at 0.3161 instead of 0.6838 of a core: 2.16x (CPU times differ by
+    # the two processes' noise)
+    assert 1.6 <= totals["jetson-tx2"] / totals["jetson-orin-nano"] <= 2.9
+    assert main([
+        "plan", "--model", str(out), "--cluster", str(cluster), "--global-batch", "4",
+        "-o", str(tmp_path / "plan.json"),
+    ]) == 0
+    assert our_groups() == []
+
+
+def test_a_model_past_a_type_s_memory_limit_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the Orin's budget 0.7 x 1 MiB: its limit is the process baseline and 0.7 MiB, less
+    # than torch and a ResNet holding 16 images of 256 x 256 at every block's input
+    cluster = two_types(tmp_path / "c.json", orin_memory=2**20)
+    out = tmp_path / "lab.json"
+    assert main([
+        "lab", "profile", "--model", "resnet18", "--size", "resolution=256", "--size",
+        "width=0.25", "--batch-sizes", "16", "--warmup", "1", "--repeats", "1",
+        "--max-rounds", "1", "--cluster", str(cluster), "-o", str(out),
+    ]) == 2
+    err = capsys.readouterr().err
+    assert "error: profiling on device type jetson-orin-nano ran out of its lab memory " in err
+    assert "Traceback" not in err
+    assert not out.exists()
+    assert our_groups() == []
