@@ -62,6 +62,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": (
         "reporting", "a run's measurements against its plan's prediction, with Gantt charts"
     ),
+    "export": (
+        "exporting", "print a plan as torchtitan's or DeepSpeed's pipeline configuration"
+    ),
     "demo": (
         "demo",
         "plan the demo model on the demo cluster, show it, compare the planners, run a "
