@@ -8,10 +8,21 @@ action of each rank and step) and, for an emulated run, ``emulation/rank<r>.json
 
 Figures (steps after the first, which carries start-up costs, when there are several):
 
-* per stage and device: predicted forward and backward ms per micro-batch
+* per device (:class:`DeviceFigures`): predicted forward and backward ms per micro-batch
   (``StageCost.device_forward_ms / device_backward_ms``) against the mean measured ``F``
   and ``B`` action; predicted all-reduce (``StageCost.allreduce_ms``) against the mean
-  ``REDUCE_GRAD``; the measured receive wait per step;
+  ``REDUCE_GRAD``; the measured receive wait per step; per step, the compute
+  ``M x (forward + backward)`` against the mean ``compute_ms``; **bubbles**, the time of
+  a step in which the device neither computes nor all-reduces: predicted
+  ``PlanCost.steady_ms - M x (forward + backward) - allreduce_ms``, measured the mean
+  ``wall_ms - compute_ms - allreduce_ms - optim_ms`` (the optimizer step has no term in
+  the cost model); **memory**, the cost model's ``StageCost.memory_bytes`` (Eq. 3 plus
+  ring replicas) against the largest ``peak_mem_bytes`` less ``baseline_mem_bytes``
+  where the run recorded one (CPU: the process's resident set before its model was
+  built), else the peak (CUDA: allocated memory);
+* per stage and per link: :mod:`planner.check.breakdown` (the slowest device, the ring
+  all-reduce and the boundary's link on the shared clock; each device pair's transfers,
+  post to delivery, against the cost model's piece);
 * per run: predicted iteration (``PlanCost.iteration_ms``, one isolated step) and
   steady-state step (``PlanCost.steady_ms``, a step of a long run, where consecutive
   steps may overlap: docs/cost-model.md) against the median measured step wall time of
@@ -19,16 +30,21 @@ Figures (steps after the first, which carries start-up costs, when there are sev
 
 Predictions are multiplied by the emulation's time scale when the run was emulated (then
 they are the emulated devices' budgets); a run that was not emulated ran at this
-machine's speed, so its ratios compare this machine with the plan's devices.
+machine's speed (a lab run: confined like each device), so its ratios compare this
+machine with the plan's devices. **Mode**: ``status.json``'s ``mode`` (emulated, lab or
+real; :data:`planner.check.live.MODES`), else ``emulated`` where the folder has
+emulation reports and ``real`` where it has none (an older run); the text and both chart
+titles say it.
 
-The predicted Gantt chart is the independent simulator's iteration
+**Charts.** The predicted Gantt chart is the independent simulator's iteration
 (:func:`planner.check.simulator.simulate`; its makespan is within the cost model's error of
 ``PlanCost.iteration_ms``, docs/cost-model.md). The measured one shows one step (the one
 with the median wall time) as a :class:`planner.check.simulator.Timeline`: each device's
-``F``, ``B`` and ``REDUCE_GRAD`` (as all-reduce) intervals, each rank's times taken from
-its own step start (ranks are not clock-aligned; a later stage's first action is its
-wait for activations, so the offsets line up to within that rank's step start). It has
-no channel rows: the executor measures transfers at their ends only.
+``F``, ``B`` and ``REDUCE_GRAD`` (as all-reduce) intervals. Where every device's step
+line has ``started_at``, the devices are placed on the shared wall clock from the
+step's earliest start, and each device pair's measured transfers (post to delivery)
+get a channel row ``src -> dst``; else each rank's times are taken from its own step
+start and there are no channel rows.
 
 **Recovery events** (issue 8 item 5; docs/fault-tolerance.md, "Recovery"): the lines of
 ``metrics.jsonl`` with ``"type": "recovery"`` (the executor writes one per recovery:
