@@ -69,7 +69,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch.distributed as dist
 from edgepipe.executor.core import data
@@ -126,8 +126,10 @@ class Placement:
     """Where the workers run: the store's host as they reach it, and each worker's process
     entry and arguments. The default runs plain processes on this machine
     (:func:`executor.worker.spawned`); the lab places each in its device's network
-    namespace and cgroup (:mod:`executor.lab.launch`, docs/lab.md)."""
+    namespace and cgroup (:mod:`executor.lab.launch`, docs/lab.md). ``mode`` is what
+    ``status.json`` records of a run that is not emulated (planner/check/live.py)."""
 
+    mode: ClassVar[str] = "real"
     store_host: str = "127.0.0.1"
 
     def entry(self, opts: WorkerOptions, endpoint: Endpoint) -> tuple[
@@ -274,7 +276,8 @@ def launch(
         if joins:
             schedule = _join_schedule(joins, supervisor, children, opts, join_timeout_s)
     if out is not None:
-        live.write_state(out, "running", opts.steps, mode="emulated" if opts.emulate else "real")
+        live.write_state(out, "running", opts.steps,
+                         mode="emulated" if opts.emulate else placement.mode)
     try:
         children.start(spares)
         if on_start is not None:

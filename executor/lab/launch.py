@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from edgepipe.executor.core.layout import RankLayout
 from edgepipe.executor.core.options import Endpoint, WorkerOptions
@@ -66,6 +66,7 @@ class LabPlacement(Placement):
     """The lab's :class:`~executor.launch.Placement`: the store on the control network,
     each rank's worker started confined (:func:`executor.lab.entry.start`)."""
 
+    mode: ClassVar[str] = "lab"
     places: tuple[Place, ...] = ()
 
     def entry(self, opts: WorkerOptions, endpoint: Endpoint) -> tuple[Any, tuple[Any, ...]]:
