@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -58,7 +59,7 @@ CONFIG_FLAGS = {
 
 #: solver flags -> the planners they apply to (anything else given with them is an error)
 SOLVER_FLAGS = {"backend": ("milp",), "time_limit": ("dp", "milp"), "every_block": ("dp",),
-                "no_improve": ("dp",)}
+                "no_improve": ("dp",), "cpu_time_limit": ("dp", "milp")}
 
 
 def _config_from_args(args: argparse.Namespace) -> TrainingConfig:
@@ -99,18 +100,50 @@ def _solve(args: argparse.Namespace) -> Plan:
         raise InputError("--solver", "", f"unknown solver {shown!r}; use one of {api.planners()}")
     _check_solver_flags(args, [args.solver])
     problem = api.load_problem(args.model, args.cluster, _config_from_args(args))
-    backend, time_limit = _solver_options(args)
+    backend, _ = _solver_options(args)
     label = f"planning ({args.solver})"
+    cpu = time.process_time()
     with progress_bars() as progress:
-        return api.solve(
+        plan = api.solve(
             problem,
             args.solver,
             progress_callback(progress, label),
             backend=backend,
-            time_limit=time_limit,
+            time_limit=args.time_limit,  # None: the default for the cluster's size
             multilevel=not args.every_block,
             improve=not args.no_improve,
+            cpu_time_limit=args.cpu_time_limit,
         )
+    warning = time_limit_warning(plan, time.process_time() - cpu)
+    if warning:
+        err.print(warning, highlight=False, soft_wrap=True, markup=False)
+    return plan
+
+
+def time_limit_warning(plan: Plan, cpu_s: float) -> str | None:
+    """One line for stderr when a time limit stopped the search (``cpu_s``: the CPU
+    seconds it took): which limit, how far the search got and the bound on the gap where
+    one is known; None when the search was complete."""
+    info, settings = plan.solver, plan.solver.settings
+    if info.status not in ("timed_out", "feasible"):
+        return None
+    limits, fix = f"{settings['time_limit_s']:g} s wall clock", "raise --time-limit"
+    if settings.get("cpu_time_limit_s") is not None:
+        limits += f" or {settings['cpu_time_limit_s']:g} CPU s"
+        fix += " or --cpu-time-limit"
+    head = (f"warning: {info.name} stopped at its time limit ({limits}) after "
+            f"{info.solve_time_s:.1f} s, {cpu_s:.1f} CPU s")
+    if info.name == "milp":
+        got = f"{settings['programs_closed']} of {settings['programs']} programs closed"
+    else:
+        got = (f"plans for micro-batch sizes {settings['sizes_planned']} of "
+               f"{settings['micro_batch_sizes']}")
+    if info.gap is None:
+        gap = "no bound on the gap is known"
+    else:
+        gap = (f"the plan is at most {info.gap:.1%} slower than the best "
+               f"(bound {info.objective_bound_ms:.1f} ms)")
+    return f"{head}: {got}; {gap}; {fix}"
 
 
 def cmd_plan(args: argparse.Namespace) -> None:
@@ -314,7 +347,8 @@ def _add_solver_args(p: argparse.ArgumentParser) -> None:
         "--time-limit",
         type=positive_float,
         help="wall-clock limit in seconds of the dp (it returns its best plan so far) and "
-        f"of the exact solver (dp and milp; default {DEFAULT_TIME_LIMIT:g})",
+        f"of the exact solver (dp and milp; default {DEFAULT_TIME_LIMIT:g}, x devices / 256 "
+        "above 256 devices)",
     )
 
 
@@ -324,6 +358,11 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
         "--solver", default="dp", help=f"planner to use, one of {', '.join(api.planners())}"
     )
     _add_solver_args(p)
+    p.add_argument(
+        "--cpu-time-limit", type=positive_float, metavar="SECONDS",
+        help="dp and milp: also stop after this many CPU seconds of this process (the same "
+        "plan however busy the machine is; the first limit to run out stops the search)",
+    )
     p.add_argument(
         "--every-block", action="store_const", const=True,
         help="dp: plan a model of more than 200 blocks on every block, not coarse to fine "

@@ -16,10 +16,10 @@ from edgepipe.planner.inputs.problem import Problem
 from edgepipe.planner.plan import Plan, SolverInfo, make_plan
 from edgepipe.planner.solvers.baselines import BASELINES, plan_baseline
 from edgepipe.planner.solvers.dp.driver import plan_dp
-from edgepipe.planner.solvers.exact.solver import DEFAULT_BACKEND, DEFAULT_TIME_LIMIT, plan_milp
+from edgepipe.planner.solvers.exact.solver import DEFAULT_BACKEND, plan_milp
 from edgepipe.planner.solvers.improve import DEFAULT_TIME_LIMIT as IMPROVE_LIMIT
 from edgepipe.planner.solvers.improve import improve as improve_plan
-from edgepipe.planner.solvers.time_limit import check_time_limit
+from edgepipe.planner.solvers.time_limit import Deadline, check_time_limit, default_time_limit
 
 
 def planners() -> list[str]:
@@ -33,9 +33,10 @@ def solve(
     progress: Callable[[int, int], None] | None = None,
     *,
     backend: str = DEFAULT_BACKEND,
-    time_limit: float = DEFAULT_TIME_LIMIT,
+    time_limit: float | None = None,
     multilevel: bool = True,
     improve: bool = True,
+    cpu_time_limit: float | None = None,
 ) -> Plan:
     """Plan ``problem`` with ``solver`` and return the scored :class:`Plan`.
 
@@ -53,6 +54,11 @@ def solve(
     cost model (:func:`planner.solvers.improve.improve`) within what is left of
     ``time_limit`` (at most ``improve.DEFAULT_TIME_LIMIT``); the baselines are never
     improved (they stand for the published algorithms, docs/decisions.md).
+    ``time_limit`` defaults to :func:`planner.solvers.time_limit.default_time_limit` of
+    the cluster's size; ``cpu_time_limit`` (dp and milp) adds a budget of this process's
+    CPU seconds: the first limit to run out stops the search. A search stopped by a
+    limit says so in the plan (``solver.status`` ``timed_out``, or ``feasible`` with the
+    proven ``gap`` for milp; ``settings`` hold how far it got); the library never prints.
 
     Raises:
         InfeasibleError: nothing fits memory (the message names the binding figure).
@@ -63,13 +69,18 @@ def solve(
     if not isinstance(problem, Problem):
         raise TypeError(f"solve() takes a Problem (api.load_problem), got a "
                         f"{type(problem).__name__}")
+    if time_limit is None:
+        time_limit = default_time_limit(len(problem.cluster.devices))
     check_time_limit(time_limit)
+    if cpu_time_limit is not None:
+        check_time_limit(cpu_time_limit, "--cpu-time-limit")
     if solver == "dp":
+        deadline = Deadline(time_limit, cpu_time_limit)
         start = time.perf_counter()
         result = plan_dp(problem, progress=progress, time_limit=time_limit,
-                         multilevel=multilevel)  # fmt: skip
+                         multilevel=multilevel, cpu_time_limit=cpu_time_limit)  # fmt: skip
         partition, cost, polish = result.partition, result.cost, None
-        left = time_limit - (time.perf_counter() - start)
+        left = deadline.left_s()
         if improve and left > 0:
             polish = improve_plan(problem, partition, time_limit=min(left, IMPROVE_LIMIT))
             partition, cost = polish.partition, polish.cost
@@ -78,6 +89,8 @@ def solve(
             settings={
                 "micro_batch_sizes": problem.config.micro_batch_sizes(),
                 "time_limit_s": time_limit,
+                "cpu_time_limit_s": cpu_time_limit,
+                "sizes_planned": sorted(result.candidates),
                 "state_graph": result.graph,
                 "coarse_to_fine": result.coarse_to_fine,
                 "improve": None if polish is None else polish.summary(),
@@ -87,14 +100,16 @@ def solve(
         )
         return make_plan(problem, partition, info, cost=cost)
     if solver == "milp":
-        exact = plan_milp(problem, backend=backend, time_limit=time_limit, progress=progress)
+        exact = plan_milp(problem, backend=backend, time_limit=time_limit, progress=progress,
+                          cpu_time_limit=cpu_time_limit)  # fmt: skip
         info = SolverInfo(
             name="milp",
             settings={
                 "backend": exact.backend,
                 "time_limit_s": exact.time_limit_s,
+                "cpu_time_limit_s": cpu_time_limit,
                 "micro_batch_sizes": problem.config.micro_batch_sizes(),
-                "warm_start": "dp",
+                "warm_start": "dp+improve",
                 "warm_start_ms": exact.warm_start_ms,
                 "programs": len(exact.subproblems),
                 "programs_closed": sum(s.closed for s in exact.subproblems),

@@ -305,11 +305,13 @@ def test_plan_records_backend_status_bound_and_gap():
 
 
 def test_time_limit_returns_the_warm_start_with_an_honest_status():
+    # the limit covers everything, the warm start's DP included (issue 29): the plan is
+    # the DP's plan found within its share of the 0.05 s, or better
     problem = api.load_problem("pipedream-vgg16", "pi-lab-4")
-    dp = plan_dp(problem)
     result = plan_milp(problem, time_limit=0.05)
     assert result.status in ("timed_out", "feasible")
-    assert result.cost.iteration_ms <= dp.cost.iteration_ms
+    assert result.warm_start_ms is not None
+    assert result.cost.iteration_ms <= result.warm_start_ms
     assert any(s.status == "skipped" for s in result.subproblems)
     assert result.gap is None or 0.0 <= result.gap <= 1.0
 

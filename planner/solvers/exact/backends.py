@@ -107,13 +107,15 @@ class Halt:
 def solve_cpsat(
     md: Model,
     hint: dict[int, float],
-    time_limit: float,
+    time_limit: float | Callable[[], float],
     units_per_ms: float,
     halt: Halt | None = None,
 ) -> Outcome:
     """Lower the program to CP-SAT (times in integer units of 1 / ``units_per_ms`` ms,
     memory rounded conservatively, indicator rows as enforcement literals) and solve it
-    with one worker, ``hint`` as the solution hint; ``halt`` (if given) can stop it."""
+    with one worker, ``hint`` as the solution hint; ``halt`` (if given) can stop it.
+    ``time_limit``: seconds, or a function asked for them once the model is lowered
+    (lowering a long chain's program takes seconds); none left: ``unknown`` unsolved."""
     from ortools.sat.python import cp_model
 
     model = cp_model.CpModel()
@@ -148,6 +150,10 @@ def solve_cpsat(
     model.minimize(cp_vars[md.objective])
     for v, value in hint.items():
         model.add_hint(cp_vars[v], round(value))
+    if callable(time_limit):
+        time_limit = time_limit()
+        if time_limit <= 0:
+            return Outcome("unknown", None, None)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(time_limit, 0.01)
     solver.parameters.num_workers = 1  # PARALLEL programs run side by side

@@ -8,11 +8,11 @@ bound :func:`horizon` on every plan (the time variables' range)."""
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 from edgepipe.planner.solvers.exact.stage_bounds import StageBounds
 from edgepipe.planner.solvers.exact.tables import Tables
+from edgepipe.planner.solvers.time_limit import Deadline
 
 
 def quick_bound(tables: Tables, batch: int, num_stages: int) -> float:
@@ -55,7 +55,7 @@ def program_bounds(
     ceiling: float | None = None,
     rel_tol: float = 1e-3,
     known: np.ndarray | None = None,
-    deadline: float = math.inf,
+    deadline: Deadline | None = None,
 ) -> np.ndarray:
     """Lower bounds on the cost model's iteration time of every plan with micro-batch
     ``batch`` and P = 1 .. ``max_stages`` stages (entry P; entry 0 unused), from a
@@ -64,7 +64,9 @@ def program_bounds(
     ``known``: valid lower bounds already known (entry P), where the bisection starts; an
     entry at or above ``ceiling`` (what pruning needs) only says so; the others are
     within ``rel_tol`` (relative) below the min-max, or wherever the bisection stood at
-    ``deadline`` (``time.perf_counter()``): every returned entry is a valid bound.
+    ``deadline`` (a :class:`~planner.solvers.time_limit.Deadline`; None: no limit; the
+    tables' set-up stops at it too, then every entry is 0): every returned entry is a
+    valid bound.
 
     Per stage q of blocks [a, b) served by g_j devices of class group j
     (:func:`planner.solvers.exact.stage_bounds.bound_groups`; every device takes >= 1
@@ -143,7 +145,12 @@ def program_bounds(
     DP's (N + 1) min(B, N)): one DP pass per bisection step, all P together, vectorised
     over (b, states, compositions)."""
     out = np.full(max_stages + 1, np.inf)
-    bounds = StageBounds(tables, batch, max_stages)
+    if deadline is None:
+        deadline = Deadline(math.inf)
+    try:
+        bounds = StageBounds(tables, batch, max_stages, deadline)
+    except TimeoutError:
+        return np.zeros(max_stages + 1)
     if not bounds.stages or max_stages < 1:
         return out
     lo = np.zeros(max_stages + 1)
@@ -161,7 +168,7 @@ def program_bounds(
 
 
 def _upper_ends(
-    bounds: StageBounds, tables: Tables, lo: np.ndarray, deadline: float
+    bounds: StageBounds, tables: Tables, lo: np.ndarray, deadline: Deadline
 ) -> np.ndarray | None:
     """Upper ends for :func:`bisect_bounds` without a ceiling (entries 1..P of ``lo``):
     per P a T some partition into P stages meets, doubling a guess from :func:`horizon`;
@@ -190,7 +197,7 @@ def bisect_bounds(
     lo: np.ndarray,
     hi: np.ndarray,
     rel_tol: float,
-    deadline: float,
+    deadline: Deadline,
     steps: float = math.inf,
     only: np.ndarray | bool = True,
 ) -> bool:
@@ -219,7 +226,7 @@ def _narrow(
     at: np.ndarray,
     lo: np.ndarray,
     hi: np.ndarray,
-    deadline: float,
+    deadline: Deadline,
 ) -> bool:
     """Test the entries P of ``sel`` (at least one) at T = ``at`` (one value each): where
     some partition meets it, ``hi`` falls to it, elsewhere ``lo`` rises to it (in place).
@@ -243,14 +250,16 @@ def open_intervals(lo: np.ndarray, hi: np.ndarray, rel_tol: float) -> np.ndarray
 
 
 def raise_least(
-    searches: list[tuple[StageBounds, np.ndarray, np.ndarray]], until: float, rel_tol: float = 1e-3
+    searches: list[tuple[StageBounds, np.ndarray, np.ndarray]],
+    until: Deadline,
+    rel_tol: float = 1e-3,
 ) -> None:
     """Bisection steps (:func:`bisect_bounds`, in place) where they lift the least open
     bound over all micro-batch sizes (the global bound is the least of the open
     programs'): each step bisects, in the size holding the least open ``lo``, every P
     whose ``lo`` is at most the least of the other sizes', until ``until`` or no interval
     is open."""
-    while time.perf_counter() < until:
+    while not until.passed():
         least = [
             (float(lo[sel].min()), i)
             for i, (_, lo, hi) in enumerate(searches)
@@ -264,7 +273,9 @@ def raise_least(
         bisect_bounds(bounds, lo, hi, rel_tol, until, steps=1, only=lo <= max(value, others))
 
 
-def test_at(bounds: StageBounds, lo: np.ndarray, ceiling: float, deadline: float) -> np.ndarray:
+def test_at(
+    bounds: StageBounds, lo: np.ndarray, ceiling: float, deadline: Deadline
+) -> np.ndarray:
     """Test every P with ``lo`` below ``ceiling`` at T = ceiling: returns the upper ends
     for :func:`bisect_bounds` (``ceiling`` where feasible, NaN where not, and there ``lo``
     rises to the ceiling, in place); on timeout nothing is known (all NaN)."""

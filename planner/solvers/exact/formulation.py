@@ -189,16 +189,21 @@ class Builder:
         return {self.cum[l_, p]: 1.0}, 0.0
 
     def x_lin(self, weights: np.ndarray, p: int) -> tuple[Lin, float]:
-        """sum_l weights[l] x[l, p] as (terms, constant)."""
+        """sum_l weights[l] x[l, p] as (terms, constant): x[l, p] = c[l, p] - c[l, p + 1]
+        with :meth:`c_term`'s constants written out (the same terms, one pass: this is
+        most of a long chain's build)."""
         terms: Lin = {}
         const = 0.0
+        last, cum = self.num_stages, self.cum
         for l_, w in enumerate(weights.tolist()):
             if w == 0.0:
                 continue
-            for sign, stage in ((1.0, p), (-1.0, p + 1)):
-                part, c0 = self.c_term(l_, stage)
-                axpy(terms, sign * w, part)
-                const += sign * w * c0
+            if p == 0:
+                const += w
+            elif p < last:
+                terms[cum[l_, p]] = w
+            if p + 1 < last:
+                terms[cum[l_, p + 1]] = -w
         return terms, const
 
     def cut_bytes(self, b: int) -> Lin:

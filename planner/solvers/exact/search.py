@@ -24,6 +24,7 @@ from edgepipe.planner.solvers.exact.backends import Halt, HighsWorkers, solve_cp
 from edgepipe.planner.solvers.exact.formulation import Builder
 from edgepipe.planner.solvers.exact.solutions import decision, extract, solution_hint
 from edgepipe.planner.solvers.exact.tables import Tables
+from edgepipe.planner.solvers.time_limit import Deadline
 
 #: CP-SAT time resolution: the incumbent is about this many integer time units
 CPSAT_UNITS = 1e8
@@ -89,7 +90,7 @@ class ProgramSearch:
         self,
         tables: Tables,
         backend: str,
-        deadline: float,
+        deadline: Deadline,
         best: Incumbent | None,
         horizon: float,
     ) -> None:
@@ -99,6 +100,8 @@ class ProgramSearch:
         self.lock = threading.Lock()
         self.highs: HighsWorkers | None = None  # set while run() uses the highs backend
         self.halt = Halt()
+        #: the slowest program build so far, seconds per (stage x block)
+        self.build_rate = 0.0
 
     def attempt(self, job: tuple[int, int], cap: float, before: SubProblem | None) -> SubProblem:
         """Solve program ``job`` for at most ``cap`` seconds (and never past the
@@ -111,30 +114,46 @@ class ProgramSearch:
         relaxed row was loose for that plan), exclude the plan (:func:`no_good`) and
         solve again: the remaining plans' bound can only rise."""
         t0 = time.perf_counter()
-        stop = min(t0 + cap, self.deadline)
-        if stop - t0 <= 0:
+        stop = t0 + cap
+        if self.deadline.passed():
             return before or SubProblem(*job, "skipped", None, None, 0.0)
         found = before.best_ms if before else None
         program = before.program_ms if before else None
         outcome_status, bound = (before.status, before.bound_ms) if before else ("unknown", None)
         excluded = self.excluded.setdefault(job, [])
-        while (limit := stop - time.perf_counter()) > 0 and not self.halt.stopped:
+        # the solver's limit: the slice's wall clock or the deadline's (a CPU budget
+        # shared by the PARALLEL solves), whichever is less, after the program is built;
+        # a program whose build (estimated from the builds so far) would not end within
+        # it is not begun: on long chains a build takes seconds
+        lowered = [0.0]  # when the solver was last asked for its limit
+
+        def left() -> float:
+            lowered[0] = time.perf_counter()  # CP-SAT asks once its model is lowered
+            return self._left(stop)
+
+        while self._left(stop) > self._build_estimate(job) and not self.halt.stopped:
             with self.lock:
                 best = self.best
             ref = best[0] if best else self.horizon
+            built = time.perf_counter()
             form = Builder(self.tables, *job).build(
                 ref * (1 + CUTOFF_SLACK), self.horizon, tuple(excluded)
             )
             hint = {}
             if best and (best[1].micro_batch_size, best[1].num_stages) == job:
                 hint = solution_hint(form, self.tables, best[1])
+            lowered[0] = time.perf_counter()
             if self.backend == "cpsat":
-                outcome = solve_cpsat(form.model, hint, limit, CPSAT_UNITS / ref, self.halt)
+                outcome = solve_cpsat(form.model, hint, left, CPSAT_UNITS / ref, self.halt)
             elif self.highs is not None:
-                outcome = self.highs.solve(form.model, hint, limit)
+                outcome = self.highs.solve(form.model, hint, left())
             else:
-                outcome = solve_pulp(form.model, hint, limit, self.backend)
-            outcome_status, bound = outcome.status, outcome.bound_ms
+                outcome = solve_pulp(form.model, hint, left(), self.backend)
+            self._learn_build(job, lowered[0] - built)
+            if outcome.status != "unknown" or outcome.bound_ms is not None:
+                # (an unknown without a bound, e.g. not solved for want of time, keeps
+                # what an earlier pass proved)
+                outcome_status, bound = outcome.status, outcome.bound_ms
             if outcome.values is None:
                 break
             partition = extract(form, self.tables, outcome.values)
@@ -153,6 +172,22 @@ class ProgramSearch:
             excluded.append(decision(form, outcome.values))
         spent = time.perf_counter() - t0 + (before.solve_time_s if before else 0.0)
         return SubProblem(*job, outcome_status, found, bound, spent, program, len(excluded))
+
+    def _left(self, stop: float) -> float:
+        """Seconds a solver may still be given: to ``stop`` (the slice's end) or the
+        deadline (its CPU budget shared by the PARALLEL solves), whichever is sooner."""
+        return min(stop - time.perf_counter(), self.deadline.left_s(PARALLEL))
+
+    def _build_estimate(self, job: tuple[int, int]) -> float:
+        """Seconds the program of ``job`` is expected to take to build: the slowest build
+        so far per (stage x block), times its P x L (a build's rows grow with both), 0
+        before the first. A build counts until the solver starts (for CP-SAT, its
+        lowering included)."""
+        return self.build_rate * job[1] * self.tables.n_blocks
+
+    def _learn_build(self, job: tuple[int, int], seconds: float) -> None:
+        with self.lock:
+            self.build_rate = max(self.build_rate, seconds / (job[1] * self.tables.n_blocks))
 
     def run(
         self,

@@ -44,7 +44,8 @@ from edgepipe.planner.solvers.exact.search import (
 )
 from edgepipe.planner.solvers.exact.stage_bounds import StageBounds
 from edgepipe.planner.solvers.exact.tables import Tables
-from edgepipe.planner.solvers.time_limit import check_time_limit
+from edgepipe.planner.solvers.improve import improve
+from edgepipe.planner.solvers.time_limit import Deadline, check_time_limit
 
 BACKENDS = ("cpsat", "cbc", "highs")
 
@@ -62,6 +63,9 @@ QUICK_SHARE = 0.25
 #: and the share by which they must have tested every program at the incumbent
 BOUND_SHARE = 0.2
 TEST_SHARE = 0.5
+
+#: share of the time limits the warm start's DP may take
+WARM_SHARE = 0.2
 
 
 @dataclass(frozen=True)
@@ -95,14 +99,20 @@ def plan_milp(
     time_limit: float = DEFAULT_TIME_LIMIT,
     warm_start: Partition | None = None,
     progress: Callable[[int, int], None] | None = None,
+    cpu_time_limit: float | None = None,
 ) -> MILPResult:
     """Best partition over the exact planner's space (:mod:`planner.solvers.exact`).
 
     Args:
         problem: the inputs.
         backend: ``cpsat``, ``cbc`` or ``highs``.
-        time_limit: wall-clock seconds for the whole search (all programs together).
-        warm_start: an initial plan; default: the DP's plan (if the DP finds one).
+        time_limit: wall-clock seconds for everything: the warm start's DP, the
+            tables, the closed-form bounds and the programs.
+        warm_start: an initial plan; default: the DP's plan, improved by the local
+            pass (:func:`_warm_start`, within ``WARM_SHARE`` of the limits).
+        cpu_time_limit: optionally, this process's CPU seconds (solver threads included)
+            as a second limit; the first to run out stops the search
+            (:class:`~planner.solvers.time_limit.Deadline`).
         progress: optional ``callback(closed, total)`` after each attempt at a (B, P)
             program: how many of the ``total`` programs are closed (solved or proven
             unable to beat the incumbent).
@@ -119,15 +129,14 @@ def plan_milp(
             "--backend", "", f"unknown backend {backend!r}; available: {list(BACKENDS)}"
         )
     check_time_limit(time_limit)
+    if cpu_time_limit is not None:
+        check_time_limit(cpu_time_limit, "--cpu-time-limit")
     start = time.perf_counter()
-    deadline = start + time_limit
+    deadline = Deadline(time_limit, cpu_time_limit)
     sizes = problem.config.micro_batch_sizes()
     cm = CostModel(problem, max(sizes))
     if warm_start is None:
-        try:
-            warm_start = plan_dp(problem).partition
-        except InfeasibleError:
-            warm_start = None
+        warm_start = _warm_start(problem, cm, deadline)
     best = _warm_incumbent(cm, warm_start)
     warm_ms = best[0] if best else None
 
@@ -136,7 +145,7 @@ def plan_milp(
     if problem.config.max_stages:
         max_p = min(max_p, problem.config.max_stages)
     first = (warm_start.micro_batch_size, warm_start.num_stages) if warm_start else None
-    quick = _closed_form_bounds(tables, sizes, max_p, best, start, time_limit)
+    quick = _closed_form_bounds(tables, sizes, max_p, best, deadline)
     jobs = sorted(quick, key=lambda j: (j != first, quick[j], j[0], j[1]))
     pruned = [
         SubProblem(*j, "pruned", None, quick[j], 0.0)
@@ -145,7 +154,7 @@ def plan_milp(
     ]
     jobs = [j for j in jobs if not any((s.batch, s.num_stages) == j for s in pruned)]
     search = ProgramSearch(tables, backend, deadline, best, horizon(tables, sizes))
-    slice_s = min(max(QUICK_SHARE * time_limit / max(len(jobs), 1), 0.05), 2.0)
+    slice_s = min(max(QUICK_SHARE * deadline.left_s() / max(len(jobs), 1), 0.05), 2.0)
     done = [
         replace(s, bound_ms=max(s.bound_ms or 0.0, quick[s.batch, s.num_stages]))
         if not s.closed
@@ -180,6 +189,25 @@ def plan_milp(
     )
 
 
+def _warm_start(problem: Problem, cm: CostModel, deadline: Deadline) -> Partition | None:
+    """The default warm start, within ``WARM_SHARE`` of the ``deadline``'s limits: the
+    DP's plan polished by the local improvement pass (:mod:`planner.solvers.improve`;
+    it ranks by the steady step, this solver by the iteration, so the faster iteration of
+    the two), None when the DP finds nothing that fits memory."""
+    share = deadline.share(WARM_SHARE)
+    cpu = None if deadline.cpu_s is None else WARM_SHARE * deadline.cpu_s
+    try:
+        plan = plan_dp(problem, time_limit=WARM_SHARE * deadline.wall_s,
+                       cpu_time_limit=cpu).partition  # fmt: skip
+    except InfeasibleError:
+        return None
+    if (left := share.left_s()) > 0:
+        polished = improve(problem, plan, time_limit=left, cost_model=cm)
+        if polished.cost.iteration_ms < cm.evaluate(plan).iteration_ms:
+            plan = polished.partition
+    return plan
+
+
 def _warm_incumbent(cm: CostModel, warm_start: Partition | None) -> Incumbent | None:
     """The first incumbent: the warm start with its cost-model figure, if it fits memory."""
     if warm_start is not None:
@@ -194,26 +222,28 @@ def _closed_form_bounds(
     sizes: list[int],
     max_p: int,
     best: Incumbent | None,
-    start: float,
-    time_limit: float,
+    deadline: Deadline,
 ) -> dict[tuple[int, int], float]:
     """Per (B, P) program (B in ``sizes``, P <= ``max_p``) a lower bound on its plans'
     cost-model figure: the larger of :func:`quick_bound` and, with an incumbent, the
     min-max bound of :func:`planner.solvers.exact.bounds.program_bounds`, which gets
-    BOUND_SHARE of the time from ``start``: first every micro-batch size is tested at
-    the incumbent (what prunes; by TEST_SHARE), then the open programs' bounds are
+    BOUND_SHARE of the ``deadline``'s limits: first every micro-batch size's tables are
+    built and tested at the incumbent (what prunes; by TEST_SHARE: a size whose tables
+    are not built by then keeps its quick bounds), then the open programs' bounds are
     bisected, one step for every size in turn."""
     jobs = [(b, p) for b in sizes for p in range(1, max_p + 1)]
     quick = {j: quick_bound(tables, *j) for j in jobs}
     known = {b: np.array([0.0, *(quick[b, p] for p in range(1, max_p + 1))]) for b in sizes}
     if best is not None:
         ceiling = best[0] * (1 + CUTOFF_SLACK)
-        tested = start + TEST_SHARE * time_limit
-        until = start + BOUND_SHARE * time_limit
+        tested, until = deadline.share(TEST_SHARE), deadline.share(BOUND_SHARE)
         searches = []
         for b in sizes:
-            if time.perf_counter() < tested:
-                bounds = StageBounds(tables, b, max_p)
+            if not tested.passed():
+                try:
+                    bounds = StageBounds(tables, b, max_p, tested)
+                except TimeoutError:
+                    break
                 if bounds.stages:
                     searches.append((bounds, known[b], test_at(bounds, known[b], ceiling, tested)))
         raise_least(searches, until)

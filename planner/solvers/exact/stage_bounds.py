@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 
 import numpy as np
 from edgepipe.planner.cost.formulas import samples_that_fit
 from edgepipe.planner.solvers.exact.tables import Tables, stage_orders
+from edgepipe.planner.solvers.time_limit import Deadline
 
 #: the class-vector DP of :func:`planner.solvers.exact.bounds.program_bounds` keeps at
 #: most about this many (state, stage composition) pairs; classes of similar speed merge
@@ -65,9 +65,12 @@ class StageBounds:
     :func:`planner.solvers.exact.bounds.program_bounds` for one micro-batch size (its
     docstring has the terms, the recurrence and the complexity); built once, then
     :meth:`feasible` answers "is every stage term of some partition into P stages <= T?"
-    for several (P, T) at a time."""
+    for several (P, T) at a time. Building stops with ``TimeoutError`` once ``deadline``
+    passes (checked before each first block of a stage: O(L) pairs of work apart)."""
 
-    def __init__(self, tables: Tables, batch: int, max_stages: int) -> None:
+    def __init__(
+        self, tables: Tables, batch: int, max_stages: int, deadline: Deadline | None = None
+    ) -> None:
         problem, cm = tables.problem, tables.cm
         self.n_blocks = n_blocks = tables.n_blocks
         self.max_stages = max_stages
@@ -122,6 +125,8 @@ class StageBounds:
         self.stages: dict[int, tuple[np.ndarray, ...]] = {}
         rho = np.inf
         for a in range(n_blocks):
+            if deadline is not None and deadline.passed():
+                raise TimeoutError
             rows = []
             for b in range(a + 1, n_blocks + 1):
                 fit = np.array([
@@ -167,6 +172,8 @@ class StageBounds:
         suffix = np.full((max_stages + 1, n_blocks + 1, n_states), np.inf)
         suffix[0, n_blocks] = 0.0
         for r in range(1, max_stages + 1):
+            if deadline is not None and deadline.passed():
+                raise TimeoutError
             for a, (ends, _, fill, *_) in self.stages.items():
                 later = suffix[r - 1][ends.astype(int)]  # (E, S)
                 cand = np.where(ahead_ok[None], later[:, ahead] + fill[:, None, :], np.inf)
@@ -203,12 +210,12 @@ class StageBounds:
             self._pairs[num_stages] = arr
         return self._pairs[num_stages]
 
-    def feasible(self, targets: list[int], limit: np.ndarray, deadline: float) -> np.ndarray:
+    def feasible(self, targets: list[int], limit: np.ndarray, deadline: Deadline) -> np.ndarray:
         """Per target P (with its T in ``limit``): does a partition into P stages have
         every stage term <= T? One DP pass over the layers p = 1 .. max(targets).
 
         Raises:
-            TimeoutError: ``time.perf_counter()`` passed ``deadline``."""
+            TimeoutError: ``deadline`` passed."""
         n_blocks, alpha = self.n_blocks, self.alpha
         ok = np.zeros(len(targets), dtype=bool)
         want = np.array(targets)
@@ -218,7 +225,7 @@ class StageBounds:
         schedules = {t: self.pairs(t) for t in set(targets)}
         most = max(x.shape[1] for x in schedules.values())
         for p in range(1, max(targets) + 1):
-            if time.perf_counter() > deadline:
+            if deadline.passed():
                 raise TimeoutError
             q = p - 1
             # per target row: its stage q's schedule pairs, remaining stages, cuts
