@@ -525,8 +525,7 @@ def report_panels(report: RunReport, run_dir: str | Path
             f"{report.plan.id}, {MODE_TITLE[report.mode]}: predicted iteration (independent "
             f"simulator{scale}; cost model {report.iteration_predicted_ms:.1f} ms)",
         ),
-        (measured, f"measured step {report.measured_step} of the {MODE_TITLE[report.mode]} "
-                   f"({clock})"),
+        (measured, f"measured step {report.measured_step}, {MODE_TITLE[report.mode]}: {clock}"),
     ]
     markers: dict[int, list[Marker]] = {}
     if report.recoveries:
