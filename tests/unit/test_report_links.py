@@ -15,6 +15,7 @@ from edgepipe.executor.core.layout import RankLayout
 from edgepipe.executor.core.metrics import transfer_lines
 from edgepipe.planner.check.live import write_state
 from edgepipe.planner.check.report import build_report, report_panels
+from edgepipe.planner.errors import InputError
 
 from tests.helpers.link_runs import MIB, hand_plan, write_link_run
 from tests.helpers.paths import REPO
@@ -140,3 +141,12 @@ def test_the_command_prints_every_link_whole_at_any_width(tmp_path: Path) -> Non
     assert "A per step: compute 18.0 predicted, 12.0 measured; bubble" in text
     assert "memory" in text and "100 MiB" in text
     assert json.loads((tmp_path / "status.json").read_text())["mode"] == "lab"
+
+
+def test_a_mode_other_than_emulated_lab_or_real_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="'fast' is not one of emulated, lab, real"):
+        write_state(tmp_path, "running", 2, mode="fast")
+    write_link_run(tmp_path)
+    (tmp_path / "status.json").write_text('{"state": "finished", "steps": 2, "mode": 3}\n')
+    with pytest.raises(InputError, match=r"status.json: \$.mode: 3 is not one of"):
+        build_report(tmp_path)
