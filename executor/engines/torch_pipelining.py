@@ -6,7 +6,8 @@ short timeout) or across hosts under torchrun (``-m edgepipe.executor.engines.to
 **What it runs** (:func:`refusal` says why not, in one line, for any other plan): stage
 boundaries and micro-batches from the plan, torch's ``Schedule1F1B`` or ``ScheduleGPipe``
 for the plan's ``1f1b`` / ``gpipe`` (torch's own warm-up, not the plan's ``K_p``), data-
-parallel stage groups through torch's ``DistributedDataParallel`` over each stage's group,
+parallel stage groups (each stage's gradients averaged in its group after the step; not
+DDP, which fails or trains wrong with pipelining in torch 2.13 on gloo: torch_worker.py),
 provided every stage has the same number of devices (one pipeline per replica) and every
 device of a stage the same share of each micro-batch. It refuses:
 

@@ -16,10 +16,15 @@ within a stage).
 group (``PipelineStage(group=...)``) holds those ``P`` ranks. Replica ``j`` takes rows
 ``[j b/g, (j+1) b/g)`` of every micro-batch, the rows edgepipe's runtime gives device
 ``j`` (its ``offset``), so both engines compute on the same samples. Stage ``p``'s ``g``
-ranks form its data-parallel group; with ``g > 1`` the stage's blocks are wrapped in
-torch's ``DistributedDataParallel`` over that group, which ``PipelineStage`` knows:
-no gradient sync during the step's first ``M - 1`` backward passes, one bucketed
-all-reduce (mean over the group) during the last.
+ranks form its data-parallel group; with ``g > 1`` each rank all-reduces (sums) its
+stage's flattened gradients in that group after the schedule's step and divides them by
+``g``: the recipe of torch's pipelining notes for PP x DP without FSDP. Not torch's
+``DistributedDataParallel``, although ``PipelineStage`` knows it: in torch 2.13 on gloo a
+DDP-wrapped stage of the zoo's GPT-2 fails its second step inside DDP's reducer
+("rebuilt parameter indices size is not same as original model parameters size", 28 vs
+14: each micro-batch's backward records the parameters again), and with
+``static_graph=True`` it runs but trains wrong (step losses 0.6 % off the reference's by
+step 4; docs/engines.md).
 
 **Step** ``t``: the global batch of :func:`executor.core.data.step_indices` (the sampler of
 edgepipe's runtime), this replica's rows of each micro-batch concatenated in micro-batch
@@ -27,7 +32,7 @@ order (the schedule splits them back into ``M`` chunks); gradients set to None;
 ``schedule.step`` (first stage: inputs, last stage: targets and the per-micro-batch
 losses); the optimizer of the plan's config (:func:`executor.core.build.stage_optimizer`,
 the runtime's). torch scales the accumulated gradients by ``1 / M`` (``scale_grads``),
-DDP by ``1 / g``: the global-batch mean, as the runtime's fast mode
+the group's average by ``1 / g``: the global-batch mean, as the runtime's fast mode
 (``loss x slice / B`` per micro-batch, all-reduced sum). When ``M`` and ``g`` are powers of
 two every one of these scalings is exact in floating point, so the two engines'
 gradients, and weights, are bit-identical (tests/integration/test_engines.py).
@@ -81,7 +86,6 @@ from edgepipe.planner.plan import Plan, load_plan
 from edgepipe.planner.timeouts import GLOO_TIMEOUT_S
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle
-from torch.nn.parallel import DistributedDataParallel
 
 #: the prefix of this engine's keys on the run's store (torchrun's agent shares it)
 PREFIX = "torch-pipelining"
@@ -132,6 +136,8 @@ class TorchRank:
         self.device, self.backend = torch_device(endpoint)
         self.timeout = timedelta(seconds=opts.timeout_s)
         self.store = self._connect(host=endpoint.host_store)
+        #: the stage's data-parallel group (None: a stage of one device)
+        self.data_parallel: dist.ProcessGroup | None = None
 
     def _connect(self, host: bool = False) -> dist.Store:
         root = dist.TCPStore(self.endpoint.store_host, self.endpoint.store_port,
@@ -158,9 +164,8 @@ class TorchRank:
         """torch's stage and schedule of this rank (module docstring, "Replicas")."""
         layout, me = self.layout, self.me
         pipe, data_parallel = _groups(layout, me, self.timeout)
-        wrapped = (module if data_parallel is None
-                   else DistributedDataParallel(module, process_group=data_parallel))
-        stage = PipelineStage(wrapped, me.stage, layout.num_stages, self.device, group=pipe)
+        self.data_parallel = data_parallel
+        stage = PipelineStage(module, me.stage, layout.num_stages, self.device, group=pipe)
         kind = SCHEDULES[self.plan.problem.config.schedule]
         return kind(stage, layout.num_micro_batches, loss_fn=stage_loss(self.plan.problem.model))
 
@@ -200,6 +205,8 @@ class TorchRank:
             p.grad = None
         losses: list[torch.Tensor] = []
         schedule.step(*args, target=target, losses=losses if last else None)
+        if self.data_parallel is not None:
+            self._average_gradients(module)
         t_optim = time.perf_counter()
         optimizer.step()
         end = time.perf_counter()
@@ -212,6 +219,21 @@ class TorchRank:
             "started_at": started, "cpu_ms": (time.process_time() - cpu0) * 1e3,
             "peak_mem_bytes": peak_memory_bytes(self.device), "intervals": [],
         }
+
+
+    def _average_gradients(self, module: torch.nn.Module) -> None:
+        """The mean of the stage group's gradients (module docstring, "Replicas"): one
+        all-reduce (sum) of the flattened gradients, then ``1 / g``."""
+        assert self.data_parallel is not None
+        params = [p for p in module.parameters() if p.requires_grad]
+        flat = torch.cat([(torch.zeros_like(p) if p.grad is None else p.grad).reshape(-1)
+                          for p in params])
+        dist.all_reduce(flat, group=self.data_parallel)
+        flat.div_(len(self.layout.stage_ranks[self.me.stage]))
+        offset = 0
+        for p in params:
+            p.grad = flat[offset: offset + p.numel()].view_as(p)
+            offset += p.numel()
 
 
 def run(opts: WorkerOptions, endpoint: Endpoint) -> None:
