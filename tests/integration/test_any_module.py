@@ -7,7 +7,12 @@ bit-identical to the single-process reference trainer run on the *original* modu
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from edgepipe.executor.core.options import WorkerOptions
@@ -18,6 +23,7 @@ from torch import nn
 
 from examples import gpt
 from tests.helpers import reference_trainer as ref
+from tests.helpers.paths import REPO
 
 STEPS = 5
 DATASET = "examples.gpt:dataset"
@@ -43,7 +49,7 @@ def test_the_example_gpt_is_profiled_planned_and_trained_as_the_original(tmp_pat
     assert main([
         "profile", "--model", "examples.gpt:factory", "--input", "examples.gpt:example_input",
         "--split", "auto", "--name", "gpt", "--batch-sizes", "1,2", "--warmup", "1",
-        "--repeats", "1", "--analytic", "-o", str(profile),
+        "--repeats", "1", "--max-rounds", "1", "--analytic", "-o", str(profile),
     ]) == 0
     doc = json.loads(profile.read_text())
     assert [b["name"] for b in doc["blocks"]] == [
@@ -83,3 +89,28 @@ def test_the_example_gpt_is_profiled_planned_and_trained_as_the_original(tmp_pat
             assert torch.equal(state["momentum_buffer"], expected["momentum_buffer"])
         seen.update(local)
     assert seen == set(want.state)
+
+
+README_SECTION = "## Use edgepipe's planner with torch pipelining / torchtitan"
+
+
+def readme_blocks() -> tuple[str, list[str]]:
+    """The README section's commands (its bash block) and the output it shows (its
+    text block), without the output's first line (the plan id varies with the profile)."""
+    section = (REPO / "README.md").read_text().split(README_SECTION, 1)[1]
+    commands = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    shown = section.split("```text\n", 1)[1].split("```", 1)[0]
+    return commands, shown.splitlines()[1:]
+
+
+def test_the_readme_example_runs_and_prints_what_the_readme_shows(tmp_path):
+    commands, shown = readme_blocks()
+    shutil.copytree(REPO / "examples", tmp_path / "examples")  # "from the repository root"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", commands], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    printed = done.stdout.splitlines()
+    export = printed[printed.index(next(p for p in printed if p.startswith("# torchtitan"))):]
+    assert export[0].startswith("# torchtitan: plan plan-")
+    assert export[1:] == shown, "update README.md's export example to this output"
