@@ -1,11 +1,11 @@
-"""Run metrics: what each rank reports per step, and the two JSON-lines files of a run.
+"""Run metrics: what each rank reports per step, and the JSON-lines files of a run.
 
 A run directory holds ``plan.json`` (the plan as run), ``ranks.json`` (rank -> device,
-stage, pid; written by the local launcher), ``metrics.jsonl`` and ``timeline.jsonl``
-(format in docs/executor.md). Ranks publish one small JSON payload per step on the run's
-store; a thread of rank 0 merges them into one metrics line per step (in step order)
-and the timeline lines (appended to when a run resumes from a checkpoint). Reading
-these files needs no torch.
+stage, pid; written by the local launcher), ``metrics.jsonl``, ``timeline.jsonl`` and
+``transfers.jsonl`` (format in docs/executor.md). Ranks publish one small JSON payload
+per step on the run's store; a thread of rank 0 merges them into one metrics line per
+step (in step order) and the timeline lines (appended to when a run resumes from a
+checkpoint). Reading these files needs no torch.
 
 Per-device figures of a step: ``compute_ms`` (F + B), ``send_ms`` (posting sends and
 waiting for them at the end of the step), ``recv_wait_ms`` (waiting for activations and
@@ -19,10 +19,12 @@ peak resident set size when this module was imported: interpreter, torch and edg
 loaded, no model built yet; :data:`BASELINE_MEM_BYTES`).
 The step's ``wall_ms`` is the largest rank's, ``samples_per_s`` the global batch over it.
 
-**Transfers** (docs/executor.md, "timeline.jsonl"): each payload carries its rank's
+**Transfers** (docs/executor.md, "transfers.jsonl"): each payload carries its rank's
 stamped pieces (:mod:`executor.core.comm`, "Transfer times"); the writer matches each
 send to its receive (sender, receiver and tag are unique within a step) and writes one
-``TRANSFER_F`` (activations) or ``TRANSFER_B`` (gradients) timeline line per piece,
+``TRANSFER_F`` (activations) or ``TRANSFER_B`` (gradients) line per piece to
+``transfers.jsonl`` (its own file: readers of a device's actions in ``timeline.jsonl``
+find them in time order, as before),
 times in ms from the *sender's* step start on the shared wall clock: ``start_ms`` the
 post, ``end_ms`` the receiver's completion, ``waited_ms`` when the receiver began
 waiting for it. A piece without its other half (a payload of an older writer) is
@@ -97,7 +99,7 @@ def rank_payload(record: StepRecord, device: torch.device) -> dict[str, Any]:
 
 def transfer_lines(step: int, layout: RankLayout, payloads: list[dict[str, Any]]
                    ) -> list[dict[str, Any]]:
-    """The ``TRANSFER_F`` / ``TRANSFER_B`` timeline lines of one step (module docstring),
+    """The ``TRANSFER_F`` / ``TRANSFER_B`` lines of one step (module docstring),
     in sender rank order, then in posting order. O(pieces)."""
     received = {
         (peer, rank, tag): (waited, done)
@@ -138,11 +140,11 @@ def step_loss(payloads: list[dict[str, Any]], global_batch: int, deterministic: 
 
 
 class MetricsWriter:
-    """Appends merged step lines to ``metrics.jsonl`` and ``timeline.jsonl``, each step's
-    flushed as it is written, so a reader sees every step written so far (a run still
-    going, or one that died). :meth:`rollback` takes the lines of steps from a given one
-    on out of both files again (a recovering run's replay); it keeps the other lines
-    (``"type"``) written after them."""
+    """Appends merged step lines to ``metrics.jsonl``, ``timeline.jsonl`` and
+    ``transfers.jsonl``, each step's flushed as it is written, so a reader sees every
+    step written so far (a run still going, or one that died). :meth:`rollback` takes
+    the lines of steps from a given one on out of the three files again (a recovering
+    run's replay); it keeps the other lines (``"type"``) written after them."""
 
     def __init__(
         self, out_dir: Path, layout: RankLayout, deterministic: bool, append: bool = False
@@ -153,7 +155,9 @@ class MetricsWriter:
         mode = "a" if append else "w"
         self.metrics = (out_dir / "metrics.jsonl").open(mode)
         self.timeline = (out_dir / "timeline.jsonl").open(mode)
-        #: step -> where its lines begin in (metrics, timeline): what a rollback cuts
+        self.transfers = (out_dir / "transfers.jsonl").open(mode)
+        #: step -> where its lines begin in (metrics, timeline, transfers): what a
+        #: rollback cuts
         self._offsets: dict[int, tuple[int, int]] = {}
 
     def write_step(
@@ -162,7 +166,8 @@ class MetricsWriter:
         """Merge one step's payloads (index = rank) and write its lines (``extra``: more
         keys of the metrics line); returns the metrics line."""
         wall = max(p["wall_ms"] for p in payloads)
-        self._offsets[step] = (self.metrics.tell(), self.timeline.tell())
+        self._offsets[step] = (self.metrics.tell(), self.timeline.tell(),
+                               self.transfers.tell())
         devices = {}
         for info, p in zip(self.layout.ranks, payloads, strict=True):
             devices[info.device] = {
@@ -189,7 +194,7 @@ class MetricsWriter:
                     + "\n"
                 )
         for t in transfer_lines(step, self.layout, payloads):
-            self.timeline.write(json.dumps(t) + "\n")
+            self.transfers.write(json.dumps(t) + "\n")
         line = {
             "step": step,
             "loss": step_loss(payloads, self.layout.global_batch, self.deterministic),
@@ -201,6 +206,7 @@ class MetricsWriter:
         self.metrics.write(json.dumps(line) + "\n")
         self.metrics.flush()
         self.timeline.flush()
+        self.transfers.flush()
         return line
 
     def write_event(self, event: dict[str, Any]) -> None:
@@ -209,14 +215,15 @@ class MetricsWriter:
         self.metrics.flush()
 
     def rollback(self, step: int) -> None:
-        """Truncate both files where the lines of ``step`` begin (nothing when no line of
+        """Truncate the three files where the lines of ``step`` begin (nothing when no line of
         it or a later step was written), then write again the other lines (``"type"``)
         that followed; a later step's line is written again by its replay.
         O(bytes cut)."""
         cut_from = min((s for s in self._offsets if s >= step), default=None)
         if cut_from is None:
             return
-        for f, at in zip((self.metrics, self.timeline), self._offsets[cut_from], strict=True):
+        files = (self.metrics, self.timeline, self.transfers)
+        for f, at in zip(files, self._offsets[cut_from], strict=True):
             f.flush()
             with open(f.name, "rb") as cut:
                 cut.seek(at)
@@ -231,10 +238,11 @@ class MetricsWriter:
     def close(self) -> None:
         self.metrics.close()
         self.timeline.close()
+        self.transfers.close()
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """The complete lines of a ``metrics.jsonl`` or ``timeline.jsonl`` file (of a run
-    still going, a last line not yet terminated is left out:
-    :func:`planner.check.live.complete_lines`)."""
+    """The complete lines of a ``metrics.jsonl``, ``timeline.jsonl`` or
+    ``transfers.jsonl`` file (of a run still going, a last line not yet terminated is
+    left out: :func:`planner.check.live.complete_lines`)."""
     return complete_lines(Path(path).read_text(), str(path))

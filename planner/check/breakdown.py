@@ -3,18 +3,18 @@
 
 Inputs: the plan (every predicted figure comes from its cost model,
 :mod:`planner.cost.model`, multiplied by the emulation's time scale ``k``), the
-``timeline.jsonl`` lines of the steps compared and each device's ``started_at`` per step
-(``metrics.jsonl``: the wall clock at its step start; the processes of one machine share
-it, across hosts it assumes synchronised clocks).
+``timeline.jsonl`` and ``transfers.jsonl`` lines of the steps compared and each device's
+``started_at`` per step (``metrics.jsonl``: the wall clock at its step start; the
+processes of one machine share it, across hosts it assumes synchronised clocks).
 
 **Per link** (:class:`LinkRow`): one row per ordered device pair of a stage boundary and
 direction (activations from stage p to p+1, gradients back), as the cost model re-slices
 the micro-batch (:meth:`CostModel.link_transfer`). Predicted: one piece's channel time
-at its pair's rate plus its latency (``Piece.ms + Piece.latency_ms``), i.e. the
-transfer alone on an idle network. Measured: each piece's ``TRANSFER_F`` /
-``TRANSFER_B`` line (docs/executor.md), from the sender's post to the receiver's
-completion. A receiver that began waiting only after the data was in sees its
-completion late, so a piece counts as timed exactly when the receiver waited more than
+at its pair's rate plus its latency (``Piece.ms + Piece.latency_ms``), i.e. the transfer
+alone on an idle network. Measured: each piece's ``TRANSFER_F`` / ``TRANSFER_B`` line
+(``transfers.jsonl``, docs/executor.md), from the sender's post to the receiver's
+completion. A receiver that began waiting only after the data was in sees its completion
+late, so a piece counts as timed exactly when the receiver waited more than
 :data:`EXACT_WAIT_MS` for it; ``measured_ms`` is the mean over those, and ``bound_ms``
 the mean over all pieces (an upper bound of the transfer time where pieces were not
 timed exactly). ``per_step`` is the pieces per step (one per micro-batch).

@@ -1,10 +1,13 @@
 """Predicted vs measured: what ``edgepipe report RUN_DIR`` shows (no torch).
 
 Inputs, all files of a run directory written by the executor (docs/executor.md):
-``plan.json`` (the plan as run; its predictions are recomputed by :mod:`planner.cost.model`
-on load), ``metrics.jsonl`` (one line per step), ``timeline.jsonl`` (one line per timed
-action of each rank and step) and, for an emulated run, ``emulation/rank<r>.jsonl``
-(per rank and step: compute budget, real compute, overruns, time scale).
+``plan.json`` (the plan as run; its predictions are recomputed by
+:mod:`planner.cost.model` on load), ``metrics.jsonl`` (one line per step),
+``timeline.jsonl`` (one line per timed action of each rank and step),
+``transfers.jsonl`` (one line per transfer piece, post to delivery; missing in a run
+written before transfers were stamped) and, for an emulated run,
+``emulation/rank<r>.jsonl`` (per rank and step: compute budget, real compute, overruns,
+time scale).
 
 Figures (steps after the first, which carries start-up costs, when there are several):
 
@@ -234,6 +237,13 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
     return complete_lines(text, str(path))
 
 
+def _transfers(run_dir: Path) -> list[dict[str, Any]]:
+    """The lines of ``transfers.jsonl``; none for a run written before transfers were
+    stamped (the file is missing)."""
+    path = run_dir / "transfers.jsonl"
+    return _jsonl(path) if path.exists() else []
+
+
 def _emulation_lines(run_dir: Path) -> list[dict[str, Any]]:
     lines: list[dict[str, Any]] = []
     for path in sorted((run_dir / "emulation").glob("rank*.jsonl")):
@@ -279,7 +289,7 @@ def build_report(run_dir: str | Path) -> RunReport:
         why = state.describe(0)
         raise InputError(str(folder / "metrics.jsonl"), "", "no steps recorded"
                          + (f": {why}" if why else ""))
-    timeline = _jsonl(folder / "timeline.jsonl")
+    timeline = _jsonl(folder / "timeline.jsonl") + _transfers(folder)
     emulation = _emulation_lines(folder)
     scale = float(emulation[0]["time_scale"]) if emulation else 1.0
     used = tuple(m["step"] for m in metrics[1:]) if len(metrics) > 1 else (metrics[0]["step"],)
@@ -409,7 +419,7 @@ def measured_timeline(run_dir: str | Path, plan: Plan, step: int,
 
     per_device: dict[str, list[Interval]] = defaultdict(list)
     transfers = []
-    for e in _jsonl(Path(run_dir) / "timeline.jsonl"):
+    for e in _jsonl(Path(run_dir) / "timeline.jsonl") + _transfers(Path(run_dir)):
         if e["step"] != step:
             continue
         o = shift(e["device"])
@@ -470,7 +480,6 @@ def run_timeline(report: RunReport, run_dir: str | Path) -> tuple[Timeline, list
     later: list[str] = []
     # a device missing from a step's committed line ran only an aborted try of it
     ran = {line["step"]: set(line["devices"]) for line in report.step_lines}
-    # actions only: a transfer line is timed from its sender's post, out of action order
     events = [e for e in _jsonl(Path(run_dir) / "timeline.jsonl")
               if e["step"] in offsets and e["device"] in ran[e["step"]]
               and e["kind"] in _WORK_KIND]

@@ -1,6 +1,7 @@
-"""A hand-worked hybrid plan and a hand-written run directory of it, for the per-stage and
-per-link rows of ``edgepipe report`` (planner/check/breakdown.py) and the transfer lines
-of the metrics writer (executor/core/metrics.py).
+"""A hand-worked hybrid plan and a hand-written run directory of it (``timeline.jsonl``
+and ``transfers.jsonl`` included), for the per-stage and per-link rows of ``edgepipe
+report`` (planner/check/breakdown.py) and the transfer lines of the metrics writer
+(executor/core/metrics.py).
 
 Plan: the three-block model of tests/helpers/hand_model.py on devices A, B, C of type
 ``t``, switched, 8 Mbit/s = 1000 bytes/ms and 1 ms latency, except B-C at 0.8 Mbit/s =
@@ -103,5 +104,8 @@ def write_link_run(folder: Path) -> Plan:
         metrics.append({"step": step, "loss": 1.0, "wall_ms": 50.0 * k,
                         "samples_per_s": 4 / (50.0 * k) * 1e3, "devices": devices})
     (folder / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
-    (folder / "timeline.jsonl").write_text("".join(json.dumps(e) + "\n" for e in timeline))
+    actions = [e for e in timeline if not e["kind"].startswith("TRANSFER")]
+    transfers = [e for e in timeline if e["kind"].startswith("TRANSFER")]
+    (folder / "timeline.jsonl").write_text("".join(json.dumps(e) + "\n" for e in actions))
+    (folder / "transfers.jsonl").write_text("".join(json.dumps(e) + "\n" for e in transfers))
     return plan
