@@ -88,6 +88,11 @@ re-partitioning, which waits for none), ``t_replan_s``,
 the first commit of the new generation; null when it failed first); ``warning``, only
 when the new plan leaves a stage without a replica although it replicates (the loss of a
 one-device plan's last standby: :func:`unreplicated`).
+
+A slowdown whose re-plan would run exactly as the current plan (:func:`same_work`) is not
+re-partitioned (issue 27): one ``"type": "repartition_skipped"`` line instead (``cause``,
+``device``, ``slowed``: device -> factor, ``plan``: the current one, ``detected_at``,
+``step``: the next to commit); its factors join the next re-plan's.
 """
 
 from __future__ import annotations
@@ -208,6 +213,16 @@ def unreplicated(plan: Plan, members: Sequence[str]) -> str | None:
             "losing it now stops the run")
 
 
+def same_work(new: Plan, current: Plan) -> bool:
+    """Whether ``new`` would run exactly as ``current`` does: the same cuts, devices
+    and their order, sample shares, micro-batch size and count, and replication
+    interval (its predicted times may differ: a re-partition to it would change
+    nothing but cost an abort, a rebuild and a replay). O(stages)."""
+    return (new.partition == current.partition
+            and new.problem.config.replication_interval
+            == current.problem.config.replication_interval)
+
+
 def _relies_on(plan: Plan, devices: Sequence[str]) -> bool:
     """Whether ``plan`` gives any of ``devices`` blocks or a ring replica."""
     used = set(plan.partition.used_devices())
@@ -265,6 +280,10 @@ class Supervisor:
         self.lost: list[str] = []
         self.events: list[dict[str, Any]] = []
         self._pending_event: dict[str, Any] | None = None
+        #: re-partitions skipped because the plan would not change (:meth:`_keep`) ...
+        self.skipped: list[dict[str, Any]] = []
+        #: ... and their factors (device -> product), for the next re-plan
+        self._kept: dict[str, float] = {}
         self._precomputed: dict[str, dict] = {}
         self._precompute = precompute_plans
         #: steps before this one have their metrics line (written at commit) ...
@@ -493,7 +512,9 @@ class Supervisor:
         from the last durable state and open the next generation with every survivor
         and joined device. ``cause`` (``slow`` | ``join``) and ``device`` go into the
         event. Returns the pending event; raises :class:`RecoveryFailed` when no plan
-        fits."""
+        fits. A slowdown whose re-plan would run as the current plan does
+        (:func:`same_work`) is not re-partitioned: :meth:`_keep`, whose
+        ``repartition_skipped`` line is returned instead."""
         detected_wall = time.time()
         for d in joined.devices if joined is not None else ():
             if d.id in self.devices and (d.id not in self.lost or self.coordinator.is_fenced(d.id)):
@@ -501,6 +522,10 @@ class Supervisor:
                        else "was lost and is fenced: readmit it first (Supervisor.readmit)")
                 raise InputError("join", "", f"device {d.id!r} {why}; a joining device is new "
                                  "or one lost earlier")
+        planned = self._slowed_plan(slowed) if slowed and joined is None else None
+        if planned is not None and same_work(planned, self.gen.plan):
+            assert slowed is not None
+            return self._keep(cause, device, slowed, detected_wall)
         if self._pending_event is not None:
             self._finish_event(None)
         self.coordinator.abort(f"{device} {cause}")
@@ -510,21 +535,67 @@ class Supervisor:
             self.lost = [d for d in self.lost if d not in ids]  # a rejoin
             self.held = None
         return self._next(cause, device, f"{cause} of device {device}", detected_wall, 0.0,
-                          slowed=slowed, joined=joined)
+                          slowed=slowed, joined=joined, planned=planned)
+
+    def _slowed_plan(self, slowed: Mapping[str, float]) -> Plan | None:
+        """The re-plan for ``slowed`` from the last durable state, when that state is
+        the current generation's plan (else None, as when no plan fits: the re-partition
+        then re-plans and reports as any)."""
+        base = self.base[0]
+        if base.id != self.gen.plan.id:
+            return None
+        lost = self._lost_of(base)
+        try:
+            return replan(base, lost=lost, slowed=self._with_kept(slowed, lost))
+        except (UnrecoverableError, InfeasibleError):
+            return None
+
+    def _keep(self, cause: str, device: str, slowed: Mapping[str, float],
+              detected_wall: float) -> dict[str, Any]:
+        """Skip a re-partition whose plan would be this one (:func:`same_work`): no
+        abort, no rebuild, no replay. The factors are kept for the next re-plan and the
+        slowdown watch predicts them from now on (executor/ft/slowdown.py,
+        "Cool-down"). Returns the ``repartition_skipped`` line (metrics.jsonl)."""
+        for d, f in slowed.items():
+            self._kept[d] = self._kept.get(d, 1.0) * f
+        if self.slowdown is not None:
+            self.slowdown.keep(slowed)
+        event = {"type": "repartition_skipped", "cause": cause, "device": device,
+                 "slowed": dict(slowed), "plan": self.gen.plan.id,
+                 "detected_at": detected_wall, "step": self.gen.next_commit}
+        self.skipped.append(event)
+        if self.writer is not None:
+            self.writer.write_event(event)
+        return event
+
+    def _lost_of(self, base: Plan) -> list[str]:
+        return [x for x in self.lost if x in {dev.id for dev in base.problem.cluster.devices}]
+
+    def _with_kept(self, slowed: Mapping[str, float] | None,
+                   lost: list[str]) -> dict[str, float]:
+        """``slowed`` with the factors of skipped re-partitions (:meth:`_keep`) not yet
+        in a plan, multiplied in (a lost device's are dropped)."""
+        merged = {d: f for d, f in self._kept.items() if d not in lost}
+        for d, f in (slowed or {}).items():
+            merged[d] = merged.get(d, 1.0) * f
+        return merged
 
     def _next(
         self, cause: str, names: str, what: str, detected_wall: float, t_detect: float,
         t_abort: float = 0.0, slowed: Mapping[str, float] | None = None,
-        joined: Cluster | None = None,
+        joined: Cluster | None = None, planned: Plan | None = None,
     ) -> dict[str, Any]:
-        """Re-plan from the last durable state and open the next generation."""
+        """Re-plan from the last durable state and open the next generation
+        (``planned``: that re-plan, already made)."""
         old = self.gen
         base, d, fresh = self.base
-        lost = [x for x in self.lost if x in {dev.id for dev in base.problem.cluster.devices}]
+        lost = self._lost_of(base)
         # only devices outside the base plan were lost (a joined device lost before its
         # first generation's start state was durable): go on under the base plan itself,
         # whose copies every member holds (no migration)
         unchanged = not lost and not slowed and joined is None
+        if not unchanged:
+            slowed = self._with_kept(slowed, lost)
         if joined is None and set(lost) >= {dev.id for dev in base.problem.cluster.devices}:
             raise RecoveryFailed(
                 f"{what} at generation {old.number}; cannot recover: every device of the "
@@ -538,7 +609,7 @@ class Supervisor:
         start = time.perf_counter()
         note = ""
         try:
-            ready = base if unchanged else None
+            ready = planned if planned is not None else base if unchanged else None
             if len(lost) == 1 and not slowed and joined is None:
                 ready = self._precomputed.get(base.id, {}).get(lost[0])
             if isinstance(ready, EdgepipeError) and not absent:
@@ -558,6 +629,8 @@ class Supervisor:
                 f"{str(exc).splitlines()[0]}{note}", names, cause,
             ) from None
         t_replan = time.perf_counter() - start
+        if not unchanged:
+            self._kept = {}  # in the new plan now
         path = self.plans_dir / f"{new.id}.json"
         self.plans_dir.mkdir(parents=True, exist_ok=True)
         save_plan(new, path)

@@ -591,12 +591,13 @@ def test_a_host_slowed_three_times_is_repartitioned_across_hosts_never_failed(
     tmp_path: Path,
 ) -> None:
     # the workers report every step's compute through the store; the coordinator's
-    # slowdown watch (3 consecutive steps > 1.5x predicted) sees host 1's device turn 3x
-    # slow at step 1, re-plans at a step boundary and the run finishes bit-identically;
-    # host 0's device is 3x slow for one step only (step 6) and triggers nothing
+    # slowdown watch (most of a window of 9 steps > 1.5x predicted) sees host 1's device
+    # turn 3x slow at step 1, re-plans at a step boundary and the run finishes
+    # bit-identically; host 0's device is 3x slow for one step only (step 6) and
+    # triggers nothing
     from edgepipe.executor.core.emulation import read_reports
 
-    steps = 8
+    steps = 10
     profile = careful_profile(TOY_GPT2, [1, 2])
     # stage 0 on d0 (host 0) + d1 (host 1), one sample each of every micro-batch; stage 1
     # on d2 (host 2)
@@ -610,15 +611,15 @@ def test_a_host_slowed_three_times_is_repartitioned_across_hosts_never_failed(
         job.start(emulate, lambda i: emulate + slowed.get(i, []), hang_s=20.0)
         lines = job.finish(survivors=[0, 1, 2])
     events, metrics = bit_identical(job, lines, reference(plan, steps))
-    # declared at the third slow step after the first (steps 1, 2, 3), never failed
+    # declared at the fifth slow step (steps 1-5), never failed
     assert [(e["cause"], e["device"]) for e in events] == [("slow", "d1")]
     (event,) = events
-    assert event["replay_from_step"] == 4
+    assert event["replay_from_step"] == 6
     new = load_plan(job.out / "plans" / f"{event['new_plan']}.json")
     d1 = new.problem.cluster.devices[new.problem.cluster.index("d1")]
     assert 2.5 < d1.slowdown < 3.5  # the measured factor
     assert work(new, "d1") < work(plan, "d1")  # work moved off the slowed device
-    assert [m["plan_id"] for m in metrics] == [plan.id] * 4 + [new.id] * 4
+    assert [m["plan_id"] for m in metrics] == [plan.id] * 6 + [new.id] * 4
     # host 0's one slow step did happen (its budget tripled at step 6 only)
     budget = {x["step"]: x["budget_ms"] for x in read_reports(job.folders[0] / "s")
               if x["device"] == "d0"}
