@@ -199,8 +199,10 @@ def _blocks_line(build: BuildSpec) -> tuple[str, str]:
     """The zoo function and the Python line that build the plan's chain as ``blocks``."""
     if build.zoo is not None:
         args = "".join(f", {k}={v!r}" for k, v in sorted(build.sizes.items()))
-        return "build_model", f"blocks = list(build_model({build.zoo!r}, seed={build.seed}{args}))"
-    kwargs = pformat(dict(build.kwargs), width=80, sort_dicts=False, compact=True).replace("\n", "\n    ")
+        line = f"blocks = list(build_model({build.zoo!r}, seed={build.seed}{args}))"
+        return "build_model", line
+    kwargs = pformat(dict(build.kwargs), width=80, sort_dicts=False, compact=True)
+    kwargs = kwargs.replace("\n", "\n    ")
     return "load_model", f"blocks = list(load_model(\n    {build.callable!r},\n    **{kwargs},\n))"
 
 
