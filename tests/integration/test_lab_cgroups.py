@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from edgepipe.executor.lab.cgroups import (
+    PROCESS_BASELINE_BYTES,
     Cgroup,
     Confinement,
     check_available,
@@ -38,11 +39,11 @@ SPIN = (
 )
 
 
-def run_in(group: Cgroup, code: str) -> subprocess.CompletedProcess[str]:
-    """Run ``python -c code`` as a member of ``group`` from its first line on; the child
-    is reaped (killed by pid after 60 s) whatever happens."""
+def run_in(group: Cgroup, code: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    """Run ``python -c code argv...`` as a member of ``group`` from its first line on; the
+    child is reaped (killed by pid after 60 s) whatever happens."""
     proc = subprocess.Popen(
-        [PY, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        [PY, "-c", code, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True,
     )
     try:
@@ -90,6 +91,35 @@ def test_a_process_within_its_limit_runs_and_its_peak_is_read() -> None:
         assert done.returncode == 0
         assert not group.oom_killed()
         assert 64 * 2**20 <= group.peak_memory_bytes() <= 256 * 2**20
+
+
+#: a worker before any model (docs/lab.md, "Compute"): torch, the executor's worker and the
+#: zoo imported, one thread, a one-rank gloo group (FileStore) and one all-reduce; prints
+#: the peak resident set in bytes
+WORKER_BASELINE = (
+    "import sys\n"
+    "sys.stdin.readline()\n"
+    "import torch, torch.distributed as dist\n"
+    "import edgepipe.executor.worker, edgepipe.executor.profiling.zoo\n"
+    "torch.set_num_threads(1)\n"
+    "dist.init_process_group('gloo', store=dist.FileStore(sys.argv[1], 1), rank=0,\n"
+    "                        world_size=1, timeout=__import__('datetime').timedelta(seconds=30))\n"
+    "t = torch.ones(4)\n"
+    "dist.all_reduce(t)\n"
+    "dist.destroy_process_group()\n"
+    "status = dict(line.split(':', 1) for line in open('/proc/self/status'))\n"
+    "print(int(status['VmHWM'].split()[0]) * 1024)\n"
+)
+
+
+def test_a_worker_before_its_model_fits_the_process_baseline(tmp_path: Path) -> None:
+    # under a limit of exactly the baseline: not killed, and its whole resident set
+    # (file pages included, as on a cold page cache) within it
+    with Cgroup.create("baseline", Confinement(1.0, PROCESS_BASELINE_BYTES)) as group:
+        done = run_in(group, WORKER_BASELINE, str(tmp_path / "store"))
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert not group.oom_killed()
+        assert int(done.stdout) <= PROCESS_BASELINE_BYTES
 
 
 def test_remove_leaves_no_group_even_with_a_process_inside() -> None:
