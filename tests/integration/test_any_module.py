@@ -2,7 +2,7 @@
 profiled through the CLI with ``--split auto``, planned on orin-pair-2, and its plan
 trains 5 steps on edgepipe's runtime (real processes over gloo) in deterministic mode,
 bit-identical to the single-process reference trainer run on the *original* module
-(not its split chain)."""
+(not its split chain); the same under torchrun across two network-namespace hosts."""
 
 from __future__ import annotations
 
@@ -14,16 +14,22 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 import torch
+from edgepipe.executor.core.metrics import read_jsonl
 from edgepipe.executor.core.options import WorkerOptions
 from edgepipe.executor.launch import launch
+from edgepipe.executor.profiling import split
 from edgepipe.planner.cli.main import main
-from edgepipe.planner.plan import load_plan
+from edgepipe.planner.plan import Plan, load_plan
 from torch import nn
 
 from examples import gpt
+from tests.helpers import netns
 from tests.helpers import reference_trainer as ref
+from tests.helpers.executor_helpers import make_test_plan, profile_of, write_plan
 from tests.helpers.paths import REPO
+from tests.helpers.processes import torchrun_argv
 
 STEPS = 5
 DATASET = "examples.gpt:dataset"
@@ -42,6 +48,34 @@ class OriginalGPT(ref.ModelSpec):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
             return nn.Sequential(gpt.factory())  # keys "0.<original name>"
+
+
+def assert_trained_as_the_original(plan: Plan, out: Path, losses: list[float]) -> None:
+    """``losses`` and every rank's saved weights and momentum (``out/weights``) are
+    ``torch.equal`` to the reference trainer's on :class:`OriginalGPT`, and the ranks
+    together hold every parameter."""
+    config = plan.problem.config
+    settings = config.optimizer_settings()
+    want = ref.train(
+        OriginalGPT(seed=0), gpt.dataset(), config.global_batch, STEPS,
+        ref.OptimizerSpec(config.optimizer, lr=settings["lr"],
+                          momentum=settings.get("momentum", 0.9)),
+        data_seed=config.seed,
+    )
+    assert losses == want.losses
+    names = [n for n, _ in OriginalGPT(seed=0).build().named_parameters()]
+    seen = set()
+    for saved in sorted((out / "weights").glob("rank*.pt")):
+        rank = torch.load(saved)
+        # a block's keys are "<block>.<original name>"; the reference's "0.<original name>"
+        local = [f"0.{key.split('.', 1)[1]}" for key in rank["model"]]
+        for key, value in zip(local, rank["model"].values(), strict=True):
+            assert torch.equal(value, want.state[key]), f"{saved.name}: {key}"
+        for i, state in rank["optimizer"]["state"].items():
+            expected = want.optimizer["state"][names.index(local[i])]
+            assert torch.equal(state["momentum_buffer"], expected["momentum_buffer"])
+        seen.update(local)
+    assert seen == set(want.state)
 
 
 def test_the_example_gpt_is_profiled_planned_and_trained_as_the_original(tmp_path, capsys):
@@ -67,28 +101,7 @@ def test_the_example_gpt_is_profiled_planned_and_trained_as_the_original(tmp_pat
     result = launch(WorkerOptions(str(plan_path), STEPS, str(tmp_path / "run"),
                                   deterministic=True, dataset=DATASET, timeout_s=60,
                                   save_weights=True))
-    config = plan.problem.config
-    settings = config.optimizer_settings()
-    want = ref.train(
-        OriginalGPT(seed=0), gpt.dataset(), config.global_batch, STEPS,
-        ref.OptimizerSpec(config.optimizer, lr=settings["lr"],
-                          momentum=settings.get("momentum", 0.9)),
-        data_seed=config.seed,
-    )
-    assert result.losses == want.losses
-    names = [n for n, _ in OriginalGPT(seed=0).build().named_parameters()]
-    seen = set()
-    for saved in sorted((tmp_path / "run" / "weights").glob("rank*.pt")):
-        rank = torch.load(saved)
-        # a block's keys are "<block>.<original name>"; the reference's "0.<original name>"
-        local = [f"0.{key.split('.', 1)[1]}" for key in rank["model"]]
-        for key, value in zip(local, rank["model"].values(), strict=True):
-            assert torch.equal(value, want.state[key]), f"{saved.name}: {key}"
-        for i, state in rank["optimizer"]["state"].items():
-            expected = want.optimizer["state"][names.index(local[i])]
-            assert torch.equal(state["momentum_buffer"], expected["momentum_buffer"])
-        seen.update(local)
-    assert seen == set(want.state)
+    assert_trained_as_the_original(plan, tmp_path / "run", result.losses)
 
 
 README_SECTION = "## Use edgepipe's planner with torch pipelining / torchtitan"
@@ -114,3 +127,32 @@ def test_the_readme_example_runs_and_prints_what_the_readme_shows(tmp_path):
     export = printed[printed.index(next(p for p in printed if p.startswith("# torchtitan"))):]
     assert export[0].startswith("# torchtitan: plan plan-")
     assert export[1:] == shown, "update README.md's export example to this output"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
+    reason="network namespaces need root and iproute2 (ip, tc)",
+)
+def test_a_gpt_plan_trains_across_two_hosts_under_torchrun(tmp_path):
+    # hosts are network namespaces on a 100 Mbit/s link (tests/helpers/netns.py); the
+    # plan: blocks 0-3 on host 0, 4-6 on host 1, 4 micro-batches of 2
+    build = split.split_source("examples.gpt:factory", "auto")[1]
+    profile = profile_of(build, gpt.example_input, name="gpt")
+    plan = make_test_plan(profile, [(0, 4, [2]), (4, 7, [2])], 2, 4, optimizer="momentum")
+    path = write_plan(plan, tmp_path)
+    out = tmp_path / "run"
+    worker = ["-m", "edgepipe.executor.worker", str(path), "--steps", str(STEPS), "--out",
+              str(out), "--dataset", DATASET, "--deterministic", "--save-weights",
+              "--timeout", "60"]
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}
+    with netns.Hosts(2, rate_mbit=100) as hosts:
+        agents = [hosts.start(i, torchrun_argv(hosts, i, worker), cwd=REPO,
+                              env={**env, "EDGEPIPE_DEVICE": f"d{i}"},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                  for i in range(2)]
+        logs = [a.communicate(timeout=240)[0] for a in agents]
+    assert [a.returncode for a in agents] == [0, 0], "\n".join(log[-3000:] for log in logs)
+    assert netns.leftover_namespaces() == []
+    losses = [m["loss"] for m in read_jsonl(out / "metrics.jsonl")]
+    assert_trained_as_the_original(plan, out, losses)
