@@ -158,7 +158,7 @@ class MetricsWriter:
         self.transfers = (out_dir / "transfers.jsonl").open(mode)
         #: step -> where its lines begin in (metrics, timeline, transfers): what a
         #: rollback cuts
-        self._offsets: dict[int, tuple[int, int]] = {}
+        self._offsets: dict[int, tuple[int, int, int]] = {}
 
     def write_step(
         self, step: int, payloads: list[dict[str, Any]], extra: dict[str, Any] | None = None
