@@ -186,3 +186,26 @@ def test_without_root_the_message_says_so() -> None:
     assert done.stdout == (
         "the lab needs root (run as root); run the plan with --emulate instead\n"
     ), done.stderr
+
+
+def test_cgroup_v2_files_are_written_as_the_kernel_reads_them(tmp_path: Path) -> None:
+    # No cgroup v2 with cpu and memory here (v1 holds both controllers), so its files are
+    # checked in a directory laid out like a v2 root: what create writes, and what
+    # add, peak_memory_bytes and oom_killed read, in the formats of the kernel's
+    # Documentation/admin-guide/cgroup-v2.rst
+    (tmp_path / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (tmp_path / "cgroup.subtree_control").write_text("io\n")
+    group = Cgroup.create("d0", Confinement(0.25, 512 * 2**20), root=tmp_path)
+    (d,) = group.dirs
+    assert d.parent == tmp_path and d.name == group.name
+    assert (tmp_path / "cgroup.subtree_control").read_text() == "+cpu +memory"
+    assert {f.name: f.read_text() for f in d.iterdir()} == {
+        "cpu.max": "25000 100000",
+        "cpu.weight": "10000",
+        "memory.max": str(512 * 2**20),
+    }
+    group.add(4242)
+    assert (d / "cgroup.procs").read_text() == "4242"
+    (d / "memory.peak").write_text("123456\n")
+    (d / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+    assert (group.peak_memory_bytes(), group.oom_killed()) == (123456, True)
