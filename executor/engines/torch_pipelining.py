@@ -3,13 +3,14 @@
 machine (:func:`launch_local`: one spawned process per plan device, gloo with the run's
 short timeout) or across hosts under torchrun (``-m edgepipe.executor.engines.torch_worker``).
 
-**What it runs** (:func:`refusal` says why not, in one line, for any other plan): stage
-boundaries and micro-batches from the plan, torch's ``Schedule1F1B`` or ``ScheduleGPipe``
-for the plan's ``1f1b`` / ``gpipe`` (torch's own warm-up, not the plan's ``K_p``), data-
-parallel stage groups (each stage's gradients averaged in its group after the step; not
-DDP, which fails or trains wrong with pipelining in torch 2.13 on gloo: torch_worker.py),
-provided every stage has the same number of devices (one pipeline per replica) and every
-device of a stage the same share of each micro-batch. It refuses:
+**What it runs** (:func:`executor.engines.torch_plans.refusal` says why not, in one line,
+for any other plan): stage boundaries and micro-batches from the plan, torch's
+``Schedule1F1B`` or ``ScheduleGPipe`` for the plan's ``1f1b`` / ``gpipe`` (torch's own
+warm-up, not the plan's ``K_p``), data-parallel stage groups (each stage's gradients
+averaged in its group after the step; not DDP, which fails or trains wrong with
+pipelining in torch 2.13 on gloo: torch_worker.py), provided every stage has the same
+number of devices (one pipeline per replica) and every device of a stage the same share
+of each micro-batch. It refuses:
 
 * stages of different widths: edgepipe's runtime re-slices activations between them,
   torch pipelining sends a stage's whole output to one peer;
@@ -36,6 +37,7 @@ import torch.distributed as dist
 from edgepipe.executor.core.layout import RankLayout
 from edgepipe.executor.core.options import Endpoint, WorkerOptions
 from edgepipe.executor.engines.base import RunOptions, builds_the_plans_model
+from edgepipe.executor.engines.torch_plans import refusal
 from edgepipe.executor.engines.torch_worker import PREFIX, spawned
 from edgepipe.executor.launch import (
     RunResult,
@@ -50,31 +52,6 @@ from edgepipe.planner.check import live
 from edgepipe.planner.errors import InputError
 from edgepipe.planner.inputs.profile import BuildSpec
 from edgepipe.planner.plan import Plan
-
-#: the pytorch issue on per-replica batch shares (uneven data parallelism)
-UNEVEN_ISSUE = "pytorch#126600"
-_EDGEPIPE = "run it with --engine edgepipe"
-
-
-def refusal(plan: Plan) -> str | None:
-    """None when torch pipelining can express ``plan`` (module docstring), else why not,
-    in one line that names the engine that can. O(devices)."""
-    stages = plan.partition.stages
-    widths = [len(s.devices) for s in stages]
-    if len(set(widths)) > 1:
-        return (f"its stages have different numbers of devices ({', '.join(map(str, widths))}):"
-                " torch pipelining runs one pipeline per data-parallel replica, so every stage "
-                f"needs the same number; edgepipe's runtime re-slices between widths: {_EDGEPIPE}")
-    for p, s in enumerate(stages):
-        if len(set(s.samples)) > 1:
-            return (f"stage {p} splits each micro-batch unevenly ({'/'.join(map(str, s.samples))}"
-                    f" samples on {', '.join(s.devices)}): torch's data parallelism gives every "
-                    f"replica the same batch ({UNEVEN_ISSUE}); {_EDGEPIPE}")
-    m, stages_n = plan.partition.num_micro_batches, len(stages)
-    if plan.problem.config.schedule == "1f1b" and m < stages_n:
-        return (f"torch's Schedule1F1B needs at least as many micro-batches as stages ({m} < "
-                f"{stages_n}); plan with schedule gpipe, or {_EDGEPIPE}")
-    return None
 
 
 def refuse_fault_tolerance(options: RunOptions) -> None:

@@ -5,7 +5,7 @@ engine's local launcher (:mod:`executor.engines.torch_pipelining`) and under tor
     torchrun ... -m edgepipe.executor.engines.torch_worker PLAN --steps N [--out DIR]
         [--deterministic] [--dataset NAME] [--timeout S] [--save-weights]
 
-Inputs: a plan the engine supports (:func:`executor.engines.torch_pipelining.refusal`:
+Inputs: a plan the engine supports (:func:`executor.engines.torch_plans.refusal`:
 every stage has the same number ``g`` of devices, each with the same share ``b / g`` of
 every micro-batch of size ``b``), the rank's endpoint (``RANK``, ``WORLD_SIZE``,
 ``MASTER_ADDR``/``MASTER_PORT`` under torchrun). Ranks are numbered as edgepipe's
@@ -74,6 +74,7 @@ from edgepipe.executor.core.layout import RankInfo, RankLayout
 from edgepipe.executor.core.metrics import MetricsWriter, peak_memory_bytes
 from edgepipe.executor.core.options import Endpoint, WorkerOptions
 from edgepipe.executor.core.stage import build_stage, stage_loss
+from edgepipe.executor.engines.torch_plans import refusal
 from edgepipe.executor.worker import (
     EXIT_REFUSED,
     _failed,
@@ -286,8 +287,6 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerOptions:
 def main(argv: Sequence[str] | None = None) -> int:
     """torchrun's entry: refuse a plan the engine does not support (every rank says the
     same one line, exit status 2), else train this rank."""
-    from edgepipe.executor.engines.torch_pipelining import refusal
-
     opts = parse_args(argv)
     try:
         plan = load_plan(opts.plan)

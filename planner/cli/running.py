@@ -398,6 +398,13 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         help="continue from the latest committed checkpoint in DIR (a checkpoint, a "
         "checkpoints directory or a run directory); any plan of the same model and config",
     )
+    add_lab_arguments(p)
+    p.set_defaults(func=cmd_run)
+
+
+def add_run_command_arguments(p: argparse.ArgumentParser) -> None:
+    """``run``'s arguments, ``--engine`` included."""
+    add_run_arguments(p)
     p.add_argument(
         "--engine",
         default="edgepipe",
@@ -407,8 +414,6 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         "shares, no fault tolerance) or any engine installed under the entry-point group "
         "edgepipe.engines (docs/engines.md)",
     )
-    add_lab_arguments(p)
-    p.set_defaults(func=cmd_run)
 
 
 def add_coordinate_command_arguments(p: argparse.ArgumentParser) -> None:
@@ -418,6 +423,6 @@ def add_coordinate_command_arguments(p: argparse.ArgumentParser) -> None:
 
 #: command -> the function that adds its arguments and handler to its parser
 ARGUMENTS = {
-    "run": add_run_arguments,
+    "run": add_run_command_arguments,
     "coordinate": add_coordinate_command_arguments,
 }

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from edgepipe.executor.core.options import WorkerOptions
 from edgepipe.executor.engines import base
 from edgepipe.executor.engines.runtime import EdgepipeEngine
-from edgepipe.executor.engines.torch_pipelining import TorchPipeliningEngine, refusal
+from edgepipe.executor.engines.torch_pipelining import TorchPipeliningEngine
+from edgepipe.executor.engines.torch_plans import refusal
 from edgepipe.planner.errors import InputError
 from edgepipe.planner.inputs.profile import BuildSpec
 
