@@ -176,11 +176,10 @@ class _Graph:
         return Cut(fqn, position, values[0])
 
 
-def find_cuts(traced: fx.GraphModule, model: nn.Module, split: str | Sequence[str],
+def find_cuts(graph: _Graph, model: nn.Module, split: str | Sequence[str],
               source: str) -> list[Cut]:
     """The cuts of ``split``: ``"auto"`` (every valid :func:`candidates` position, the
     first FQN of each position) or FQNs in execution order. O(K x N) (module docstring)."""
-    graph = _Graph(traced)
     if split == AUTO:
         cuts: dict[int, Cut] = {}
         for fqn in candidates(model):
@@ -255,11 +254,10 @@ def build_blocks(
     return nn.Sequential(blocks)
 
 
-def block_modules(model: nn.Module, traced: fx.GraphModule, cuts: Sequence[Cut]) -> list[list[str]]:
+def block_modules(model: nn.Module, graph: _Graph, cuts: Sequence[Cut]) -> list[list[str]]:
     """Per block, the :func:`candidates` that run in it, in module order: what
     torchtitan calls a model part's module FQNs. A candidate cut inside (an explicit cut
     at one of its submodules) is listed in every block it runs in. O(N + K)."""
-    graph = _Graph(traced)
     bounds = [c.position for c in cuts]
     out: list[list[str]] = [[] for _ in range(len(cuts) + 1)]
     for fqn in candidates(model):
@@ -274,12 +272,13 @@ def block_modules(model: nn.Module, traced: fx.GraphModule, cuts: Sequence[Cut])
 def _split(
     model: nn.Module, split: str | Sequence[str], source: str
 ) -> tuple[nn.Sequential, list[str], list[list[str]]]:
+    """The chain, its cut FQNs and its blocks' modules (:func:`block_modules`)."""
     traced = trace(model, source)
-    cuts = find_cuts(traced, model, split, source)
     graph = _Graph(traced)
+    cuts = find_cuts(graph, model, split, source)
     first = next((m for n in graph.nodes for m in _modules_of(n)[:1]), "forward")
     blocks = build_blocks(traced, cuts, first, source)
-    return blocks, [c.fqn for c in cuts], block_modules(model, traced, cuts)
+    return blocks, [c.fqn for c in cuts], block_modules(model, graph, cuts)
 
 
 def split_module(
