@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from edgepipe.planner.cli.args import chart_file
 from edgepipe.planner.cli.console import out, print_table, warn
+from edgepipe.planner.units import human_bytes
 from rich.table import Table
 
 if TYPE_CHECKING:
@@ -91,15 +92,8 @@ def device_lines(report: RunReport) -> list[str]:
 
 
 def _mem(x: float | None) -> str:
-    """Bytes in the largest binary unit below them, three significant digits at most
-    (a figure never shows as 0.00 of a unit too large for it)."""
-    if x is None:
-        return "-"
-    for size, name in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if abs(x) >= size:
-            v = x / size
-            return f"{v:.0f} {name}" if abs(v) >= 100 else f"{v:.3g} {name}"
-    return f"{x:.0f} B"
+    """Bytes in their own unit (:func:`planner.units.human_bytes`), or - when unknown."""
+    return "-" if x is None else human_bytes(x)
 
 
 def _memory_what(report: RunReport) -> str:
