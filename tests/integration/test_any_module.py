@@ -25,7 +25,7 @@ from edgepipe.planner.plan import Plan, load_plan
 from torch import nn
 
 from examples import gpt
-from tests.helpers import netns
+from tests.helpers import needs, netns
 from tests.helpers import reference_trainer as ref
 from tests.helpers.executor_helpers import make_test_plan, profile_of, write_plan
 from tests.helpers.paths import REPO
@@ -130,11 +130,8 @@ def test_the_readme_example_runs_and_prints_what_the_readme_shows(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
-    reason="network namespaces need root and iproute2 (ip, tc)",
-)
 def test_a_gpt_plan_trains_across_two_hosts_under_torchrun(tmp_path):
+    needs.network_namespaces()  # fails, never skips, where ip or root is missing
     # hosts are network namespaces on a 100 Mbit/s link (tests/helpers/netns.py); the
     # plan: blocks 0-3 on host 0, 4-6 on host 1, 4 micro-batches of 2
     build = split.split_source("examples.gpt:factory", "auto")[1]
