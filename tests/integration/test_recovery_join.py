@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -37,7 +36,7 @@ from edgepipe.planner.errors import InputError
 from edgepipe.planner.inputs.cluster import Cluster
 from edgepipe.planner.plan import plan_to_dict
 
-from tests.helpers import netns
+from tests.helpers import needs, netns
 from tests.helpers.executor_helpers import make_test_plan, write_plan
 from tests.helpers.join_runs import (
     assert_each_serves_blocks_received_from_their_owner,
@@ -623,10 +622,12 @@ def test_a_registered_worker_that_hangs_before_it_beats_is_dropped_and_exits_whe
     assert err.strip() == "error: device e was declared dead; it must exit"
 
 
-needs_namespaces = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
-    reason="network namespaces need root and iproute2 (ip, tc)",
-)
+@pytest.fixture
+def namespaces_possible() -> None:
+    needs.network_namespaces()  # fails, never skips, where ip or root is missing
+
+
+needs_namespaces = pytest.mark.usefixtures("namespaces_possible")
 
 
 def join_across_hosts(tmp_path: Path, joiners: tuple[str, ...], steps: int = 4):
