@@ -16,11 +16,14 @@ returned plan is never slower than the input.
 
 Neighbourhood of a plan of P stages at micro-batch B (in this order):
 
-1. cut moves: the boundary between stages p and p + 1 moved by d = +-1..k blocks, both
-   stages keeping at least one block; every stage keeps its devices and samples, and a
-   stage of several device kinds whose blocks changed is also tried with its samples
-   re-split by Asteroid's Algorithm 1 (:func:`planner.solvers.allocation.allocate`, memory
-   caps from the cost model): at most 2 k (P - 1) x 2 candidates;
+1. cut moves: the boundary between stages p and p + 1 moved by d = 1..k blocks either
+   way, and beyond k, per distance band of :func:`ladder` (k, 1.6 k], ... up to the
+   stages' ends, to the position whose boundary carries the fewest bytes (a branchy
+   graph imported node by node crosses cheaply at a few positions only); both stages
+   keep at least one block, their devices and samples, and a stage of several device
+   kinds whose blocks changed is also tried with its samples re-split by Asteroid's
+   Algorithm 1 (:func:`planner.solvers.allocation.allocate`, memory caps from the cost
+   model): O((k + log L) P) candidates;
 2. device shifts: one device of stage p moved to stage p + 1 or back (the giving stage
    keeps a device), both stages' samples re-split by Algorithm 1; devices alike in type,
    slowdown, memory and links are tried once: O(P x kinds) candidates;
@@ -33,20 +36,25 @@ Neighbourhood of a plan of P stages at micro-batch B (in this order):
 The set of devices used and the stage count never change (the DP's tie rule chose them:
 fewer devices within ``TIE_TOLERANCE`` of the fastest; this pass does not undo that).
 
-Acceptance: first improvement; after a move is kept the scan restarts on the new plan's
+Acceptance: first improvement in order of promise. The candidates not scored yet are
+ranked by the compute of their busiest device, M x (forward + backward) at its samples
+(:func:`busiest_device_ms`, O(P x g)): a steady step is never below it, so a candidate
+at or above the current step is dropped unscored; the others are scored least loaded
+first and the first faster one is kept; the round then starts again on the new plan's
 neighbourhood. Scored candidates are remembered, so none is evaluated twice.
 
-Termination: no candidate of the neighbourhood improves (a local optimum; status
-``converged``), or ``max_evaluations`` candidates were scored (``evaluations``), or the
-wall clock passed ``time_limit`` seconds (``time_limit``); each accepted move lowers the
-step by more than ``MIN_GAIN``, so the moves are finite too. The limit is checked before
-each evaluation, so the overshoot is one evaluation.
+Termination: a round scores every candidate left without a faster one (a local optimum;
+status ``converged``), or ``max_evaluations`` candidates were scored (``evaluations``),
+or the wall clock passed ``time_limit`` seconds (``time_limit``); each kept move lowers
+the step by more than ``MIN_GAIN``, so the moves are finite too. The limit is checked
+before each evaluation, so the overshoot is one evaluation and one round's ranking.
 
-Complexity: one round scores at most 4 k (P - 1) + O(P x kinds^2) + 2 candidates, each
-one :meth:`CostModel.evaluate` (O(A log A) for A computations and transfers of the plan,
-a few ms at 16 devices) plus, for a re-split, Algorithm 1 on one row (O(g) rounds of O(g)
-numpy work); the whole pass at most ``max_evaluations`` evaluations. The cost model is
-built once (O(types x L x max micro-batch)).
+Complexity: a round builds O((k + log L) P + P x kinds^2) candidates (a re-split is
+Algorithm 1 on one row, O(g) rounds of O(g) numpy work; the cut positions O(L)) and
+scores up to all of them, each one :meth:`CostModel.evaluate` (O(A log A) for A
+computations and transfers of the plan, ``1 + steady.ITERATIONS`` rounds: ~35 ms CPU
+for 9 stages on 16 devices); the whole pass at most ``max_evaluations`` evaluations.
+The cost model is built once (O(types x L x max micro-batch)).
 """
 
 from __future__ import annotations
@@ -107,6 +115,7 @@ class _Neighbourhood:
             for i, d in enumerate(cluster.devices)
         }
         self.sizes = sorted(problem.config.micro_batch_sizes())
+        self.bytes = [blk.output_bytes_per_sample for blk in problem.model.blocks]
 
     def split(self, part: Partition, p: int, first: int, end: int,
               devices: tuple[str, ...], batch: int, micro_batches: int) -> tuple[int, ...] | None:
@@ -144,21 +153,35 @@ class _Neighbourhood:
     def _cut_moves(self, part: Partition) -> Iterator[Partition]:
         stages = part.stages
         b, m = part.micro_batch_size, part.num_micro_batches
-        span = max(s.end - s.first for s in stages)
-        for d in ladder(self.radius, span):
-            for p in range(len(stages) - 1):
-                a, c = stages[p], stages[p + 1]
-                for cut in (c.first - d, c.first + d):
-                    if not a.first < cut < c.end:
-                        continue
-                    na, nc = replace(a, end=cut), replace(c, first=cut)
-                    yield _with(part, {p: na, p + 1: nc})
-                    if self.mixed(a.devices) or self.mixed(c.devices):
-                        sa = self.split(part, p, a.first, cut, a.devices, b, m)
-                        sc = self.split(part, p + 1, cut, c.end, c.devices, b, m)
-                        if sa is not None and sc is not None:
-                            yield _with(part, {p: replace(na, samples=sa),
-                                               p + 1: replace(nc, samples=sc)})
+        for p in range(len(stages) - 1):
+            a, c = stages[p], stages[p + 1]
+            for cut in self.cut_positions(a.first, c.first, c.end):
+                na, nc = replace(a, end=cut), replace(c, first=cut)
+                yield _with(part, {p: na, p + 1: nc})
+                if self.mixed(a.devices) or self.mixed(c.devices):
+                    sa = self.split(part, p, a.first, cut, a.devices, b, m)
+                    sc = self.split(part, p + 1, cut, c.end, c.devices, b, m)
+                    if sa is not None and sc is not None:
+                        yield _with(part, {p: replace(na, samples=sa),
+                                           p + 1: replace(nc, samples=sc)})
+
+    def cut_positions(self, low: int, cut: int, high: int) -> list[int]:
+        """Where the cut at ``cut`` between stages [low, cut) and [cut, high) may move:
+        within ``radius`` blocks either way, and beyond, per distance band of
+        :func:`ladder` and direction, the position whose boundary carries the fewest
+        bytes (a branchy graph crosses cheaply at a few positions only). O(high - low)."""
+        out = []
+        for sign in (-1, 1):
+            limit = cut - low - 1 if sign < 0 else high - cut - 1
+            near = 0
+            for d in ladder(self.radius, limit):
+                if d <= self.radius:
+                    out.append(cut + sign * d)
+                else:
+                    band = [cut + sign * x for x in range(near + 1, d + 1)]
+                    out.append(min(band, key=lambda x: (self.bytes[x - 1], abs(x - cut))))
+                near = d
+        return out
 
     def _device_shifts(self, part: Partition) -> Iterator[Partition]:
         stages = part.stages
@@ -230,6 +253,8 @@ def ladder(radius: int, span: int) -> list[int]:
     ``span`` (the longest stage): O(radius + log span) of them, so a fine chain's cut
     can travel far in a few accepted moves and settle with the short ones."""
     steps = list(range(1, min(radius, span) + 1))
+    if span < 1:
+        return []
     while steps and steps[-1] < span:
         steps.append(min(span, max(steps[-1] + 1, int(steps[-1] * LADDER_GROWTH))))
     return steps
@@ -274,16 +299,18 @@ def improve(
     seen = {partition}
     moves = evaluations = 0
     status = "converged"
-    # the scan goes on from the move after the one kept (on the new plan's
-    # neighbourhood) and wraps around; it ends after a full turn without a kept move
-    cursor, improved = 0, cost.memory_ok
+    improved = cost.memory_ok
     while improved:
         improved = False
-        ring = list(hood.candidates(best))
-        turn = ring[cursor:] + ring[:cursor]
-        for at, candidate in enumerate(turn):
-            if candidate in seen:
-                continue
+        # the candidates not scored yet whose busiest device leaves room below the
+        # current step, least loaded first
+        ranked = sorted(
+            (load, i, c)
+            for i, c in enumerate(hood.candidates(best))
+            if c not in seen
+            and (load := busiest_device_ms(cm, c)) < cost.steady_ms * (1 - MIN_GAIN)
+        )
+        for _, _, candidate in ranked:
             if evaluations >= max_evaluations:
                 status = "evaluations"
                 break
@@ -291,13 +318,10 @@ def improve(
                 status = "time_limit"
                 break
             seen.add(candidate)
-            if busiest_device_ms(cm, candidate) >= cost.steady_ms * (1 - MIN_GAIN):
-                continue
             evaluations += 1
             figures = cm.evaluate(candidate)
             if figures.memory_ok and figures.steady_ms < cost.steady_ms * (1 - MIN_GAIN):
                 best, cost, moves, improved = candidate, figures, moves + 1, True
-                cursor = (cursor + at + 1) % max(len(ring), 1)
                 break
     return ImproveResult(best, cost, start_ms, moves, evaluations, status,
                          time.perf_counter() - start)

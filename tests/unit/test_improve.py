@@ -1,0 +1,116 @@
+"""The local improvement pass (planner/solvers/improve.py): it finds the plan one cut
+away, never returns a slower plan than it was given, and keeps its budgets."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from edgepipe.planner.cost.model import CostModel
+from edgepipe.planner.partition import Partition, StageAssignment
+from edgepipe.planner.solvers.improve import improve, ladder
+from edgepipe.planner.solvers.solve import solve
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.helpers.dp_cases import hand_plan
+from tests.helpers.oracles import all_partitions
+from tests.helpers.synthetic import random_partition, random_problem
+
+#: forward ms of the hand model's blocks (backward twice that): 2 | 2 | 1 | 1 | 1 | 1
+TIMES = [2.0, 2.0, 1.0, 1.0, 1.0, 1.0]
+
+
+def two_stage(cut: int) -> tuple[StageAssignment, StageAssignment]:
+    return (StageAssignment(0, cut, ("a",), (4,)), StageAssignment(cut, 6, ("b",), (4,)))
+
+
+def steady_of_cut(problem, cut: int) -> float:
+    cm = CostModel(problem)
+    return cm.evaluate(Partition(4, 8, two_stage(cut))).steady_ms
+
+
+def test_one_cut_off_is_moved_to_the_balanced_cut():
+    """Two identical devices, one stage each: blocks 0-1 weigh 4 ms, blocks 2-5 weigh 4
+    ms, so the balanced cut is 2 (by hand); the plan given cuts at 3 (5 | 3 ms) or 1
+    (2 | 6 ms). The pass moves it to 2, the least steady step over every cut (brute
+    force over the five cuts by the cost model)."""
+    for given_cut in (1, 3, 5):
+        plan = hand_plan(TIMES, [(0, given_cut, ("a",), (4,)), (given_cut, 6, ("b",), (4,))],
+                         ["a", "b"])
+        by_cut = {c: steady_of_cut(plan.problem, c) for c in range(1, 6)}
+        assert min(by_cut, key=by_cut.__getitem__) == 2
+        result = improve(plan.problem, plan.partition)
+        assert [s.first for s in result.partition.stages] == [0, 2]
+        assert result.cost.steady_ms == pytest.approx(by_cut[2])
+        assert result.start_ms == pytest.approx(by_cut[given_cut])
+        assert result.moves >= 1 and result.status == "converged"
+
+
+def test_an_optimal_plan_is_returned_unchanged():
+    plan = hand_plan(TIMES, [(0, 2, ("a",), (4,)), (2, 6, ("b",), (4,))], ["a", "b"])
+    result = improve(plan.problem, plan.partition)
+    assert result.partition == plan.partition and result.moves == 0
+
+
+def test_a_device_and_a_cut_move_to_the_brute_force_best():
+    """Three identical devices; the plan given puts two on block 0 and one on blocks 1-5
+    (20 ms forward and backward a sample alone: the bottleneck). Two moves away lies the
+    best plan of the pass's space (two stages, all three devices, micro-batch 4, the
+    only candidate), found by enumerating every such plan (tests/helpers/oracles.py):
+    the pair on blocks 0-3, one device on blocks 4-5, 292.000008 ms."""
+    plan = hand_plan(TIMES, [(0, 1, ("a", "b"), (2, 2)), (1, 6, ("c",), (4,))],
+                     ["a", "b", "c"])
+    cm = CostModel(plan.problem)
+    space = [p for p in all_partitions(plan.problem, 4)
+             if p.num_stages == 2 and len(p.used_devices()) == 3]
+    best = min(cm.evaluate(p).steady_ms for p in space)
+    result = improve(plan.problem, plan.partition)
+    assert result.cost.steady_ms == pytest.approx(best) == pytest.approx(292.000008)
+    assert [(s.first, s.end, len(s.devices)) for s in result.partition.stages] == [
+        (0, 4, 2), (4, 6, 1)]
+
+
+def test_ladder_reaches_the_far_end_in_few_steps():
+    assert ladder(3, 2) == [1, 2]
+    assert ladder(3, 40) == [1, 2, 3, 4, 6, 9, 14, 22, 35, 40]
+    assert ladder(3, 0) == []
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), blocks=st.integers(2, 8), devices=st.integers(1, 4))
+def test_never_slower_than_the_plan_given(seed: int, blocks: int, devices: int):
+    problem = random_problem(blocks, devices, seed=seed, global_batch=8, candidates=(1, 2, 4))
+    part = random_partition(problem, np.random.default_rng(seed))
+    before = CostModel(problem).evaluate(part)
+    result = improve(problem, part, max_evaluations=60)
+    assert result.cost.steady_ms <= before.steady_ms
+    assert result.cost == CostModel(problem).evaluate(result.partition)
+    if before.memory_ok:
+        assert result.cost.memory_ok
+    else:  # only feasible plans are improved
+        assert result.partition == part
+    assert sorted(result.partition.used_devices()) == sorted(part.used_devices())
+
+
+def test_budgets_are_kept():
+    problem = random_problem(12, 4, seed=3, global_batch=16, candidates=(2, 4, 8))
+    part = random_partition(problem, np.random.default_rng(5))
+    few = improve(problem, part, max_evaluations=3)
+    assert few.evaluations <= 3
+    none = improve(problem, part, max_evaluations=0)
+    assert none.evaluations == 0 and none.partition == part
+    assert none.status in ("evaluations", "converged")
+    late = improve(problem, part, time_limit=1e-9)
+    assert late.evaluations == 0 and late.status in ("time_limit", "converged")
+    with pytest.raises(ValueError):
+        improve(problem, part, radius=0)
+
+
+def test_solve_improves_by_default_and_not_when_asked():
+    problem = random_problem(10, 3, seed=7, global_batch=16, candidates=(2, 4, 8))
+    plain = solve(problem, "dp", improve=False)
+    polished = solve(problem, "dp")
+    assert plain.solver.settings["improve"] is None
+    record = polished.solver.settings["improve"]
+    assert record["from_steady_ms"] == pytest.approx(plain.cost.steady_ms)
+    assert polished.cost.steady_ms <= plain.cost.steady_ms
