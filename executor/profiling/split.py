@@ -23,9 +23,11 @@ pipelining._IR``: trace, then cut the graph), but without markers in the model's
    or the model's output). Each block references the model's own submodules and
    parameters under their original names, so block ``layers_2``'s state dict holds
    ``layers.2.attn.qkv.weight`` etc., and the chain computes exactly what the model
-   computes (the same operations in the same order). A parameter or buffer used by
-   two blocks (tied weights, a module called in two places across a cut) is refused:
-   two pipeline stages cannot share a weight.
+   computes (the same operations in the same order). A parameter used by two blocks
+   (tied weights, a module called in two places across a cut) is refused: two
+   pipeline stages cannot share a weight. A buffer read as a tensor in several blocks
+   (rotary frequencies, as torchtitan's Llama passes to every layer) is copied into
+   each: it must not change during training.
 
 Cost: tracing is one symbolic forward; with ``N`` graph nodes and ``K`` candidate
 cuts, finding the crossing values is O(N + K x N) (a last-use index per node, then one
@@ -199,7 +201,9 @@ def find_cuts(graph: _Graph, model: nn.Module, split: str | Sequence[str],
 
 
 def _weights(traced: fx.GraphModule, node: fx.Node) -> dict[int, str]:
-    """id -> name of every parameter and buffer ``node`` reads (call_module, get_attr)."""
+    """id -> name of the state ``node`` owns: a called module's parameters and buffers,
+    a parameter it reads. A buffer read as a tensor (``get_attr``, e.g. rotary
+    frequencies) is owned by none: each block that reads it gets it, as a constant."""
     if node.op not in ("call_module", "get_attr"):
         return {}
     assert isinstance(node.target, str)
@@ -207,7 +211,7 @@ def _weights(traced: fx.GraphModule, node: fx.Node) -> dict[int, str]:
     for part in node.target.split("."):
         obj = getattr(obj, part)
     if not isinstance(obj, nn.Module):
-        return {id(obj): node.target}
+        return {id(obj): node.target} if isinstance(obj, nn.Parameter) else {}
     named = [*obj.named_parameters(), *obj.named_buffers()]
     return {id(t): f"{node.target}.{name}" for name, t in named}
 

@@ -97,6 +97,30 @@ def test_tied_weights_across_a_cut_are_refused():
         split.split_module(Tied(), ["mid"], "tied")
 
 
+def test_a_constant_buffer_read_by_every_layer_goes_to_each_block():
+    class Rotary(nn.Module):
+        """Every layer reads the model's buffer ``freqs`` (as torchtitan's Llama does)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("freqs", torch.arange(4.0))
+            self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for layer in self.layers:
+                x = layer(x) * self.freqs
+            return x
+
+    model = Rotary()
+    chain, cuts = split.split_module(model, "auto")
+    assert cuts == ["layers.1", "layers.2"]
+    assert [sorted(block.state_dict()) for block in chain] == [
+        ["freqs", f"layers.{i}.bias", f"layers.{i}.weight"] for i in range(3)
+    ]
+    x = torch.randn(2, 4)
+    assert torch.equal(chain(x), model(x))
+
+
 def test_a_model_with_two_inputs_or_a_tuple_output_is_refused():
     class Two(nn.Module):
         def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
