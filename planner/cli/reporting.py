@@ -26,7 +26,11 @@ def _ms(x: float | None) -> str:
 
 
 def _ratio(measured: float | None, predicted: float) -> str:
-    return "-" if measured is None or predicted <= 0 else f"{measured / predicted:.2f}"
+    """measured / predicted: two decimals, or two significant digits below 0.1."""
+    if measured is None or predicted <= 0:
+        return "-"
+    r = measured / predicted
+    return f"{r:.2f}" if r >= 0.1 or r == 0 else f"{r:.2g}"
 
 
 def _secs(seconds: float | None) -> str:
