@@ -96,8 +96,8 @@ SCHEDULES: dict[str, type[PipelineScheduleSingle]] = {
 }
 
 
-def _groups(layout: RankLayout, me: RankInfo, timeout: timedelta) -> tuple[
-        dist.ProcessGroup, dist.ProcessGroup | None]:
+def _groups(layout: RankLayout, me: RankInfo, timeout: timedelta, device: torch.device,
+            ) -> tuple[dist.ProcessGroup, dist.ProcessGroup | None]:
     """This rank's pipeline group (replica ``me.index``: device ``me.index`` of every
     stage) and its stage's data-parallel group (None for a stage of one device). Every
     rank creates every group, in the same order (torch-and-solvers.md section 4)."""
@@ -113,7 +113,7 @@ def _groups(layout: RankLayout, me: RankInfo, timeout: timedelta) -> tuple[
             data_parallel = group
     assert pipe is not None
     if data_parallel is not None:  # connect now (P9)
-        dist.all_reduce(torch.zeros(1), group=data_parallel)
+        dist.all_reduce(torch.zeros(1, device=device), group=data_parallel)
     return pipe, data_parallel
 
 
@@ -164,7 +164,7 @@ class TorchRank:
     def _schedule(self, module: torch.nn.Module) -> PipelineScheduleSingle:
         """torch's stage and schedule of this rank (module docstring, "Replicas")."""
         layout, me = self.layout, self.me
-        pipe, data_parallel = _groups(layout, me, self.timeout)
+        pipe, data_parallel = _groups(layout, me, self.timeout, self.device)
         self.data_parallel = data_parallel
         stage = PipelineStage(module, me.stage, layout.num_stages, self.device, group=pipe)
         kind = SCHEDULES[self.plan.problem.config.schedule]

@@ -67,6 +67,7 @@ def saved(folder: Path) -> dict[int, dict[str, torch.Tensor]]:
             for f in sorted((folder / "weights").glob("rank*.pt"))}
 
 
+@pytest.mark.slow
 def test_a_pipeline_trains_to_the_runtimes_weights_bit_for_bit(tmp_path: Path) -> None:
     plan = gpt2_plan([(0, 2, [2]), (2, 4, [2])], 2, 4, optimizer="momentum")
     torch_run = run("torch-pipelining", plan, tmp_path / "torch")
