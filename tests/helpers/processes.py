@@ -9,13 +9,13 @@ import socket
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 from tests.helpers import netns
 
 #: the interpreter running the tests, for every child process
 PY = sys.executable
-TORCHRUN = str(Path(PY).with_name("torchrun"))
+#: torchrun as the recipe runs it: its agents' exit barrier short (executor/agent.py)
+TORCHRUN = [PY, "-m", "edgepipe.executor.agent"]
 
 
 def free_port() -> int:
@@ -72,7 +72,7 @@ def torchrun_argv(hosts: netns.Hosts | Sequence[netns.Host], index: int, script:
     """The documented recipe (docs/executor.md): one agent per host, c10d rendezvous at
     host 0, which hosts the store; --local-addr orders the node ranks."""
     return [
-        TORCHRUN, "--nnodes", str(len(hosts)), "--nproc-per-node", "1",
+        *TORCHRUN, "--nnodes", str(len(hosts)), "--nproc-per-node", "1",
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{hosts[0].address}:{port}",
         "--rdzv-id", "edgepipe-test", "--rdzv-conf", f"is_host={int(index == 0)}",
         "--local-addr", hosts[index].address, "--max-restarts", "0", *script,
