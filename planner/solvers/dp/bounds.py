@@ -85,6 +85,9 @@ REWEIGHT_STEPS = 10
 
 INF = np.inf
 
+#: entries (ranges x classes x sizes) of :func:`priced_costs` computed at a time
+PRICED_CHUNK = 2**18
+
 
 @dataclass(frozen=True)
 class _Relaxed:
@@ -524,7 +527,21 @@ def priced_costs(tables: _Tables, batch: int, m: int, warmup: int) -> np.ndarray
     # least link and all-reduce over every size n' >= n (and inf beyond min(B, N))
     lr_from = np.minimum.accumulate(lr[::-1], axis=0)[::-1]
     lr_from = np.concatenate([lr_from, np.full((batch + 1 - most, n_rng), INF)])
-    levels = w[:, 1:, :].transpose(2, 0, 1).reshape(n_rng, n_cls * batch)
+    out = np.empty((n_rng, n_cls, batch))
+    # ranges are independent: done PRICED_CHUNK entries at a time, the ten temporaries
+    # of a chunk stay small (all ranges at once: 0.2 GB at 152 blocks, 5 classes, B 32)
+    step = max(1, PRICED_CHUNK // (n_cls * batch))
+    for lo in range(0, n_rng, step):
+        part = slice(lo, min(lo + step, n_rng))
+        out[part] = _priced_ranges(w[:, 1:, part], lr_from[:, part], batch)
+    return out
+
+
+def _priced_ranges(w: np.ndarray, lr_from: np.ndarray, batch: int) -> np.ndarray:
+    """:func:`priced_costs` of some ranges: ``w`` (K, B, R) their class terms at y = 1..B,
+    ``lr_from`` (B + 1, R) their least link and all-reduce from each group size on."""
+    n_cls, _, n_rng = w.shape
+    levels = w.transpose(2, 0, 1).reshape(n_rng, n_cls * batch)
     order = np.argsort(levels, axis=1, kind="stable")
     v = np.take_along_axis(levels, order, 1)
     # the most samples one device of any class holds at or below each level (ties
@@ -538,7 +555,7 @@ def priced_costs(tables: _Tables, batch: int, m: int, warmup: int) -> np.ndarray
     place = np.empty_like(order)
     np.put_along_axis(place, order, np.arange(n_cls * batch)[None, :], 1)
     costs = np.take_along_axis(from_level, place, 1).reshape(n_rng, n_cls, batch)
-    return np.where(np.isfinite(w[:, 1:, :].transpose(2, 0, 1)), costs, INF)
+    return np.where(np.isfinite(w.transpose(2, 0, 1)), costs, INF)
 
 
 def _relaxed_cheap(tables: _Tables, batch: int, m: int) -> _Relaxed:
