@@ -32,6 +32,7 @@ import pickle
 from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
+from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -140,6 +141,9 @@ def run_lab(opts: WorkerOptions, lab: LabOptions = LabOptions(), **kwargs: Any) 
         placement = LabPlacement(network.STORE_ADDRESS, tuple(
             Place(d, net.devices[d].namespace, net.devices[d].interface, groups[d])
             for d in devices))
+        # multiprocessing's resource tracker, a process started with the first child,
+        # must live here, not in the control namespace, whose processes die with it
+        resource_tracker.ensure_running()
         try:
             with network.entered(net.control_namespace):
                 result = launch(opts, placement=placement, recover=False, **kwargs)
