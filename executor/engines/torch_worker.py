@@ -39,11 +39,15 @@ gradients, and weights, are bit-identical (tests/integration/test_engines.py).
 
 **Metrics**: each rank publishes a payload per step (``metrics/<t>/<r>``, the runtime's
 format: :func:`executor.core.metrics.rank_payload`'s keys) and rank 0's
-:class:`~executor.core.collector.MetricsCollector` writes ``metrics.jsonl``. torch's
-schedule does not expose its actions' times, so ``compute_ms``, ``send_ms``,
-``recv_wait_ms`` and ``allreduce_ms`` are null and ``timeline.jsonl`` is empty; a payload
-adds ``cpu_ms`` (the rank's CPU time of the step). The last stage's ``loss_sum`` is
-``sum_m loss_m x (b/g) / B``, the runtime's fast-mode figure.
+:class:`~executor.core.collector.MetricsCollector` writes ``metrics.jsonl`` and
+``timeline.jsonl``. The stage (:class:`TimedStage`) times each micro-batch's forward
+(``F``) and backward (``B``) as torch's schedule calls them; the gradient average
+(``REDUCE_GRAD``) and the optimizer step (``OPTIM``) are timed here. torch's schedule
+posts its sends and waits for its receives inside ``step``, where they cannot be told
+apart: the step's time outside those four is reported as ``recv_wait_ms`` (waiting and
+sending) and ``send_ms`` is 0. A payload adds ``cpu_ms`` (the rank's CPU time of the
+step). The last stage's ``loss_sum`` is ``sum_m loss_m x (b/g) / B``, the runtime's
+fast-mode figure.
 
 **No fault tolerance**: no heartbeats, no recovery, no checkpoints; a failing rank
 publishes ``error/<r>`` (one line) and exits, the launcher stops the others.
@@ -117,6 +121,30 @@ def _groups(layout: RankLayout, me: RankInfo, timeout: timedelta, device: torch.
     return pipe, data_parallel
 
 
+class TimedStage(PipelineStage):
+    """torch's ``PipelineStage`` that records when each micro-batch's forward and backward
+    ran: ``(kind, micro-batch, start, end)`` in ``time.perf_counter`` seconds, kept in
+    ``intervals`` until the caller takes them."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.intervals: list[tuple[str, int, float, float]] = []
+
+    def forward_one_chunk(self, fwd_chunk_id: int, args: tuple[Any, ...],
+                          kwargs: dict[str, Any] | None = None,
+                          save_forward_output: bool = True) -> Any:
+        start = time.perf_counter()
+        out = super().forward_one_chunk(fwd_chunk_id, args, kwargs, save_forward_output)
+        self.intervals.append(("F", fwd_chunk_id, start, time.perf_counter()))
+        return out
+
+    def backward_one_chunk(self, bwd_chunk_id: int, loss: Any = None,
+                           full_backward: bool = True, last_backward: bool = False) -> None:
+        start = time.perf_counter()
+        super().backward_one_chunk(bwd_chunk_id, loss, full_backward, last_backward)
+        self.intervals.append(("B", bwd_chunk_id, start, time.perf_counter()))
+
+
 def replica_rows(layout: RankLayout, me: RankInfo, indices: np.ndarray) -> np.ndarray:
     """``me``'s rows of every micro-batch of a step's global batch ``indices``, in
     micro-batch order. O(B)."""
@@ -139,6 +167,7 @@ class TorchRank:
         self.store = self._connect(host=endpoint.host_store)
         #: the stage's data-parallel group (None: a stage of one device)
         self.data_parallel: dist.ProcessGroup | None = None
+        self.stage: TimedStage | None = None
 
     def _connect(self, host: bool = False) -> dist.Store:
         root = dist.TCPStore(self.endpoint.store_host, self.endpoint.store_port,
@@ -166,9 +195,10 @@ class TorchRank:
         layout, me = self.layout, self.me
         pipe, data_parallel = _groups(layout, me, self.timeout, self.device)
         self.data_parallel = data_parallel
-        stage = PipelineStage(module, me.stage, layout.num_stages, self.device, group=pipe)
+        self.stage = TimedStage(module, me.stage, layout.num_stages, self.device, group=pipe)
         kind = SCHEDULES[self.plan.problem.config.schedule]
-        return kind(stage, layout.num_micro_batches, loss_fn=stage_loss(self.plan.problem.model))
+        return kind(self.stage, layout.num_micro_batches,
+                    loss_fn=stage_loss(self.plan.problem.model))
 
     def _train(self, module: torch.nn.Sequential, rows: data.Rows) -> None:
         opts, layout, me = self.opts, self.layout, self.me
@@ -206,21 +236,32 @@ class TorchRank:
             p.grad = None
         losses: list[torch.Tensor] = []
         schedule.step(*args, target=target, losses=losses if last else None)
+        t_reduce = time.perf_counter()
         if self.data_parallel is not None:
             self._average_gradients(module)
         t_optim = time.perf_counter()
         optimizer.step()
         end = time.perf_counter()
+        assert self.stage is not None
+        timed = [*self.stage.intervals, ("OPTIM", None, t_optim, end)]
+        if self.data_parallel is not None:
+            timed.append(("REDUCE_GRAD", None, t_reduce, t_optim))
+        self.stage.intervals.clear()
+        compute = sum(e - s for kind, _, s, e in timed if kind in ("F", "B"))
+        wall = end - t0
         share = me.samples / layout.global_batch
         return {
             "step": step, "losses": [],
             "loss_sum": sum(float(loss.detach() * share) for loss in losses) if last else None,
-            "compute_ms": None, "send_ms": None, "recv_wait_ms": None, "allreduce_ms": None,
-            "optim_ms": (end - t_optim) * 1e3, "wall_ms": (end - t0) * 1e3,
-            "started_at": started, "cpu_ms": (time.process_time() - cpu0) * 1e3,
-            "peak_mem_bytes": peak_memory_bytes(self.device), "intervals": [],
+            "compute_ms": compute * 1e3, "send_ms": 0.0,
+            "recv_wait_ms": (t_reduce - t0 - compute) * 1e3,
+            "allreduce_ms": (t_optim - t_reduce) * 1e3, "optim_ms": (end - t_optim) * 1e3,
+            "wall_ms": wall * 1e3, "started_at": started,
+            "cpu_ms": (time.process_time() - cpu0) * 1e3,
+            "peak_mem_bytes": peak_memory_bytes(self.device),
+            "intervals": [[kind, m, round((s - t0) * 1e3, 4), round((e - t0) * 1e3, 4)]
+                          for kind, m, s, e in timed],
         }
-
 
     def _average_gradients(self, module: torch.nn.Module) -> None:
         """The mean of the stage group's gradients (module docstring, "Replicas"): one

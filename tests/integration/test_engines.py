@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from edgepipe.executor.core import data
+from edgepipe.executor.core.metrics import read_jsonl
 from edgepipe.executor.core.options import WorkerOptions
 from edgepipe.executor.engines import base
 from edgepipe.executor.launch import RunResult
@@ -53,11 +54,12 @@ def gpt2_plan(stages, micro_batch: int, micro_batches: int, **cfg) -> Plan:
                           replication_interval=0, **cfg)
 
 
-def run(engine: str, plan: Plan, folder: Path, dataset: str | None = None) -> RunResult:
+def run(engine: str, plan: Plan, folder: Path, dataset: str | None = None,
+        deterministic: bool = False) -> RunResult:
     folder.mkdir()
     path = write_plan(plan, folder)
-    opts = WorkerOptions(str(path), STEPS, str(folder), dataset=dataset, timeout_s=60,
-                         save_weights=True)
+    opts = WorkerOptions(str(path), STEPS, str(folder), deterministic=deterministic,
+                         dataset=dataset, timeout_s=60, save_weights=True)
     return base.find(engine).run(plan, plan.problem.model.build, base.RunOptions(opts))
 
 
@@ -74,6 +76,12 @@ def test_a_pipeline_trains_to_the_runtimes_weights_bit_for_bit(tmp_path: Path) -
     runtime = run("edgepipe", plan, tmp_path / "edgepipe")
     assert len(torch_run.losses) == STEPS
     assert torch_run.losses == runtime.losses
+    # torch's schedule ran every micro-batch's forward and backward once on each device
+    timeline = read_jsonl(tmp_path / "torch" / "timeline.jsonl")
+    for device in ("d0", "d1"):
+        ran = sorted(f"{e['kind']}{e['micro_batch']}" for e in timeline
+                     if e["device"] == device and e["step"] == 0 and e["kind"] in "FB")
+        assert ran == ["B0", "B1", "B2", "B3", "F0", "F1", "F2", "F3"], device
     theirs, ours = saved(tmp_path / "torch"), saved(tmp_path / "edgepipe")
     assert sorted(theirs) == [0, 1]
     for rank, state in theirs.items():
@@ -83,10 +91,11 @@ def test_a_pipeline_trains_to_the_runtimes_weights_bit_for_bit(tmp_path: Path) -
 
 def test_equal_data_parallel_groups_train_within_rounding_of_the_reference(
         tmp_path: Path) -> None:
-    """Two replicas of a two-stage pipeline (DDP over each stage's pair), against the
-    deterministic reference: the same training up to float summation order."""
+    """Two replicas of a two-stage pipeline (each stage's pair averages its gradients),
+    in deterministic mode (torch's deterministic algorithms), against the deterministic
+    reference: the same training up to float summation order."""
     plan = gpt2_plan([(0, 2, [1, 1]), (2, 4, [1, 1])], 2, 2, optimizer="momentum")
-    result = run("torch-pipelining", plan, tmp_path / "torch")
+    result = run("torch-pipelining", plan, tmp_path / "torch", deterministic=True)
     settings = plan.problem.config.optimizer_settings()
     want = ref.train(ref.ModelSpec("gpt2-small", GPT2.sizes, GPT2.seed),
                      data.synthetic(GPT2, plan.problem.config.seed), 4, STEPS,
