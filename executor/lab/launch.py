@@ -2,7 +2,8 @@
 confined like the device it stands for (docs/lab.md, "Running").
 
 :func:`run_lab` checks the machine (:func:`executor.lab.network.check_available`,
-:func:`executor.lab.cgroups.check_available`), each device's confinement
+:func:`executor.lab.cgroups.check_available`), removes what labs killed by SIGKILL left
+(``remove_stale`` of both), works out each device's confinement
 (:func:`executor.lab.cgroups.confinements`: CPU quota, memory limit = budget + the
 process baseline, or :attr:`LabOptions.memory_limits`) and that each device's memory
 under the plan fits its limit (:func:`check_memory`), then builds the lab's network
@@ -130,6 +131,8 @@ def run_lab(opts: WorkerOptions, lab: LabOptions = LabOptions(), **kwargs: Any) 
     device killed for memory, and what :func:`executor.launch.launch` raises."""
     network.check_available()
     cgroups.check_available()
+    network.remove_stale()  # what labs killed by SIGKILL left
+    cgroups.remove_stale()
     plan = load_plan(opts.plan)
     devices = [r.device for r in RankLayout.from_plan(plan).ranks]
     conf = confine(plan, devices, lab)
