@@ -48,12 +48,14 @@ class Agent(LocalElasticAgent):
     barrier_s = EXIT_BARRIER_S
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, exit_barrier_timeout=self.barrier_s, **kwargs)
+        kwargs["exit_barrier_timeout"] = self.barrier_s
+        super().__init__(*args, **kwargs)
 
     def _exit_barrier(self) -> None:
-        group = self._worker_group
+        agents = self._worker_group.group_world_size
+        assert agents is not None  # set by the rendezvous, before any worker ran
         try:
-            store_util.barrier(store=self._store, world_size=group.group_world_size,
+            store_util.barrier(store=self._store, world_size=agents,
                                key_prefix=agent_api._TERMINAL_STATE_SYNC_ID,
                                barrier_timeout=self._exit_barrier_timeout)
         except DistError:
