@@ -25,7 +25,7 @@ from edgepipe.executor.core.options import WorkerOptions
 from edgepipe.executor.engines import base
 from edgepipe.executor.launch import RunResult
 from edgepipe.executor.profiling import split, zoo
-from edgepipe.planner.inputs.profile import BuildSpec
+from edgepipe.planner.inputs.profile import BuildSpec, ModelProfile
 from edgepipe.planner.plan import Plan
 from torch import nn
 
@@ -43,7 +43,7 @@ GPT2 = BuildSpec(
     sizes={"layers": 2, "hidden": 16, "heads": 2, "vocab": 32, "max_positions": 8, "seq_len": 4},
     seed=3,
 )
-_PROFILE = {}
+_PROFILE: dict[str, ModelProfile] = {}
 
 
 def gpt2_plan(stages, micro_batch: int, micro_batches: int, **cfg) -> Plan:
@@ -117,30 +117,44 @@ def test_equal_data_parallel_groups_train_within_rounding_of_the_reference(
                 1.0, float(want.state[key].abs().max())), (rank, key, float(moved))
 
 
-@pytest.mark.slow
-def test_the_shipped_plain_torch_gpt_trains_five_steps_on_the_torch_engine(
-        tmp_path: Path) -> None:
-    """examples/gpt.py (not written as blocks) split with --split auto, a two-stage plan
-    under GPipe, against the reference trainer on the original module."""
-    blocks, build = split.split_source("examples.gpt:factory", "auto")
-    profile = profile_of(build, gpt.example_input, name="gpt")
-    assert len(blocks) == profile.num_blocks == 7
-    plan = make_test_plan(profile, [(0, 4, [2]), (4, 7, [2])], 2, 2, optimizer="momentum",
-                          schedule="gpipe", replication_interval=0)
-    result = run("torch-pipelining", plan, tmp_path / "torch", dataset="examples.gpt:dataset")
+class OriginalGPT(ref.ModelSpec):
+    """The reference trains ``examples.gpt.factory()`` itself (not its split chain), built
+    as the split builder builds it (torch's RNG seeded with the build spec's seed 0); the
+    name selects the zoo's language-modelling loss, the callable model's default."""
+
+    def build(self) -> nn.Sequential:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            return nn.Sequential(gpt.factory())
+
+
+def example_gpt_plan() -> Plan:
+    """examples/gpt.py (not written as blocks) split with ``--split auto`` into 7 blocks,
+    a two-stage plan under GPipe, 2 micro-batches of 2, momentum."""
+    if "gpt" not in _PROFILE:
+        blocks, build = split.split_source("examples.gpt:factory", "auto")
+        _PROFILE["gpt"] = profile_of(build, gpt.example_input, name="gpt")
+        assert len(blocks) == _PROFILE["gpt"].num_blocks == 7
+    return make_test_plan(_PROFILE["gpt"], [(0, 4, [2]), (4, 7, [2])], 2, 2,
+                          optimizer="momentum", schedule="gpipe", replication_interval=0)
+
+
+def example_gpt_reference(plan: Plan) -> ref.Result:
     settings = plan.problem.config.optimizer_settings()
-
-    class Original(ref.ModelSpec):
-        def build(self) -> nn.Sequential:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(0)
-                return nn.Sequential(gpt.factory())
-
-    want = ref.train(Original("gpt2-small"), gpt.dataset(), 4, STEPS,
+    return ref.train(OriginalGPT("gpt2-small"), gpt.dataset(), 4, STEPS,
                      ref.OptimizerSpec("momentum", lr=settings["lr"],
                                        momentum=settings["momentum"]),
                      data_seed=plan.problem.config.seed)
-    assert result.losses == pytest.approx(want.losses, rel=1e-5)
+
+
+@pytest.mark.slow
+def test_the_shipped_plain_torch_gpt_trains_five_steps_on_the_torch_engine(
+        tmp_path: Path) -> None:
+    """The example GPT's plan against the reference trainer on the original module: the
+    same training up to float summation order."""
+    plan = example_gpt_plan()
+    result = run("torch-pipelining", plan, tmp_path / "torch", dataset="examples.gpt:dataset")
+    assert result.losses == pytest.approx(example_gpt_reference(plan).losses, rel=1e-5)
     assert result.losses[-1] < result.losses[0]
 
 
@@ -182,14 +196,15 @@ def test_a_third_party_engine_runs_a_plan_through_the_cli(tmp_path: Path) -> Non
 @pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
                     reason="network namespaces need root and iproute2")
-def test_a_pipeline_trains_under_torchrun_across_two_hosts(tmp_path: Path) -> None:
-    """Two network-namespace hosts, one rank each, torchrun's c10d rendezvous: the
-    reference's training up to float summation order."""
-    plan = gpt2_plan([(0, 2, [2]), (2, 4, [2])], 2, 2)
+def test_the_example_gpt_trains_under_torchrun_across_two_hosts(tmp_path: Path) -> None:
+    """The example GPT's plan on two network-namespace hosts, one rank each, torchrun's
+    c10d rendezvous: the reference's training up to float summation order."""
+    plan = example_gpt_plan()
     path = write_plan(plan, tmp_path)
     out = tmp_path / "run"
     worker = ["-m", "edgepipe.executor.engines.torch_worker", str(path), "--steps",
-              str(STEPS), "--out", str(out), "--timeout", "30"]
+              str(STEPS), "--out", str(out), "--timeout", "30", "--dataset",
+              "examples.gpt:dataset"]
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(REPO)}
     netns.remove_stale()
@@ -206,8 +221,5 @@ def test_a_pipeline_trains_under_torchrun_across_two_hosts(tmp_path: Path) -> No
                 logs.append(agent.communicate()[0])
         assert [a.returncode for a in agents] == [0, 0], "\n".join(logs)
     assert netns.leftover_namespaces() == []
-    want = ref.train(ref.ModelSpec("gpt2-small", GPT2.sizes, GPT2.seed),
-                     data.synthetic(GPT2, plan.problem.config.seed), 4, STEPS,
-                     ref.OptimizerSpec("sgd", lr=plan.problem.config.optimizer_settings()["lr"]),
-                     data_seed=plan.problem.config.seed)
-    assert RunResult.read(out).losses == pytest.approx(want.losses, rel=1e-6)
+    losses = RunResult.read(out).losses
+    assert losses == pytest.approx(example_gpt_reference(plan).losses, rel=1e-5)
