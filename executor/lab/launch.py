@@ -5,8 +5,8 @@ confined like the device it stands for (docs/lab.md, "Running").
 :func:`executor.lab.cgroups.check_available`), removes what labs killed by SIGKILL left
 (``remove_stale`` of both), works out each device's confinement
 (:func:`executor.lab.cgroups.confinements`: CPU quota, memory limit = budget + the
-process baseline, or :attr:`LabOptions.memory_limits`) and that each device's memory
-under the plan fits its limit (:func:`check_memory`), then builds the lab's network
+process baseline, or :attr:`LabOptions.memory_limits`), checks that each device's
+memory under the plan fits its limit (:func:`check_memory`), then builds the lab's network
 (:class:`executor.lab.network.LabNetwork`) and one cgroup per device, and runs the
 ordinary launcher (:func:`executor.launch.launch`) with a :class:`LabPlacement`:
 

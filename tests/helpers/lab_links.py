@@ -23,13 +23,15 @@ DEADLINE_S = 60.0
 
 
 def cluster(n: int, topology: Topology, bandwidth_mbps: float = 50.0,
-            latency_ms: float = 0.0) -> Cluster:
-    """``n`` Jetson Nanos ``d0..`` (1 Gbit/s interfaces) on a ``bandwidth_mbps`` network."""
+            latency_ms: float = 0.0, links: Sequence[tuple[str, str, float]] = ()) -> Cluster:
+    """``n`` Jetson Nanos ``d0..`` (1 Gbit/s interfaces) on a ``bandwidth_mbps`` network,
+    with per-pair ``links`` ``(a, b, Mbit/s)``."""
     return Cluster.from_dict({
         "schema_version": 1, "kind": "edgepipe.cluster", "name": f"lab-{topology}-{n}",
         "devices": [{"id": f"d{i}", "type": "jetson-nano"} for i in range(n)],
         "network": {"bandwidth_mbps": bandwidth_mbps, "latency_ms": latency_ms,
-                    "topology": topology},
+                    "topology": topology,
+                    "links": [{"a": a, "b": b, "bandwidth_mbps": r} for a, b, r in links]},
     })
 
 

@@ -39,11 +39,15 @@ def devices(n: int) -> list[str]:
 # each verdict is a measured rate (docs/testing.md): alone on the machine's CPU
 @pytest.mark.serial
 def test_point_to_point_every_pair_has_its_own_link():
-    with LabNetwork(cluster(3, "point_to_point"), devices(3)) as net:
+    slow = cluster(3, "point_to_point", links=[("d0", "d2", RATE / 2)])
+    with LabNetwork(slow, devices(3)) as net:
         assert within(rates(net, [("d0", "d1")], NBYTES), FULL)
         # d0 -> d1 and d2 -> d1 use two links: each at the full rate
         both = rates(net, [("d0", "d1"), ("d2", "d1")], NBYTES)
         assert within(both, FULL), both
+        # a pair's own link rate, both ways
+        assert within(rates(net, [("d2", "d0")], NBYTES // 2), FULL / 2)
+        assert within(rates(net, [("d0", "d2")], NBYTES // 2), FULL / 2)
     assert leftover_namespaces() == []
 
 
@@ -75,6 +79,13 @@ def test_the_lab_says_what_it_does_not_reproduce():
     assert net.notes == ["the lab runs latency 0 (tc has no netem here); cluster "
                          "lab-switched-2's links have up to 2 ms, which predictions count"]
     assert leftover_namespaces() == []  # nothing is made before entering
+
+
+def test_a_pair_link_a_switch_cannot_shape_is_named():
+    odd = cluster(3, "switched", links=[("d0", "d2", 20.0)])
+    assert LabNetwork(odd, devices(3)).notes == [
+        "the lab shapes ports, not pairs, on a switched network: pair d0-d2 runs at "
+        "50 Mbit/s, not its link's 20 (1 such pair(s))"]
 
 
 def test_every_namespace_is_removed_when_the_body_raises():
