@@ -78,12 +78,15 @@ class LabPlacement(Placement):
 @dataclass
 class LabRun:
     """A finished lab run: the launcher's result, each device's confinement and peak
-    memory (bytes, its cgroup's), the shaped links and what the lab did not reproduce."""
+    memory (bytes, its cgroup's), the shaped links and what each sent, and what the lab
+    did not reproduce."""
 
     result: RunResult
     confinements: dict[str, Confinement]
     peak_memory_bytes: dict[str, int]
     shaped: list[network.ShapedLink]
+    #: bytes each shaped link sent (by channel): the run's data traffic
+    sent_bytes: dict[str, int]
     notes: list[str]
 
 
@@ -160,7 +163,7 @@ def run_lab(opts: WorkerOptions, lab: LabOptions = LabOptions(), **kwargs: Any) 
                     "less memory") from exc
             raise
         run = LabRun(result, conf, {d: g.peak_memory_bytes() for d, g in groups.items()},
-                     list(net.shaped), list(net.notes))
+                     list(net.shaped), net.sent_bytes(), list(net.notes))
     if opts.out:
         _write_record(Path(opts.out), run, net)
     return run
@@ -176,7 +179,8 @@ def _write_record(out: Path, run: LabRun, net: network.LabNetwork) -> None:
                 "address": net.devices[d].address}
             for d, c in run.confinements.items()
         },
-        "links": [asdict(s) for s in run.shaped],
+        "links": [{**asdict(s), "sent_bytes": run.sent_bytes[s.channel]}
+                  for s in run.shaped],
         "notes": run.notes,
         "load": os.getloadavg()[0],
     }

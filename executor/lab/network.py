@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import re
 import secrets
@@ -314,6 +315,17 @@ class LabNetwork:
                 signal.signal(signal.SIGTERM, self._previous_sigterm)  # type: ignore[arg-type]
             self._previous_sigterm = None
         _teardown(self._namespaces)
+
+    def sent_bytes(self) -> dict[str, int]:
+        """Bytes (whole frames) each shaped link has sent so far, by its channel: what
+        crossed the data network (the control network is not shaped, not counted).
+        One ``tc -s -j`` command per link."""
+        sent = {}
+        for link in self.shaped:
+            out = _run(["tc", "-n", link.namespace, "-s", "-j", "qdisc", "show", "dev",
+                        link.dev, "root"]).stdout
+            sent[link.channel] = sum(int(q.get("bytes", 0)) for q in json.loads(out))
+        return sent
 
     def _add_namespace(self, name: str) -> None:
         _ip("netns", "add", name)

@@ -74,6 +74,13 @@ def test_a_lab_run_trains_as_the_reference_does(plan_file, tmp_path):
     assert sorted(link["channel"] for link in record["links"]) == [
         "d0 down", "d0 up", "d1 down", "d1 up", "d2 down", "d2 up"]
     assert {link["rate_mbps"] for link in record["links"]} == {100.0}
+    # gloo's data crossed the shaped links: d0's uplink carried at least stage 0's
+    # outputs, d1's and d2's at least their input gradients (same size), float32
+    sent = {link["channel"]: link["sent_bytes"] for link in record["links"]}
+    out_bytes = plan.problem.model.blocks[1].output_bytes_per_sample
+    batch = config.global_batch * STEPS
+    assert sent["d0 up"] >= out_bytes * batch
+    assert sent["d1 up"] + sent["d2 up"] >= out_bytes * batch
     assert all(d["peak_memory_bytes"] > 0 for d in record["devices"].values())
     assert leftovers(os.getpid()) == []
     assert multiprocessing.active_children() == []
