@@ -510,8 +510,13 @@ def run(args: argparse.Namespace) -> Stopped:
         raise InputError("--steps", "", "--recover needs the workers' --steps (at least 1)")
     if args.checkpoint_every < 0:
         raise InputError("--checkpoint-every", "", f"must be >= 0, got {args.checkpoint_every}")
-    if not args.time_scale > 0:
-        raise InputError("--time-scale", "", f"must be positive, got {args.time_scale:g}")
+    if args.time_scale is not None and not args.emulate:
+        raise InputError("--time-scale", "", f"{args.time_scale:g} stretches emulated times, "
+                         "but the workers do not emulate here; add --emulate or drop "
+                         "--time-scale")
+    scale = 1.0 if args.time_scale is None else args.time_scale
+    if not scale > 0:
+        raise InputError("--time-scale", "", f"must be positive, got {scale:g}")
     needs = [f for f, v in (("--checkpoint-every", args.checkpoint_every),
                             ("--checkpoint-dir", args.checkpoint_dir),
                             ("--resume", args.resume), ("--emulate", args.emulate)) if v]
@@ -539,7 +544,7 @@ def run(args: argparse.Namespace) -> Stopped:
                          args.start_timeout, args.deterministic,
                          Checkpointing(args.checkpoint_every, args.checkpoint_dir, args.resume,
                                        args.keep_checkpoints),
-                         args.time_scale if args.emulate else None, args.standbys,
+                         scale if args.emulate else None, args.standbys,
                          args.watch_slowdown is not False)
     return coordinate(args.plan, store, args.hang_timeout, args.start_timeout)
 

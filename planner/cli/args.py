@@ -53,12 +53,12 @@ def add_coordinate_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --recover: the workers run --emulate (the slowdown watch "
                    "then compares with the plan times --time-scale)")
     p.add_argument("--watch-slowdown", action=argparse.BooleanOptionalAction, default=None,
-                   help="with --recover: re-partition a device that stays 1.5x slower "
-                   "than the plan predicts for 3 steps (default on; on real devices the "
-                   "predictions are calibrated over each plan's first steps; "
-                   "docs/fault-tolerance.md, Slowdown)")
-    p.add_argument("--time-scale", type=positive_float, default=1.0,
-                   help="with --emulate: the workers' --time-scale")
+                   help="with --recover: re-partition a device that is 1.5x slower "
+                   "than the plan predicts in most of its last 9 steps (default on; on "
+                   "real devices the predictions are calibrated over each plan's first "
+                   "steps; docs/fault-tolerance.md, Slowdown)")
+    p.add_argument("--time-scale", type=positive_float, default=None,
+                   help="with --emulate: the workers' --time-scale (default 1)")
     p.add_argument("--standbys", type=non_negative_int, default=0, metavar="N",
                    help="with --recover, a plan of one stage on one device: expect N "
                    "standby workers (python -m executor.worker ... --standby DEV) on the "

@@ -20,6 +20,7 @@ from edgepipe.planner.solvers.dp.driver import plan_dp
 from edgepipe.planner.solvers.exact.solver import plan_milp
 
 from tests.helpers.paths import REPO
+from tests.helpers.processes import free_port
 
 GRAPHS = REPO / "profiles" / "raw" / "pipedream"
 
@@ -102,6 +103,17 @@ def test_run_refuses_before_starting_a_process(plan_file, capsys, tmp_path, case
     assert line == expected
     assert not out.exists()  # the launcher makes the run folder before its first process
     assert multiprocessing.active_children() == []
+
+
+def test_coordinate_refuses_a_time_scale_without_emulate_like_run(plan_file, capsys):
+    # the coordinator compares the workers' flags with its own; a scale without
+    # --emulate stretches nothing and was accepted silently (issue 27)
+    capsys.readouterr()
+    assert main(["coordinate", str(plan_file), "--port", str(free_port()), "--recover",
+                 "--steps", "2", "--time-scale", "2"]) == 2
+    line = capsys.readouterr().err.splitlines()[-1]  # after the command's banner
+    assert line == ("error: --time-scale: 2 stretches emulated times, but the workers do "
+                    "not emulate here; add --emulate or drop --time-scale")
 
 
 def test_import_pipedream_refuses_a_batch_that_splits_a_linear_output(capsys, tmp_path):
