@@ -81,6 +81,7 @@ from edgepipe.executor.ft import checkpoint
 from edgepipe.executor.ft.checkpoint import check_resume
 from edgepipe.executor.ft.control import Coordinator, Failure, generation_store
 from edgepipe.executor.ft.coordinator import standbys_of
+from edgepipe.executor.ft.faults import check as check_faults
 from edgepipe.executor.ft.faults import parse as parse_faults
 from edgepipe.executor.ft.joins import FAILED as JOIN_FAILED
 from edgepipe.executor.ft.joins import FLAG, EmulatedJoin, JoinSchedule, check_joins
@@ -255,6 +256,9 @@ def launch(
     plan = load_plan(opts.plan)
     recovering = recovers(opts, plan, hang_timeout_s, recover)
     spares = _spares(opts, plan, recovering, joins, standbys, watch_slowdown)
+    check_faults(opts.faults, [*plan.partition.used_devices(), *spares,
+                               *(d for join in joins for d in join.devices)],
+                 opts.steps, recovering)  # as the CLI's --inject
     out = _run_folder(opts)
     store = dist.TCPStore(
         "127.0.0.1", 0, is_master=True, wait_for_workers=False,

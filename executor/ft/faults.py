@@ -36,7 +36,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from edgepipe.executor.core.runtime import ComputeHook
@@ -73,6 +73,27 @@ def parse(spec: str) -> tuple[Fault, ...]:
         step = None if parts[1] == "*" else int(parts[1])
         out.append(Fault(parts[0], step, parts[2], parts[3] if len(parts) == 4 else "KILL"))
     return tuple(out)
+
+
+def check(spec: str, running: Sequence[str], steps: int, recovering: bool) -> None:
+    """Refuse a spec that could never fire, before any process starts: one that does not
+    parse (:func:`parse`), names a device outside ``running`` (the devices that run a
+    process in this run: the plan's, its standbys, the joining ones), a step at or beyond
+    ``steps``, or, in a run that does not recover, a phase other than ``forward`` and
+    ``backward``. One :class:`InputError` naming the spec and the fix. O(faults x
+    devices)."""
+    for fault in parse(spec):
+        where = f"{fault.device}:{'*' if fault.step is None else fault.step}:{fault.phase}"
+        if fault.device not in running:
+            raise InputError("--inject", where, f"device {fault.device!r} runs no process in "
+                             f"this run; name one of {', '.join(running)}")
+        if fault.step is not None and fault.step >= steps:
+            raise InputError("--inject", where, f"step {fault.step} is beyond the run (--steps "
+                             f"{steps} trains steps 0..{steps - 1}); give a step below {steps}")
+        if not recovering and fault.phase not in ("forward", "backward"):
+            raise InputError("--inject", where, f"phase {fault.phase} happens only in a run "
+                             "that recovers in-process; this one does not (--no-recover, or "
+                             "the plan does not replicate): use forward or backward")
 
 
 class Injector:

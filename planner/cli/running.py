@@ -228,29 +228,15 @@ def _time_scale(args: argparse.Namespace) -> float:
 
 def _check_faults(args: argparse.Namespace, plan: Plan, joins: Sequence[EmulatedJoin],
                   recovering: bool) -> None:
-    """Refuse an ``--inject`` spec that could never fire, before any process starts: one
-    that does not parse (:func:`executor.ft.faults.parse`), names a device that runs no
-    process in this run (the plan's devices, its standbys and the joining devices), a
-    step at or beyond ``--steps``, or, in a run that does not recover, a phase other
-    than ``forward`` and ``backward`` (executor/ft/faults.py)."""
+    """Refuse an ``--inject`` spec that could never fire, before any process starts
+    (:func:`executor.ft.faults.check`; the devices that run a process: the plan's, its
+    standbys and the joining devices)."""
     with executor_imports():
-        from edgepipe.executor.ft.faults import parse
+        from edgepipe.executor.ft import faults
 
     running = [*plan.partition.used_devices(), *(replica_standbys(plan) if recovering else ()),
                *(d for join in joins for d in join.devices)]
-    for fault in parse(args.inject):
-        where = f"{fault.device}:{'*' if fault.step is None else fault.step}:{fault.phase}"
-        if fault.device not in running:
-            raise InputError("--inject", where, f"device {fault.device!r} runs no process in "
-                             f"this run; name one of {', '.join(running)}")
-        if fault.step is not None and fault.step >= args.steps:
-            raise InputError("--inject", where, f"step {fault.step} is beyond the run (--steps "
-                             f"{args.steps} trains steps 0..{args.steps - 1}); give a step "
-                             f"below {args.steps}")
-        if not recovering and fault.phase not in ("forward", "backward"):
-            raise InputError("--inject", where, f"phase {fault.phase} happens only in a run "
-                             "that recovers in-process; this one does not (--no-recover, or "
-                             "the plan does not replicate): use forward or backward")
+    faults.check(args.inject, running, args.steps, recovering)
 
 
 def _s(x: float | None) -> str:

@@ -105,6 +105,23 @@ def test_run_refuses_before_starting_a_process(plan_file, capsys, tmp_path, case
     assert multiprocessing.active_children() == []
 
 
+@pytest.mark.parametrize("case", ["unparsable --inject", "--inject of a device not in the plan",
+                                  "--inject beyond the last step"])
+def test_the_launch_api_refuses_a_fault_spec_as_the_cli_does(plan_file, tmp_path, case):
+    # launch(WorkerOptions(faults=...)) ran "garbage" until every device was lost and
+    # ignored a device not in the plan (issue 27); it refuses as `run --inject` does
+    from edgepipe.executor.core.options import WorkerOptions
+    from edgepipe.executor.launch import launch
+
+    (flag, spec), expected = RUN_REFUSALS[case]
+    out = tmp_path / "run"
+    with pytest.raises(InputError) as caught:
+        launch(WorkerOptions(str(plan_file), 2, str(out), faults=spec))
+    assert f"error: {caught.value}" == expected
+    assert not out.exists()
+    assert multiprocessing.active_children() == []
+
+
 def test_coordinate_refuses_a_time_scale_without_emulate_like_run(plan_file, capsys):
     # the coordinator compares the workers' flags with its own; a scale without
     # --emulate stretches nothing and was accepted silently (issue 27)
