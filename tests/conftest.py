@@ -33,8 +33,8 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
 
     It plans, compares the DP with the exact solver and the baselines (the exact solver
     under a 10 s limit here: at the demo's default, 60 s, it alone ran for its whole
-    limit) and runs a plan on local processes with emulated devices.
-    Standard output is captured by swapping ``sys.stdout``: the CLI's rich console
+    limit) and runs a plan on local processes with emulated devices (``--emulate``: the
+    lab demo, where the machine hosts one, takes minutes). Standard output is captured by swapping ``sys.stdout``: the CLI's rich console
     writes to whatever ``sys.stdout`` is when it prints.
     """
     from edgepipe.planner.cli.main import main
@@ -42,5 +42,6 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
     out = tmp_path_factory.mktemp("demo")
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        status = main(["demo", "--out", str(out), "--run-steps", "2", "--time-limit", "10"])
+        status = main(["demo", "--out", str(out), "--run-steps", "2", "--time-limit", "10",
+                       "--emulate"])
     return DemoRun(status, out, printed.getvalue())

@@ -1,6 +1,10 @@
-"""The ``demo`` command: plan the demo model on the demo cluster, show and simulate the
-plan, compare the planners, then run a small plan here on emulated devices and set the
-measured iteration against the prediction."""
+"""The ``demo`` command. Where this machine can host the lab (root, cgroups, iproute2),
+the demo runs there (:mod:`planner.cli.lab_demo`): a hybrid plan and its alternatives
+profiled, planned and run on confined devices, measured against their predictions.
+Elsewhere, or with ``--emulate``, it says why in one line and runs in emulation: plan
+the demo model on the demo cluster, show and simulate the plan, compare the planners,
+then run a small plan here on emulated devices and set the measured iteration against
+the prediction."""
 
 from __future__ import annotations
 
@@ -10,23 +14,32 @@ from pathlib import Path
 from edgepipe.planner import api
 from edgepipe.planner.cli.args import non_negative_int, output_dir, positive_float
 from edgepipe.planner.cli.console import err, out, progress_bars, progress_callback, warn
+from edgepipe.planner.cli.lab_demo import lab_demo, lab_unavailable
 from edgepipe.planner.cli.plan_views import gantt_title, print_plan, simulation_summary
 from edgepipe.planner.cli.planning import run_compare
 from edgepipe.planner.cli.torch_imports import executor_imports
 from edgepipe.planner.errors import EdgepipeError
 from edgepipe.planner.inputs.profile import ModelProfile
 from edgepipe.planner.plan import replica_standbys, save_plan, short_run_note
-from edgepipe.planner.solvers.exact.solver import DEFAULT_BACKEND, DEFAULT_TIME_LIMIT
+from edgepipe.planner.solvers.exact.solver import DEFAULT_BACKEND
 
 #: the model the demo runs here: a zoo build spec with analytic Jetson times, and this
 #: machine's measured profile of the same blocks (for the emulation's time scale)
 DEMO_RUN_MODEL, DEMO_RUN_HOST, DEMO_RUN_BATCH = "resnet18-analytic", "resnet18-cpu", 8
+#: the exact solver's limit in the demo (s): the demo stays a few minutes long
+DEMO_TIME_LIMIT = 20.0
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
     outdir = Path(args.out)
     outdir.mkdir(parents=True, exist_ok=True)
+    why = "--emulate" if args.emulate else (lab_unavailable() if args.run_steps else "")
     try:
+        if not why:
+            lab_demo(outdir, args.time_limit, DEFAULT_BACKEND)
+            return
+        if args.run_steps:
+            out.print(f"in emulation, not in the lab: {why}", highlight=False, markup=False)
         _demo_steps(args, outdir)
     except KeyboardInterrupt:  # its run's workers are reaped (launch): 130 (cli.main)
         raise KeyboardInterrupt(f"interrupted; the demo's files so far are in {outdir}") from None
@@ -137,14 +150,19 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
         "--run-steps",
         type=non_negative_int,
         default=3,
-        help="also run a plan of resnet18 here for this many emulated steps (0: skip)",
+        help="in emulation: also run a plan of resnet18 here for this many emulated steps "
+        "(0: skip; the demo then runs no lab either)",
+    )
+    p.add_argument(
+        "--emulate", action="store_true",
+        help="run the emulated demo even where this machine can host the lab",
     )
     p.add_argument(
         "--time-limit",
         type=positive_float,
-        default=DEFAULT_TIME_LIMIT,
+        default=DEMO_TIME_LIMIT,
         help="wall-clock limit in seconds of the comparison's exact solver (and its dp) "
-        f"(default {DEFAULT_TIME_LIMIT:g})",
+        f"(default {DEMO_TIME_LIMIT:g})",
     )
     p.set_defaults(func=cmd_demo)
 
