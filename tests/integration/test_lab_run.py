@@ -37,6 +37,9 @@ GPT2 = BuildSpec(
     seed=3,
 )
 STEPS = 3
+#: the lab's devices together get half of this machine's cores (lab groups carry the top
+#: CPU weight): the other half stays for the tests running beside these (docs/testing.md)
+SHARE = 0.5
 EDGEPIPE = str(Path(sys.executable).with_name("edgepipe"))
 
 
@@ -56,7 +59,7 @@ def plan_file(tmp_path_factory):
 def test_a_lab_run_trains_as_the_reference_does(plan_file, tmp_path):
     path, plan = plan_file
     run = run_lab(WorkerOptions(str(path), STEPS, str(tmp_path), deterministic=True,
-                                timeout_s=60), LabOptions(share=1.0))
+                                timeout_s=60), LabOptions(share=SHARE))
     config = plan.problem.config
     settings = config.optimizer_settings()
     reference = ref.train(
@@ -89,7 +92,7 @@ def test_a_lab_run_trains_as_the_reference_does(plan_file, tmp_path):
 def cli_run(plan_path: Path, out: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     proc = subprocess.Popen(
         [EDGEPIPE, "run", str(plan_path), "--steps", "2", "--out", str(out), "--lab",
-         "--lab-share", "1", *flags],
+         "--lab-share", str(SHARE), *flags],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = proc.communicate(timeout=120)
@@ -116,24 +119,24 @@ def test_a_plan_over_a_devices_memory_limit_is_refused_before_launch(plan_file, 
 def test_forced_past_the_check_the_device_is_killed_and_named_in_one_line(plan_file,
                                                                           tmp_path):
     path, _ = plan_file
-    done = cli_run(path, tmp_path, "--lab-memory", "d1=100", "--lab-skip-memory-check")
+    done = cli_run(path, tmp_path, "--lab-memory", "d1=40", "--lab-skip-memory-check")
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
     assert done.stderr.splitlines()[-1].startswith(
         "error: device d1 ran out of memory: the kernel killed it at its lab limit "
-        "100.00 MiB (peak ")
+        "40.00 MiB (peak ")
 
 
-def test_ctrl_c_mid_run_leaves_nothing_behind(plan_file, tmp_path):
-    """(SIGTERM unwinds the same ``with`` blocks as a SystemExit: test_lab_network.py.)"""
+def test_ctrl_c_once_the_devices_run_leaves_nothing_behind(plan_file, tmp_path):
+    """Ctrl-C once every device's process started (``ranks.json``). SIGTERM unwinds the
+    same ``with`` blocks as a SystemExit (test_lab_network.py)."""
     path, _ = plan_file
     proc = subprocess.Popen(
         [EDGEPIPE, "run", str(path), "--steps", "100000", "--out", str(tmp_path), "--lab",
          "--lab-share", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 90
-        metrics = tmp_path / "metrics.jsonl"
-        while not (metrics.exists() and metrics.read_text().strip()):
+        while not (tmp_path / "ranks.json").exists():
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.1)
         proc.send_signal(signal.SIGINT)
