@@ -20,7 +20,15 @@ from edgepipe.executor.lab import network
 from edgepipe.executor.lab.errors import LabUnavailable
 from edgepipe.executor.lab.network import GOODPUT, LabNetwork, leftover_namespaces
 
+from tests.helpers import needs
 from tests.helpers.lab_links import cluster, rates
+
+
+@pytest.fixture(autouse=True)
+def lab_machine():
+    """Fail, naming the fix, where root or iproute2 is missing (docs/testing.md)."""
+    needs.network_namespaces()
+
 
 RATE = 50.0
 FULL = RATE * GOODPUT  # 47.8 Mbit/s of payload

@@ -27,9 +27,17 @@ from edgepipe.planner.inputs.profile import BuildSpec
 from edgepipe.planner.plan import save_plan
 from edgepipe.planner.units import human_bytes
 
+from tests.helpers import needs
 from tests.helpers import reference_trainer as ref
 from tests.helpers.executor_helpers import profile_of
 from tests.helpers.lab_runs import lab_plan, leftovers
+
+
+@pytest.fixture(autouse=True)
+def lab_machine():
+    """Fail, naming the fix, where root or iproute2 is missing (docs/testing.md)."""
+    needs.network_namespaces()
+
 
 GPT2 = BuildSpec(
     zoo="gpt2-small",
