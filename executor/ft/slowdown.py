@@ -48,13 +48,15 @@ of the last ``W`` steps did.
     ``s > threshold`` -> slow; ``s < 1 / fast_threshold`` -> fast (the exit side of
     the hysteresis: a device faster than its prediction costs the plan little, and a
     device slowed earlier that comes back only part of the way stays as planned);
-    with the emulation, a slow or fast device is declared. On real devices, when every
-    device (two or more) is slow, or every one fast, their relative speeds, all a
-    re-partition could act on, did not change (the host's load, a room's heat): ``c``
-    is multiplied by the median of their speeds, their windows restart, and nothing is
-    declared; else a slow (fast) device is declared only if ``s`` is also beyond the
-    threshold relative to the lower median of the other devices' speeds (they did not
-    move with it); a one-device plan has no other device and is declared on ``s``.
+    with the emulation, a slow or fast device is declared. On real devices, when the
+    lower median of the devices' speeds (two or more devices) is slow, or fast, most
+    devices moved alike (the host's load, a room's heat; with two devices, the faster
+    one moved too): their relative speeds, all a re-partition could act on, are what
+    is left to judge, so ``c`` is multiplied by that lower median, the windows
+    restart, and nothing is declared; else a slow (fast) device is declared only if
+    ``s`` is also beyond the threshold relative to the lower median of the other
+    devices' speeds (they did not move with it); a one-device plan has no other device
+    and is declared on ``s``.
     factor = the median of the window's ratios (divided by ``c``) beyond the threshold
     in that direction (the slowed speed, not the crossing value).
 So bursts of up to ``W // 2`` steps, and jitter that keeps the window's median within
@@ -195,11 +197,11 @@ class SlowdownDetector:
         beyond = {d: s for d, s in watched.items() if s > slow or s < fast}
         if not self.calibrate:
             return [self._declare(d, step, s > 1.0) for d, s in beyond.items()]
-        if len(watched) >= 2 and len(beyond) == len(watched) and (
-                len({s > 1.0 for s in beyond.values()}) == 1):
-            # every device changed alike: their relative speeds, all a re-partition
-            # could act on, did not; the reference follows instead
-            self.scale *= statistics.median(beyond.values())
+        typical = statistics.median_low(watched.values()) if len(watched) >= 2 else 1.0
+        if typical > slow or typical < fast:
+            # most devices changed alike (the host's load): their relative speeds, all a
+            # re-partition could act on, did not; the reference follows instead
+            self.scale *= typical
             for device in watched:
                 self._tracks[device] = self._track()
             return []

@@ -131,3 +131,17 @@ def test_a_kept_plan_takes_the_factor_and_restarts_the_window() -> None:
     d.absorb("a", 2.0)
     assert d.window("a") == ()
     assert [s for t in range(6, 30) for s in d.observe(t, {"a": 20.0, "b": 20.0})] == []
+
+
+def test_a_load_that_eases_after_the_calibration_does_not_hide_the_slow_device() -> None:
+    # real devices, calibrated under load: both at 2x their profile in steps 1-9
+    # (reference 2). From step 10 the load is gone and b runs 3x slower than a: a reads
+    # 0.45, b 1.35 - a, not b, would look beyond a threshold. At step 14 the lower median
+    # of the speeds (a's 0.45) is beyond the fast side: the reference moves to 0.9 and
+    # the windows restart; five steps later b is declared, 3x slower (seen red with the
+    # reference moved only when every device was beyond: a declared fast at step 14)
+    steps = [{"a": 20.0, "b": 40.0}] * 10 + [{"a": 9.0, "b": 54.0}] * 10
+    d = detector(2, True)
+    found = declared(d, steps)
+    assert d.scale == pytest.approx(0.9)
+    assert [(s.device, s.step, round(s.factor, 6)) for s in found] == [("b", 19, 3.0)]
