@@ -148,7 +148,7 @@ def stage_compute(rows: Sequence[StageRow]) -> tuple[StageCompute, ...]:
 
 def device_memory(report: RunReport) -> tuple[DeviceMemory, ...]:
     """Per device: the plan's memory against the measured peak above the baseline."""
-    return tuple(DeviceMemory(d.device, d.memory_predicted, d.memory_peak)
+    return tuple(DeviceMemory(d.device, d.memory_predicted, d.memory_measured)
                  for d in report.devices)
 
 
