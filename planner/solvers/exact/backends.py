@@ -47,6 +47,9 @@ from pathlib import Path
 
 from edgepipe.planner.solvers.exact.linear_model import BIN, INT, TIME, Model, axpy
 
+#: rows lowered to CP-SAT between two looks at the time left (a callable ``time_limit``)
+LOWER_CHECK = 50
+
 
 # --------------------------------------------------------------------------------------
 # backends
@@ -126,7 +129,9 @@ def solve_cpsat(
             cp_vars.append(model.new_int_var(int(lb), int(ub), ""))
         else:
             cp_vars.append(model.new_int_var(math.floor(lb * scale), math.ceil(ub * scale), ""))
-    for row in md.rows:
+    for i, row in enumerate(md.rows):
+        if callable(time_limit) and i % LOWER_CHECK == LOWER_CHECK - 1 and time_limit() <= 0:
+            return Outcome("unknown", None, None)  # out of time while lowering
         coefs: list[int] = []
         if row.unit == "ms":
             for v, c in row.terms.items():
@@ -138,7 +143,7 @@ def solve_cpsat(
         else:
             coefs = [round(c) for c in row.terms.values()]
             rhs = round(row.rhs)
-        expr = sum(c * cp_vars[v] for v, c in zip(row.terms, coefs, strict=True))
+        expr = cp_model.LinearExpr.weighted_sum([cp_vars[v] for v in row.terms], coefs)
         if row.sense == ">=":
             ct = model.add(expr >= rhs)
         elif row.sense == "<=":

@@ -117,6 +117,7 @@ optimality was proven.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -159,17 +160,38 @@ class Builder:
         self.group_max = min(tables.n_devices, batch)
 
     def build(
-        self, cutoff_ms: float, horizon_ms: float, exclude: tuple[dict[int, float], ...] = ()
+        self,
+        cutoff_ms: float,
+        horizon_ms: float,
+        exclude: tuple[dict[int, float], ...] = (),
+        stop: Callable[[], bool] = lambda: False,
     ) -> Formulation:
         """The program with objective cutoff ``cutoff_ms``; ``exclude`` lists assignments
         (values of the decision variables,
-        :func:`planner.solvers.exact.solutions.decision`) the program must avoid."""
+        :func:`planner.solvers.exact.solutions.decision`) the program must avoid.
+
+        Raises:
+            TimeoutError: ``stop()`` said so between two constraint families (a long
+                chain's build takes seconds).
+        """
+
+        def check() -> None:
+            if stop():
+                raise TimeoutError
+
         self.blocks()
         self.devices()
+        check()
         self.replicas()
+        check()
         durations = self.compute()
+        check()
         ta, work = self.allreduce(horizon_ms)
-        links = [self.boundary_load(b, horizon_ms) for b in range(self.num_stages - 1)]
+        links = []
+        for b in range(self.num_stages - 1):
+            check()
+            links.append(self.boundary_load(b, horizon_ms))
+        check()
         self.schedule(durations, ta, work, links, cutoff_ms, horizon_ms)
         form = Formulation(
             self.md, self.batch, self.num_stages, self.cum, self.n, self.q, self.u, self.h,

@@ -136,20 +136,30 @@ class ProgramSearch:
                 best = self.best
             ref = best[0] if best else self.horizon
             built = time.perf_counter()
-            form = Builder(self.tables, *job).build(
-                ref * (1 + CUTOFF_SLACK), self.horizon, tuple(excluded)
-            )
+            try:
+                form = Builder(self.tables, *job).build(
+                    ref * (1 + CUTOFF_SLACK), self.horizon, tuple(excluded),
+                    lambda: self._left(stop) <= 0 or self.halt.stopped,
+                )  # fmt: skip
+            except TimeoutError:
+                self._learn_build(job, time.perf_counter() - built)
+                break
             hint = {}
             if best and (best[1].micro_batch_size, best[1].num_stages) == job:
                 hint = solution_hint(form, self.tables, best[1])
             lowered[0] = time.perf_counter()
             if self.backend == "cpsat":
                 outcome = solve_cpsat(form.model, hint, left, CPSAT_UNITS / ref, self.halt)
-            elif self.highs is not None:
-                outcome = self.highs.solve(form.model, hint, left())
+                self._learn_build(job, lowered[0] - built)
             else:
-                outcome = solve_pulp(form.model, hint, left(), self.backend)
-            self._learn_build(job, lowered[0] - built)
+                limit = left()
+                self._learn_build(job, lowered[0] - built)
+                if limit <= 0:
+                    break
+                if self.highs is not None:
+                    outcome = self.highs.solve(form.model, hint, limit)
+                else:
+                    outcome = solve_pulp(form.model, hint, limit, self.backend)
             if outcome.status != "unknown" or outcome.bound_ms is not None:
                 # (an unknown without a bound, e.g. not solved for want of time, keeps
                 # what an earlier pass proved)
