@@ -33,12 +33,12 @@ DEMO_TIME_LIMIT = 20.0
 def cmd_demo(args: argparse.Namespace) -> None:
     outdir = Path(args.out)
     outdir.mkdir(parents=True, exist_ok=True)
-    why = "--emulate" if args.emulate else (lab_unavailable() if args.run_steps else "")
     try:
-        if not why:
-            lab_demo(outdir, args.time_limit, DEFAULT_BACKEND)
-            return
-        if args.run_steps:
+        if args.run_steps and not args.emulate:
+            why = lab_unavailable()
+            if why is None:
+                lab_demo(outdir, args.time_limit, DEFAULT_BACKEND)
+                return
             out.print(f"in emulation, not in the lab: {why}", highlight=False, markup=False)
         _demo_steps(args, outdir)
     except KeyboardInterrupt:  # its run's workers are reaped (launch): 130 (cli.main)
