@@ -92,7 +92,7 @@ one-device plan's last standby: :func:`unreplicated`).
 A slowdown whose re-plan would run exactly as the current plan (:func:`same_work`) is not
 re-partitioned (issue 27): one ``"type": "repartition_skipped"`` line instead (``cause``,
 ``device``, ``slowed``: device -> factor, ``plan``: the current one, ``detected_at``,
-``step``: the next to commit); its factors join the next re-plan's.
+``step``: the next to commit, ``t_replan_s``); its factors join the next re-plan's.
 """
 
 from __future__ import annotations
@@ -522,10 +522,12 @@ class Supervisor:
                        else "was lost and is fenced: readmit it first (Supervisor.readmit)")
                 raise InputError("join", "", f"device {d.id!r} {why}; a joining device is new "
                                  "or one lost earlier")
+        started = time.perf_counter()
         planned = self._slowed_plan(slowed) if slowed and joined is None else None
+        planned_s = time.perf_counter() - started
         if planned is not None and same_work(planned, self.gen.plan):
             assert slowed is not None
-            return self._keep(cause, device, slowed, detected_wall)
+            return self._keep(cause, device, slowed, detected_wall, planned_s)
         if self._pending_event is not None:
             self._finish_event(None)
         self.coordinator.abort(f"{device} {cause}")
@@ -535,7 +537,7 @@ class Supervisor:
             self.lost = [d for d in self.lost if d not in ids]  # a rejoin
             self.held = None
         return self._next(cause, device, f"{cause} of device {device}", detected_wall, 0.0,
-                          slowed=slowed, joined=joined, planned=planned)
+                          slowed=slowed, joined=joined, planned=(planned, planned_s))
 
     def _slowed_plan(self, slowed: Mapping[str, float]) -> Plan | None:
         """The re-plan for ``slowed`` from the last durable state, when that state is
@@ -551,7 +553,7 @@ class Supervisor:
             return None
 
     def _keep(self, cause: str, device: str, slowed: Mapping[str, float],
-              detected_wall: float) -> dict[str, Any]:
+              detected_wall: float, replan_s: float) -> dict[str, Any]:
         """Skip a re-partition whose plan would be this one (:func:`same_work`): no
         abort, no rebuild, no replay. The factors are kept for the next re-plan and the
         slowdown watch predicts them from now on (executor/ft/slowdown.py,
@@ -562,7 +564,8 @@ class Supervisor:
             self.slowdown.keep(slowed)
         event = {"type": "repartition_skipped", "cause": cause, "device": device,
                  "slowed": dict(slowed), "plan": self.gen.plan.id,
-                 "detected_at": detected_wall, "step": self.gen.next_commit}
+                 "detected_at": detected_wall, "step": self.gen.next_commit,
+                 "t_replan_s": replan_s}
         self.skipped.append(event)
         if self.writer is not None:
             self.writer.write_event(event)
@@ -583,10 +586,10 @@ class Supervisor:
     def _next(
         self, cause: str, names: str, what: str, detected_wall: float, t_detect: float,
         t_abort: float = 0.0, slowed: Mapping[str, float] | None = None,
-        joined: Cluster | None = None, planned: Plan | None = None,
+        joined: Cluster | None = None, planned: tuple[Plan | None, float] = (None, 0.0),
     ) -> dict[str, Any]:
         """Re-plan from the last durable state and open the next generation
-        (``planned``: that re-plan, already made)."""
+        (``planned``: that re-plan, already made, and the seconds it took)."""
         old = self.gen
         base, d, fresh = self.base
         lost = self._lost_of(base)
@@ -609,7 +612,7 @@ class Supervisor:
         start = time.perf_counter()
         note = ""
         try:
-            ready = planned if planned is not None else base if unchanged else None
+            ready = planned[0] if planned[0] is not None else base if unchanged else None
             if len(lost) == 1 and not slowed and joined is None:
                 ready = self._precomputed.get(base.id, {}).get(lost[0])
             if isinstance(ready, EdgepipeError) and not absent:
@@ -628,7 +631,7 @@ class Supervisor:
                 f"{what} at generation {old.number}; cannot recover: "
                 f"{str(exc).splitlines()[0]}{note}", names, cause,
             ) from None
-        t_replan = time.perf_counter() - start
+        t_replan = time.perf_counter() - start + planned[1]
         if not unchanged:
             self._kept = {}  # in the new plan now
         path = self.plans_dir / f"{new.id}.json"
