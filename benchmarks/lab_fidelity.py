@@ -57,6 +57,8 @@ from edgepipe.executor.lab.fidelity import (
     speedup,
 )
 from edgepipe.planner import api
+from edgepipe.planner.check.breakdown import EXACT_WAIT_MS
+from edgepipe.planner.check.report import build_report
 from edgepipe.planner.inputs.config import TrainingConfig
 
 HERE = Path(__file__).resolve().parent
@@ -189,6 +191,45 @@ def compute_lines(problems: list[Problem]) -> tuple[list[str], list[float]]:
     return lines, errors
 
 
+def link_split(run: LabMeasurement) -> list[tuple[float, float, float]]:
+    """Per piece the receiver waited for (after the warm-up step): (predicted, post to
+    delivery, after both had posted) ms. gloo moves a piece only once its receiver has
+    posted the receive (docs/lab.md, "What the lab measured"), so post to delivery splits
+    into the wait for the receiver's post and the time after both had posted; the
+    receiver's post is ``waited_ms`` of the piece's transfers.jsonl line."""
+    report = build_report(run.run_dir)
+    predicted = {(r.src, r.dst, r.direction): r.predicted_ms for r in report.links}
+    pieces = []
+    with open(run.run_dir / "transfers.jsonl") as fh:
+        for line in fh:
+            t = json.loads(line)
+            waited = t["end_ms"] - t["waited_ms"]
+            if t["step"] == 0 or waited <= EXACT_WAIT_MS:
+                continue
+            direction = "activations" if t["kind"] == "TRANSFER_F" else "gradients"
+            both = max(t["start_ms"], t["waited_ms"])
+            pieces.append((predicted[(t["device"], t["peer"], direction)],
+                           t["end_ms"] - t["start_ms"], t["end_ms"] - both))
+    return pieces
+
+
+def link_lines(problems: list[Problem]) -> list[str]:
+    lines = ["", "### Transfers (pieces the receiver waited for; median of measured / "
+             "predicted, and of the time after both sides had posted / predicted)", "",
+             "| cluster | plan | pieces | post to delivery | after both posted | load |",
+             "|---|---|---:|---:|---:|---:|"]
+    for p in problems:
+        for r in p.runs:
+            pieces = link_split(r)
+            if not pieces:
+                continue
+            whole = statistics.median(m / pred for pred, m, _ in pieces)
+            after = statistics.median(a / pred for pred, _, a in pieces)
+            lines.append(f"| {p.cluster} | {r.label} | {len(pieces)} | {whole:.2f}x | "
+                         f"{after:.2f}x | {r.load:.1f}{mark(r)} |")
+    return lines
+
+
 def memory_lines(problems: list[Problem]) -> list[str]:
     lines = ["", "### Peak memory per device (MiB; measured: resident set above the process "
              "before its model)", "",
@@ -248,7 +289,7 @@ def main() -> None:
         more, figures[prob.cluster] = ranking_lines(prob)
         lines += more
     stage_lines, stage_errors = compute_lines(problems)
-    lines += stage_lines + memory_lines(problems)
+    lines += stage_lines + link_lines(problems) + memory_lines(problems)
     errors = [abs(r.error) for prob in problems for r in prob.runs]
     loads = [r.load for prob in problems for r in prob.runs]
     within = sum(abs(e) <= 0.15 for e in stage_errors)
