@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -28,3 +29,15 @@ def busy_cores(n: int = 2) -> Iterator[list[int]]:
             if p.poll() is None:
                 os.kill(p.pid, signal.SIGKILL)
             p.wait(timeout=10)
+
+
+def wakeup_lateness_s(tries: int = 20, interval_s: float = 0.01) -> float:
+    """The reference for a verdict on a poll or a heartbeat: how late, at most, this
+    process wakes from ``tries`` sleeps of ``interval_s`` on this machine now (a loaded
+    machine wakes pollers late; an idle one within a millisecond). O(tries) sleeps."""
+    late = 0.0
+    for _ in range(tries):
+        start = time.monotonic()
+        time.sleep(interval_s)
+        late = max(late, time.monotonic() - start - interval_s)
+    return late
