@@ -113,7 +113,7 @@ def test_the_launch_api_refuses_a_fault_spec_as_the_cli_does(plan_file, tmp_path
     from edgepipe.executor.core.options import WorkerOptions
     from edgepipe.executor.launch import launch
 
-    (flag, spec), expected = RUN_REFUSALS[case]
+    (_, spec), expected = RUN_REFUSALS[case]
     out = tmp_path / "run"
     with pytest.raises(InputError) as caught:
         launch(WorkerOptions(str(plan_file), 2, str(out), faults=spec))
