@@ -13,7 +13,6 @@ two differ by float summation order only: the bound below is 1e-6 of each weight
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from edgepipe.planner.plan import Plan
 from torch import nn
 
 from examples import gpt
-from tests.helpers import netns
+from tests.helpers import needs, netns
 from tests.helpers import reference_trainer as ref
 from tests.helpers.engines import install_engine
 from tests.helpers.executor_helpers import make_test_plan, profile_of, write_plan
@@ -194,11 +193,10 @@ def test_a_third_party_engine_runs_a_plan_through_the_cli(tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
-                    reason="network namespaces need root and iproute2")
 def test_the_example_gpt_trains_under_torchrun_across_two_hosts(tmp_path: Path) -> None:
     """The example GPT's plan on two network-namespace hosts, one rank each, torchrun's
     c10d rendezvous: the reference's training up to float summation order."""
+    needs.network_namespaces()  # fails, never skips, where ip or root is missing
     plan = example_gpt_plan()
     path = write_plan(plan, tmp_path)
     out = tmp_path / "run"
