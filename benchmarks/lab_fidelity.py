@@ -233,13 +233,14 @@ def link_lines(problems: list[Problem]) -> list[str]:
 def memory_lines(problems: list[Problem]) -> list[str]:
     lines = ["", "### Peak memory per device (MiB; measured: resident set above the process "
              "before its model)", "",
-             "| cluster | plan | device | predicted | measured |", "|---|---|---|---:|---:|"]
+             "| cluster | plan | device | predicted | measured | load |",
+             "|---|---|---|---:|---:|---:|"]
     for p in problems:
         for r in p.runs:
             for m in r.memory:
                 meas = "-" if m.measured_bytes is None else f"{m.measured_bytes / 2**20:.1f}"
                 lines.append(f"| {p.cluster} | {r.label} | {m.device} | "
-                             f"{m.predicted_bytes / 2**20:.1f} | {meas} |")
+                             f"{m.predicted_bytes / 2**20:.1f} | {meas} | {r.load:.1f}{mark(r)} |")
     return lines
 
 
