@@ -149,6 +149,65 @@ class _Neighbourhood:
         yield from self._device_shifts(part)
         yield from self._sample_moves(part)
         yield from self._batch_moves(part)
+        yield from self._merges(part)
+        yield from self._splits(part)
+
+    def even_cut(self, first: int, end: int, rest: tuple[str, ...], dev: str, batch: int,
+                 tail: bool) -> int:
+        """The cut of blocks [first, end) between ``rest`` (each at its even share of
+        ``batch``) and ``dev`` alone (all of it) taking the tail (or the head) where
+        their compute is most even. O((end - first) x g)."""
+        cm, cluster = self.cm, self.problem.cluster
+        alone, many = cluster.index(dev), [cluster.index(x) for x in rest]
+        share = -(-batch // len(rest))
+
+        def gap(cut: int) -> float:
+            lo, hi = (first, cut) if tail else (cut, end)
+            own = (cut, end) if tail else (first, cut)
+            group = max(sum(cm.device_times(lo, hi, i, share)) for i in many)
+            return abs(group - sum(cm.device_times(*own, alone, batch)))
+
+        return min(range(first + 1, end), key=gap)
+
+    def _merges(self, part: Partition) -> Iterator[Partition]:
+        """Stages p and p + 1 as one stage on both groups, samples by Algorithm 1."""
+        stages, b, m = part.stages, part.micro_batch_size, part.num_micro_batches
+        for p in range(len(stages) - 1):
+            a, c = stages[p], stages[p + 1]
+            devices = (*a.devices, *c.devices)
+            shorter = Partition(b, m, (*stages[:p], a, *stages[p + 2:]))
+            samples = self.split(shorter, p, a.first, c.end, devices, b, m)
+            if samples is not None:
+                yield _with(shorter, {p: StageAssignment(a.first, c.end, devices, samples)})
+
+    def _splits(self, part: Partition) -> Iterator[Partition]:
+        """One device (one per kind) of a stage of several leaves with the stage's tail
+        (or head) as a stage of its own, cut where the two parts' compute at their
+        samples is most even; the other devices' samples by Algorithm 1."""
+        stages, b, m = part.stages, part.micro_batch_size, part.num_micro_batches
+        for p, st in enumerate(stages):
+            if len(st.devices) < 2 or st.end - st.first < 2:
+                continue
+            seen = set()
+            for dev in reversed(st.devices):
+                if self.kind[dev] in seen:
+                    continue
+                seen.add(self.kind[dev])
+                rest = tuple(x for x in st.devices if x != dev)
+                for tail in (True, False):
+                    cut = self.even_cut(st.first, st.end, rest, dev, b, tail)
+                    ranges = [(st.first, cut, rest), (cut, st.end, (dev,))]
+                    if not tail:
+                        ranges = [(st.first, cut, (dev,)), (cut, st.end, rest)]
+                    longer = Partition(b, m, (*stages[:p], st, st, *stages[p + 1:]))
+                    new = []
+                    for q, (lo, hi, devs) in enumerate(ranges):
+                        samples = self.split(longer, p + q, lo, hi, devs, b, m)
+                        if samples is None:
+                            break
+                        new.append(StageAssignment(lo, hi, devs, samples))
+                    else:
+                        yield Partition(b, m, (*stages[:p], *new, *stages[p + 1:]))
 
     def _cut_moves(self, part: Partition) -> Iterator[Partition]:
         stages = part.stages
@@ -274,6 +333,7 @@ def improve(
     max_evaluations: int = DEFAULT_MAX_EVALUATIONS,
     radius: int = DEFAULT_RADIUS,
     cost_model: CostModel | None = None,
+    best_move: bool = True,
 ) -> ImproveResult:
     """Improve ``partition`` by local moves (module docstring: neighbourhood, acceptance,
     termination, complexity). ``time_limit``: wall-clock seconds for the pass;
@@ -310,6 +370,7 @@ def improve(
             if c not in seen
             and (load := busiest_device_ms(cm, c)) < cost.steady_ms * (1 - MIN_GAIN)
         )
+        round_best, round_cost = best, cost
         for _, _, candidate in ranked:
             if evaluations >= max_evaluations:
                 status = "evaluations"
@@ -320,8 +381,11 @@ def improve(
             seen.add(candidate)
             evaluations += 1
             figures = cm.evaluate(candidate)
-            if figures.memory_ok and figures.steady_ms < cost.steady_ms * (1 - MIN_GAIN):
-                best, cost, moves, improved = candidate, figures, moves + 1, True
-                break
+            if figures.memory_ok and figures.steady_ms < round_cost.steady_ms * (1 - MIN_GAIN):
+                round_best, round_cost = candidate, figures
+                if not best_move:
+                    break
+        if round_best is not best:
+            best, cost, moves, improved = round_best, round_cost, moves + 1, True
     return ImproveResult(best, cost, start_ms, moves, evaluations, status,
                          time.perf_counter() - start)

@@ -16,6 +16,8 @@ from edgepipe.planner.inputs.problem import Problem
 from edgepipe.planner.plan import Plan, SolverInfo, make_plan
 from edgepipe.planner.solvers.baselines import BASELINES, plan_baseline
 from edgepipe.planner.solvers.dp.driver import plan_dp
+from edgepipe.planner.solvers.dp.multilevel import coarse_views
+from edgepipe.planner.solvers.dp.sizes import choose
 from edgepipe.planner.solvers.exact.solver import DEFAULT_BACKEND, plan_milp
 from edgepipe.planner.solvers.improve import DEFAULT_TIME_LIMIT as IMPROVE_LIMIT
 from edgepipe.planner.solvers.improve import improve as improve_plan
@@ -82,7 +84,12 @@ def solve(
         partition, cost, polish = result.partition, result.cost, None
         left = deadline.left_s()
         if improve and left > 0:
-            polish = improve_plan(problem, partition, time_limit=min(left, IMPROVE_LIMIT))
+            # the best of the DP's plans and its coarse views' (granularity never costs)
+            views = coarse_views(problem, left, by_class=True)
+            _, partition, _ = choose([*result.scored, *views, (cost, partition, 0.0)])
+            left = time_limit - (time.perf_counter() - start)
+            polish = improve_plan(problem, partition, time_limit=min(max(left, 0.0),
+                                                                     IMPROVE_LIMIT))
             partition, cost = polish.partition, polish.cost
         info = SolverInfo(
             name="dp",

@@ -58,7 +58,7 @@ from dataclasses import replace
 
 import numpy as np
 from edgepipe.planner.cost.closed_form import pipeline_closed_form_ms
-from edgepipe.planner.cost.model import CostModel
+from edgepipe.planner.cost.model import CostModel, PlanCost
 from edgepipe.planner.inputs.problem import Problem
 from edgepipe.planner.inputs.profile import Block, Timing, batch_curve
 from edgepipe.planner.partition import Partition
@@ -74,6 +74,11 @@ from edgepipe.planner.solvers.time_limit import Deadline
 #: blocks of the coarse chain, about (ceil((L - 1) / k) + 1 for the width k =
 #: ceil(L / COARSE_BLOCKS): 101 at 300 and 400 blocks)
 COARSE_BLOCKS = 100
+
+#: widths of the coarse views :func:`coarse_views` plans, and the most blocks a view may
+#: have (the DP on every block below ``planner.solvers.dp.driver.MULTILEVEL_ABOVE``)
+VIEW_WIDTHS = (2, 4, 8)
+VIEW_MAX_BLOCKS = 200
 
 #: the fastest plan of each micro-batch size (coarse, or the caller's warm start) within
 #: this fraction of the fastest figure votes its cuts
@@ -231,3 +236,38 @@ def plan_multilevel(
     _, partition, value = choose(found)
     return DPResult(partition, cm.evaluate(partition), value, time.perf_counter() - start,
                     candidates, status, graph, tuple(found), coarse_to_fine=True)  # fmt: skip
+
+
+def coarse_views(
+    problem: Problem, time_limit: float, *, by_class: bool = True
+) -> list[tuple[PlanCost, Partition, float]]:
+    """Plans of ``problem`` found by the DP on its coarse views: for each width w of
+    ``VIEW_WIDTHS``, the chain merged at the cheapest crossing of every window of w
+    positions (:func:`coarse_cuts`), planned by :func:`best_plan` and expanded to the
+    original blocks (exact: merging prices every plan on the merged cuts as the full
+    chain does), as ``(figures, plan, DP value)`` like ``DPResult.scored``.
+
+    Why: the DP's fronts and its ranking by the closed form are heuristics, and on a
+    finer chain (a finer import of the same model) they may settle on a plan slower
+    than the one they find on the coarser chain, although every plan of the coarse chain
+    is one of the fine chain's. Where the fine chain divides each coarse block into w
+    blocks and a coarse block's end is its cheapest crossing (a residual block's end,
+    a cell's output), the view of width w is the coarse chain itself, so the best of the
+    views and the fine DP (the tie rule, :func:`choose`) is no slower than the coarse
+    chain's DP plan beyond the tie tolerance (tests/unit/test_granularity.py). Views of
+    fewer than 2 or more than ``VIEW_MAX_BLOCKS`` blocks are skipped.
+
+    Complexity: one DP per width on about L / w blocks (the DP's work grows as the
+    square of the blocks: the three views cost about a third of one DP on every block),
+    within ``time_limit`` seconds in all (a view not begun when it has passed)."""
+    start = time.perf_counter()
+    found: list[tuple[PlanCost, Partition, float]] = []
+    for width in VIEW_WIDTHS:
+        grid = coarse_cuts(problem, width)
+        left = time_limit - (time.perf_counter() - start)
+        if not 2 <= len(grid) - 1 <= VIEW_MAX_BLOCKS or left <= 0:
+            continue
+        view = best_plan(merge_blocks(problem, grid), None, left, by_class=by_class)
+        if view is not None:
+            found += [(cost, expand(p, grid), value) for cost, p, value in view.scored]
+    return found
