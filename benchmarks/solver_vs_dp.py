@@ -32,12 +32,27 @@ per cluster and over all instances (issue 10's target: median 0%, mean <= 0.5%, 
 
 ``--exact-only`` fills the cache and prints no table (resumable: cached instances are
 skipped); ``--no-solve`` only reads it (the DP side alone, minutes).
+
+``--fine`` runs the fine-grained suite instead (issue 29, :func:`fine_main`): the
+DAG-shaped synthetic profiles of :mod:`benchmarks.fine_profiles` (ResNet-, DenseNet-
+and Inception-like, 257-1,071 blocks imported node by node) on 4, 8 and 16 identical
+and mixed devices; per instance the DP alone, the DP with its coarse views and the
+local improvement pass (``solve``, what ``edgepipe plan`` returns), a wider
+neighbourhood search from that plan (:func:`planner.solvers.improve.improve` with
+radius ``WIDE_RADIUS``) and, with ``--fine-exact-limit S`` > 0, the exact solver
+warm-started from it; the best known plan is the least steady step of them all and
+the DP's gap is to it (target: median 0, worst <= 1%). The load average is printed
+with every row.
+
+    .venv/bin/python benchmarks/solver_vs_dp.py --fine [--fine-shapes resnet101-like,...]
+        [--fine-devices 4,8,16] [--fine-exact-limit 10] [--markdown out.md]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -54,8 +69,10 @@ from edgepipe.planner.inputs.profile import ModelProfile
 from edgepipe.planner.solvers.dp.driver import plan_dp
 from edgepipe.planner.solvers.dp.sizes import TIE_TOLERANCE
 from edgepipe.planner.solvers.exact.solver import plan_milp
+from edgepipe.planner.solvers.improve import improve
+from edgepipe.planner.solvers.solve import solve
 
-from benchmarks import exact_cache
+from benchmarks import exact_cache, fine_profiles
 
 CONFIGS = {
     "g32": TrainingConfig(32),
@@ -133,6 +150,107 @@ def gap_summary(rows: list[dict]) -> str:
     )
 
 
+#: the fine suite's shapes (:data:`benchmarks.fine_profiles.SHAPES`), device counts and
+#: device mixes: one type, or four Jetson types dealt round robin, on gigabit Ethernet
+FINE_SHAPES = ("resnet101-like", "densenet121-like", "inception-like", "inception-large-like")
+FINE_DEVICES = (4, 8, 16)
+FINE_MIXES = {
+    "nx": ("jetson-xavier-nx",),
+    "mixed": ("jetson-orin-nano", "jetson-xavier-nx", "jetson-tx2", "jetson-nano"),
+}
+FINE_CONFIG = TrainingConfig(64, (2, 4, 8, 16))
+#: the wider neighbourhood search of the best-known reference: cut radius, evaluations,
+#: seconds
+WIDE_RADIUS, WIDE_EVALUATIONS, WIDE_SECONDS = 12, 3000, 30.0
+
+
+def fine_cluster(mix: str, n: int) -> Cluster:
+    """``n`` devices of ``FINE_MIXES[mix]`` dealt round robin, one switch, 940 Mbit/s."""
+    kinds = FINE_MIXES[mix]
+    doc = {
+        "schema_version": 1,
+        "kind": "edgepipe.cluster",
+        "name": f"{mix}-{n}",
+        "devices": [{"id": f"d{i}", "type": kinds[i % len(kinds)]} for i in range(n)],
+        "network": dict(ETHERNET),
+    }
+    return Cluster.from_dict(doc, doc["name"])
+
+
+def fine_instances(shapes: list[str], devices: list[int]) -> list[tuple[str, Problem]]:
+    out = []
+    for shape in shapes:
+        model = fine_profiles.profile(shape)
+        for n in devices:
+            for mix in FINE_MIXES:
+                out.append((f"{shape} / {mix}-{n}",
+                            make_problem(model, fine_cluster(mix, n), FINE_CONFIG)))
+    return out
+
+
+def fine_row(label: str, problem: Problem, exact_limit: float) -> dict:
+    """One instance of the fine suite: every figure a steady step (ms) by the cost model;
+    CPU seconds of this process."""
+    cpu = time.process_time()
+    plain = solve(problem, "dp", improve=False, time_limit=600.0)
+    plain_cpu, cpu = time.process_time() - cpu, time.process_time()
+    ours = solve(problem, "dp", time_limit=600.0)
+    ours_cpu, cpu = time.process_time() - cpu, time.process_time()
+    wide = improve(problem, ours.partition, radius=WIDE_RADIUS,
+                   max_evaluations=WIDE_EVALUATIONS, time_limit=WIDE_SECONDS)
+    wide_cpu = time.process_time() - cpu
+    known = [ours.cost.steady_ms, wide.cost.steady_ms]
+    exact = "-"
+    if exact_limit > 0:
+        result = plan_milp(problem, time_limit=exact_limit, warm_start=ours.partition)
+        known.append(result.cost.steady_ms)
+        exact = f"{result.cost.steady_ms:.1f} {result.status}"
+    best = min(known)
+    return {
+        "label": label, "blocks": problem.model.num_blocks,
+        "devices": len(problem.cluster.devices), "dp_ms": plain.cost.steady_ms,
+        "dp_cpu": plain_cpu, "ours_ms": ours.cost.steady_ms, "ours_cpu": ours_cpu,
+        "moves": ours.solver.settings["improve"]["moves"], "wide_ms": wide.cost.steady_ms,
+        "wide_cpu": wide_cpu, "exact": exact, "best_ms": best,
+        "dp_gap": plain.cost.steady_ms / best - 1, "gap": ours.cost.steady_ms / best - 1,
+        "load": os.getloadavg()[0],
+    }
+
+
+def fine_main(args: argparse.Namespace) -> None:
+    """The fine-grained suite (module docstring): a row per instance, then a summary."""
+    head = ("| instance | L | N | DP ms | DP CPU s | DP+views+improve ms | its CPU s | moves "
+            "| wide search ms | its CPU s | exact (limit s) | best known ms | DP gap | "
+            "DP+improve gap | load |")
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+    print(head, flush=True)
+    rows = []
+    for label, problem in fine_instances(args.fine_shapes.split(","),
+                                         [int(n) for n in args.fine_devices.split(",")]):
+        r = fine_row(label, problem, args.fine_exact_limit)
+        rows.append(r)
+        line = (f"| {label} | {r['blocks']} | {r['devices']} | {r['dp_ms']:.1f} | "
+                f"{r['dp_cpu']:.1f} | {r['ours_ms']:.1f} | {r['ours_cpu']:.1f} | "
+                f"{r['moves']} | {r['wide_ms']:.1f} | {r['wide_cpu']:.1f} | {r['exact']} | "
+                f"{r['best_ms']:.1f} | {r['dp_gap']:.2%} | {r['gap']:.2%} | {r['load']:.1f} |")
+        lines.append(line)
+        print(line, flush=True)
+    gaps, plain = np.array([r["gap"] for r in rows]), np.array([r["dp_gap"] for r in rows])
+    summary = [
+        "",
+        "| instances | DP+improve at best known | median gap | worst gap | DP alone: median "
+        "| DP alone: worst | exact limit | load min-max |",
+        "|---:|---:|---:|---:|---:|---:|---:|---|",
+        f"| {len(rows)} | {np.mean(gaps <= 1e-9):.0%} | {np.median(gaps):.2%} | "
+        f"{gaps.max():.2%} | {np.median(plain):.2%} | {plain.max():.2%} | "
+        f"{args.fine_exact_limit:g} s | {min(r['load'] for r in rows):.1f}-"
+        f"{max(r['load'] for r in rows):.1f} |",
+    ]
+    print("\n".join(summary))
+    if args.markdown:
+        Path(args.markdown).write_text("\n".join(lines + summary) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backends", default="cpsat", help="the first one is cached")
@@ -156,7 +274,15 @@ def main() -> None:
         action="store_true",
         help="never run the exact solver: instances not in the cache are left out",
     )
+    parser.add_argument("--fine", action="store_true", help="the fine-grained suite instead")
+    parser.add_argument("--fine-shapes", default=",".join(FINE_SHAPES))
+    parser.add_argument("--fine-devices", default=",".join(map(str, FINE_DEVICES)))
+    parser.add_argument("--fine-exact-limit", type=float, default=0.0,
+                        help="seconds of the exact solver per fine instance (0: not run)")
     args = parser.parse_args()
+    if args.fine:
+        fine_main(args)
+        return
     order = args.clusters.split(",") if args.clusters else None
     backends = args.backends.split(",")
     cache = exact_cache.ExactCache(Path(args.cache), backends[0], args.time_limit)

@@ -14,7 +14,7 @@ accepted when it fits memory (``PlanCost.memory_ok``) and its step is below the 
 one by more than ``MIN_GAIN`` (relative; float noise never counts as progress), so the
 returned plan is never slower than the input.
 
-Neighbourhood of a plan of P stages at micro-batch B (in this order):
+Neighbourhood of a plan of P stages at micro-batch B:
 
 1. cut moves: the boundary between stages p and p + 1 moved by d = 1..k blocks either
    way, and beyond k, per distance band of :func:`ladder` (k, 1.6 k], ... up to the
@@ -31,17 +31,22 @@ Neighbourhood of a plan of P stages at micro-batch B (in this order):
    (Algorithm 1's split is min-max per stage, not best for the whole pipeline):
    O(P x kinds^2);
 4. micro-batch sizes: the config's candidates next to B (one below, one above), with
-   M = G / B' and every stage's samples re-split by Algorithm 1: at most 2.
+   M = G / B' and every stage's samples re-split by Algorithm 1: at most 2;
+5. merges: stages p and p + 1 as one stage on both groups (Algorithm 1): P - 1;
+6. splits: one device (one per kind) of a stage of several takes the stage's tail (or
+   head) as a stage of its own, cut where its compute and the rest's (at an even
+   share) are most even (:meth:`_Neighbourhood.even_cut`): O(P x kinds x 2).
 
-The set of devices used and the stage count never change (the DP's tie rule chose them:
-fewer devices within ``TIE_TOLERANCE`` of the fastest; this pass does not undo that).
+The set of devices used never changes (the DP's tie rule chose it: fewer devices
+within ``TIE_TOLERANCE`` of the fastest; this pass does not undo that).
 
-Acceptance: first improvement in order of promise. The candidates not scored yet are
+Acceptance: best improvement in order of promise. The candidates not scored yet are
 ranked by the compute of their busiest device, M x (forward + backward) at its samples
 (:func:`busiest_device_ms`, O(P x g)): a steady step is never below it, so a candidate
 at or above the current step is dropped unscored; the others are scored least loaded
-first and the first faster one is kept; the round then starts again on the new plan's
-neighbourhood. Scored candidates are remembered, so none is evaluated twice.
+first and the fastest of them that beats the current step is kept (``best_move=False``:
+the first that does); the round then starts again on the new plan's neighbourhood.
+Scored candidates are remembered, so none is evaluated twice.
 
 Termination: a round scores every candidate left without a faster one (a local optimum;
 status ``converged``), or ``max_evaluations`` candidates were scored (``evaluations``),
@@ -50,7 +55,8 @@ the step by more than ``MIN_GAIN``, so the moves are finite too. The limit is ch
 before each evaluation, so the overshoot is one evaluation and one round's ranking.
 
 Complexity: a round builds O((k + log L) P + P x kinds^2) candidates (a re-split is
-Algorithm 1 on one row, O(g) rounds of O(g) numpy work; the cut positions O(L)) and
+Algorithm 1 on one row, O(g) rounds of O(g) numpy work; the cut positions and a split's
+cut O(L x g)) and
 scores up to all of them, each one :meth:`CostModel.evaluate` (O(A log A) for A
 computations and transfers of the plan, ``1 + steady.ITERATIONS`` rounds: ~35 ms CPU
 for 9 stages on 16 devices); the whole pass at most ``max_evaluations`` evaluations.
@@ -339,7 +345,8 @@ def improve(
     termination, complexity). ``time_limit``: wall-clock seconds for the pass;
     ``max_evaluations``: candidates scored at most; ``radius``: blocks a cut moves at
     most; ``cost_model``: one already built for ``problem`` with tables up to its largest
-    micro-batch candidate (else built here).
+    micro-batch candidate (else built here); ``best_move``: keep the fastest improving
+    candidate of a round (default) or the first.
 
     Returns the best plan found (``partition`` itself when nothing helps, or when it
     does not fit memory: the pass only improves feasible plans).

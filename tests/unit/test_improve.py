@@ -18,6 +18,9 @@ from tests.helpers.synthetic import random_partition, random_problem
 
 #: forward ms of the hand model's blocks (backward twice that): 2 | 2 | 1 | 1 | 1 | 1
 TIMES = [2.0, 2.0, 1.0, 1.0, 1.0, 1.0]
+#: parameter bytes per block large enough that one stage on both devices (data
+#: parallel: an all-reduce of 6e8 bytes at 8 Gbit/s, 600 ms) loses to the pipeline
+HEAVY = {"param_bytes": 1e8, "memory": {"a": 1e12, "b": 1e12, "c": 1e12}}
 
 
 def two_stage(cut: int) -> tuple[StageAssignment, StageAssignment]:
@@ -36,7 +39,7 @@ def test_one_cut_off_is_moved_to_the_balanced_cut():
     force over the five cuts by the cost model)."""
     for given_cut in (1, 3, 5):
         plan = hand_plan(TIMES, [(0, given_cut, ("a",), (4,)), (given_cut, 6, ("b",), (4,))],
-                         ["a", "b"])
+                         ["a", "b"], **HEAVY)
         by_cut = {c: steady_of_cut(plan.problem, c) for c in range(1, 6)}
         assert min(by_cut, key=by_cut.__getitem__) == 2
         result = improve(plan.problem, plan.partition)
@@ -47,7 +50,7 @@ def test_one_cut_off_is_moved_to_the_balanced_cut():
 
 
 def test_an_optimal_plan_is_returned_unchanged():
-    plan = hand_plan(TIMES, [(0, 2, ("a",), (4,)), (2, 6, ("b",), (4,))], ["a", "b"])
+    plan = hand_plan(TIMES, [(0, 2, ("a",), (4,)), (2, 6, ("b",), (4,))], ["a", "b"], **HEAVY)
     result = improve(plan.problem, plan.partition)
     assert result.partition == plan.partition and result.moves == 0
 

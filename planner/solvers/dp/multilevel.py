@@ -76,9 +76,9 @@ from edgepipe.planner.solvers.time_limit import Deadline
 COARSE_BLOCKS = 100
 
 #: widths of the coarse views :func:`coarse_views` plans, and the most blocks a view may
-#: have (the DP on every block below ``planner.solvers.dp.driver.MULTILEVEL_ABOVE``)
+#: have (as many as the coarse chain here: a view costs at most about the coarse run)
 VIEW_WIDTHS = (2, 4, 8)
-VIEW_MAX_BLOCKS = 200
+VIEW_MAX_BLOCKS = COARSE_BLOCKS
 
 #: the fastest plan of each micro-batch size (coarse, or the caller's warm start) within
 #: this fraction of the fastest figure votes its cuts
@@ -258,8 +258,11 @@ def coarse_views(
     fewer than 2 or more than ``VIEW_MAX_BLOCKS`` blocks are skipped.
 
     Complexity: one DP per width on about L / w blocks (the DP's work grows as the
-    square of the blocks: the three views cost about a third of one DP on every block),
-    within ``time_limit`` seconds in all (a view not begun when it has passed)."""
+    square of the blocks: the three views cost about a third of one DP on every block of
+    a chain of at most ``VIEW_MAX_BLOCKS``),
+    within ``time_limit`` seconds in all (a view not begun when it has passed). On a
+    chain of more than 800 blocks no view is planned (the multilevel DP's coarse run is
+    its own view)."""
     start = time.perf_counter()
     found: list[tuple[PlanCost, Partition, float]] = []
     for width in VIEW_WIDTHS:
