@@ -560,6 +560,7 @@ def test_a_recovering_run_across_hosts_without_a_shared_folder_checkpoints_throu
         job.wait_for(2)
         hosts.set_link(2, up=False)
         lines = job.finish(survivors=[0, 1])
+        job.agents_end_cleanly([0, 1])  # host 2's agent, cut off, never reaches them
     # resume from step 4 under another plan on two hosts (the workers' flags name no
     # checkpoint: the coordinator's reaches them through the store)
     other = make_test_plan(profile, [(0, 4, [2]), (4, 6, [2])], 2, 2, optimizer="momentum")
@@ -569,6 +570,7 @@ def test_a_recovering_run_across_hosts_without_a_shared_folder_checkpoints_throu
         resumed.start(["--resume", str(job.out / "checkpoints" / "step-00000004")],
                       lambda i: [], hang_s=20.0)
         second = resumed.finish(survivors=[0, 1])
+        resumed.agents_end_cleanly([0, 1])  # every agent there: no wait at all
     want = gpt2_reference(plan, steps)
     events, _ = bit_identical(job, lines, want)
     assert [(e["cause"], e["device"]) for e in events] == [("hang", "d2")]
