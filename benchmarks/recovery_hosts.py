@@ -78,7 +78,7 @@ from edgepipe.planner.inputs.config import TrainingConfig
 from edgepipe.planner.inputs.problem import make_problem
 from edgepipe.planner.inputs.profile import BuildSpec, ModelProfile
 from edgepipe.planner.partition import Partition, StageAssignment
-from edgepipe.planner.plan import Plan, SolverInfo, make_plan, save_plan
+from edgepipe.planner.plan import Plan, SolverInfo, load_plan, make_plan, save_plan
 from edgepipe.planner.timeouts import HANG_TIMEOUT_S
 
 from benchmarks.local_cluster import identical_cpus
@@ -263,6 +263,7 @@ def recovery_run(plan: Path, folder: Path, args: argparse.Namespace) -> dict[str
         agents = job.agents_end([0, 2])
     (event,) = events()
     assert event["cause"] == "hang" and event["device"] == "d1", event
+    new = load_plan(folder / "coord" / "plans" / f"{event['new_plan']}.json")
     phases = ("t_abort_s", "t_replan_s", "t_rebuild_s", "t_restore_s")
     detect = event["detected_at"] - wall
     return {
@@ -281,6 +282,7 @@ def recovery_run(plan: Path, folder: Path, args: argparse.Namespace) -> dict[str
         "steps committed at the kill": float(reached),
         "replayed from step": float(event["replay_from_step"]),
         "MB moved": event["bytes_moved"] / 1e6,
+        "stages after": float(new.partition.num_stages),
     }
 
 
