@@ -22,8 +22,8 @@ wins it back from other processes within the CFS period). Then per problem the r
 for ties; whether the plan predicted fastest is measured fastest or within 5% of it) and
 the measured speed-ups of the DP plan over data parallelism and the best baseline next
 to the predicted ones; per stage, compute per micro-batch predicted against measured;
-per device, the plan's memory against the measured peak (resident set above the process
-before its model).
+per plan, transfers (post to delivery, and after both sides had posted) against their
+link figures; per device, the plan's memory against its cgroup's measured peak.
 
 Writes ``benchmarks/results/lab_fidelity.png`` (measured against predicted step, every
 plan) and ``benchmarks/results/lab_fidelity.json`` (every figure).
@@ -231,16 +231,16 @@ def link_lines(problems: list[Problem]) -> list[str]:
 
 
 def memory_lines(problems: list[Problem]) -> list[str]:
-    lines = ["", "### Peak memory per device (MiB; measured: resident set above the process "
-             "before its model)", "",
-             "| cluster | plan | device | predicted | measured | load |",
-             "|---|---|---|---:|---:|---:|"]
+    lines = ["", "### Peak memory per device (MiB; measured: the device's cgroup peak, "
+             "its whole process; the rest: measured less predicted)", "",
+             "| cluster | plan | device | predicted | measured | rest | load |",
+             "|---|---|---|---:|---:|---:|---:|"]
     for p in problems:
         for r in p.runs:
             for m in r.memory:
-                meas = "-" if m.measured_bytes is None else f"{m.measured_bytes / 2**20:.1f}"
-                lines.append(f"| {p.cluster} | {r.label} | {m.device} | "
-                             f"{m.predicted_bytes / 2**20:.1f} | {meas} | {r.load:.1f}{mark(r)} |")
+                pred, meas = m.predicted_bytes / 2**20, m.measured_bytes / 2**20
+                lines.append(f"| {p.cluster} | {r.label} | {m.device} | {pred:.1f} | "
+                             f"{meas:.1f} | {meas - pred:.1f} | {r.load:.1f}{mark(r)} |")
     return lines
 
 

@@ -8,7 +8,8 @@ measured").
 - :func:`measure` runs one plan in the lab (:func:`executor.lab.launch.run_lab`) for a
   few steps and reads its run folder back (:func:`planner.check.report.build_report`):
   the predicted step (``PlanCost.steady_ms``) against the median measured step after
-  the first (the warm-up), per-stage compute, per-device peak memory, and the machine's
+  the first (the warm-up), per-stage compute, per-device peak memory (its cgroup's), and
+  the machine's
   1-minute load average before and after the run;
 - :func:`best_baseline` names the fastest predicted pipeline baseline;
 - :func:`draw_measurements` draws predicted and measured steps side by side (PNG).
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -97,12 +98,15 @@ class StageCompute:
 
 @dataclass(frozen=True)
 class DeviceMemory:
-    """A device's memory under the plan (the cost model's) and its measured peak
-    resident set above its process's before the model was built (bytes)."""
+    """A device's memory under the plan (the cost model's) and the measured peak of its
+    cgroup (bytes): the whole process's charge, torch and gloo included (about 146 MiB
+    on a warm page cache, docs/lab.md, "Compute"). Not the run's ``peak_mem_bytes``: a
+    spawned worker inherits its launcher's ``ru_maxrss`` across fork and exec, so
+    under a launcher larger than the worker it reports the launcher's."""
 
     device: str
     predicted_bytes: float
-    measured_bytes: int | None
+    measured_bytes: int
 
 
 @dataclass(frozen=True)
@@ -146,9 +150,9 @@ def stage_compute(rows: Sequence[StageRow]) -> tuple[StageCompute, ...]:
         for r in rows)
 
 
-def device_memory(report: RunReport) -> tuple[DeviceMemory, ...]:
-    """Per device: the plan's memory against the measured peak above the baseline."""
-    return tuple(DeviceMemory(d.device, d.memory_predicted, d.memory_measured)
+def device_memory(report: RunReport, peaks: Mapping[str, int]) -> tuple[DeviceMemory, ...]:
+    """Per device: the plan's memory against its cgroup's measured peak."""
+    return tuple(DeviceMemory(d.device, d.memory_predicted, peaks[d.device])
                  for d in report.devices)
 
 
@@ -164,13 +168,14 @@ def measure(plan: Plan, label: str, folder: Path, share: float, steps: int | Non
     save_plan(plan, path)
     n = steps_for(plan) if steps is None else steps
     before = os.getloadavg()[0]
-    run_lab(WorkerOptions(str(path), n, str(where / "run"), timeout_s=timeout_s),
-            LabOptions(share=share))
+    run = run_lab(WorkerOptions(str(path), n, str(where / "run"), timeout_s=timeout_s),
+                  LabOptions(share=share))
     after = os.getloadavg()[0]
     report = build_report(where / "run")
     return LabMeasurement(label, plan, where / "run", n, plan.cost.steady_ms,
                           report.iteration_measured_ms, before, after,
-                          stage_compute(report.stages), device_memory(report))
+                          stage_compute(report.stages),
+                          device_memory(report, run.peak_memory_bytes))
 
 
 def speedup(slow: LabMeasurement, fast: LabMeasurement) -> tuple[float, float]:
