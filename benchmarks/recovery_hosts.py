@@ -163,22 +163,22 @@ class Job:
 
     def start(self, hang_s: float) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
-        log = (self.folder / "coordinator.log").open("w")
-        self.coordinator = self.hosts.start(
-            0, [PY, "-m", "edgepipe.executor.ft.coordinator", str(self.plan), "--port",
-                str(self.port), "--hang-timeout", str(hang_s), "--recover", "--steps",
-                str(self.steps), "--out", str(self.folder / "coord"), "--no-watch-slowdown",
-                *self.coordinator_args],
-            env=ENV, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
+        with (self.folder / "coordinator.log").open("w") as log:  # the child keeps a copy
+            self.coordinator = self.hosts.start(
+                0, [PY, "-m", "edgepipe.executor.ft.coordinator", str(self.plan), "--port",
+                    str(self.port), "--hang-timeout", str(hang_s), "--recover", "--steps",
+                    str(self.steps), "--out", str(self.folder / "coord"),
+                    "--no-watch-slowdown", *self.coordinator_args],
+                env=ENV, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
         job = [self.hosts[i] for i in self.members]
         for n, i in enumerate(self.members):
             worker = ["-m", "edgepipe.executor.worker", str(self.plan), "--steps",
                       str(self.steps), "--out", str(self.folder / f"host{i}"), "--timeout",
                       str(GLOO_S), "--coordinator", f"{self.hosts[0].address}:{self.port}"]
-            log = (self.folder / f"agent{i}.log").open("w")
-            self.agents.append(self.hosts.start(
-                i, torchrun_argv(job, n, worker, self.rdzv_port), env=ENV, cwd=REPO,
-                stdout=log, stderr=subprocess.STDOUT, text=True))
+            with (self.folder / f"agent{i}.log").open("w") as log:
+                self.agents.append(self.hosts.start(
+                    i, torchrun_argv(job, n, worker, self.rdzv_port), env=ENV, cwd=REPO,
+                    stdout=log, stderr=subprocess.STDOUT, text=True))
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name} ---\n{p.read_text()[-2000:]}"
