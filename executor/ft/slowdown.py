@@ -86,7 +86,7 @@ noisy machine (issue 27). ``warmup_steps`` 1 - step 0 of a plan carries start-up
 Checked on exact sequences (tests/unit/test_slowdown_hysteresis.py; offline, 200 seeds
 x 300 steps, 2 and 3 devices): every device within +-30% of its prediction, with or
 without bursts of 4 steps at 2.2x every 10 steps on one device or on all at once,
-declared nothing; a device 2x slower (same jitter) was declared within 9 steps.
+declared nothing; a device 2x slower (same jitter) was declared first, within 12 steps.
 
 Complexity: O(devices x W) per step; state O(devices x W).
 """
