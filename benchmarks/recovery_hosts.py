@@ -350,7 +350,7 @@ def restart_run(plan: Path, profile: ModelProfile, folder: Path,
 
 
 def paired_runs(profile: ModelProfile, tmp: Path, args: argparse.Namespace,
-                failed: list[str]) -> list[dict]:
+                failed: list[str]) -> list[dict[str, Any]]:
     """``args.pairs`` pairs of a recovery half and a restart half, back to back, the
     first of each pair alternating; each half with its load before and after. A pair
     whose half failed is left out, its first line appended to ``failed``."""
@@ -381,7 +381,7 @@ def paired_runs(profile: ModelProfile, tmp: Path, args: argparse.Namespace,
     return out
 
 
-def report(pairs: list[dict], args: argparse.Namespace) -> None:
+def report(pairs: list[dict[str, Any]], args: argparse.Namespace) -> None:
     print(f"gpt2-small {SIZES} (12.6 M parameters), 3 stages on 3 namespace hosts under "
           f"torchrun + coordinator, momentum; host {LOST} (d1) SIGKILLed once "
           f"{args.kill_after} steps committed (a step in flight); hang timeout "
