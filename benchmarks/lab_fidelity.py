@@ -26,7 +26,8 @@ per plan, transfers (post to delivery, and after both sides had posted) against 
 link figures; per device, the plan's memory against its cgroup's measured peak.
 
 Writes ``benchmarks/results/lab_fidelity.png`` (measured against predicted step, every
-plan) and ``benchmarks/results/lab_fidelity.json`` (every figure).
+plan), ``benchmarks/results/lab_fidelity.md`` (the tables printed) and
+``benchmarks/results/lab_fidelity.json`` (every figure).
 
     .venv/bin/python benchmarks/lab_fidelity.py [--clusters lab-switched-4,...]
         [--lab-share 0.9] [--time-limit 20] [--out out/lab_fidelity]
@@ -60,6 +61,7 @@ from edgepipe.planner import api
 from edgepipe.planner.check.breakdown import EXACT_WAIT_MS
 from edgepipe.planner.check.report import build_report
 from edgepipe.planner.inputs.config import TrainingConfig
+from markdown_table import emit
 
 HERE = Path(__file__).resolve().parent
 CLUSTERS = ("lab-switched-4", "lab-p2p-3", "lab-wifi-4")
@@ -298,8 +300,8 @@ def main() -> None:
               f"worst {max(errors):.1%}; per-stage compute within 15%: {within} of "
               f"{len(stage_errors)}; load {min(loads):.1f}-{max(loads):.1f} on {CORES} cores "
               "(* above the cores)"]
-    print("\n".join(lines))
     results.mkdir(parents=True, exist_ok=True)
+    emit(lines, str(results / "lab_fidelity.md"))
     draw(problems, results / "lab_fidelity.png")
     doc = {"cores": CORES, "share": args.lab_share, "problems": figures, "runs": [
         {"cluster": prob.cluster, "label": r.label, "plan": r.plan.id,
@@ -308,7 +310,7 @@ def main() -> None:
          "load_after": r.load_after, "steps": r.steps}
         for prob in problems for r in prob.runs]}
     (results / "lab_fidelity.json").write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {results / 'lab_fidelity.png'} and {results / 'lab_fidelity.json'}")
+    print(f"wrote {results / 'lab_fidelity.png'}, lab_fidelity.md and lab_fidelity.json there")
 
 
 if __name__ == "__main__":
