@@ -78,7 +78,9 @@ def cmd_run(args: argparse.Namespace) -> None:
         f"{f' emulating its devices (time scale {time_scale:g})' if args.emulate else ''}"
         f"{' in the lab (docs/lab.md)' if args.lab else ''}"
     )
-    slow = None if args.no_recover else short_run_note(plan, args.steps)
+    # only edgepipe's runtime replicates
+    slow = (None if args.no_recover or engine.name != engines.DEFAULT
+            else short_run_note(plan, args.steps))
     if slow:  # a recovering run replicates at the plan's interval
         warn(slow)
     ticker = ProgressLine(Path(args.out) / "metrics.jsonl", args.steps,
