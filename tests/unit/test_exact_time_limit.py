@@ -44,22 +44,22 @@ def test_the_exact_solvers_cpu_budget_covers_its_set_up_on_a_long_chain():
     assert result.gap is not None and 0.0 <= result.gap < 1.0
 
 
-@pytest.mark.serial  # wall-clock verdict: a 4 s limit, window 10% (0.4 s)
+@pytest.mark.serial  # wall-clock verdict: an 8 s limit, window 10% (0.8 s)
 def test_the_exact_solvers_wall_clock_limit_covers_its_set_up_on_a_long_chain():
     problem = long_chain()
     start = time.perf_counter()
-    result = plan_milp(problem, time_limit=4.0)
-    assert time.perf_counter() - start <= 4.0 * 1.1
+    result = plan_milp(problem, time_limit=8.0)
+    assert time.perf_counter() - start <= 8.0 * 1.1
     assert result.gap is not None
 
 
 def test_the_dps_cpu_budget_stops_it():
-    problem = identical(256, 30, types=4)
+    problem = identical(256, 30, types=4)  # 0.5-2.0 CPU s to complete
     start = time.process_time()
-    result = plan_dp(problem, time_limit=600.0, cpu_time_limit=0.5)
+    result = plan_dp(problem, time_limit=600.0, cpu_time_limit=0.1)
     used = time.process_time() - start
     assert result.status == "timed_out"
-    assert used <= 0.5 + 1.0  # the overshoot: one size's tables and the final scoring
+    assert used <= 0.1 + 1.0  # the overshoot: one size's tables and the final scoring
 
 
 def test_the_default_limit_grows_with_the_cluster_past_256_devices():
