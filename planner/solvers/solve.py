@@ -87,7 +87,7 @@ def solve(
             # the best of the DP's plans and its coarse views' (granularity never costs)
             views = coarse_views(problem, left, by_class=True)
             _, partition, _ = choose([*result.scored, *views, (cost, partition, 0.0)])
-            left = time_limit - (time.perf_counter() - start)
+            left = deadline.left_s()  # the CPU budget's too
             polish = improve_plan(problem, partition, time_limit=min(max(left, 0.0),
                                                                      IMPROVE_LIMIT))
             partition, cost = polish.partition, polish.cost
