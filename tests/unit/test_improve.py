@@ -3,8 +3,11 @@ away, never returns a slower plan than it was given, and keeps its budgets."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
+from edgepipe.planner.cli.main import main
 from edgepipe.planner.cost.model import CostModel
 from edgepipe.planner.partition import Partition, StageAssignment
 from edgepipe.planner.solvers.improve import improve, ladder
@@ -117,3 +120,17 @@ def test_solve_improves_by_default_and_not_when_asked():
     record = polished.solver.settings["improve"]
     assert record["from_steady_ms"] == pytest.approx(plain.cost.steady_ms)
     assert polished.cost.steady_ms <= plain.cost.steady_ms
+
+
+def test_cli_no_improve_returns_the_dps_plan(capsys):
+    """``edgepipe plan --no-improve`` records no pass; without it the pass is recorded;
+    ``--no-improve`` with a baseline is refused (it applies to dp only)."""
+    args = ["plan", "--model", "pipedream-alexnet", "--cluster", "orin-pair-2", "--global-batch",
+            "8", "-o", "-"]
+    assert main([*args, "--no-improve"]) == 0
+    assert json.loads(capsys.readouterr().out)["solver"]["settings"]["improve"] is None
+    assert main(args) == 0
+    record = json.loads(capsys.readouterr().out)["solver"]["settings"]["improve"]
+    assert record["status"] in ("converged", "evaluations", "time_limit")
+    assert main([*args, "--solver", "gpipe", "--no-improve"]) == 2
+    assert "--no-improve" in capsys.readouterr().err
