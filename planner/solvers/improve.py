@@ -286,6 +286,8 @@ class _Neighbourhood:
                     yield _with(part, {p: replace(stage, samples=tuple(samples))})
 
     def _batch_moves(self, part: Partition) -> Iterator[Partition]:
+        if part.micro_batch_size not in self.sizes:  # a plan of another config's sizes
+            return
         at = self.sizes.index(part.micro_batch_size)
         for batch in self.sizes[max(at - 1, 0):at] + self.sizes[at + 1:at + 2]:
             m = self.problem.config.global_batch // batch
