@@ -317,10 +317,11 @@ def test_the_demo_plans_draws_and_runs_its_resnet_plan_here_reporting_predicted_
     assert (demo_run.out / "gantt.png").stat().st_size > 0
     assert "iteration on the emulated devices: predicted" in demo_run.printed
     # the comparison's exact solver stopped at the demo's --time-limit (10 s here) with
-    # a plan: it cannot prove the demo's optimum that fast
+    # a plan: it cannot prove the demo's optimum that fast; the limit covers its whole
+    # solve (issue 29), so it stops just before it (9.8 s seen at load 10)
     rows = json.loads((demo_run.out / "compare.json").read_text())["rows"]
     exact = next(r for r in rows if r["planner"] == "milp")
-    assert exact["status"] == "feasible" and 10.0 <= exact["solve_time_s"] < 15.0
+    assert exact["status"] == "feasible" and 9.0 <= exact["solve_time_s"] < 11.0
     # its replica (93.5 MB, ~340 steps on the modelled Wi-Fi) cannot hide behind 2 steps:
     # the run goes unreplicated, so its steps are the plan's (x340 when every step waited
     # for the paced replica)
