@@ -52,10 +52,13 @@ def solve(
     level of a micro-batch candidate or the exact solver each (micro-batch, stage count)
     program. ``multilevel`` (dp only): plan a model of more than ``dp.MULTILEVEL_ABOVE``
     blocks coarse to fine (:mod:`planner.solvers.dp.multilevel`; the default), or on every block.
-    ``improve`` (dp only, default on): polish the DP's plan by local moves priced by the
-    cost model (:func:`planner.solvers.improve.improve`) within what is left of
-    ``time_limit`` (at most ``improve.DEFAULT_TIME_LIMIT``); the baselines are never
-    improved (they stand for the published algorithms, docs/decisions.md).
+    ``improve`` (dp only, default on): also plan the chain's coarse views
+    (:func:`planner.solvers.dp.multilevel.coarse_views`: a finer import never plans worse
+    than a coarser one), take the tie rule's choice among the DP's and the views' plans,
+    and polish it by local moves priced by the cost model
+    (:func:`planner.solvers.improve.improve`), all within what is left of ``time_limit``
+    (the pass at most ``improve.DEFAULT_TIME_LIMIT``); the baselines are never improved
+    (they stand for the published algorithms, docs/decisions.md).
     ``time_limit`` defaults to :func:`planner.solvers.time_limit.default_time_limit` of
     the cluster's size; ``cpu_time_limit`` (dp and milp) adds a budget of this process's
     CPU seconds: the first limit to run out stops the search. A search stopped by a
