@@ -199,7 +199,8 @@ class Worker:
         faults = Injector(me.device, parse_faults(opts.faults), self.store)
         hook = FaultHook(self.compute_hook(), faults)
         runtime = stage_runtime(plan, layout, self.rank, module, optimizer, links, group, hook,
-                                self.device, self.check, opts.deterministic)
+                                self.device, self.check, opts.deterministic,
+                                opts.recv_ahead)
         first_block = plan.partition.stages[me.stage].first
         ckpt_group = None
         if opts.checkpoint_every or opts.resume:

@@ -93,9 +93,11 @@ def stage_runtime(
     plan: Plan, layout: RankLayout, rank: int, module: torch.nn.Sequential,
     optimizer: torch.optim.Optimizer, links: StageLinks, group: StageGroup | None,
     hook: ComputeHook, device: torch.device, check: Callable[[], None], deterministic: bool,
+    recv_ahead: int | None = None,
 ) -> StageRuntime:
     """The runtime of ``rank``'s actions: the plan's schedule (its warm-ups, its
-    micro-batches), the stage's loss."""
+    micro-batches), the stage's loss; ``recv_ahead``: receives posted ahead of their
+    action per direction (None: the stage's warm-up, :mod:`executor.core.receives`)."""
     schedule = build_schedule(
         plan.problem.config.schedule, [s.warmup for s in plan.cost.stages],
         layout.num_micro_batches,
@@ -103,7 +105,7 @@ def stage_runtime(
     return StageRuntime(
         module, layout, rank, schedule[layout.ranks[rank].stage], links, group,
         stage_loss(plan.problem.model), optimizer, deterministic=deterministic, hook=hook,
-        device=device, check=check,
+        device=device, check=check, recv_ahead=recv_ahead,
     )
 
 

@@ -14,13 +14,15 @@ other (gloo matches a recv to a send by peer and tag).
 **Transfer times** (for ``edgepipe report``'s per-link rows, docs/executor.md): every
 piece is stamped with the wall clock (``time.time()``, one machine's processes share
 it): a send when it is posted, ``["send", peer, tag, posted_at]``; a receive when the
-receiver begins to wait for it and when its wait returns, ``["recv", peer, tag,
-waited_at, done_at]``. A gloo receive cannot say when its data arrived without being
-waited for (torch's ``RecvWork`` has no completion flag), so ``done_at`` is the
-delivery when the receiver was waiting, and an upper bound on it when the data was in
-before the wait began. :meth:`StageLinks.take_transfers` hands a step's stamps over
-(the runtime puts them in its step record). Cost: one clock read per piece and end of
-wait; no synchronisation.
+receiver begins to wait for it, when its wait returns and when it was posted,
+``["recv", peer, tag, waited_at, done_at, posted_at]`` (the runtime posts receives
+ahead of their action, :mod:`executor.core.receives`, so ``posted_at <= waited_at``;
+gloo sends a piece only once both sides posted it). A gloo receive cannot say when its
+data arrived without being waited for (torch's ``RecvWork`` has no completion flag), so
+``done_at`` is the delivery when the receiver was waiting, and an upper bound on it
+when the data was in before the wait began. :meth:`StageLinks.take_transfers` hands a
+step's stamps over (the runtime puts them in its step record). Cost: one clock read per
+piece, post and end of wait; no synchronisation.
 """
 
 from __future__ import annotations
@@ -117,12 +119,13 @@ Stamp = list[Any]
 
 @dataclass
 class Pending:
-    """Receives in flight for one tensor: wait, then read :attr:`tensor`. ``peers[i]``
-    sent ``works[i]`` under ``tag``; :meth:`wait` appends each piece's stamp to
-    ``stamps`` (module docstring)."""
+    """Receives in flight for one tensor, posted at ``posted`` (``time.time()``): wait,
+    then read :attr:`tensor`. ``peers[i]`` sent ``works[i]`` under ``tag``; :meth:`wait`
+    appends each piece's stamp to ``stamps`` (module docstring)."""
 
     tensor: torch.Tensor
     tag: int = 0
+    posted: float = 0.0
     stamps: list[Stamp] = field(default_factory=list)
     works: list[Work] = field(default_factory=list)
     peers: list[int] = field(default_factory=list)
@@ -131,7 +134,7 @@ class Pending:
         waited = time.time()
         for w, peer in zip(self.works, self.peers, strict=True):
             w.wait()
-            self.stamps.append(["recv", peer, self.tag, waited, time.time()])
+            self.stamps.append(["recv", peer, self.tag, waited, time.time(), self.posted])
         self.works.clear()
         self.peers.clear()
         return self.tensor
@@ -199,7 +202,7 @@ class StageLinks:
         tag: int,
     ) -> Pending:
         buf = torch.empty((self.samples, *shape), dtype=dtype, device=self.device)
-        pending = Pending(buf, tag, self._stamps)
+        pending = Pending(buf, tag, time.time(), self._stamps)
         for o in pieces:
             view = buf[o.start - self.offset : o.end - self.offset]
             peer = o.src if from_src else o.dst

@@ -27,8 +27,9 @@ send to its receive (sender, receiver and tag are unique within a step) and writ
 find them in time order, as before),
 times in ms from the *sender's* step start on the shared wall clock: ``start_ms`` the
 post, ``end_ms`` the receiver's completion, ``waited_ms`` when the receiver began
-waiting for it. A piece without its other half (a payload of an older writer) is
-left out.
+waiting for it, ``recv_posted_ms`` when the receiver posted it (for a receive
+stamped by an older writer, which posted at the wait: ``waited_ms``). A piece without
+its other half (a payload of an older writer) is left out.
 Deterministic-mode loss: ``L = l_0.clone(); L.add_(l_i) ...; L.div_(B)`` over the
 per-sample losses in global position order (DETERMINISTIC.md); fast mode: the sum of the
 last stage's scaled slice losses in rank order.
@@ -102,9 +103,10 @@ def transfer_lines(step: int, layout: RankLayout, payloads: list[dict[str, Any]]
     """The ``TRANSFER_F`` / ``TRANSFER_B`` lines of one step (module docstring),
     in sender rank order, then in posting order. O(pieces)."""
     received = {
-        (peer, rank, tag): (waited, done)
+        (peer, rank, tag): (waited, done, posted[0] if posted else waited)
         for rank, p in enumerate(payloads)
-        for _, peer, tag, waited, done in (s for s in p.get("transfers", ()) if s[0] == "recv")
+        for _, peer, tag, waited, done, *posted in (s for s in p.get("transfers", ())
+                                                    if s[0] == "recv")
     }
     lines = []
     for rank, p in enumerate(payloads):
@@ -112,15 +114,16 @@ def transfer_lines(step: int, layout: RankLayout, payloads: list[dict[str, Any]]
         for _, peer, tag, posted in (s for s in p.get("transfers", ()) if s[0] == "send"):
             if (rank, peer, tag) not in received or "started_at" not in p:
                 continue
-            waited, done = received[(rank, peer, tag)]
+            waited, done, recv_posted = received[(rank, peer, tag)]
             m, forward = tag_parts(tag)
-            start, end, wait = ((t - p["started_at"]) * 1e3 for t in (posted, done, waited))
+            start, end, wait, ready = ((t - p["started_at"]) * 1e3
+                                       for t in (posted, done, waited, recv_posted))
             lines.append({
                 "device": src.device, "rank": rank, "stage": src.stage, "step": step,
                 "kind": "TRANSFER_F" if forward else "TRANSFER_B", "micro_batch": m,
                 "peer": layout.ranks[peer].device, "peer_rank": peer,
                 "start_ms": round(start, 4), "end_ms": round(end, 4),
-                "waited_ms": round(wait, 4),
+                "waited_ms": round(wait, 4), "recv_posted_ms": round(ready, 4),
             })
     return lines
 

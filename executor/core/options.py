@@ -58,6 +58,9 @@ class WorkerOptions:
     abort_wait_s: float = ERROR_ABORT_WAIT_S
     #: committed checkpoints kept (executor/ft/checkpoint.py, "Retention")
     keep_checkpoints: int = KEEP_CHECKPOINTS
+    #: receives posted ahead of their action per direction (None: the stage's warm-up;
+    #: 0: each at its action), executor/core/receives.py
+    recv_ahead: int | None = None
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,10 @@ plan sums the same tensors in the same order as the single-process reference. Co
 scaled by ``slice / B``; gradients accumulate in ``.grad`` over micro-batches and are
 all-reduced (sum) in the stage group: the global-batch mean for any sample split.
 
+**Receives** are posted ahead of their RECV actions and waited for at the action
+(:class:`executor.core.receives.StepReceives`): ``recv_ahead`` per direction, by default
+the stage's warm-up; 0 posts each at its action.
+
 Hooks: every transfer goes through the :class:`~executor.core.comm.Transport` of the links;
 after every F and B the runtime calls :meth:`ComputeHook.after_compute` with the real
 seconds it took (the emulation waits there until the plan's profiled time has passed),
@@ -43,6 +47,7 @@ from typing import Any
 import torch
 from edgepipe.executor.core.comm import StageGroup, StageLinks
 from edgepipe.executor.core.layout import RankLayout
+from edgepipe.executor.core.receives import StepReceives, warmup
 from edgepipe.executor.core.stage import Loss
 from edgepipe.planner.inputs.config import OptimizerName
 from edgepipe.planner.schedule import Action, ActionType
@@ -121,6 +126,7 @@ class StageRuntime:
         hook: ComputeHook | None = None,
         device: torch.device | None = None,
         check: Callable[[], None] | None = None,
+        recv_ahead: int | None = None,
     ) -> None:
         self.module = module
         self.layout = layout
@@ -130,6 +136,7 @@ class StageRuntime:
         self.first = me.stage == 0
         self.last = me.stage == layout.num_stages - 1
         self.actions = actions
+        self.recv_ahead = warmup(actions) if recv_ahead is None else recv_ahead
         self.links = links
         self.members = layout.stage_ranks[me.stage]
         self.group = group if len(self.members) > 1 else None
@@ -170,6 +177,7 @@ class StageRuntime:
         recv_b: dict[int, torch.Tensor] = {}
         for p in self.params:
             p.grad = None
+        receives = StepReceives(self.links, self.actions, self.recv_ahead)
         for action in self.actions:
             self.check()
             start = time.perf_counter()
@@ -181,9 +189,9 @@ class StageRuntime:
             elif m is None:
                 raise ValueError(f"action {action} names no micro-batch")
             elif kind is ActionType.RECV_F:
-                recv_f[m] = self.links.recv_activations(m).wait()
+                recv_f[m] = receives.take(kind, m)
             elif kind is ActionType.RECV_B:
-                recv_b[m] = self.links.recv_gradients(m).wait()
+                recv_b[m] = receives.take(kind, m)
             elif kind is ActionType.F:
                 x = _rows(inputs, m, "inputs") if self.first else recv_f.pop(m)
                 target = _rows(targets, m, "targets") if self.last else None

@@ -300,7 +300,7 @@ class _GenerationRun:
                          self._await_durable)
         runtime = build.stage_runtime(plan, self.layout, self.rank, module, optimizer, links,
                                       group, hook, self.w.device, self.check,
-                                      opts.deterministic)
+                                      opts.deterministic, opts.recv_ahead)
         self.module, self.optimizer = module, optimizer
         hooks = _RecoveringSteps(self, hook, d)
         feed = Feed(self.layout, me, self.w.rows, self.w.device, plan.problem.config.seed)

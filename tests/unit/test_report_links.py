@@ -83,7 +83,9 @@ def test_the_writer_matches_each_send_to_its_receive() -> None:
         {"started_at": 100.0, "transfers": [["send", 2, 0, 100.002],
                                             ["recv", 2, 1, 100.004, 100.00902]]},
         {"started_at": 100.002, "transfers": [["send", 2, 0, 100.005]]},
-        {"started_at": 100.001, "transfers": [["recv", 0, 0, 100.001, 100.0035],
+        # C posted its receive 0.5 ms before it began to wait (an older writer's
+        # receive, A's, has no post: it posted at the wait)
+        {"started_at": 100.001, "transfers": [["recv", 0, 0, 100.001, 100.0035, 100.0005],
                                               ["send", 0, 1, 100.008]]},
     ]
     lines = transfer_lines(1, layout, payloads)
@@ -91,10 +93,10 @@ def test_the_writer_matches_each_send_to_its_receive() -> None:
     assert lines == [
         {"device": "A", "rank": 0, "stage": 0, "step": 1, "kind": "TRANSFER_F",
          "micro_batch": 0, "peer": "C", "peer_rank": 2, "start_ms": 2.0, "end_ms": 3.5,
-         "waited_ms": 1.0},
+         "waited_ms": 1.0, "recv_posted_ms": 0.5},
         {"device": "C", "rank": 2, "stage": 1, "step": 1, "kind": "TRANSFER_B",
          "micro_batch": 0, "peer": "A", "peer_rank": 0, "start_ms": 7.0, "end_ms": 8.02,
-         "waited_ms": 3.0},
+         "waited_ms": 3.0, "recv_posted_ms": 3.0},
     ]
 
 
