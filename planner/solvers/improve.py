@@ -36,6 +36,8 @@ Neighbourhood of a plan of P stages at micro-batch B:
 6. splits: one device (one per kind) of a stage of several takes the stage's tail (or
    head) as a stage of its own, cut where its compute and the rest's (at an even
    share) are most even (:meth:`_Neighbourhood.even_cut`): O(P x kinds x 2).
+7. stage shifts: both cuts of an inner stage moved together by the cut distances (the
+   stage slides; one neighbour grows as the other shrinks): O(P (k + log L)).
 
 The set of devices used never changes (the DP's tie rule chose it: fewer devices
 within ``TIE_TOLERANCE`` of the fastest; this pass does not undo that).
@@ -157,6 +159,20 @@ class _Neighbourhood:
         yield from self._batch_moves(part)
         yield from self._merges(part)
         yield from self._splits(part)
+        yield from self._stage_shifts(part)
+
+    def _stage_shifts(self, part: Partition) -> Iterator[Partition]:
+        """Both cuts of an inner stage moved together by the cut distances (the stage
+        slides over the chain; its neighbours grow and shrink in turn)."""
+        stages = part.stages
+        for p in range(1, len(stages) - 1):
+            prev, st, nxt = stages[p - 1], stages[p], stages[p + 1]
+            for sign, room in ((-1, st.first - prev.first - 1), (1, nxt.end - st.end - 1)):
+                for d in ladder(self.radius, room):
+                    a, b = st.first + sign * d, st.end + sign * d
+                    yield _with(part, {p - 1: replace(prev, end=a),
+                                       p: replace(st, first=a, end=b),
+                                       p + 1: replace(nxt, first=b)})
 
     def even_cut(self, first: int, end: int, rest: tuple[str, ...], dev: str, batch: int,
                  tail: bool) -> int:
