@@ -109,6 +109,17 @@ def main() -> None:
              "link post->delivery / predicted | sender post -> receiver post, ms | "
              "pieces | load |", "|---|---|---|---|---|---|---|---|---|---|"]
     lines += [row(r) for r in results]
+    lines += ["", "| plan | receives | median step ms | median samples/s | "
+              "median link post->delivery / predicted | loads |", "|---|---|---|---|---|---|"]
+    for label in dict.fromkeys(r["plan"] for r in results):
+        for variant in VARIANTS:
+            mine = [r for r in results if r["plan"] == label and r["variant"] == variant]
+            links = [r["link_ratio"] for r in mine if r["link_ratio"] is not None]
+            lines.append(
+                f"| {label} | {variant} | {statistics.median(r['step_ms'] for r in mine):.1f} | "
+                f"{statistics.median(r['samples_per_s'] for r in mine):.1f} | "
+                + (f"{statistics.median(links):.2f}x" if links else "-")
+                + f" | {min(r['load'] for r in mine):.1f}-{max(r['load'] for r in mine):.1f} |")
     print("\n".join(lines))
     out = HERE / "results"
     (out / "recv_ahead.md").write_text("\n".join(lines) + "\n")
