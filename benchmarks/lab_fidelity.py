@@ -198,7 +198,9 @@ def link_split(run: LabMeasurement) -> list[tuple[float, float, float]]:
     delivery, after both had posted) ms. gloo moves a piece only once its receiver has
     posted the receive (docs/lab.md, "What the lab measured"), so post to delivery splits
     into the wait for the receiver's post and the time after both had posted; the
-    receiver's post is ``waited_ms`` of the piece's transfers.jsonl line."""
+    receiver's post is ``recv_posted_ms`` of the piece's transfers.jsonl line (runs
+    before receives were posted ahead have none: they posted at the wait,
+    ``waited_ms``)."""
     report = build_report(run.run_dir)
     predicted = {(r.src, r.dst, r.direction): r.predicted_ms for r in report.links}
     pieces = []
@@ -209,7 +211,7 @@ def link_split(run: LabMeasurement) -> list[tuple[float, float, float]]:
             if t["step"] == 0 or waited <= EXACT_WAIT_MS:
                 continue
             direction = "activations" if t["kind"] == "TRANSFER_F" else "gradients"
-            both = max(t["start_ms"], t["waited_ms"])
+            both = max(t["start_ms"], t.get("recv_posted_ms", t["waited_ms"]))
             pieces.append((predicted[(t["device"], t["peer"], direction)],
                            t["end_ms"] - t["start_ms"], t["end_ms"] - both))
     return pieces
