@@ -32,10 +32,11 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
     """The whole demo, run once for every test that checks a part of it.
 
     It plans, compares the DP with the exact solver and the baselines (the exact solver
-    under a 10 s limit here: at the demo's default, 60 s, it alone ran for its whole
+    under a 10 s limit here: at the demo's default, 20 s, it alone ran for its whole
     limit) and runs a plan on local processes with emulated devices (``--emulate``: the
-    lab demo, where the machine hosts one, takes minutes). Standard output is captured by swapping ``sys.stdout``: the CLI's rich console
-    writes to whatever ``sys.stdout`` is when it prints.
+    lab demo, where the machine hosts one, takes minutes). Standard output is captured
+    by swapping ``sys.stdout``: the CLI's rich console writes to whatever
+    ``sys.stdout`` is when it prints.
     """
     from edgepipe.planner.cli.main import main
 
