@@ -100,9 +100,9 @@ class StageCompute:
 class DeviceMemory:
     """A device's memory under the plan (the cost model's) and the measured peak of its
     cgroup (bytes): the whole process's charge, torch and gloo included (about 146 MiB
-    on a warm page cache, docs/lab.md, "Compute"). Not the run's ``peak_mem_bytes``: a
-    spawned worker inherits its launcher's ``ru_maxrss`` across fork and exec, so
-    under a launcher larger than the worker it reports the launcher's."""
+    on a warm page cache, docs/lab.md, "Compute"): what the memory limit is held
+    against, page cache included, rather than the run's ``peak_mem_bytes`` (the
+    process's resident high-water mark)."""
 
     device: str
     predicted_bytes: float
