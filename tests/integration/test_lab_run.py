@@ -31,6 +31,7 @@ from tests.helpers import needs
 from tests.helpers import reference_trainer as ref
 from tests.helpers.executor_helpers import profile_of
 from tests.helpers.lab_runs import lab_plan, leftovers
+from tests.helpers.processes import ctrl_c_at_default
 
 
 @pytest.fixture(autouse=True)
@@ -137,11 +138,14 @@ def test_forced_past_the_check_the_device_is_killed_and_named_in_one_line(plan_f
 
 def test_ctrl_c_once_the_devices_run_leaves_nothing_behind(plan_file, tmp_path):
     """Ctrl-C once every device's process started (``ranks.json``). SIGTERM unwinds the
-    same ``with`` blocks as a SystemExit (test_lab_network.py)."""
+    same ``with`` blocks as a SystemExit (test_lab_network.py). The run starts with SIGINT
+    at its default: under a background ``pytest ... &`` it would inherit SIGINT ignored
+    and rightly ignore it (tests/unit/test_cli.py, ``ctrl_c_delivered``)."""
     path, _ = plan_file
     proc = subprocess.Popen(
         [EDGEPIPE, "run", str(path), "--steps", "100000", "--out", str(tmp_path), "--lab",
-         "--lab-share", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+         "--lab-share", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        preexec_fn=ctrl_c_at_default)
     try:
         deadline = time.monotonic() + 90
         while not (tmp_path / "ranks.json").exists():
