@@ -129,9 +129,11 @@ def builds_the_plans_model(plan: Plan, model_source: BuildSpec | None) -> str | 
     build in every rank), else the one line that says why not."""
     own = plan.problem.model.build
     if own is None:
+        kind = plan.problem.model.source.get("kind", "?")
         return (f"model profile {plan.problem.model.name!r} does not say how to build the "
-                "model (no 'build' object), so the plan can be planned but not run; profile "
-                "a model the executor can build (edgepipe profile --model) and plan that")
+                f"model (source: {kind}; no 'build' object), so the plan can be planned but "
+                "not run; profile a model the executor can build (edgepipe profile --model "
+                "ZOO_NAME|MODULE:CALLABLE) and plan that")
     if model_source != own:
         what = "no model" if model_source is None else model_source.describe()
         return (f"the plan's workers build its own model {own.describe()}, not {what}; "

@@ -266,7 +266,8 @@ def test_the_plan_records_whether_it_was_planned_coarse_to_fine():
     problem = long_chain()
     assert api.solve(problem, "dp").solver.settings["coarse_to_fine"] is True
     assert plan_dp(problem).coarse_to_fine
-    every_block = api.solve(problem, "dp", multilevel=False)
+    # without the improvement pass (on by default in solve, planner/solvers/improve.py)
+    every_block = api.solve(problem, "dp", multilevel=False, improve=False)
     assert every_block.solver.settings["coarse_to_fine"] is False
     assert every_block.partition == plan_dp(problem, multilevel=False).partition
     short = random_problem(40, 4, seed=3)
