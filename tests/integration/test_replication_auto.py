@@ -190,14 +190,17 @@ def test_a_replan_resolves_its_parents_auto_again_and_keeps_a_chosen_interval():
     # data-parallel (the peers are the replicas: no transfer) or as a second stage
     # ([0, 4) and [4, 6), each the other's ring replica: a smaller replica beside a longer
     # step, 5.2 ms against 6.6 ms); either way 1 step hides it and auto resolves to 1
-    # for the child (issue 27: keeping 3 would replay up to 5 steps on a loss for nothing)
+    # for the child (issue 27: keeping 3 would replay up to 5 steps on a loss for nothing).
+    # Under load the DP's re-scoring, bounded by wall clock (dp/sizes.py RESCORE_MIN_S),
+    # may stop before it reaches that plan (CI at load ~5: a 4.79 ms step with a 6.16 ms
+    # transfer, 2 steps): whatever the child, auto is resolved from the child's figures
     parent = spanning(2.5, replication_interval="auto")
     assert parent.problem.config.replication_interval == 3
     child = replan(parent, slowed={"d0": 2.0, "d1": 2.0})
     assert sorted(child.partition.used_devices()) == ["d0", "d1"]
-    assert transfer_ms(child) < child.cost.iteration_ms
-    assert hiding_interval(transfer_ms(child), child.cost.iteration_ms) == 1
-    assert child.problem.config.replication_interval == 1
+    hides = hiding_interval(transfer_ms(child), child.cost.iteration_ms)
+    assert hides < 3
+    assert child.problem.config.replication_interval == hides
     # a number the user chose stays as given
     chosen = replan(spanning(2.5, replication_interval=3), slowed={"d0": 2.0, "d1": 2.0})
     assert chosen.problem.config.replication_interval == 3
