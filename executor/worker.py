@@ -40,7 +40,7 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 
@@ -333,18 +333,26 @@ def spawned(opts: WorkerOptions, endpoint: Endpoint) -> None:
     launcher's own error names the device that failed), else the traceback on
     stderr (a bug). Ctrl-C reaches the terminal's whole process group: a worker then
     exits 130 without a word, the launcher stops the others and says the one line."""
-    status = 0
-    try:
-        run(opts, endpoint)
-    except EdgepipeError as exc:
-        _line(f"edgepipe worker {endpoint.rank}: {exc}")
-        status = EXIT_REFUSED
-    except KeyboardInterrupt:
-        status = 130
-    except BaseException as exc:
-        status = _failed(str(endpoint.rank), exc)
+    status = exit_status(lambda: run(opts, endpoint), endpoint.rank,
+                         f"edgepipe worker {endpoint.rank}")
     _leave_if_recovering(opts, status)
     sys.exit(status)
+
+
+def exit_status(train: Callable[[], None], rank: int, who: str) -> int:
+    """Run ``train`` and map its end to a spawned process's exit status: 0; 2 for an
+    edgepipe error (one line, ``who: message``); 130 on Ctrl-C, without a word; else
+    :func:`_failed`'s (one line for a broken peer, the traceback for a bug)."""
+    try:
+        train()
+    except EdgepipeError as exc:
+        _line(f"{who}: {exc}")
+        return EXIT_REFUSED
+    except KeyboardInterrupt:
+        return 130
+    except BaseException as exc:
+        return _failed(str(rank), exc)
+    return 0
 
 
 def _peer_gone(exc: BaseException) -> str | None:

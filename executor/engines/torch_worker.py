@@ -82,9 +82,9 @@ from edgepipe.executor.engines.torch_plans import refusal
 from edgepipe.executor.worker import (
     EXIT_REFUSED,
     _failed,
-    _line,
     check_world,
     endpoint_from_env,
+    exit_status,
 )
 from edgepipe.planner.errors import EdgepipeError
 from edgepipe.planner.plan import Plan, load_plan
@@ -296,17 +296,8 @@ def run(opts: WorkerOptions, endpoint: Endpoint) -> None:
 def spawned(opts: WorkerOptions, endpoint: Endpoint) -> None:
     """Entry point of a process the engine's local launcher starts: exit status 0, 2 for
     an edgepipe error, 1 otherwise, 130 on Ctrl-C (as :func:`executor.worker.spawned`)."""
-    status = 0
-    try:
-        run(opts, endpoint)
-    except EdgepipeError as exc:
-        _line(f"edgepipe torch-pipelining rank {endpoint.rank}: {exc}")
-        status = EXIT_REFUSED
-    except KeyboardInterrupt:
-        status = 130
-    except BaseException as exc:
-        status = _failed(str(endpoint.rank), exc)
-    sys.exit(status)
+    sys.exit(exit_status(lambda: run(opts, endpoint), endpoint.rank,
+                         f"edgepipe torch-pipelining rank {endpoint.rank}"))
 
 
 def parse_args(argv: Sequence[str] | None = None) -> WorkerOptions:

@@ -37,6 +37,7 @@ from types import TracebackType
 from typing import Literal
 
 from edgepipe.executor.lab.errors import LabError, LabUnavailable
+from edgepipe.planner.check.live import pid_alive
 from edgepipe.planner.inputs.cluster import Cluster
 
 #: where cgroup file systems are mounted
@@ -293,23 +294,13 @@ def remove_stale(prefix: str = PREFIX, root: Path = CGROUP_ROOT) -> list[str]:
     for parent in _parents(root, version):
         for d in sorted(parent.iterdir()):
             m = pattern.match(d.name)
-            if not d.is_dir() or m is None or _alive(int(m.group(1))):
+            if not d.is_dir() or m is None or pid_alive(int(m.group(1))):
                 continue
             stale = Cgroup(d.name, version, (d,), Confinement(1.0, None))
             stale.remove()
             if d.name not in removed:
                 removed.append(d.name)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _scale(cluster: Cluster, share: float, cores: int | None) -> float:

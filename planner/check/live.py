@@ -103,7 +103,8 @@ class RunState:
         return f"the run did not finish: {of} steps committed; {why}"
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one of another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -129,7 +130,7 @@ def run_state(folder: Path) -> RunState:
     if mode is not None and mode not in MODES:
         raise InputError(str(path), "$.mode", f"{mode!r} is not one of {', '.join(MODES)}")
     if state == "running" and host == socket.gethostname() and isinstance(pid, int) \
-            and not _alive(pid):
+            and not pid_alive(pid):
         state = "died"
     return RunState(state, steps, doc.get("reason"), pid, host, mode)
 
