@@ -414,8 +414,9 @@ def endpoint_from_env() -> Endpoint:
     )
 
 
-def parse_args(argv: Sequence[str] | None = None) -> WorkerOptions:
-    p = argparse.ArgumentParser(prog="python -m executor.worker", description=__doc__)
+def add_training_arguments(p: argparse.ArgumentParser) -> None:
+    """The options every engine's worker takes: the first seven of :class:`WorkerOptions`
+    (plan, steps, out, deterministic, dataset, timeout, save_weights)."""
     p.add_argument("plan")
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--out")
@@ -423,6 +424,11 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerOptions:
     p.add_argument("--dataset")
     p.add_argument("--timeout", type=float, default=GLOO_TIMEOUT_S)
     p.add_argument("--save-weights", action="store_true")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> WorkerOptions:
+    p = argparse.ArgumentParser(prog="python -m executor.worker", description=__doc__)
+    add_training_arguments(p)
     p.add_argument("--generation", type=int, default=0)
     p.add_argument("--emulate", action="store_true")
     p.add_argument("--time-scale", type=float, default=1.0)

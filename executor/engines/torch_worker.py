@@ -82,13 +82,13 @@ from edgepipe.executor.engines.torch_plans import refusal
 from edgepipe.executor.worker import (
     EXIT_REFUSED,
     _failed,
+    add_training_arguments,
     check_world,
     endpoint_from_env,
     exit_status,
 )
 from edgepipe.planner.errors import EdgepipeError
 from edgepipe.planner.plan import Plan, load_plan
-from edgepipe.planner.timeouts import GLOO_TIMEOUT_S
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
@@ -304,13 +304,7 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerOptions:
     p = argparse.ArgumentParser(prog="python -m edgepipe.executor.engines.torch_worker",
                                 description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("plan")
-    p.add_argument("--steps", type=int, required=True)
-    p.add_argument("--out")
-    p.add_argument("--deterministic", action="store_true")
-    p.add_argument("--dataset")
-    p.add_argument("--timeout", type=float, default=GLOO_TIMEOUT_S)
-    p.add_argument("--save-weights", action="store_true")
+    add_training_arguments(p)
     a = p.parse_args(argv)
     return WorkerOptions(a.plan, a.steps, a.out, a.deterministic, a.dataset, a.timeout,
                          a.save_weights)
