@@ -22,3 +22,27 @@ def network_namespaces() -> None:
     if os.geteuid() != 0:
         pytest.fail("the multi-host tests make network namespaces: run the suite as root",
                     pytrace=False)
+
+
+def cgroups() -> None:
+    """Fail the calling test unless this process can confine lab devices in cgroups
+    (executor/lab/cgroups.py): root, and the cpu and memory controllers mounted (v2, or
+    v1 under ``cpu`` and ``memory``) where this process may create groups."""
+    from edgepipe.executor.lab.cgroups import CGROUP_ROOT, check_available
+    from edgepipe.executor.lab.errors import LabUnavailable
+
+    try:
+        check_available()
+        missing = ""
+    except LabUnavailable as exc:
+        missing = str(exc)
+    if missing:  # failed outside the handler: one line, no chained exception
+        pytest.fail(f"{missing} (the lab's tests need them: run the suite as root where the "
+                    "cgroup cpu and memory controllers are mounted writable; .ci/run "
+                    "checks it)", pytrace=False)
+    if not os.access(CGROUP_ROOT, os.W_OK) and not all(
+        os.access(CGROUP_ROOT / c, os.W_OK) for c in ("cpu", "memory")
+    ):
+        pytest.fail(f"{CGROUP_ROOT} is not writable: the lab's tests create cgroups there "
+                    "(mount it read-write, e.g. docker run --privileged or "
+                    "--cgroupns=private with a writable /sys/fs/cgroup)", pytrace=False)
