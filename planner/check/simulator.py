@@ -11,7 +11,11 @@ Model:
     * **Devices.** Every device of stage p runs the stage's action list (``schedule[p]``)
       over its own slice of each micro-batch, in order, one action at a time. ``F m`` /
       ``B m`` keep it busy for its own forward / backward time of the stage's blocks at
-      its sample count (type time x slowdown). ``RECV_F m`` / ``RECV_B m`` wait until
+      its sample count (type time x slowdown), plus the runtime's own work per action
+      where the device's type records it (``Timing.runtime_work``: the executor's CPU
+      time per micro-batch beyond the blocks, measured by ``edgepipe lab profile``;
+      docs/lab.md, "Runtime work per action"): ``F m`` its forward part, ``B m`` its
+      backward part, on every device with samples. ``RECV_F m`` / ``RECV_B m`` wait until
       every piece addressed to it has been delivered. ``SEND_F m`` / ``SEND_B m`` post its
       pieces and return at once (asynchronous sends, as ``isend``). ``REDUCE_GRAD`` joins
       the stage's ring all-reduce and waits until the ring has delivered its last chunk.
@@ -252,9 +256,11 @@ class _Simulation:
             for dev, y in zip(stage.devices, stage.samples, strict=True):
                 i = cluster.index(dev)
                 kind, slow = cluster.devices[i].type, cluster.devices[i].slowdown
+                work = problem.timings[kind].runtime_work
                 for action, field in ((ActionType.F, "forward_ms"), (ActionType.B, "backward_ms")):
                     rows = curves[(kind, field)][stage.first : stage.end, y]
-                    self.compute[(dev, action)] = float(rows.sum()) * slow
+                    extra = getattr(work, field) if work is not None and y > 0 else 0.0
+                    self.compute[(dev, action)] = (float(rows.sum()) + extra) * slow
                 self.interval[dev] = (offset, offset + y)
                 offset += y
         # pieces[p]: (sender in stage p, receiver in stage p+1, bytes)

@@ -8,6 +8,14 @@ them time is interpolated linearly; below b_1 it falls proportionally to 0 at ba
 above b_k it grows with the last segment's slope (proportionally when k = 1). A device's
 time is its type's time x its ``slowdown``.
 
+The runtime's own work (docs/lab.md, "Runtime work per action"): a device type whose
+timing carries :class:`~planner.inputs.profile.RuntimeWork` pays, on every stage it
+runs with at least one sample, ``w_f`` more per micro-batch forward and ``w_b`` more
+backward (x its slowdown), whatever the stage's blocks and samples: the executor's CPU
+time per action (slicing, stamps, torch's dispatch, gloo's calls) that the lab measured
+under the device's quota, and that made plans of 32 micro-batches run +41% to +212% over
+a model without it. Absent: 0, every figure as before.
+
 Stage compute step (Eq. 8): ``E_f = max_d t_f(stage, d, y_d)``, ``E_b = max_d t_b(...)``
 over the devices d of the group with their samples y_d per micro-batch.
 
@@ -29,7 +37,8 @@ from edgepipe.planner.cost.channels import background_ms, channel_loads
 from edgepipe.planner.cost.formulas import ring_allreduce_ms, stage_memory_bytes, transfer_ms
 from edgepipe.planner.cost.makespan import longest_path_makespan, round_makespan
 from edgepipe.planner.cost.order import cached_schedule
-from edgepipe.planner.cost.steady import steady_period_ms
+from edgepipe.planner.cost.fair_sharing import stage_transfer_ms
+from edgepipe.planner.cost.steady import ITERATIONS, steady_period_ms
 from edgepipe.planner.cost.steps import Step, StepChain
 from edgepipe.planner.cost.transfers import BoundaryCost, Piece, RingCost, reslice_pieces
 from edgepipe.planner.errors import PlanMismatchError
@@ -106,9 +115,14 @@ class CostModel:
         self.max_batch = max_batch
         self.fwd: dict[str, np.ndarray] = {}
         self.bwd: dict[str, np.ndarray] = {}
+        #: per device type the runtime's forward and backward ms per micro-batch (module
+        #: docstring; 0 without a measurement)
+        self.work: dict[str, tuple[float, float]] = {}
         for name, timing in problem.timings.items():
             self.fwd[name] = _prefix(timing, "forward_ms", max_batch)
             self.bwd[name] = _prefix(timing, "backward_ms", max_batch)
+            w = timing.runtime_work
+            self.work[name] = (0.0, 0.0) if w is None else (w.forward_ms, w.backward_ms)
         blocks = model.blocks
         self.param_prefix = np.concatenate([[0.0], np.cumsum([b.param_bytes for b in blocks])])
         self.saved_prefix = np.concatenate(
@@ -125,10 +139,14 @@ class CostModel:
 
     # -- per-stage pieces ------------------------------------------------------------------
     def device_times(self, first: int, end: int, dev: int, samples: int) -> tuple[float, float]:
-        """Forward and backward ms of blocks ``[first, end)`` on device ``dev`` at ``samples``."""
+        """Forward and backward ms of blocks ``[first, end)`` on device ``dev`` at
+        ``samples``, with the runtime's work per micro-batch when ``samples`` > 0 (module
+        docstring)."""
         t = self.device_type[dev]
         f = self.fwd[t][end, samples] - self.fwd[t][first, samples]
         b = self.bwd[t][end, samples] - self.bwd[t][first, samples]
+        if samples > 0:
+            f, b = f + self.work[t][0], b + self.work[t][1]
         return float(f * self.slowdown[dev]), float(b * self.slowdown[dev])
 
     def static_bytes(self, first: int, end: int) -> float:
@@ -310,6 +328,16 @@ class CostModel:
             for a, b in zip(partition.stages, partition.stages[1:], strict=False)
         ]
         return cached_schedule(config.schedule, warmups, m), devices, links, rings
+
+    def stage_transfer_ms(self, partition: Partition) -> list[tuple[float, float]]:
+        """Per stage, its outgoing link and its all-reduce under the plan's own traffic
+        (the ``link ms`` and ``ar ms`` a plan prints): each boundary's pieces from post to
+        delivery per micro-batch and direction, and each ring from its start to its end,
+        in the steady step, the next-to-last of ``steady.ITERATIONS`` chained rounds
+        (:func:`planner.cost.fair_sharing.stage_transfer_ms`; docs/decisions.md, "The
+        per-stage link and all-reduce columns"). O(one steady-state evaluation)."""
+        return stage_transfer_ms(*self._round_inputs(partition), self.problem.cluster.network.kind,
+                                 ITERATIONS, ITERATIONS - 2)
 
     def round_lower_bound_ms(self, partition: Partition) -> float:
         """A lower bound on ``evaluate(partition).iteration_ms``, about ten times cheaper

@@ -43,6 +43,7 @@ def _scaled(t: Timing, factor: float) -> Timing:
         backward_ms=scale(t.backward_ms),
         source="derived",
         valid_batch_range=t.valid_batch_range,
+        runtime_work=None if t.runtime_work is None else t.runtime_work.scaled(factor),
     )
 
 

@@ -16,7 +16,7 @@ without one (an imported PipeDream profile) can be planned but not run.
 from __future__ import annotations
 
 import itertools
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -66,12 +66,33 @@ class LabQuota:
 
 
 @dataclass(frozen=True)
+class RuntimeWork:
+    """The executor's own CPU work per micro-batch of a stage beyond its blocks' compute,
+    in ms on the device type (``edgepipe lab profile``; docs/lab.md, "Runtime work per
+    action"): ``forward_ms`` for the actions RECV_F, F and SEND_F of one micro-batch,
+    ``backward_ms`` for RECV_B, B and SEND_B, as on a stage with a neighbour on both
+    sides; ``spread`` (max - min) / median of the rounds kept, ``rounds`` taken. The cost
+    model adds it to every used device's forward and backward per micro-batch."""
+
+    forward_ms: float
+    backward_ms: float
+    spread: float = 0.0
+    rounds: int = 1
+
+    def scaled(self, factor: float) -> RuntimeWork:
+        """The same work on a device ``factor`` times slower."""
+        return replace(self, forward_ms=self.forward_ms * factor,
+                       backward_ms=self.backward_ms * factor)
+
+
+@dataclass(frozen=True)
 class Timing:
     """Forward/backward times of every block on one device type.
 
     ``forward_ms[b][j]`` is block ``b``'s forward time at ``batch_sizes[j]`` samples.
     ``noise``: how the measurement settled; ``lab``: the confinement of a ``lab``
-    timing. ``valid_batch_range`` (analytic timings): the smallest and largest batch size of the
+    timing; ``runtime_work``: the runtime's per-micro-batch work (None: 0).
+    ``valid_batch_range`` (analytic timings): the smallest and largest batch size of the
     measurements the batch curve was fitted to, and validated on where they allow it
     (docs/profiles.md, "Analytic batch curves"); outside it the times are an
     extrapolation, and a plan that runs a device there says so.
@@ -87,6 +108,7 @@ class Timing:
     valid_batch_range: tuple[int, int] | None = None
     noise: Noise | None = None
     lab: LabQuota | None = None
+    runtime_work: RuntimeWork | None = None
 
 
 def batch_curve(batch_sizes: tuple[int, ...], times: np.ndarray, max_batch: int) -> np.ndarray:
@@ -206,6 +228,8 @@ class ModelProfile:
                 td["noise"] = asdict(t.noise)
             if t.lab is not None:
                 td["lab"] = asdict(t.lab)
+            if t.runtime_work is not None:
+                td["runtime_work"] = asdict(t.runtime_work)
             timings[type_name] = td
         out: dict[str, Any] = {
             "schema_version": 1,
@@ -300,4 +324,5 @@ def _timing_from_dict(t: dict[str, Any], n_blocks: int, source: str, path: str) 
         valid_batch_range=None if valid is None else (valid[0], valid[1]),
         noise=Noise(**t["noise"]) if "noise" in t else None,
         lab=LabQuota(**t["lab"]) if "lab" in t else None,
+        runtime_work=RuntimeWork(**t["runtime_work"]) if "runtime_work" in t else None,
     )

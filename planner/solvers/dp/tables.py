@@ -89,6 +89,11 @@ class _Tables:
         self.fwd = np.stack([cm.fwd[c.type] * c.slowdown for c in classes])
         self.bwd = np.stack([cm.bwd[c.type] * c.slowdown for c in classes])
         self.fb = self.fwd + self.bwd
+        #: per class the runtime's forward / backward ms per micro-batch on a used device
+        #: (CostModel.device_times; docs/lab.md "Runtime work per action"); the
+        #: bounds leave it out, so they stay lower bounds
+        self.work_f = np.array([cm.work[c.type][0] * c.slowdown for c in classes])
+        self.work_b = np.array([cm.work[c.type][1] * c.slowdown for c in classes])
         self.budget = np.array([c.budget for c in classes])
         self.bw, self.lat = class_network(cm, classes)
         #: the fastest pair's rate and the least latency (the relaxed bounds' links)
@@ -282,8 +287,9 @@ class _Tables:
         for part, cols in ((two, ends), (~two, np.arange(len(slot)))):
             k, at, y_at = slot[cols][None, :], np.flatnonzero(part), y[part][:, cols]
             f_at, e_at = first[at][:, None], end[at][:, None]
-            ef[at] = (self.fwd[k, e_at, y_at] - self.fwd[k, f_at, y_at]).max(1, initial=-INF)
-            eb[at] = (self.bwd[k, e_at, y_at] - self.bwd[k, f_at, y_at]).max(1, initial=-INF)
+            wf, wb = (np.where(y_at > 0, w[k], 0.0) for w in (self.work_f, self.work_b))
+            ef[at] = (self.fwd[k, e_at, y_at] - self.fwd[k, f_at, y_at] + wf).max(1, initial=-INF)
+            eb[at] = (self.bwd[k, e_at, y_at] - self.bwd[k, f_at, y_at] + wb).max(1, initial=-INF)
         used = y > 0
         # pairs of used devices, counted per class: a pair of classes (a, b) occurs when
         # both have a used device, (a, a) when a has two

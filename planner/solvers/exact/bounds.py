@@ -296,9 +296,10 @@ def horizon(tables: Tables, sizes: list[int]) -> float:
     for batch in sizes:
         m_count = problem.config.global_batch // batch
         steps = 2 * min(problem.model.num_blocks, n_dev) - 1
-        compute = max(
+        compute = max(  # with the runtime's work per micro-batch (CostModel.device_times)
             float(tf[:, 1 : batch + 1].sum(axis=0).max() + tb[:, 1 : batch + 1].sum(axis=0).max())
-            for tf, tb in zip(tables.tf, tables.tb, strict=True)
+            + wf + wb
+            for tf, tb, wf, wb in zip(tables.tf, tables.tb, tables.wf, tables.wb, strict=True)
         )
         slowest = max(tables.inv_values) if tables.inv_values else 0.0
         lat = float(np.nanmax(tables.lat)) if tables.inv_values else 0.0

@@ -371,19 +371,22 @@ class Builder:
         stage has one device."""
         md, t, batch = self.md, self.t, self.batch
         d_max = max(
-            float(max(tf[:, 1 : batch + 1].sum(0).max(), tb[:, 1 : batch + 1].sum(0).max()))
-            for tf, tb in zip(t.tf, t.tb, strict=True)
+            float(max(tf[:, 1 : batch + 1].sum(0).max() + wf, tb[:, 1 : batch + 1].sum(0).max()
+                      + wb))
+            for tf, tb, wf, wb in zip(t.tf, t.tb, t.wf, t.wb, strict=True)
         )
         out = []
-        for tables in (t.tf, t.tb):
+        # a used device also pays the runtime's work per micro-batch (CostModel.device_times)
+        for tables, work in ((t.tf, t.wf), (t.tb, t.wb)):
             slow = [md.var(TIME, 0.0, d_max) for _ in range(self.num_stages)]
             fast = [md.var(TIME, 0.0, d_max) for _ in range(self.num_stages)]
             least = np.min([table[:, 1 : batch + 1].min(axis=1) for table in tables], axis=0)
             for p in range(self.num_stages):
                 terms, const = self.x_lin(least, p)
-                md.add(axpy({fast[p]: 1.0}, -1.0, terms), ">=", const, "ms")
+                md.add(axpy({fast[p]: 1.0}, -1.0, terms), ">=", const + min(work), "ms")
             for (p, k, y), q in self.q.items():
                 terms, const = self.x_lin(tables[k][:, y], p)
+                const += work[k]
                 md.add(axpy({slow[p]: 1.0}, -1.0, terms), ">=", const, "ms", (q,))
                 md.add(axpy({fast[p]: 1.0}, -1.0, terms), ">=", const, "ms", (q, self.h[p, 1]))
             out += [slow, fast]

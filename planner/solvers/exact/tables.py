@@ -25,6 +25,10 @@ class Tables:
         # per class: (L, max_batch + 1) forward / backward ms of each block at each batch
         self.tf = [np.diff(cm.fwd[c.type], axis=0) * c.slowdown for c in classes]
         self.tb = [np.diff(cm.bwd[c.type], axis=0) * c.slowdown for c in classes]
+        #: per class the runtime's forward / backward ms per micro-batch on a used device
+        #: (CostModel.device_times; docs/lab.md "Runtime work per action")
+        self.wf = [cm.work[c.type][0] * c.slowdown for c in classes]
+        self.wb = [cm.work[c.type][1] * c.slowdown for c in classes]
         self.static = np.array([cm.static_bytes(b, b + 1) for b in range(n_blocks)])
         self.saved = np.array([cm.saved_bytes(b, b + 1) for b in range(n_blocks)])
         self.replica = np.array([cm.replica_bytes(b, b + 1) for b in range(n_blocks)])
