@@ -37,14 +37,20 @@ Model:
           pairs interfere;
         - ``switched``: a transfer a -> b uses a's uplink and b's downlink: full duplex
           ports, but one device's sends (or receives) share its port;
-        - ``shared_medium``: one half-duplex channel that every transfer uses.
+        - ``shared_medium``: one half-duplex channel that every transfer uses, shared
+          by sender: each device sending at the moment gets an equal part of the air
+          time (a station's share under 802.11's DCF), which it splits equally among
+          its transfers (measured in the lab: docs/decisions.md, "The shared medium
+          is shared by sender").
 
       Messages between one ordered pair go one after the other in posting order (one
       connection per pair, as gloo keeps). The transfers at the head of their pairs share
       their channels max-min fairly (progressive filling): each channel gives out at most
       one unit of time per unit of time, a transfer progresses at the fraction ``x <= 1``
       of its own pair rate that it gets on its tightest channel, and no transfer can grow
-      without shrinking one that is not larger.
+      without shrinking one that is not larger. On the shared medium the filling is
+      over senders instead: with k devices sending, each gets 1/k of the medium, and a
+      sender's n heads progress at 1/(k n) each.
 
     * **Steps in a row** (``iterations`` > 1): step i+1's actions are each device's
       action list again, micro-batch m of step i numbered i x M + m. Nothing separates
@@ -343,6 +349,11 @@ class _Simulation:
         heads: dict[tuple[str, str], int] = {}
         for f, flow in enumerate(self.flows):
             heads.setdefault((flow.src, flow.dst), f)
+        for f in heads.values():
+            if self.flows[f].start_ms is None:
+                self.flows[f].start_ms = self.now
+        if self.topology == "shared_medium":
+            return self._medium_rates(heads)
         unfrozen = set(heads.values())
         level = 0.0
         while unfrozen:
@@ -363,9 +374,18 @@ class _Simulation:
             for f in frozen:
                 rate[f] = level
             unfrozen -= frozen
-        for f in heads.values():
-            if self.flows[f].start_ms is None:
-                self.flows[f].start_ms = self.now
+        return rate
+
+    def _medium_rates(self, heads: dict[tuple[str, str], int]) -> list[float]:
+        """The medium's air time by sender: each sending device 1 / (number sending),
+        split equally among its heads; the flows behind a head get 0. O(T)."""
+        rate = [0.0] * len(self.flows)
+        per_sender: dict[str, list[int]] = defaultdict(list)
+        for (src, _), f in heads.items():
+            per_sender[src].append(f)
+        for fs in per_sender.values():
+            for f in fs:
+                rate[f] = 1.0 / (len(per_sender) * len(fs))
         return rate
 
     # -- devices -------------------------------------------------------------------------------

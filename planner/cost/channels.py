@@ -4,7 +4,8 @@ together take (a migration after a re-plan, a replication point beside training)
 
 Network (cluster ``network.kind``): ``point_to_point`` (a full-duplex channel per ordered
 device pair), ``switched`` (a full-duplex port per device: an uplink and a downlink
-channel) or ``shared_medium`` (one half-duplex channel for all transfers, Wi-Fi).
+channel) or ``shared_medium`` (one half-duplex channel for all transfers, Wi-Fi, shared by sender:
+:func:`medium_shares`).
 
 Migration after a re-plan (:mod:`planner.replan.incremental`): each transfer moves its
 blocks' weights and optimizer state, ``(1 + k_opt) * W`` bytes, point to point
@@ -120,6 +121,22 @@ def fair_shares(held: list[tuple[Hashable, ...]]) -> list[float]:
                                 del active[other]
             active.pop(ch, None)
     return x
+
+
+def medium_shares(senders: list[Hashable]) -> list[float]:
+    """Rates on the shared medium of transfers in progress at once, transfer i sent by
+    ``senders[i]``: each of the k senders with a transfer in progress gets 1/k of the
+    medium (a station's share: 802.11's DCF gives contending stations equal transmit
+    opportunities; the lab's medium gives each sender one class of one token bucket),
+    split equally among its n_s transfers, so transfer i progresses at 1/(k n_s) of its
+    pair rate. One sender alone gets the whole medium. Measured in the lab
+    (benchmarks/network_semantics.py, docs/decisions.md "The shared medium is shared by
+    sender"): d0 -> d1, d0 -> d2 and d3 -> d1 started together took 2.0x (d3's) and 3.0x
+    (d0's) a transfer alone, not 3.0x each as one share per transfer would. O(T)."""
+    per: dict[Hashable, int] = {}
+    for s in senders:
+        per[s] = per.get(s, 0) + 1
+    return [1.0 / (len(per) * per[s]) for s in senders]
 
 
 def migration_ms(transfers: list[tuple[str, str, float, float]], topology: Topology) -> float:

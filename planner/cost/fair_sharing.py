@@ -1,6 +1,7 @@
 """The round's iteration time where transfers share channels (a switch, a shared medium):
 a fluid event simulation of the plan's schedule whose transfers progress at their max-min
-fair shares (:func:`planner.cost.channels.fair_shares`).
+fair shares (:func:`planner.cost.channels.fair_shares`; on a shared medium each sender's
+share, :func:`planner.cost.channels.medium_shares`).
 
 Three named parts: :class:`_Sharing` is the channel sharing (the transfers in progress,
 their rates and predicted ends), :class:`_Round` the devices and the event loop
@@ -14,7 +15,7 @@ from collections import deque
 from collections.abc import Iterator
 from heapq import heapify, heappop, heappush
 
-from edgepipe.planner.cost.channels import EPS, channel_ids, fair_shares
+from edgepipe.planner.cost.channels import EPS, channel_ids, fair_shares, medium_shares
 from edgepipe.planner.cost.order import DEADLOCK, stage_order
 from edgepipe.planner.cost.transfers import BoundaryCost, RingCost
 from edgepipe.planner.inputs.cluster import Topology
@@ -70,7 +71,8 @@ def fair_sharing_ends(
 
     Transfers: a transfer holds :func:`planner.cost.channels.channels` of the topology;
     transfers between one ordered pair go one at a time in posting order (one connection
-    per pair); those at the head of their pairs progress at :func:`fair_shares` of their
+    per pair); those at the head of their pairs progress at :func:`fair_shares` (on a
+    shared medium :func:`medium_shares`: each sender an equal share) of their
     pair rates, so a piece of ms channel time alone ends ms after it starts; each is
     delivered its latency after its last byte. Between two events (a compute end, a
     delivery, a transfer's end) the rates are constant, so the clock jumps from event to
@@ -86,6 +88,40 @@ def fair_sharing_ends(
     return _Round(schedule, devices, links, rings, topology, iterations).run()
 
 
+def stage_transfer_ms(
+    schedule: Schedule,
+    devices: list[list[tuple[str, float, float]]],
+    links: list[BoundaryCost],
+    rings: list[RingCost],
+    topology: Topology,
+    iterations: int,
+    read: int,
+) -> list[tuple[float, float]]:
+    """Per stage, its outgoing boundary's transfer and its all-reduce as they take under
+    the plan's own traffic: the ``read``-th of ``iterations`` chained rounds of
+    :func:`fair_sharing_ends` (inputs and rules as there), every topology run as the
+    fluid simulation (point to point each pair its own channel).
+
+    Link (0 for the last stage): for each micro-batch of that round and each direction,
+    the time from the first of the boundary's pieces posted to the last one delivered,
+    averaged over both directions and the round's micro-batches (what
+    ``edgepipe report`` measures per boundary, from post to delivery). All-reduce (0 for
+    one device): from the ring's start (its last member joined) to its last member's
+    last chunk received. Cost: one :func:`fair_sharing_ends` of ``iterations``.
+    """
+    r = _Round(schedule, devices, links, rings, topology, iterations)
+    r.spans = {}
+    r.run()
+    m_count, out = r.m_count, []
+    for p in range(len(devices)):
+        link = [b - a for (q, _, m), (a, b) in r.spans.items()
+                if q == p and m // m_count == read]
+        ring = r.spans.get((-1 - p, 0, read))
+        out.append((sum(link) / len(link) if link else 0.0,
+                    ring[1] - ring[0] if ring else 0.0))
+    return out
+
+
 class _Transfer:
     """A transfer posted on its pair's connection: ``left`` ms of channel time (at its
     pair's full rate) left at time ``since``, progressing at ``rate`` (its fair share);
@@ -98,21 +134,25 @@ class _Transfer:
         "left",
         "queue",
         "rate",
+        "sender",
         "since",
         "tag",
         "version",
     )
 
     def __init__(self, left: float, since: float, channels: tuple[int, ...],
-                 queue: deque[_Transfer], latency: float, tag: _Tag, key: int) -> None:
+                 queue: deque[_Transfer], latency: float, tag: _Tag, key: int,
+                 sender: int) -> None:
         self.left, self.since, self.rate, self.version = left, since, 0.0, 0
         self.channels, self.queue, self.latency, self.tag, self.key = (
             channels, queue, latency, tag, key)
+        self.sender = sender
 
 
 class _Sharing:
     """Channel sharing: the transfers of a round on the numbered channels
-    (:func:`planner.cost.channels.channel_ids`) of each ordered pair ``chans[pair]``.
+    (:func:`planner.cost.channels.channel_ids`) of each ordered pair ``chans[pair]``,
+    sent by device ``senders[pair]``.
 
     State: per pair a queue of its transfers in posting order, the head in progress;
     per channel the keys of the transfers in progress holding it; a heap of predicted
@@ -121,11 +161,12 @@ class _Sharing:
     event loop. A transfer that begins alone on its channels runs at its full rate until
     something joins; otherwise :meth:`rerate` gives the connected transfers around the
     changed channels new :func:`fair_shares` (on a shared medium: every transfer in
-    progress). Each re-rating is O(T C) for T transfers over C channels.
+    progress, by sender: :func:`medium_shares`). Each re-rating is O(T C) for T
+    transfers over C channels.
     """
 
-    def __init__(self, chans: list[tuple[int, ...]], shared: bool) -> None:
-        self.chans = chans
+    def __init__(self, chans: list[tuple[int, ...]], senders: list[int], shared: bool) -> None:
+        self.chans, self.senders = chans, senders
         self.shared = shared
         self.queues: list[deque[_Transfer]] = [deque() for _ in chans]
         self.holders: dict[int, set[int]] = {ch: set() for held in chans for ch in held}
@@ -140,7 +181,8 @@ class _Sharing:
         """Queue a transfer of ``ms`` channel time on ``pair``'s connection, delivered
         ``lat`` after its last byte; it begins at once if the connection is idle."""
         queue = self.queues[pair]
-        x = _Transfer(ms, self.now, self.chans[pair], queue, lat, tag, self.serial)
+        x = _Transfer(ms, self.now, self.chans[pair], queue, lat, tag, self.serial,
+                      self.senders[pair])
         self.serial += 1
         queue.append(x)
         self.in_flight += 1
@@ -183,7 +225,12 @@ class _Sharing:
                                 seen.add(ch)
                                 todo.append(ch)
         self.dirty.clear()
-        shares = fair_shares([x.channels for x in group]) if len(group) > 1 else [1.0]
+        if len(group) <= 1:
+            shares = [1.0]
+        elif self.shared:
+            shares = medium_shares([x.sender for x in group])
+        else:
+            shares = fair_shares([x.channels for x in group])
         for x, share in zip(group, shares, strict=False):
             x.left -= (now - x.since) * x.rate
             x.since, x.rate = now, share
@@ -267,12 +314,14 @@ class _Round:
         n = len(self.dur)
         pairs: dict[tuple[int, int], int] = {}
         chans: list[tuple[int, ...]] = []  # per pair: the channels its transfers hold
+        senders: list[int] = []  # per pair: its sender
 
         def pair_of(src: str, dst: str) -> int:
             key = (index[src], index[dst])
             if key not in pairs:
                 pairs[key] = len(chans)
                 chans.append(channel_ids(key[0], key[1], topology) or (-1 - len(chans),))
+                senders.append(key[0])
             return pairs[key]
 
         # per device and is-forward: its pieces (pair, ms, latency, receiver)
@@ -300,8 +349,11 @@ class _Round:
         self.received = [[0] * len(r) for r in self.ring_chunks]
         self.events: list[tuple[float, int, int, int, int, int]] = []
         self.seq = 0  # events pushed: the tie-break of equal times
-        self.net = _Sharing(chans, topology == "shared_medium")
+        self.net = _Sharing(chans, senders, topology == "shared_medium")
         self.ends = [0.0] * iterations
+        # when recorded (stage_transfer_ms): (boundary, is forward, micro-batch) or
+        # (-1 - stage, 0, iteration) of a ring -> [first post, last delivery]
+        self.spans: dict[tuple[int, int, int], list[float]] | None = None
 
     def run(self) -> list[float]:
         """The event loop: re-rate what changed, jump to the next event or transfer end,
@@ -368,6 +420,9 @@ class _Round:
         """A transfer's last byte left; it is delivered at ``arrive``."""
         kind, a, b, c = tag
         if kind == 0:  # a piece for device a's action (b, c)
+            if self.spans is not None:
+                span = self.spans[(self.stage_of[a] - b, b, c)]
+                span[1] = max(span[1], arrive)
             i = c // self.m_count
             if arrive > self.ends[i]:
                 self.ends[i] = arrive
@@ -387,12 +442,20 @@ class _Round:
         p = self.stage_of[d]
         self.done[d] += 1
         if (forward and p < self.last) or (not forward and p > 0):
-            for pair, ms, lat, dst in self.sends[d][forward]:
+            sends = self.sends[d][forward]
+            if self.spans is not None and sends:
+                now = self.net.now
+                span = self.spans.setdefault((p - 1 + forward, forward, m), [now, now])
+                span[0] = min(span[0], now)
+            for pair, ms, lat, dst in sends:
                 self.net.post(pair, ms, lat, (0, dst, forward, m))
         chunks = self.ring_chunks[p]
         if chunks and self.done[d] % len(self.lanes[p]) == 0:
             self.joined[p] += 1
             if self.joined[p] % len(chunks) == 0:
+                if self.spans is not None:
+                    i = self.joined[p] // len(chunks) - 1
+                    self.spans[(-1 - p, 0, i)] = [self.net.now, self.net.now]
                 for r, (pair, ms, lat) in enumerate(chunks):
                     self.net.post(pair, ms, lat, (1, p, (r + 1) % len(chunks), 0))
 
@@ -408,6 +471,9 @@ class _Round:
             pair, ms, lat = chunks[member]
             self.net.post(pair, ms, lat, (1, p, (member + 1) % len(chunks), 0))
         else:  # its ring is done: its next iteration may start
+            if self.spans is not None:
+                span = self.spans[(-1 - p, 0, i)]
+                span[1] = max(span[1], self.net.now)
             d = self.members[p][member]
             self.rings_done[d] += 1
             if self.net.now > self.free[d]:

@@ -34,10 +34,11 @@ from functools import lru_cache
 import numpy as np
 from edgepipe.planner.cost.chain import closed_form_latency, describe_step, schedule_makespan
 from edgepipe.planner.cost.channels import background_ms, channel_loads
+from edgepipe.planner.cost.fair_sharing import stage_transfer_ms
 from edgepipe.planner.cost.formulas import ring_allreduce_ms, stage_memory_bytes, transfer_ms
 from edgepipe.planner.cost.makespan import longest_path_makespan, round_makespan
 from edgepipe.planner.cost.order import cached_schedule
-from edgepipe.planner.cost.steady import steady_period_ms
+from edgepipe.planner.cost.steady import ITERATIONS, steady_period_ms
 from edgepipe.planner.cost.steps import Step, StepChain
 from edgepipe.planner.cost.transfers import BoundaryCost, Piece, RingCost, reslice_pieces
 from edgepipe.planner.errors import PlanMismatchError
@@ -327,6 +328,16 @@ class CostModel:
             for a, b in zip(partition.stages, partition.stages[1:], strict=False)
         ]
         return cached_schedule(config.schedule, warmups, m), devices, links, rings
+
+    def stage_transfer_ms(self, partition: Partition) -> list[tuple[float, float]]:
+        """Per stage, its outgoing link and its all-reduce under the plan's own traffic
+        (the ``link ms`` and ``ar ms`` a plan prints): each boundary's pieces from post to
+        delivery per micro-batch and direction, and each ring from its start to its end,
+        in the steady step, the next-to-last of ``steady.ITERATIONS`` chained rounds
+        (:func:`planner.cost.fair_sharing.stage_transfer_ms`; docs/decisions.md, "The
+        per-stage link and all-reduce columns"). O(one steady-state evaluation)."""
+        return stage_transfer_ms(*self._round_inputs(partition), self.problem.cluster.network.kind,
+                                 ITERATIONS, ITERATIONS - 2)
 
     def round_lower_bound_ms(self, partition: Partition) -> float:
         """A lower bound on ``evaluate(partition).iteration_ms``, about ten times cheaper
