@@ -19,6 +19,12 @@ CPU-seconds per second, so CPU time / ``q`` is the block's time on the device as
 lab's runs see it, step after step. That the process did get its quota is measured too:
 its CPU time over its wall time while profiling (``measured_cores``, recorded), with a
 warning where it falls short by more than 10%. docs/lab.md, "Lab profiles".
+
+The runtime's own work per micro-batch (:mod:`executor.lab.runtime_work`: a real
+three-stage pipeline of empty stages, the process's CPU time per stage and micro-batch)
+is measured in the same child after the blocks, in rounds until stable under the same
+policy, divided by the quota like the block times, and recorded as the timing's
+``runtime_work`` (docs/lab.md, "Runtime work per action").
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from edgepipe.executor.profiling.noise import NoisePolicy, measure_until_stable,
 from edgepipe.executor.profiling.sources import ModelSource
 from edgepipe.planner.errors import EdgepipeError
 from edgepipe.planner.inputs.cluster import Cluster
-from edgepipe.planner.inputs.profile import LabQuota, ModelProfile, Timing
+from edgepipe.planner.inputs.profile import LabQuota, ModelProfile, RuntimeWork, Timing
 from edgepipe.planner.units import human_bytes
 
 #: a device type that reached less than this share of its quota while profiling warns
@@ -109,34 +115,46 @@ def lab_profile(
     """
     check_available(root)
     measured: dict[str, tuple[ModelProfile, LabQuota, int]] = {}
+    work: dict[str, RuntimeWork] = {}
     lines: list[str] = []
     for name, conf in type_confinements(cluster, share).items():
         task = job(name)
         with Cgroup.create(f"profile-{name}", conf, root) as group:
-            doc, cores = _run_child(group, task, on_round)
+            doc, cores, work[name] = _run_child(group, task, on_round)
             peak = group.peak_memory_bytes()
         profile = ModelProfile.from_dict(doc, f"lab profile of {name}")
         quota = LabQuota(conf.cpu_cores, conf.mem_bytes, 1, round(cores, 4))
         measured[name] = (profile, quota, peak)
         lines += warnings(profile, name, task.policy, wall_clock=False)
+        if work[name].spread > task.policy.max_spread:
+            lines.append(
+                f"device type {name}: the runtime's work per micro-batch did not settle "
+                f"(spread {work[name].spread:.1%} over the last rounds, {work[name].rounds} "
+                "rounds): the machine is too noisy to measure it")
         if cores < QUOTA_REACHED * conf.cpu_cores:
             lines.append(
                 f"device type {name} got {cores:.3g} of its {conf.cpu_cores:.3g}-core quota "
                 "while profiling: the machine is too busy to give the lab its quotas, "
                 "and the times are too short for a quieter lab run"
             )
-    return LabProfile(_combine(measured, cluster, share), lines,
+    return LabProfile(_combine(measured, work, cluster, share), lines,
                       {n: peak for n, (_, _, peak) in measured.items()})
 
 
 def _combine(
-    measured: dict[str, tuple[ModelProfile, LabQuota, int]], cluster: Cluster, share: float
+    measured: dict[str, tuple[ModelProfile, LabQuota, int]], work: dict[str, RuntimeWork],
+    cluster: Cluster, share: float,
 ) -> ModelProfile:
-    """One profile with each type's timing, its CPU times divided by its quota."""
+    """One profile with each type's timing, its CPU times (blocks' and the runtime's
+    work per micro-batch) divided by its quota."""
     first = next(iter(measured.values()))[0]
     timings = {}
     for name, (profile, quota, _) in measured.items():
-        timings[name] = _per_quota(profile.timings[name], quota)
+        timing = _per_quota(profile.timings[name], quota)
+        cpu = work[name]
+        timings[name] = replace(timing, runtime_work=RuntimeWork(
+            round(cpu.forward_ms / quota.cpu_cores, 4), round(cpu.backward_ms / quota.cpu_cores, 4),
+            cpu.spread, cpu.rounds))
     quotas = ", ".join(f"{n} {q.cpu_cores:.4g}" for n, (_, q, _) in measured.items())
     return replace(
         first,
@@ -145,7 +163,8 @@ def _combine(
             "detail": f"lab of cluster {cluster.name} (share {share:g} of the cores) on "
             f"{first.source.get('detail', '')}; per device type a process under its CPU "
             f"quota (cores: {quotas}) and memory limit; times = the thread's CPU time / "
-            "quota",
+            "quota; runtime_work = the process's CPU time per micro-batch of a stage "
+            "beyond its blocks / quota",
             "date": first.source.get("date", ""),
             "tool": "edgepipe lab profile",
         },
@@ -170,9 +189,10 @@ def _per_quota(t: Timing, quota: LabQuota) -> Timing:
 
 def _run_child(
     group: Cgroup, job: Job, on_round: Callable[[str, int, float | None], None] | None
-) -> tuple[dict[str, Any], float]:
+) -> tuple[dict[str, Any], float, RuntimeWork]:
     """Start ``job``'s child, put it in ``group`` before it does anything, and return its
-    profile document and the cores it got; the child is killed and reaped on the way
+    profile document, the cores it got and the runtime's CPU work per micro-batch; the
+    child is killed and reaped on the way
     out, whatever happens."""
     ctx = mp.get_context("spawn")
     ours, theirs = ctx.Pipe()
@@ -180,7 +200,7 @@ def _run_child(
     proc.start()
     theirs.close()
     assert proc.pid is not None  # started
-    result: tuple[dict[str, Any], float] | None = None
+    result: tuple[dict[str, Any], float, RuntimeWork] | None = None
     failure = None
     try:
         group.add(proc.pid)
@@ -194,7 +214,7 @@ def _run_child(
             if kind == "round" and on_round is not None:
                 on_round(job.device_type, rest[0], rest[1])
             elif kind == "done":
-                result = (rest[0], rest[1])
+                result = (rest[0], rest[1], RuntimeWork(*rest[2]))
             elif kind == "error":
                 failure = rest[0]
     except EOFError:  # the child died without a word
@@ -222,13 +242,16 @@ def _run_child(
 
 def child_main(conn: Connection, job: Job) -> None:
     """A device type's child: wait until the parent has put it in its group, then build
-    the model and profile it on one thread (thread CPU time) until stable; send
-    ``("round", n, spread)`` per round and ``("done", profile document, cores)`` or
+    the model and profile it on one thread (thread CPU time) until stable, then the
+    runtime's work per micro-batch (:mod:`executor.lab.runtime_work`); send
+    ``("round", n, spread)`` per round and ``("done", profile document, cores,
+    (forward ms, backward ms, spread, rounds) of CPU)`` or
     ``("error", one line)``. Deaf to Ctrl-C: the parent ends it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     conn.recv()
     try:
         import torch
+        from edgepipe.executor.lab.runtime_work import measure_until_stable as runtime_work
         from edgepipe.executor.profiling.profiler import profile_model
         from edgepipe.executor.profiling.sources import build_source
 
@@ -246,7 +269,9 @@ def child_main(conn: Connection, job: Job) -> None:
             on_round=lambda n, s: conn.send(("round", n, s)),
         )
         cores = (time.process_time() - cpu) / (time.perf_counter() - wall)
-        conn.send(("done", profile.to_dict(), cores))
+        work = runtime_work(job.policy)
+        conn.send(("done", profile.to_dict(), cores,
+                   (work.forward_ms, work.backward_ms, round(work.spread, 4), work.rounds)))
     except EdgepipeError as exc:
         conn.send(("error", str(exc)))
     finally:

@@ -54,6 +54,11 @@ def cmd_lab_profile(args: argparse.Namespace) -> None:
         out.print(f"  {name}: quota {t.lab.cpu_cores:.4g} core (got {t.lab.measured_cores:.4g}),"
                   f" {t.noise.rounds} rounds, spread {t.noise.spread:.1%}, peak "
                   f"{human_bytes(result.peak_memory_bytes[name])}", highlight=False)
+        if t.runtime_work is not None:
+            w = t.runtime_work
+            out.print(f"    runtime work per micro-batch: forward {w.forward_ms:.3g} ms, "
+                      f"backward {w.backward_ms:.3g} ms ({w.rounds} rounds, spread "
+                      f"{w.spread:.1%})", highlight=False)
 
 
 def add_lab_profile_arguments(p: argparse.ArgumentParser) -> None:
