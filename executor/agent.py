@@ -33,6 +33,8 @@ from typing import Any
 from torch.distributed import DistError
 from torch.distributed.elastic.agent.server import api as agent_api
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.rendezvous import RendezvousError, RendezvousHandler
+from torch.distributed.elastic.rendezvous.api import RendezvousInfo
 from torch.distributed.elastic.utils import store as store_util
 from torch.distributed.launcher import api as launcher_api
 
@@ -41,27 +43,96 @@ EXIT_BARRIER_S = 10.0
 USAGE = "usage: python -m edgepipe.executor.agent [--exit-barrier SECONDS] TORCHRUN-ARGUMENTS"
 
 
+def say(line: str) -> None:
+    """The agent's one line on stderr."""
+    print(f"edgepipe agent: {line}", file=sys.stderr, flush=True)
+
+
+class StoreWatch(RendezvousHandler):
+    """torchrun's rendezvous handler, except once its store is unreachable (host 0, whose
+    agent hosts it, lost): then the agent's membership check finds no node waiting
+    (rather than raising, which made the agent stop its workers mid-run), its heartbeats
+    stop, and the rendezvous is not closed at the end (its store is gone); said in one
+    line. Every other call is the handler's."""
+
+    def __init__(self, handler: RendezvousHandler) -> None:
+        self.handler = handler
+        #: why the store is taken for lost (None: it is not)
+        self.lost: str | None = None
+
+    def _lose(self, exc: Exception) -> None:
+        self.lost = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        stop = getattr(self.handler, "_stop_heartbeats", None)  # the c10d handler's
+        if callable(stop):
+            stop()
+        say(f"the job's rendezvous store (host 0's agent) is unreachable ({self.lost}); this "
+            "host's workers go on, under edgepipe's coordinator where the job has one")
+
+    def num_nodes_waiting(self) -> int:
+        if self.lost is None:
+            try:
+                return self.handler.num_nodes_waiting()
+            except (RendezvousError, DistError) as exc:
+                self._lose(exc)
+        return 0
+
+    def shutdown(self) -> bool:
+        if self.lost is not None:
+            return False
+        try:
+            return self.handler.shutdown()
+        except (RendezvousError, DistError):
+            return False
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        return self.handler.next_rendezvous()
+
+    def get_backend(self) -> str:
+        return self.handler.get_backend()
+
+    @property
+    def use_agent_store(self) -> bool:
+        return self.handler.use_agent_store
+
+    def is_closed(self) -> bool:
+        return self.handler.is_closed()
+
+    def set_closed(self) -> None:
+        self.handler.set_closed()
+
+    def get_run_id(self) -> str:
+        return self.handler.get_run_id()
+
+
 class Agent(LocalElasticAgent):
     """torchrun's agent with an exit barrier of :data:`EXIT_BARRIER_S` (or the
-    ``--exit-barrier`` given) that ends in one line when an agent is missing."""
+    ``--exit-barrier`` given) that ends in one line when an agent is missing, and a
+    rendezvous handler that outlives its store (:class:`StoreWatch`)."""
 
     barrier_s = EXIT_BARRIER_S
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, spec: agent_api.WorkerSpec, *args: Any, **kwargs: Any) -> None:
+        # the same spec object whose handler torchrun shuts down at the end
+        self.watch = spec.rdzv_handler = StoreWatch(spec.rdzv_handler)
         kwargs["exit_barrier_timeout"] = self.barrier_s
-        super().__init__(*args, **kwargs)
+        super().__init__(spec, *args, **kwargs)
 
     def _exit_barrier(self) -> None:
         agents = self._worker_group.group_world_size
         assert agents is not None  # set by the rendezvous, before any worker ran
+        workers = f"this host's workers {self._worker_group.state.name.lower()}"
+        if self.watch.lost is not None:
+            say(f"{workers}; the rendezvous store was lost with host 0: not waiting for "
+                "the other agents; exiting")
+            return
         try:
             store_util.barrier(store=self._store, world_size=agents,
                                key_prefix=agent_api._TERMINAL_STATE_SYNC_ID,
                                barrier_timeout=self._exit_barrier_timeout)
         except DistError:
-            print(f"edgepipe agent: not every agent of the job finished within "
-                  f"{self._exit_barrier_timeout:g} s of this one (a host lost during the "
-                  "run); exiting", file=sys.stderr, flush=True)
+            say(f"{workers}; not every agent of the job finished within "
+                f"{self._exit_barrier_timeout:g} s of this one (a host lost during the "
+                "run); exiting")
 
 
 def parse(argv: list[str]) -> tuple[float, list[str]]:

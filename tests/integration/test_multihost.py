@@ -341,8 +341,10 @@ class RecoveringJob:
     the torchrun job spans the other hosts."""
 
     def __init__(self, tmp: Path, hosts: netns.Hosts, plan_file: Path, name: str,
-                 steps: int) -> None:
+                 steps: int, coordinator_host: int = 0) -> None:
         self.hosts, self.steps, self.name = hosts, steps, name
+        #: the host the coordinator runs on (the rendezvous store is host 0's agent's)
+        self.coordinator_host = coordinator_host
         self.coord = tmp / "coord"
         self.folders = [tmp / f"host{i}" for i in range(len(hosts))]
         for folder in [self.coord, *self.folders]:
@@ -359,7 +361,7 @@ class RecoveringJob:
               hang_s: float = HANG_S, port: int = 29500, rdzv_port: int = 29400,
               standbys: Mapping[int, str] = MappingProxyType({})) -> None:
         self.coordinator = self.hosts.start(
-            0, [PY, "-m", "edgepipe.executor.ft.coordinator", str(self.coord / f"{self.name}.json"),
+            self.coordinator_host, [PY, "-m", "edgepipe.executor.ft.coordinator", str(self.coord / f"{self.name}.json"),
                 "--port", str(port), "--hang-timeout", str(hang_s), "--recover", "--steps",
                 str(self.steps), "--out", str(self.out), "--deterministic",
                 *self._watch(coordinator_args), *coordinator_args],
@@ -386,7 +388,7 @@ class RecoveringJob:
         return ["-m", "edgepipe.executor.worker", str(folder / f"{self.name}.json"), "--steps",
                 str(self.steps), "--out", str(folder / self.name), "--deterministic",
                 "--save-weights", "--timeout", str(GLOO_S), "--coordinator",
-                f"{self.hosts[0].address}:{self.port}", *args]
+                f"{self.hosts[self.coordinator_host].address}:{self.port}", *args]
 
     def _start_on(self, i: int, argv: list[str]) -> None:
         """Start ``argv`` on host ``i``, which sees no other host's folder."""
@@ -608,6 +610,29 @@ def test_the_other_hosts_recover_when_every_process_of_a_host_is_killed(tmp_path
         job.agents_end_cleanly([0, 1])
     events, _ = bit_identical(job, lines, gpt2_reference(plan, steps))
     assert [(e["cause"], e["device"]) for e in events] == [("hang", "d2")]
+
+
+@pytest.mark.slow
+def test_the_surviving_agents_end_promptly_when_host_0_with_the_rendezvous_store_is_lost(
+    tmp_path: Path,
+) -> None:
+    # host 0's agent hosts torchrun's c10d rendezvous store; the coordinator runs on host
+    # 2. Every process of host 0 is SIGKILLed: the coordinator recovers and finishes
+    # without it, and the agents of hosts 1 and 2, whose store is gone, neither stop
+    # their workers mid-run nor wait for it: each exits 0 within 30 s of the coordinator,
+    # in one line, no traceback (torchrun's agent: store errors, workers stopped)
+    _, plan = one_stage_per_host()
+    steps = 5
+    with netns.Hosts(3, rate_mbit=100) as hosts:
+        job = RecoveringJob(tmp_path, hosts, write_plan(plan, tmp_path), "z", steps,
+                            coordinator_host=2)
+        job.start([], lambda i: [], hang_s=5.0)
+        job.wait_for(1)
+        kill_host(hosts, 0)
+        lines = job.finish(survivors=[1, 2])
+        job.agents_end_cleanly([1, 2])
+    events, _ = bit_identical(job, lines, gpt2_reference(plan, steps))
+    assert [(e["cause"], e["device"]) for e in events] == [("hang", "d0")]
 
 
 @pytest.mark.slow
