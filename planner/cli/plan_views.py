@@ -20,9 +20,11 @@ if TYPE_CHECKING:
 def plan_table(plan: Plan) -> Table:
     """Per-stage summary of a plan as a rich table (fits 80 columns; the device list
     wraps). Columns: stage, blocks, devices (samples), K = in-flight micro-batches,
-    forward / backward / all-reduce / outgoing link ms, and ``mem used``: the stage's
-    peak memory as a share of its most loaded device's usable memory."""
+    forward / backward ms, all-reduce and outgoing link ms under the plan's own traffic
+    (:func:`transfer_figures`), and ``mem used``: the stage's peak memory as a share of
+    its most loaded device's usable memory."""
     cost, part = plan.cost, plan.partition
+    figures = transfer_figures(plan)
     table = compact_table()
     for col in ("stage", "blocks", "devices (samples)", "K", "fwd ms", "bwd ms", "ar ms",
                 "link ms", "mem used"):  # fmt: skip
@@ -37,11 +39,21 @@ def plan_table(plan: Plan) -> Table:
             str(sc.warmup),
             f"{sc.forward_ms:.1f}",
             f"{sc.backward_ms:.1f}",
-            f"{sc.allreduce_ms:.1f}",
-            f"{sc.link_out_ms:.1f}" if p + 1 < part.num_stages else "-",
+            f"{figures[p][1]:.1f}",
+            f"{figures[p][0]:.1f}" if p + 1 < part.num_stages else "-",
             f"{peak:.0%}",
         )
     return table
+
+
+def transfer_figures(plan: Plan) -> list[tuple[float, float]]:
+    """Per stage, its outgoing link (a boundary's micro-batch from post to delivery) and
+    its ring all-reduce as they take in the plan's steady step, sharing the network with
+    the plan's other transfers (:meth:`CostModel.stage_transfer_ms`), not alone on an
+    idle network (``StageCost.link_out_ms`` / ``allreduce_ms``): the lab measured the
+    former (docs/decisions.md, "The per-stage link and all-reduce columns")."""
+    return CostModel(plan.problem, plan.partition.micro_batch_size).stage_transfer_ms(
+        plan.partition)
 
 
 DERIVED = re.compile(
@@ -102,14 +114,15 @@ def steady_text(cost: PlanCost) -> str:
 def plan_lines(plan: Plan) -> list[str]:
     """The narrow layout of :func:`plan_table`: one line per stage."""
     lines = []
+    figures = transfer_figures(plan)
     for p, (stage, sc) in enumerate(zip(plan.partition.stages, plan.cost.stages, strict=True)):
         devices = ", ".join(f"{d} ({y})" for d, y in zip(stage.devices, stage.samples, strict=True))
         peak = max(m / b for m, b in zip(sc.memory_bytes, sc.budget_bytes, strict=True))
-        link = f", link {sc.link_out_ms:.1f} ms" if p + 1 < plan.partition.num_stages else ""
+        link = f", link {figures[p][0]:.1f} ms" if p + 1 < plan.partition.num_stages else ""
         lines.append(
             f"stage {p}: blocks {stage.first}-{stage.end - 1} on {devices}; K {sc.warmup}; "
             f"fwd {sc.forward_ms:.1f} ms, bwd {sc.backward_ms:.1f} ms, all-reduce "
-            f"{sc.allreduce_ms:.1f} ms{link}; memory used {peak:.0%}"
+            f"{figures[p][1]:.1f} ms{link}; memory used {peak:.0%}"
         )
     return lines
 
