@@ -68,12 +68,15 @@ from edgepipe.executor.core import emulation
 from edgepipe.executor.core.options import WorkerOptions
 from edgepipe.executor.launch import launch
 from edgepipe.planner import api
-from edgepipe.planner.cli.demo import DEMO_RUN_BATCH, DEMO_RUN_HOST, DEMO_RUN_MODEL
 from edgepipe.planner.cost.model import CostModel
 from edgepipe.planner.inputs.config import AUTO
 from edgepipe.planner.inputs.profile import ModelProfile
 from edgepipe.planner.partition import Partition, StageAssignment
 from edgepipe.planner.plan import Plan, SolverInfo, make_plan, save_plan
+
+#: the model measured: a zoo build spec with analytic Jetson times, and this machine's
+#: measured profile of the same blocks (for the emulation's time scale)
+DEMO_RUN_MODEL, DEMO_RUN_HOST, DEMO_RUN_BATCH = "resnet18-analytic", "resnet18-cpu", 8
 
 #: name -> launch keyword arguments
 CONFIGS = {

@@ -19,8 +19,8 @@ import pytest
 
 @dataclass(frozen=True)
 class DemoRun:
-    """One ``edgepipe demo --run-steps 2 --time-limit 10``: its exit status, its ``--out``
-    folder and what it printed on standard output."""
+    """One ``edgepipe demo --emulate --run-steps 2 --time-limit 10``: its exit status, its
+    ``--out`` folder and what it printed on standard output."""
 
     status: int
     out: Path
@@ -31,12 +31,12 @@ class DemoRun:
 def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
     """The whole demo, run once for every test that checks a part of it.
 
-    It plans, compares the DP with the exact solver and the baselines (the exact solver
-    under a 10 s limit here: at the demo's default, 20 s, it alone ran for its whole
-    limit) and runs a plan on local processes with emulated devices (``--emulate``: the
-    lab demo, where the machine hosts one, takes minutes). Standard output is captured
-    by swapping ``sys.stdout``: the CLI's rich console writes to whatever
-    ``sys.stdout`` is when it prints.
+    It profiles the demo's model here, plans it with every planner (the exact solver
+    under a 10 s limit here, the demo's default being 20 s) and runs its four plans on
+    local processes with emulated devices, 2 steps each after 2 of calibration
+    (``--emulate``: the lab demo, where the machine hosts one, takes minutes). Standard
+    output is captured by swapping ``sys.stdout``: the CLI's rich console writes to
+    whatever ``sys.stdout`` is when it prints.
     """
     from edgepipe.planner.cli.main import main
 

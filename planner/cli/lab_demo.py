@@ -7,14 +7,20 @@ The problem is embedded (:data:`LAB_CLUSTER`, :data:`LAB_MODEL`): VGG-16 at 96 x
 width 1/8, global batch 32, on an Orin Nano, a Xavier NX and two TX2s on a 200 Mbit/s
 switch. Its best plans are hybrid: the convolutions (few parameters, most of the
 compute) on a data-parallel group, the fully connected layers (most of the parameters)
-pipelined after them. The executor, and with it torch, is imported inside
-:func:`lab_demo` only.
+pipelined after them.
+
+:func:`four_plans` is the demo's flow wherever its plans run: the lab's profile and
+runs here (:func:`lab_demo`), emulated ones in :mod:`planner.cli.emulated_demo`; both
+print one table, the speed-ups and one chart (:class:`DemoRuns` says where, in every
+line). The executor, and with it torch, is imported inside the functions only.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -87,19 +93,58 @@ def hybrid_note(plan: Plan) -> str:
             "devices, no uneven data-parallel group): the profile measured now decides")
 
 
+@dataclass(frozen=True)
+class DemoRuns:
+    """Where the demo's four plans run: ``where`` ("in the lab", "emulated") says so in
+    every line, table and chart; ``profile(cluster, outdir)`` gives the model's profile
+    on ``cluster``; ``measure(plan, label)`` runs one plan and sets its measured step
+    against the predicted one; the chart is written to ``outdir / chart``; ``loaded``
+    says what a loaded machine does to the measurements."""
+
+    where: str
+    profile: Callable[[Cluster, Path], ModelProfile]
+    measure: Callable[[Plan, str], LabMeasurement]
+    chart: str
+    loaded: str
+
+
 def lab_demo(outdir: Path, time_limit: float, backend: str) -> None:
     """The demo in the lab (module docstring), writing into ``outdir``."""
+    with executor_imports():
+        from edgepipe.executor.lab import fidelity
+
+    def measure(plan: Plan, label: str) -> LabMeasurement:
+        steps = fidelity.steps_for(plan)
+        err.print(f"running {label} in the lab: {steps} steps, {plan.partition.num_stages} "
+                  f"stage(s) on {len(plan.partition.used_devices())} device(s)",
+                  highlight=False)
+        return fidelity.measure(plan, label, outdir / "lab", LAB_SHARE, steps)
+
+    four_plans(outdir, time_limit, backend, DemoRuns(
+        "in the lab", _lab_profile, measure, "lab.png",
+        "the quotas hold each device to its share, but other processes still delay it "
+        "within a period"))
+
+
+def four_plans(outdir: Path, time_limit: float, backend: str, runs_as: DemoRuns,
+               run: bool = True) -> None:
+    """The demo's problem (:data:`LAB_MODEL` on :data:`LAB_CLUSTER`, profiled by
+    ``runs_as.profile``) planned with every planner, and (``run``) the DP plan, the
+    exact solver's, data parallelism and the best pipeline baseline run by
+    ``runs_as.measure``, each plan once: predicted against measured steps, the DP plan's
+    speed-ups beside the seed's claims, and a chart. Writes into ``outdir``."""
     from edgepipe.planner.check.gantt import draw_gantt
     from edgepipe.planner.check.simulator import simulate
 
     with executor_imports():
         from edgepipe.executor.lab import fidelity
+    where = runs_as.where
     cluster_path = outdir / "lab-cluster.json"
     cluster_path.write_text(json.dumps(LAB_CLUSTER, indent=1) + "\n")
     cluster = Cluster.load(cluster_path)
-    out.rule(f"edgepipe demo in the lab: {LAB_MODEL} ({', '.join(LAB_SIZES)}) on "
+    out.rule(f"edgepipe demo, {where}: {LAB_MODEL} ({', '.join(LAB_SIZES)}) on "
              f"{cluster.name}")
-    profile = _lab_profile(cluster, outdir)
+    profile = runs_as.profile(cluster, outdir)
     problem = make_problem(profile, cluster,
                            TrainingConfig(LAB_GLOBAL_BATCH, replication_interval=0))
     err.print(f"planning with every planner (the exact solver {backend}, <= {time_limit:g} s)",
@@ -109,6 +154,8 @@ def lab_demo(outdir: Path, time_limit: float, backend: str) -> None:
     print_plan(dp)
     draw_gantt(simulate(dp.problem, dp.partition), outdir / "gantt.png", title=gantt_title(dp))
     out.print(hybrid_note(dp), highlight=False)
+    if not run:
+        return
     best = fidelity.best_baseline(plans)
     runs: dict[str, LabMeasurement] = {}
     for planner in ("dp", "milp", fidelity.DATA_PARALLEL, best):
@@ -117,19 +164,15 @@ def lab_demo(outdir: Path, time_limit: float, backend: str) -> None:
             continue
         label = plans.label(planner)
         if label not in runs:
-            plan = plans.plans[planner]
-            steps = fidelity.steps_for(plan)
-            err.print(f"running {label} in the lab: {steps} steps, {plan.partition.num_stages} "
-                      f"stage(s) on {len(plan.partition.used_devices())} device(s)",
-                      highlight=False)
-            runs[label] = fidelity.measure(plan, label, outdir / "lab", LAB_SHARE, steps)
-    _print_runs(list(runs.values()))
-    _print_speedups(plans, runs, best)
-    chart = outdir / "lab.png"
+            runs[label] = runs_as.measure(plans.plans[planner], label)
+    _print_runs(list(runs.values()), where, runs_as.loaded)
+    _print_speedups(plans, runs, best, where)
+    chart = outdir / runs_as.chart
     fidelity.draw_measurements(list(runs.values()), chart,
-                               f"{LAB_MODEL} on {cluster.name}: predicted vs measured in the lab")
+                               f"{LAB_MODEL} on {cluster.name}: predicted vs measured, {where}")
+    folder = chart.with_suffix("")
     out.print(f"wrote {chart}, {outdir / 'gantt.png'} and each run's folder under "
-              f"{outdir / 'lab'} (`edgepipe report` for the per-device, stage and link table)",
+              f"{folder} (`edgepipe report` for the per-device, stage and link table)",
               highlight=False)
 
 
@@ -159,8 +202,10 @@ def _lab_profile(cluster: Cluster, outdir: Path) -> ModelProfile:
     return result.profile
 
 
-def _print_runs(runs: list[LabMeasurement]) -> None:
-    """Each run's predicted and measured step, error and load, as a table."""
+def _print_runs(runs: list[LabMeasurement], where: str, loaded_note: str) -> None:
+    """Each run's predicted and measured step, error and load, as a table; a warning
+    (ending in ``loaded_note``) naming those measured on a loaded machine."""
+    out.print(f"each plan's step, predicted and measured {where}:", highlight=False)
     table = compact_table()
     for col in ("plan", "stages", "devices", "predicted ms", "measured ms", "error", "load"):
         table.add_column(col, justify="left" if col == "plan" else "right")
@@ -171,16 +216,17 @@ def _print_runs(runs: list[LabMeasurement]) -> None:
                  f"{r.measured_ms:.1f}", f"{r.error:+.0%}", f"{r.load:.1f}")
         table.add_row(*cells)
         lines.append(f"{r.label}: {cells[1]} stage(s) on {cells[2]} device(s), predicted "
-                     f"{cells[3]} ms, measured {cells[4]} ms ({cells[5]}), load {cells[6]}")
+                     f"{cells[3]} ms, measured {cells[4]} ms {where} ({cells[5]}), load "
+                     f"{cells[6]}")
     print_table(table, lambda: lines)
     loaded = [r.label for r in runs if r.loaded()]
     if loaded:
         warn(f"measured on a loaded machine (1-minute load above its cores): "
-             f"{', '.join(loaded)}; the quotas hold each device to its share, but other "
-             "processes still delay it within a period")
+             f"{', '.join(loaded)}; {loaded_note}")
 
 
-def _print_speedups(plans: PlanSet, runs: dict[str, LabMeasurement], best: str) -> None:
+def _print_speedups(plans: PlanSet, runs: dict[str, LabMeasurement], best: str,
+                    where: str) -> None:
     """The DP plan's measured speed-ups next to the predicted ones and the seed's."""
     from edgepipe.executor.lab.fidelity import DATA_PARALLEL, speedup
 
@@ -190,5 +236,5 @@ def _print_speedups(plans: PlanSet, runs: dict[str, LabMeasurement], best: str) 
             continue
         predicted, measured = speedup(runs[plans.label(planner)], dp)
         out.print(f"the DP plan over {claim} ({planner}): predicted {predicted:.2f}x, measured "
-                  f"{measured:.2f}x in the lab (the seed claims {CLAIMS[claim]}x)",
+                  f"{measured:.2f}x {where} (the seed claims {CLAIMS[claim]}x)",
                   highlight=False)
