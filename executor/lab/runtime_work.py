@@ -3,7 +3,7 @@
 What is measured, and why it is the executor's work: three ranks of a real pipeline
 (:class:`executor.core.runtime.StageRuntime`, the loop every lab and real run uses) run
 in three threads of this process, each on its own gloo process group (a raw
-``ProcessGroupGloo`` on the loopback over an in-process store, through the
+``ProcessGroupGloo`` over an in-process store, as the workers make theirs, through the
 :class:`~executor.core.comm.Transport` the workers use), one rank per stage,
 ``MICRO_BATCHES`` micro-batches of ``SAMPLES`` samples a step under 1F1B. The stages
 hold no blocks (an empty ``nn.Sequential``; the first stage one scale, so that its
@@ -123,12 +123,12 @@ def measure_until_stable(policy: NoisePolicy) -> Work:
 
     def rank_main(rank: int) -> None:
         try:
-            options = dist.ProcessGroupGloo._Options()
-            options._devices = [dist.ProcessGroupGloo.create_device(interface="lo")]
-            options._timeout = timedelta(seconds=TIMEOUT_S)
-            pg = dist.ProcessGroupGloo(store, rank, STAGES, options)
+            # as the workers make theirs (executor/ft/generation.py; torch's stubs lack
+            # the point-to-point calls a gloo group has)
+            pg: dist.ProcessGroup = dist.ProcessGroupGloo(  # type: ignore[assignment]
+                store, rank, STAGES, timedelta(seconds=TIMEOUT_S))
             marks: list[float] = []
-            shape = {p: (WIDTH,) for p in range(STAGES)}
+            shape: dict[int, tuple[int, ...]] = {p: (WIDTH,) for p in range(STAGES)}
             dtype = dict.fromkeys(range(STAGES), torch.float32)
             links = StageLinks(layout, rank, Transport(pg), shape, dtype, torch.device("cpu"))
             spare = nn.Parameter(torch.zeros(1))
