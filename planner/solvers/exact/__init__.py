@@ -37,6 +37,8 @@ Where each part lives:
     bounds        bounds without a solver: :func:`quick_bound`, the min-max
                   :func:`program_bounds` (bisection on T), the time horizon;
     stage_bounds  the feasibility DP :func:`program_bounds` bisects over;
+    fractional    a cheap bound with stages cut anywhere (no table over block pairs),
+                  computed before the min-max one;
     tables        per-class block, memory and network tables, ring coefficients and the
                   stages' action orders, from the cost model, shared by every program;
     formulation   the program of one (B, P): variables and constraints, how each stands

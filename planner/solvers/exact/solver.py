@@ -36,6 +36,7 @@ from edgepipe.planner.solvers.classes import device_classes
 from edgepipe.planner.solvers.diagnosis import diagnose_infeasible
 from edgepipe.planner.solvers.dp.driver import plan_dp
 from edgepipe.planner.solvers.exact.bounds import horizon, quick_bound, raise_least, test_at
+from edgepipe.planner.solvers.exact.fractional import fractional_bounds
 from edgepipe.planner.solvers.exact.search import (
     CUTOFF_SLACK,
     Incumbent,
@@ -226,17 +227,21 @@ def _closed_form_bounds(
 ) -> dict[tuple[int, int], float]:
     """Per (B, P) program (B in ``sizes``, P <= ``max_p``) a lower bound on its plans'
     cost-model figure: the larger of :func:`quick_bound` and, with an incumbent, the
-    min-max bound of :func:`planner.solvers.exact.bounds.program_bounds`, which gets
-    BOUND_SHARE of the ``deadline``'s limits: first every micro-batch size's tables are
-    built and tested at the incumbent (what prunes; by TEST_SHARE: a size whose tables
-    are not built by then keeps its quick bounds), then the open programs' bounds are
-    bisected, one step for every size in turn."""
+    fractional-cut bound of :mod:`planner.solvers.exact.fractional` (milliseconds per
+    size, computed first) and the min-max bound of
+    :func:`planner.solvers.exact.bounds.program_bounds`, which gets BOUND_SHARE of the
+    ``deadline``'s limits: first every micro-batch size's tables are built and tested at
+    the incumbent (what prunes; by TEST_SHARE: a size whose tables are not built by then
+    keeps its earlier bounds), then the open programs' bounds are bisected, one step for
+    every size in turn."""
     jobs = [(b, p) for b in sizes for p in range(1, max_p + 1)]
     quick = {j: quick_bound(tables, *j) for j in jobs}
     known = {b: np.array([0.0, *(quick[b, p] for p in range(1, max_p + 1))]) for b in sizes}
     if best is not None:
         ceiling = best[0] * (1 + CUTOFF_SLACK)
         tested, until = deadline.share(TEST_SHARE), deadline.share(BOUND_SHARE)
+        for b in sizes:  # the cheap relaxation first: no table over block pairs
+            fractional_bounds(tables, b, max_p, known[b], ceiling, tested)
         searches = []
         for b in sizes:
             if not tested.passed():

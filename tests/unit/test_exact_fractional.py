@@ -1,0 +1,89 @@
+"""The fractional-cut bound (planner.solvers.exact.fractional) against brute force: it is
+below the cost model's iteration time of every plan of its (micro-batch, stage count),
+and it is not vacuous."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from edgepipe.planner.cost.model import CostModel
+from edgepipe.planner.inputs.cluster import Link
+from edgepipe.planner.solvers.classes import device_classes
+from edgepipe.planner.solvers.exact.fractional import FractionalBounds, fractional_bounds
+from edgepipe.planner.solvers.exact.tables import Tables
+from edgepipe.planner.solvers.time_limit import Deadline
+
+from tests.helpers.oracles import all_partitions
+from tests.helpers.synthetic import knob_mix_problem, random_problem
+
+
+def instances():
+    """Tiny problems over the knobs: two device types or one, shared or switched, a slow
+    per-pair link, warm-ups, 1F1B / GPipe, memory that binds (the bound ignores memory,
+    so every plan counts, fitting or not)."""
+    out = []
+    for seed in range(6):
+        rng = np.random.default_rng(seed)
+        devices = int(rng.integers(2, 5))
+        links = (Link("d0", "d1", bandwidth_mbps=50.0, latency_ms=3.0),) if seed == 3 else ()
+        out.append(knob_mix_problem(rng, int(rng.integers(2, 6)), devices, seed, links))
+    # identical devices, many samples per micro-batch, slow network (ring and fill weigh)
+    out.append(
+        random_problem(
+            5,
+            3,
+            seed=7,
+            global_batch=8,
+            candidates=(1, 2, 4),
+            memory=(8e9, 8e9),
+            bandwidth_mbps=20.0,
+            topology="switched",
+        )
+    )
+    return out
+
+
+def least_per_program(problem) -> dict[tuple[int, int], float]:
+    """Brute force: the least iteration time per (micro-batch, stage count)."""
+    cm = CostModel(problem)
+    least: dict[tuple[int, int], float] = {}
+    for batch in problem.config.micro_batch_sizes():
+        for plan in all_partitions(problem, batch):
+            key = (batch, plan.num_stages)
+            least[key] = min(least.get(key, math.inf), cm.evaluate(plan).iteration_ms)
+    return least
+
+
+@pytest.mark.parametrize("index", range(7))
+def test_fractional_bound_is_below_every_plan_of_its_program(index):
+    # below the least plan of each (micro-batch, stage count), and not vacuous: within
+    # 30% of it somewhere
+    problem = instances()[index]
+    least = least_per_program(problem)
+    tables = Tables(problem, CostModel(problem), device_classes(problem))
+    max_p = min(problem.model.num_blocks, len(problem.cluster.devices))
+    ceiling = 10.0 * max(least.values())
+    ratios = []
+    for batch in problem.config.micro_batch_sizes():
+        known = np.zeros(max_p + 1)
+        fractional_bounds(tables, batch, max_p, known, ceiling, Deadline(60.0), rel_tol=1e-6)
+        for p in range(1, max_p + 1):
+            if (batch, p) in least:  # (no plan has more stages than devices of samples)
+                assert known[p] <= least[batch, p] * (1 + 1e-9), (batch, p)
+                ratios.append(known[p] / least[batch, p])
+    assert max(ratios) > 0.7
+
+
+def test_a_program_that_cannot_meet_the_ceiling_rises_to_it():
+    # the pruning step: below every plan's figure the relaxation is infeasible, so the
+    # entry rises to the ceiling; at or above the best one it stays below it
+    problem = instances()[6]
+    least = least_per_program(problem)
+    tables = Tables(problem, CostModel(problem), device_classes(problem))
+    fb = FractionalBounds(tables, 4, 3)
+    known = np.zeros(4)
+    fractional_bounds(tables, 4, 3, known, 1e-3, Deadline(60.0))
+    assert known[1:].tolist() == [1e-3] * 3
+    assert fb.feasible(np.array([1, 2, 3]), np.array([least[4, p] for p in (1, 2, 3)])).all()
