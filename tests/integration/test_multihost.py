@@ -458,11 +458,13 @@ class RecoveringJob:
             time.sleep(0.2)
         return read_jsonl(self.out / "metrics.jsonl")
 
-    def agents_end_cleanly(self, survivors: list[int], within_s: float = 30) -> None:
+    def agents_end_cleanly(self, survivors: list[int], within_s: float = 30) -> list[str]:
         """The torchrun agents (or standby workers) started on hosts ``survivors`` exit
         0 within ``within_s`` of the coordinator's end (:meth:`finish`), with no
-        traceback in their output: torch's exit barrier waits 300 s by default for
-        an agent lost with its host, then logs a DistStoreError (issue 27)."""
+        traceback in their output (returned, one per survivor): torch's exit barrier
+        waits 300 s by default for an agent lost with its host, then logs a
+        DistStoreError (issue 27)."""
+        outs = []
         for i in survivors:
             agent = self.agents[i]
             try:
@@ -474,6 +476,8 @@ class RecoveringJob:
             assert agent.returncode == 0, out[-3000:]
             # (a keep-alive warning of torch's rendezvous under load is no failure)
             assert "Traceback" not in out and "DistStoreError" not in out, out[-3000:]
+            outs.append(out)
+        return outs
 
     def weights(self) -> Path:
         """One folder with every rank's saved weights (as ``weights/``; the last
@@ -630,7 +634,11 @@ def test_the_surviving_agents_end_promptly_when_host_0_with_the_rendezvous_store
         job.wait_for(1)
         kill_host(hosts, 0)
         lines = job.finish(survivors=[1, 2])
-        job.agents_end_cleanly([1, 2])
+        outs = job.agents_end_cleanly([1, 2])
+    for out in outs:  # each agent says what happened, once, with its workers' status
+        assert out.count("rendezvous store (host 0's agent) is unreachable") == 1, out
+        assert ("this host's workers succeeded; the rendezvous store was lost with host 0: "
+                "not waiting for the other agents; exiting") in out, out
     events, _ = bit_identical(job, lines, gpt2_reference(plan, steps))
     assert [(e["cause"], e["device"]) for e in events] == [("hang", "d0")]
 
