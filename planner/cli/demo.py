@@ -46,7 +46,7 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--run-steps",
         type=non_negative_int,
-        default=4,
+        default=3,
         help="in emulation: steps of each plan's run after its calibration (0: plan only, "
         "run nothing; the demo then runs no lab either)",
     )
