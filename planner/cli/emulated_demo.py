@@ -15,6 +15,7 @@ measured step is the run's median step after the first, divided by that scale.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -68,8 +69,6 @@ def _per_core(t: Timing, cores: float) -> Timing:
 def _profile(cluster: Cluster, outdir: Path) -> ModelProfile:
     """The lab model timed here and scaled to each device type's lab quota (module
     docstring); written to ``emulated-profile.json``."""
-    import json
-
     with executor_imports():
         from edgepipe.executor.lab.cgroups import type_quotas
         from edgepipe.executor.profiling.noise import NoisePolicy, measure_until_stable, warnings
