@@ -28,6 +28,21 @@ only slow it). Every term but F is a sum over the stage's blocks plus a constant
 
     A(x') <= T - c(s, q) + A(x) - F(x),  A = prefix of M t_j(., y) + 2 (s - 1) / s v W(.)
 
+Two more branches, each a condition of the same form with its own A, fill and constant:
+
+    drain:      F(a) + Bk(a) + 2 q hop + M sum t_j(l, y_d)  (after the stage's last
+                backward, that of micro-batch M - 1, it goes back through blocks
+                0 .. a - 1, each at its least backward time, Bk, over q cuts);
+    round trip: F(a) + q hop + (M - n_q + 1) sum f_j(l, y_d) + M sum b_j(l, y_d) + ring
+                + G(L) - G(b) + 2 (P - 1 - q) hop, with n_q the forwards stage q runs
+                before its first backward in the schedule
+                (:func:`planner.solvers.exact.tables.stage_orders`): that backward B(m)
+                waits for micro-batch m to go through every later block and back (G:
+                per block the least forward plus the least backward time over classes
+                and y <= B;
+                a hop per cut each way), and after it the device still runs all M
+                backwards and M - n_q forwards, F(m) at least before it.
+
 Relaxation (why the bound is a bound): a plan's integer cuts are fractional cuts whose
 terms are exactly the above, so any plan meeting T meets the relaxed conditions; memory
 is ignored; devices may stay unused. So the least T met by the relaxation is at most
@@ -40,10 +55,11 @@ So a stage may start anywhere in [0, R_{p-1}(n - g)], which gives it
 
     H(x) = max_{x0 <= x} (A(x0) - F(x0)),   x'_{j,y} = max {x' : A(x') <= T - c + H(x)}
 
-per device of group j with y samples; the stage of composition g reaches the furthest
-x' at which its devices can take the micro-batch: sum_j g_j Y_j(x') >= B, Y_j(x') the
-most samples a device of group j can take and still reach x'. R_p(n) = max over
-compositions g <= n of that reach; T is met with P stages when R_P(n) = L for some n.
+per device of group j with y samples (the least over the branches); the stage of
+composition g reaches the furthest x' at which its devices can take the micro-batch:
+sum_j g_j Y_j(x') >= B, Y_j(x') the most samples a device of group j can take and still
+reach x'. R_p(n) = max over compositions g <= n of that reach; T is met with P stages
+when R_P(n) = L for some n.
 
 Complexity: per T, O(P S G J B log L) (S states, G compositions as in the min-max bound,
 J groups, B samples), vectorised over (states, compositions); tables O(J B N L).
@@ -55,7 +71,7 @@ import math
 
 import numpy as np
 from edgepipe.planner.solvers.exact.stage_bounds import bound_groups, compositions
-from edgepipe.planner.solvers.exact.tables import Tables
+from edgepipe.planner.solvers.exact.tables import Tables, stage_orders
 from edgepipe.planner.solvers.time_limit import Deadline
 
 
@@ -78,7 +94,11 @@ class FractionalBounds:
         self.back_ok = (digits[:, None, :] >= self.comps[None, :, :]).all(axis=2)
         self.back = np.where(self.back_ok, np.arange(n_states)[:, None] - self.comps @ radix, 0)
         cols = slice(1, batch + 1)
-        # per group, (L, B): least forward + backward time of each block at y samples
+        self.m_count, self.gmax, self.v_lo = m_count, gmax, tables.v_lo
+        # per group, (L, B): least forward, backward and forward + backward time of each
+        # block at y samples over the group's classes
+        self.fwd = [np.min([tables.tf[k][:, cols] for k in grp], axis=0) for grp in groups]
+        self.bwd = [np.min([tables.tb[k][:, cols] for k in grp], axis=0) for grp in groups]
         work = [
             np.min([tables.tf[k][:, cols] + tables.tb[k][:, cols] for k in grp], axis=0)
             for grp in groups
@@ -86,50 +106,108 @@ class FractionalBounds:
         least_f = np.min([tf[:, cols].min(axis=1) for tf in tables.tf], axis=0)
         least_b = np.min([tb[:, cols].min(axis=1) for tb in tables.tb], axis=0)
         pre_f = np.concatenate([[0.0], np.cumsum(least_f)])
-        # the two conditions' fills: forward only (ring branch), forward and backward
-        # (drain branch)
+        # the fills: forward only (ring and round-trip branches), forward and backward
+        # (drain branch; also G of the round trip: below every group's f + b at any y,
+        # so the round trip's A - G never falls)
         self.fills = (pre_f, pre_f + np.concatenate([[0.0], np.cumsum(least_b)]))
+        self.trip = self.fills[1]
         bnd = np.asarray(tables.boundary, dtype=float)
         self.hop = float(tables.lat_lo + tables.v_lo * bnd[:-1].min()) if n_blocks > 1 else 0.0
         self.lat = tables.lat_lo
-        grad = np.asarray(tables.grad, dtype=float)
+        self.grad = np.asarray(tables.grad, dtype=float)
+        self.problem = tables.problem
         # per branch i, A[i, j, y - 1, s - 1] and H likewise, each (L + 1,)
         shape = (2, len(groups), batch, gmax, n_blocks + 1)
         self.prefix, self.hull = np.zeros(shape), np.zeros(shape)
         for j, w in enumerate(work):
             for s in range(1, gmax + 1):
-                ring = 2.0 * (s - 1.0) / s * tables.v_lo * grad
-                for i, extra in enumerate((ring, np.zeros_like(ring))):
+                for i, extra in enumerate((self._ring(s), np.zeros(n_blocks))):
                     a_pre = np.vstack(
                         [np.zeros(batch), np.cumsum(m_count * w + extra[:, None], axis=0)]
                     ).T
                     self.prefix[i, j, :, s - 1] = a_pre
                     self.hull[i, j, :, s - 1] = np.maximum.accumulate(a_pre - self.fills[i], axis=1)
+        self._trips: dict[tuple[int, int, int, int], tuple[np.ndarray, ...]] = {}
+        self._firsts: dict[int, list[int]] = {}
+
+    def _ring(self, s: int) -> np.ndarray:
+        """Per block, the ring all-reduce's ms per stage of ``s`` devices (its bytes)."""
+        return 2.0 * (s - 1.0) / s * self.v_lo * self.grad
+
+    def forwards_first(self, num_stages: int) -> list[int]:
+        """Per stage q of a ``num_stages`` schedule, the forwards its devices run before
+        their first backward (n_q of the round-trip branch)."""
+        if num_stages not in self._firsts:
+            orders = stage_orders(self.problem, self.batch, num_stages)
+            self._firsts[num_stages] = [
+                next((i for i, (kind, _) in enumerate(acts) if kind == "B"), len(acts))
+                for acts in orders
+            ]
+        return self._firsts[num_stages]
+
+    def _trip_branch(self, j: int, y: int, s: int, n_first: int) -> tuple[np.ndarray, ...]:
+        """The round-trip branch's (A - G, A, fill, H) for group ``j``, ``y`` samples,
+        ``s`` devices and ``n_first`` forwards before the first backward (cached)."""
+        key = (j, y, s, n_first)
+        if key not in self._trips:
+            per = ((self.m_count - n_first + 1) * self.fwd[j][:, y - 1]
+                   + self.m_count * self.bwd[j][:, y - 1] + self._ring(s))  # fmt: skip
+            a_pre = np.concatenate([[0.0], np.cumsum(per)])
+            fill = self.fills[0]
+            hull = np.maximum.accumulate(a_pre - fill)
+            self._trips[key] = (a_pre - self.trip, a_pre, fill, hull)
+        return self._trips[key]
 
     def _reach(
-        self, start: np.ndarray, budget: tuple[np.ndarray, np.ndarray], j: int, y: int, s: int
+        self,
+        start: np.ndarray,
+        rooms: tuple[np.ndarray, np.ndarray, np.ndarray],
+        n_first: np.ndarray,
+        j: int,
+        y: int,
+        s: int,
     ) -> np.ndarray:
         """x'_{j,y} of the module docstring for stages of ``s`` devices starting at most at
-        ``start`` (-inf: no prefix), the least over the two branches (T - c of each in
-        ``budget``, shaped as ``start``); -inf where no x' meets them."""
+        ``start`` (rows x ..., -inf: no prefix), the least over the three branches (T -
+        c of each in ``rooms``, shaped as ``start``; ``n_first`` per row: the
+        round-trip branch's forwards before the first backward); -inf where no x'
+        meets them."""
+        out = np.full(start.shape, np.inf)
+        for i in (0, 1):
+            a_pre, hull = self.prefix[i, j, y - 1, s - 1], self.hull[i, j, y - 1, s - 1]
+            out = np.minimum(
+                out, self._furthest(start, rooms[i], a_pre, a_pre, self.fills[i], hull)
+            )
+        for n in np.unique(n_first):
+            rows = n_first == n
+            got = self._furthest(start[rows], rooms[2][rows], *self._trip_branch(j, y, s, int(n)))
+            out[rows] = np.minimum(out[rows], got)
+        return np.where(np.isfinite(start), out, -np.inf)
+
+    def _furthest(
+        self,
+        start: np.ndarray,
+        room: np.ndarray,
+        inverse: np.ndarray,
+        a_pre: np.ndarray,
+        fill: np.ndarray,
+        hull: np.ndarray,
+    ) -> np.ndarray:
+        """max {x' : inverse(x') <= room + H(x)}, H(x) = max_{x0 <= x} (a_pre - fill)(x0)
+        with ``hull`` its running max at the block ends; -inf where none."""
         n_blocks = self.n_blocks
         x = np.clip(start, 0.0, n_blocks)
         base = np.floor(x).astype(np.int64)
         grid = np.arange(n_blocks + 1, dtype=float)
-        out = np.full(start.shape, np.inf)
-        for i, room in enumerate(budget):
-            a_pre, hull = self.prefix[i, j, y - 1, s - 1], self.hull[i, j, y - 1, s - 1]
-            here = np.interp(x, grid, a_pre) - np.interp(x, grid, self.fills[i])
-            value = room + np.maximum(hull[base], here)
-            k = np.searchsorted(a_pre, value, side="right") - 1
-            inner = np.clip(k, 0, n_blocks - 1)
-            step = a_pre[inner + 1] - a_pre[inner]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                frac = np.where(step > 0, (value - a_pre[inner]) / np.where(step > 0, step, 1.0),
-                                0.0)  # fmt: skip
-            got = np.where(k >= n_blocks, float(n_blocks), inner + np.clip(frac, 0.0, 1.0))
-            out = np.minimum(out, np.where(k < 0, -np.inf, got))
-        return np.where(np.isfinite(start), out, -np.inf)
+        here = np.interp(x, grid, a_pre) - np.interp(x, grid, fill)
+        value = room + np.maximum(hull[base], here)
+        k = np.searchsorted(inverse, value, side="right") - 1
+        inner = np.clip(k, 0, n_blocks - 1)
+        step = inverse[inner + 1] - inverse[inner]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            frac = np.where(step > 0, (value - inverse[inner]) / np.where(step > 0, step, 1.0), 0.0)
+        got = np.where(k >= n_blocks, float(n_blocks), inner + np.clip(frac, 0.0, 1.0))
+        return np.where(k < 0, -np.inf, got)
 
     def feasible(self, targets: np.ndarray, limit: np.ndarray) -> np.ndarray:
         """Per row: can P = ``targets[i]`` stages meet T = ``limit[i]`` in the
@@ -140,26 +218,35 @@ class FractionalBounds:
         reach[:, 0] = 0.0
         n_groups, batch = self.comps.shape[1], self.batch
         for p in range(1, int(targets.max()) + 1):
+            q = p - 1
+            n_first = np.array([self.forwards_first(int(t))[q] if q < t else 1 for t in targets])
+            # hops after stage q on the round trip, there and back
+            after = 2.0 * np.maximum(targets - 1 - q, 0) * self.hop
             nxt = np.full_like(reach, -np.inf)
             for s in np.unique(self.sizes):
                 sel = np.flatnonzero(self.sizes == s)
                 start = np.where(self.back_ok[:, sel], reach[:, self.back[:, sel]], -np.inf)
                 zero = np.zeros_like(start)
-                budget = (limit[:, None, None] - (p - 1) * self.hop
-                          - 2.0 * (s - 1) * self.lat + zero,
-                          limit[:, None, None] - 2.0 * (p - 1) * self.hop + zero)  # fmt: skip
-                comps = self.comps[sel]  # (Gs, J)
+                ring_lat = 2.0 * (s - 1) * self.lat
+                room = limit[:, None, None] - q * self.hop + zero
+                rooms = (room - ring_lat, room - q * self.hop,
+                         room - ring_lat - after[:, None, None] - self.trip[-1])  # fmt: skip
                 if n_groups == 1:  # the stage's s devices: one takes >= ceil(B / s)
-                    got = self._reach(start, budget, 0, -(-batch // int(s)), int(s))
+                    got = self._reach(start, rooms, n_first, 0, -(-batch // int(s)), int(s))
                 else:
-                    got = self._mixed(start, budget, comps, int(s))
+                    got = self._mixed(start, rooms, n_first, self.comps[sel], int(s))
                 nxt = np.maximum(nxt, got.max(axis=2))
             reach = nxt
             ok |= (targets == p) & (reach >= self.n_blocks * (1 - 1e-12)).any(axis=1)
         return ok
 
     def _mixed(
-        self, start: np.ndarray, budget: tuple[np.ndarray, np.ndarray], comps: np.ndarray, s: int
+        self,
+        start: np.ndarray,
+        rooms: tuple[np.ndarray, np.ndarray, np.ndarray],
+        n_first: np.ndarray,
+        comps: np.ndarray,
+        s: int,
     ) -> np.ndarray:
         """The reach of stages of several groups: the furthest x' where the devices'
         sample capacities sum_j g_j Y_j(x') reach B (module docstring)."""
@@ -167,7 +254,7 @@ class FractionalBounds:
         cand = np.empty((*start.shape, n_groups, batch))
         for j in range(n_groups):
             for y in range(1, batch + 1):
-                cand[..., j, y - 1] = self._reach(start, budget, j, y, s)
+                cand[..., j, y - 1] = self._reach(start, rooms, n_first, j, y, s)
         # Y_j(x') = #{y : some y' >= y reaches x'}: make each group's reaches
         # non-increasing in y
         cand = np.maximum.accumulate(cand[..., ::-1], axis=-1)[..., ::-1]
