@@ -87,3 +87,13 @@ def test_a_program_that_cannot_meet_the_ceiling_rises_to_it():
     fractional_bounds(tables, 4, 3, known, 1e-3, Deadline(60.0))
     assert known[1:].tolist() == [1e-3] * 3
     assert fb.feasible(np.array([1, 2, 3]), np.array([least[4, p] for p in (1, 2, 3)])).all()
+
+
+def test_a_passed_deadline_leaves_the_known_bounds():
+    problem = instances()[6]
+    tables = Tables(problem, CostModel(problem), device_classes(problem))
+    known = np.array([0.0, 5.0, 4.0, 3.0])
+    fractional_bounds(tables, 4, 3, known, 1e9, Deadline(1e-9))
+    assert known.tolist() == [0.0, 5.0, 4.0, 3.0]
+    with pytest.raises(TimeoutError):
+        FractionalBounds(tables, 4, 3).feasible(np.array([3]), np.array([1e9]), Deadline(1e-9))

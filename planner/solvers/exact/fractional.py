@@ -209,15 +209,22 @@ class FractionalBounds:
         got = np.where(k >= n_blocks, float(n_blocks), inner + np.clip(frac, 0.0, 1.0))
         return np.where(k < 0, -np.inf, got)
 
-    def feasible(self, targets: np.ndarray, limit: np.ndarray) -> np.ndarray:
+    def feasible(
+        self, targets: np.ndarray, limit: np.ndarray, deadline: Deadline | None = None
+    ) -> np.ndarray:
         """Per row: can P = ``targets[i]`` stages meet T = ``limit[i]`` in the
-        relaxation? One DP layer per stage up to the largest P."""
+        relaxation? One DP layer per stage up to the largest P.
+
+        Raises:
+            TimeoutError: ``deadline`` passed (checked before each layer)."""
         rows = len(targets)
         ok = np.zeros(rows, dtype=bool)
         reach = np.full((rows, self.n_states), -np.inf)
         reach[:, 0] = 0.0
         n_groups, batch = self.comps.shape[1], self.batch
         for p in range(1, int(targets.max()) + 1):
+            if deadline is not None and deadline.passed():
+                raise TimeoutError
             q = p - 1
             n_first = np.array([self.forwards_first(int(t))[q] if q < t else 1 for t in targets])
             # hops after stage q on the round trip, there and back
@@ -289,14 +296,17 @@ def fractional_bounds(
     stages = np.arange(1, max_stages + 1)
     lo = known[1:].copy()
     hi = np.full(max_stages, ceiling)
-    sel = lo < ceiling
-    if sel.any():  # first at the ceiling: an entry that cannot meet it is pruned
-        met = fb.feasible(stages[sel], hi[sel])
-        lo[np.flatnonzero(sel)[~met]] = ceiling
-    while (sel := (hi - lo > rel_tol * hi) & (lo < ceiling)).any() and not deadline.passed():
-        mid = 0.5 * (lo + hi)[sel]
-        met = fb.feasible(stages[sel], mid)
-        idx = np.flatnonzero(sel)
-        hi[idx[met]] = mid[met]
-        lo[idx[~met]] = mid[~met]
+    try:
+        sel = lo < ceiling
+        if sel.any():  # first at the ceiling: an entry that cannot meet it is pruned
+            met = fb.feasible(stages[sel], hi[sel], deadline)
+            lo[np.flatnonzero(sel)[~met]] = ceiling
+        while (sel := (hi - lo > rel_tol * hi) & (lo < ceiling)).any():
+            mid = 0.5 * (lo + hi)[sel]
+            met = fb.feasible(stages[sel], mid, deadline)
+            idx = np.flatnonzero(sel)
+            hi[idx[met]] = mid[met]
+            lo[idx[~met]] = mid[~met]
+    except TimeoutError:
+        pass  # every entry of lo is still a valid bound
     known[1:] = np.maximum(known[1:], lo)
