@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import torch
 from edgepipe.executor.lab import runtime_work
+from edgepipe.executor.lab.profiling import _combine
 from edgepipe.executor.profiling.noise import NoisePolicy
+from edgepipe.planner.inputs.cluster import Cluster, Device, DeviceType, Network
+from edgepipe.planner.inputs.profile import Block, LabQuota, ModelProfile, RuntimeWork, Timing
 
 
 def test_the_measured_pipeline_spends_cpu_on_both_sides_of_each_micro_batch():
@@ -22,3 +25,20 @@ def test_the_measured_pipeline_spends_cpu_on_both_sides_of_each_micro_batch():
     # 20 ms would be a step's work, not an action's
     assert 0.0 < work.forward_ms < work.backward_ms < 20.0
     assert work.spread <= 0.5 or work.rounds == 3
+
+
+def test_the_lab_profile_records_the_work_per_quota():
+    # 0.1 + 0.2 ms of CPU per micro-batch under a quarter of a core: 0.4 + 0.8 ms on the
+    # device, as the blocks' CPU times (0.5 ms -> 2 ms)
+    spec = DeviceType("t", "test device", 1e12, 1.0, 1.0, 1.0, "test", 1e6, {})
+    cluster = Cluster("c", (Device("a", "t"),), Network(8.0, 0.0, False, ()), {"t": spec})
+    measured = ModelProfile("m", {"kind": "measured"}, 1.0, (Block("b0", 0.0, 1.0, 0.0),),
+                            {"t": Timing((1,), ((0.5,),), ((0.5,),))})
+    quota = LabQuota(0.25, None, 1, 0.25)
+    profile = _combine({"t": (measured, quota, 0)}, {"t": RuntimeWork(0.1, 0.2, 0.03, 4)},
+                       cluster, 0.5)
+    timing = profile.timings["t"]
+    assert timing.forward_ms == ((2.0,),)
+    assert timing.runtime_work == RuntimeWork(0.4, 0.8, 0.03, 4)
+    assert ModelProfile.from_dict(profile.to_dict()).timings["t"].runtime_work == (
+        timing.runtime_work)
