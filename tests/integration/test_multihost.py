@@ -361,7 +361,8 @@ class RecoveringJob:
               hang_s: float = HANG_S, port: int = 29500, rdzv_port: int = 29400,
               standbys: Mapping[int, str] = MappingProxyType({})) -> None:
         self.coordinator = self.hosts.start(
-            self.coordinator_host, [PY, "-m", "edgepipe.executor.ft.coordinator", str(self.coord / f"{self.name}.json"),
+            self.coordinator_host,
+            [PY, "-m", "edgepipe.executor.ft.coordinator", str(self.coord / f"{self.name}.json"),
                 "--port", str(port), "--hang-timeout", str(hang_s), "--recover", "--steps",
                 str(self.steps), "--out", str(self.out), "--deterministic",
                 *self._watch(coordinator_args), *coordinator_args],
