@@ -11,6 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
+import os
+import resource
+import time
+from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,3 +51,39 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
         status = main(["demo", "--out", str(out), "--run-steps", "2", "--time-limit", "10",
                        "--emulate"])
     return DemoRun(status, out, printed.getvalue())
+
+
+def _cpu_s(who: int) -> float:
+    """User plus system CPU seconds of ``resource.getrusage(who)``."""
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
+    """Opt-in CPU accounting per test (docs/testing.md, "CPU per test").
+
+    With ``EDGEPIPE_TEST_CPU=<path>`` set, each test (set-up, call and tear-down) appends
+    one JSON line to ``<path>``: its node id, the CPU seconds of this pytest process
+    (``self_s``) and of the child processes it reaped meanwhile (``children_s``:
+    ``RUSAGE_CHILDREN`` counts a child once it is waited for, with the children it
+    reaped in turn), its wall time and the 1-minute load average at its end. One
+    ``write`` on a file opened for appending per line, so xdist workers can share the
+    path. Without the variable this does nothing.
+    """
+    path = os.environ.get("EDGEPIPE_TEST_CPU")
+    if not path:
+        yield
+        return
+    self_0, children_0 = _cpu_s(resource.RUSAGE_SELF), _cpu_s(resource.RUSAGE_CHILDREN)
+    wall_0 = time.monotonic()
+    yield
+    line = json.dumps({
+        "test": item.nodeid,
+        "self_s": round(_cpu_s(resource.RUSAGE_SELF) - self_0, 3),
+        "children_s": round(_cpu_s(resource.RUSAGE_CHILDREN) - children_0, 3),
+        "wall_s": round(time.monotonic() - wall_0, 3),
+        "load_1m": round(os.getloadavg()[0], 2),
+    })
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line + "\n")
