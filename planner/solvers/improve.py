@@ -4,8 +4,9 @@ micro-batch sizes; keep a move when the cost model prices it faster, until none 
 
 Inputs: a :class:`~planner.inputs.problem.Problem`, a memory-feasible
 :class:`~planner.partition.Partition` of it (the DP's plan, :func:`planner.solvers.solve.solve`
-runs this pass after the DP by default), a radius k, a budget of evaluations and a
-wall-clock limit.
+runs this pass after the DP by default), further starts, a radius k, a budget of
+evaluations, a number of kicks and an optional safety stop (wall clock or a
+:class:`~planner.solvers.time_limit.Deadline`).
 
 Objective: the cost model's steady-state step (``PlanCost.steady_ms``, what plans are
 ranked by, :func:`planner.solvers.dp.sizes.choose`), every candidate scored by
@@ -42,49 +43,70 @@ Neighbourhood of a plan of P stages at micro-batch B:
 The set of devices used never changes (the DP's tie rule chose it: fewer devices
 within ``TIE_TOLERANCE`` of the fastest; this pass does not undo that).
 
-Acceptance: best improvement in order of promise. The candidates not scored yet are
-ranked by the compute of their busiest device, M x (forward + backward) at its samples
-(:func:`busiest_device_ms`, O(P x g)): a steady step is never below it, so a candidate
-at or above the current step is dropped unscored; the others are scored least loaded
-first and the fastest of them that beats the current step is kept (``best_move=False``:
-the first that does); the round then starts again on the new plan's neighbourhood.
-Scored candidates are remembered, so none is evaluated twice.
+Acceptance: first improvement in order of promise. The candidates not scored yet are
+filtered by two figures: the compute of their busiest device, M x (forward + backward)
+at its samples (:func:`busiest_device_ms`, O(P x g)), a bound the steady step is never
+below, and the steady step with every transfer at its full rate
+(:func:`steady_estimate_ms`, the cost model's chained rounds without channel sharing);
+a candidate whose figure is at or above the current step is dropped unscored. The
+first ``ROUND_WIDTH`` others in the order of the estimate are scored, and the first that
+fits memory and beats the current step is kept (none: the descent ends); the round then
+starts again on the new plan's neighbourhood (a descent). Scored candidates are
+remembered for the whole pass, so none is evaluated twice and no descent walks back
+into a plan already scored.
 
-Termination: a round scores every candidate left without a faster one (a local optimum;
-status ``converged``), or ``max_evaluations`` candidates were scored (``evaluations``),
-or the wall clock passed ``time_limit`` seconds (``time_limit``); each kept move lowers
-the step by more than ``MIN_GAIN``, so the moves are finite too. The limit is checked
-before each evaluation, so the overshoot is one evaluation and one round's ranking.
+Restarts and kicks: the pass descends from the plan given, then from each of
+``starts`` (:func:`planner.solvers.solve.solve` passes the DP's own plan: local optima
+differ by start), each descent an equal share of the evaluations left; then, up to
+``kicks`` times, from the best plan's scored neighbour of least steady step not used
+yet (an uphill step; its descent cannot return to plans already scored). The best plan
+of all descents is returned.
+
+Termination: every descent and kick ended without a faster unscored candidate (status
+``converged``), or ``max_evaluations`` candidates were scored (``evaluations``: the
+budget, counted in work, so the same input gives the same plan at any load), or the
+caller's safety stop ``time_limit`` passed (``time_limit``; checked before each
+evaluation, so the overshoot is one evaluation and one round's ranking). Each kept move
+lowers the step by more than ``MIN_GAIN``, so the moves are finite too.
 
 Complexity: a round builds O((k + log L) P + P x kinds^2) candidates (a re-split is
 Algorithm 1 on one row, O(g) rounds of O(g) numpy work; the cut positions and a split's
-cut O(L x g)) and
-scores up to all of them, each one :meth:`CostModel.evaluate` (O(A log A) for A
-computations and transfers of the plan, ``1 + steady.ITERATIONS`` rounds: ~35 ms CPU
-for 9 stages on 16 devices); the whole pass at most ``max_evaluations`` evaluations.
-The cost model is built once (O(types x L x max micro-batch)).
+cut O(L x g)), estimates those past the compute bound (O(ITERATIONS x (M x (devices +
+pieces) + sum g^2)) each, about 1 ms at 16 devices) and scores them in that order, each
+one :meth:`CostModel.evaluate` (O(A log A) for A computations and transfers of the plan,
+``1 + steady.ITERATIONS`` rounds of the fair-sharing simulation on a switch: ~30 ms CPU
+for 9 stages on 16 devices); the whole pass at most ``max_evaluations`` evaluations and
+(max_evaluations + kicks + starts) rounds. The cost model is built once (O(types x L x
+max micro-batch)).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
+from edgepipe.planner.cost.makespan import longest_path_ends
 from edgepipe.planner.cost.model import CostModel, PlanCost
+from edgepipe.planner.cost.steady import ITERATIONS
 from edgepipe.planner.inputs.problem import Problem
 from edgepipe.planner.partition import Partition, StageAssignment
 from edgepipe.planner.solvers.allocation import allocate
+from edgepipe.planner.solvers.time_limit import Deadline
 
 #: blocks a cut moves at most, either way
 DEFAULT_RADIUS = 3
 #: beyond the radius, each cut distance is this multiple of the previous one
 LADDER_GROWTH = 1.6
-#: wall-clock seconds of one pass unless the caller gives fewer
-DEFAULT_TIME_LIMIT = 20.0
-#: candidates scored at most by one pass
-DEFAULT_MAX_EVALUATIONS = 2000
+#: restarts from the best plan's least-uphill neighbour once every descent converged
+DEFAULT_KICKS = 3
+#: candidates scored at most by one pass (its budget, in work)
+DEFAULT_MAX_EVALUATIONS = 1000
+#: candidates scored at most in one round, in estimate order (a round whose first this
+#: many do not help ends its descent: the accepted one ranked 0-88th of 214-265 on
+#: resnet101-like x 16 mixed, mostly 0-14th, docs/decisions.md)
+ROUND_WIDTH = 64
 #: a candidate is kept only when its step is below the current one by this fraction
 MIN_GAIN = 1e-9
 
@@ -349,68 +371,145 @@ def _with(part: Partition, changed: dict[int, StageAssignment]) -> Partition:
     return replace(part, stages=stages)
 
 
+def steady_estimate_ms(cm: CostModel, part: Partition) -> float:
+    """The steady step of ``part`` with every transfer at its pair's full rate: the
+    cost model's chained rounds by :func:`planner.cost.makespan.longest_path_ends` (its
+    point-to-point rule, no channel sharing: no event queue), the difference of the
+    same two iterations' ends as :func:`planner.cost.steady.steady_period_ms`. Equal to
+    ``steady_ms`` point to point; on a switch or a shared medium a transfer only gets
+    slower by sharing, so each chained round ends no earlier than here
+    (:meth:`CostModel.round_lower_bound_ms`'s argument), and on the fine suite no scored
+    candidate's step was below its estimate (docs/decisions.md), though for a difference
+    of two ends this is not proven. About 30 times cheaper than ``evaluate`` on 16
+    devices. O(iterations x (M x (devices + pieces) + sum_p g_p^2))."""
+    ends = longest_path_ends(*cm._round_inputs(part), ITERATIONS)
+    return ends[-2] - ends[-3]
+
+
+class _Search:
+    """The pass's state over its descents: one cost model and neighbourhood, the
+    candidates scored (each plan at most once in the whole pass: a descent after a kick
+    never walks back into a plan already scored), the evaluations spent and the caller's
+    safety deadline."""
+
+    def __init__(self, problem: Problem, cm: CostModel, radius: int, max_evaluations: int,
+                 deadline: Deadline | None) -> None:
+        self.cm, self.hood = cm, _Neighbourhood(problem, cm, radius)
+        self.max_evaluations, self.deadline = max_evaluations, deadline
+        self.scored: dict[Partition, PlanCost] = {}
+        self.evaluations = self.moves = 0
+        self.stopped = ""  # "evaluations" or "time_limit" once a budget ran out
+        self.kicked: set[Partition] = set()
+
+    def score(self, part: Partition) -> PlanCost | None:
+        """``part``'s figures (memoised), or None when a budget has run out."""
+        if part in self.scored:
+            return self.scored[part]
+        if self.evaluations >= self.max_evaluations:
+            self.stopped = self.stopped or "evaluations"
+            return None
+        if self.deadline is not None and self.deadline.passed():
+            self.stopped = "time_limit"
+            return None
+        self.evaluations += 1
+        self.scored[part] = figures = self.cm.evaluate(part)
+        return figures
+
+    def descend(self, part: Partition, cost: PlanCost, budget: int) -> tuple[Partition, PlanCost]:
+        """First improvement in estimate order from ``part`` until no unscored
+        candidate is faster, ``budget`` more evaluations are spent, or a budget of the
+        pass runs out (module docstring: acceptance)."""
+        until = min(self.max_evaluations, self.evaluations + budget)
+        improved = True
+        while improved and self.evaluations < until and not self.stopped:
+            improved = False
+            bar = cost.steady_ms * (1 - MIN_GAIN)
+            ranked = sorted(
+                (estimate, i, c)
+                for i, c in enumerate(self.hood.candidates(part))
+                if c not in self.scored and busiest_device_ms(self.cm, c) < bar
+                and (estimate := steady_estimate_ms(self.cm, c)) < bar
+            )
+            for _, _, candidate in ranked[:ROUND_WIDTH]:
+                if self.evaluations >= until:
+                    break
+                figures = self.score(candidate)
+                if figures is None:
+                    break
+                if figures.memory_ok and figures.steady_ms < bar:
+                    part, cost, improved = candidate, figures, True
+                    self.moves += 1
+                    break
+        return part, cost
+
+    def kicks(self, best: Partition) -> list[Partition]:
+        """The scored neighbours of ``best`` that fit memory, least steady step first:
+        where a kick restarts the descent (the uphill step least uphill)."""
+        around = [(self.scored[c].steady_ms, i, c)
+                  for i, c in enumerate(self.hood.candidates(best))
+                  if c in self.scored and self.scored[c].memory_ok]
+        return [c for _, _, c in sorted(around)]
+
+
 def improve(
     problem: Problem,
     partition: Partition,
     *,
-    time_limit: float = DEFAULT_TIME_LIMIT,
     max_evaluations: int = DEFAULT_MAX_EVALUATIONS,
     radius: int = DEFAULT_RADIUS,
     cost_model: CostModel | None = None,
-    best_move: bool = True,
+    starts: Sequence[Partition] = (),
+    kicks: int = DEFAULT_KICKS,
+    time_limit: float | Deadline | None = None,
 ) -> ImproveResult:
     """Improve ``partition`` by local moves (module docstring: neighbourhood, acceptance,
-    termination, complexity). ``time_limit``: wall-clock seconds for the pass;
-    ``max_evaluations``: candidates scored at most; ``radius``: blocks a cut moves at
-    most; ``cost_model``: one already built for ``problem`` with tables up to its largest
-    micro-batch candidate (else built here); ``best_move``: keep the fastest improving
-    candidate of a round (default) or the first.
+    termination, complexity). ``max_evaluations``: candidates scored at most, the pass's
+    budget (the same input gives the same plan at any load); ``radius``: blocks a cut
+    moves at most; ``cost_model``: one already built for ``problem`` with tables up to
+    its largest micro-batch candidate (else built here); ``starts``: further plans to
+    descend from (restarts; those that do not fit memory are skipped); ``kicks``: at
+    most this many restarts from the best plan's least-uphill neighbours once every
+    descent converged; ``time_limit``: a safety stop (seconds of wall clock, or a
+    :class:`Deadline`), not the budget: a pass it stops says ``time_limit``.
 
     Returns the best plan found (``partition`` itself when nothing helps, or when it
     does not fit memory: the pass only improves feasible plans).
 
     Raises:
-        PlanMismatchError: ``partition`` is not a plan of ``problem``.
-        ValueError: a radius below 1 or a negative evaluation budget.
+        PlanMismatchError: ``partition`` or a start is not a plan of ``problem``.
+        ValueError: a radius below 1 or a negative evaluation budget or kick count.
     """
-    if radius < 1 or max_evaluations < 0:
-        raise ValueError(f"radius must be >= 1 and max_evaluations >= 0, got {radius}, "
-                         f"{max_evaluations}")
-    start = time.perf_counter()
+    if radius < 1 or max_evaluations < 0 or kicks < 0:
+        raise ValueError(f"radius must be >= 1, max_evaluations and kicks >= 0, got "
+                         f"{radius}, {max_evaluations}, {kicks}")
+    clock = time.perf_counter()
+    deadline = Deadline(time_limit) if isinstance(time_limit, float | int) else time_limit
     cm = cost_model or CostModel(problem, max(problem.config.micro_batch_sizes()))
-    best, cost = partition, cm.evaluate(partition)
-    start_ms = cost.steady_ms
-    hood = _Neighbourhood(problem, cm, radius)
-    seen = {partition}
-    moves = evaluations = 0
-    status = "converged"
-    improved = cost.memory_ok
-    while improved:
-        improved = False
-        # the candidates not scored yet whose busiest device leaves room below the
-        # current step, least loaded first
-        ranked = sorted(
-            (load, i, c)
-            for i, c in enumerate(hood.candidates(best))
-            if c not in seen
-            and (load := busiest_device_ms(cm, c)) < cost.steady_ms * (1 - MIN_GAIN)
-        )
-        round_best, round_cost = best, cost
-        for _, _, candidate in ranked:
-            if evaluations >= max_evaluations:
-                status = "evaluations"
+    search = _Search(problem, cm, radius, max_evaluations, deadline)
+    cost = cm.evaluate(partition)
+    search.scored[partition] = cost
+    start_ms, best, best_cost = cost.steady_ms, partition, cost
+    if cost.memory_ok:
+        # the caller's plan, then each other start, each an equal share of what is left
+        begins = [partition, *(s for s in dict.fromkeys(starts) if s != partition)]
+        for n, begin in enumerate(begins):
+            figures = cm.evaluate(begin) if begin not in search.scored else search.scored[begin]
+            search.scored[begin] = figures
+            if not figures.memory_ok or search.stopped:
+                continue
+            share = (max_evaluations - search.evaluations) // (len(begins) - n)
+            part, figures = search.descend(begin, figures, share)
+            if figures.steady_ms < best_cost.steady_ms * (1 - MIN_GAIN):
+                best, best_cost = part, figures
+        # kicks: restart from the best plan's least-uphill scored neighbour
+        for _ in range(kicks):
+            fresh = [c for c in search.kicks(best) if c not in search.kicked]
+            if not fresh or search.stopped:
                 break
-            if time.perf_counter() - start >= time_limit:
-                status = "time_limit"
-                break
-            seen.add(candidate)
-            evaluations += 1
-            figures = cm.evaluate(candidate)
-            if figures.memory_ok and figures.steady_ms < round_cost.steady_ms * (1 - MIN_GAIN):
-                round_best, round_cost = candidate, figures
-                if not best_move:
-                    break
-        if round_best is not best:
-            best, cost, moves, improved = round_best, round_cost, moves + 1, True
-    return ImproveResult(best, cost, start_ms, moves, evaluations, status,
-                         time.perf_counter() - start)
+            search.kicked.add(fresh[0])
+            part, figures = search.descend(fresh[0], search.scored[fresh[0]],
+                                           max_evaluations - search.evaluations)
+            if figures.steady_ms < best_cost.steady_ms * (1 - MIN_GAIN):
+                best, best_cost = part, figures
+    return ImproveResult(best, best_cost, start_ms, search.moves, search.evaluations,
+                         search.stopped or "converged", time.perf_counter() - clock)

@@ -19,7 +19,6 @@ from edgepipe.planner.solvers.dp.driver import plan_dp
 from edgepipe.planner.solvers.dp.multilevel import coarse_views
 from edgepipe.planner.solvers.dp.sizes import choose
 from edgepipe.planner.solvers.exact.solver import DEFAULT_BACKEND, plan_milp
-from edgepipe.planner.solvers.improve import DEFAULT_TIME_LIMIT as IMPROVE_LIMIT
 from edgepipe.planner.solvers.improve import improve as improve_plan
 from edgepipe.planner.solvers.time_limit import Deadline, check_time_limit, default_time_limit
 
@@ -56,9 +55,11 @@ def solve(
     (:func:`planner.solvers.dp.multilevel.coarse_views`: a finer import never plans worse
     than a coarser one), take the tie rule's choice among the DP's and the views' plans,
     and polish it by local moves priced by the cost model
-    (:func:`planner.solvers.improve.improve`), all within what is left of ``time_limit``
-    (the pass at most ``improve.DEFAULT_TIME_LIMIT``); the baselines are never improved
-    (they stand for the published algorithms, docs/decisions.md).
+    (:func:`planner.solvers.improve.improve`, from that plan and from the DP's, within
+    its budget of ``improve.DEFAULT_MAX_EVALUATIONS`` evaluations; what is left of
+    ``time_limit`` only stops it early, and the plan then says ``timed_out``); the
+    baselines are never improved (they stand for the published algorithms,
+    docs/decisions.md).
     ``time_limit`` defaults to :func:`planner.solvers.time_limit.default_time_limit` of
     the cluster's size; ``cpu_time_limit`` (dp and milp) adds a budget of this process's
     CPU seconds: the first limit to run out stops the search. A search stopped by a
@@ -90,9 +91,10 @@ def solve(
             # the best of the DP's plans and its coarse views' (granularity never costs)
             views = coarse_views(problem, left, by_class=True)
             _, partition, _ = choose([*result.scored, *views, (cost, partition, 0.0)])
-            left = deadline.left_s()  # the CPU budget's too
-            polish = improve_plan(problem, partition, time_limit=min(max(left, 0.0),
-                                                                     IMPROVE_LIMIT))
+            # restarts from the DP's own plan too (local optima differ by start); the
+            # pass's budget is evaluations, the deadline (CPU budget's too) a safety stop
+            polish = improve_plan(problem, partition, starts=[result.partition],
+                                  time_limit=deadline)
             partition, cost = polish.partition, polish.cost
         info = SolverInfo(
             name="dp",
@@ -106,7 +108,8 @@ def solve(
                 "improve": None if polish is None else polish.summary(),
             },
             solve_time_s=time.perf_counter() - start,
-            status="timed_out" if result.status == "timed_out" else "heuristic",
+            status="timed_out" if result.status == "timed_out"
+            or (polish is not None and polish.status == "time_limit") else "heuristic",
         )
         return make_plan(problem, partition, info, cost=cost)
     if solver == "milp":

@@ -10,7 +10,7 @@ import pytest
 from edgepipe.planner.cli.main import main
 from edgepipe.planner.cost.model import CostModel
 from edgepipe.planner.partition import Partition, StageAssignment
-from edgepipe.planner.solvers.improve import improve, ladder
+from edgepipe.planner.solvers.improve import improve, ladder, steady_estimate_ms
 from edgepipe.planner.solvers.solve import solve
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -96,6 +96,51 @@ def test_never_slower_than_the_plan_given(seed: int, blocks: int, devices: int):
     else:  # only feasible plans are improved
         assert result.partition == part
     assert sorted(result.partition.used_devices()) == sorted(part.used_devices())
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), blocks=st.integers(2, 8), devices=st.integers(1, 4))
+def test_never_slower_than_any_start(seed: int, blocks: int, devices: int):
+    """Restarts: the plan returned is no slower than the plan given nor any start that
+    fits memory (each is a descent's first plan)."""
+    problem = random_problem(blocks, devices, seed=seed, global_batch=8, candidates=(1, 2, 4))
+    rng = np.random.default_rng(seed)
+    part, other = random_partition(problem, rng), random_partition(problem, rng)
+    cm = CostModel(problem)
+    before, alt = cm.evaluate(part), cm.evaluate(other)
+    result = improve(problem, part, starts=[other], max_evaluations=60)
+    if before.memory_ok:
+        feasible = [c.steady_ms for c in (before, alt) if c.memory_ok]
+        assert result.cost.steady_ms <= min(feasible)
+        assert result.cost.memory_ok
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), blocks=st.integers(2, 8), devices=st.integers(1, 4))
+def test_the_estimate_is_the_steady_step_point_to_point(seed: int, blocks: int, devices: int):
+    """Point to point no two transfers share a channel: the full-rate estimate that ranks
+    candidates is the cost model's steady step itself; on a switch it is never above it
+    on these plans."""
+    for topology in ("point_to_point", "switch"):
+        problem = random_problem(blocks, devices, seed=seed, global_batch=8,
+                                 candidates=(1, 2, 4), topology=topology)
+        part = random_partition(problem, np.random.default_rng(seed))
+        cm = CostModel(problem)
+        steady = cm.evaluate(part).steady_ms
+        if topology == "point_to_point":
+            assert steady_estimate_ms(cm, part) == pytest.approx(steady, rel=1e-9)
+        else:
+            assert steady_estimate_ms(cm, part) <= steady * (1 + 1e-9)
+
+
+def test_same_plan_whatever_the_clock():
+    """The budget is work: a generous safety stop and none give the same plan after the
+    same evaluations (no wall clock in the search's decisions)."""
+    problem = random_problem(12, 4, seed=3, global_batch=16, candidates=(2, 4, 8))
+    part = random_partition(problem, np.random.default_rng(5))
+    a = improve(problem, part, max_evaluations=40)
+    b = improve(problem, part, max_evaluations=40, time_limit=1e6)
+    assert (a.partition, a.evaluations, a.moves) == (b.partition, b.evaluations, b.moves)
 
 
 def test_budgets_are_kept():
