@@ -65,6 +65,9 @@ QUICK_SHARE = 0.25
 BOUND_SHARE = 0.2
 TEST_SHARE = 0.5
 
+#: the fractional-cut bounds' bisection tolerances, one round over every size each
+FRACTIONAL_TOLS = (1e-2, 1e-3)
+
 #: share of the time limits the warm start's DP may take
 WARM_SHARE = 0.2
 
@@ -240,8 +243,11 @@ def _closed_form_bounds(
     if best is not None:
         ceiling = best[0] * (1 + CUTOFF_SLACK)
         tested, until = deadline.share(TEST_SHARE), deadline.share(BOUND_SHARE)
-        for b in sizes:  # the cheap relaxation first: no table over block pairs
-            fractional_bounds(tables, b, max_p, known[b], ceiling, tested)
+        # the cheap relaxation first (no table over block pairs), coarse for every size,
+        # then finer: the global bound is the least of them
+        for tol in FRACTIONAL_TOLS:
+            for b in sizes:
+                fractional_bounds(tables, b, max_p, known[b], ceiling, tested, tol)
         searches = []
         for b in sizes:
             if not tested.passed():
