@@ -324,9 +324,10 @@ def test_a_search_bounded_at_its_own_best_value_still_finds_it(name):
 @pytest.fixture
 def untimed_rescoring(monkeypatch):
     """The re-scoring of waiting answers bounded by count and margin only, not by its
-    time share: two runs compared for equality re-score the same answers however loaded
-    the machine (under load a run cut short scores fewer, and its candidates differ)."""
-    monkeypatch.setattr(dp_sizes, "RESCORE_MIN_S", float("inf"))
+    share of the search's work: two runs compared for equality re-score the same answers
+    however much their searches differ (a run whose search composed fewer cells has a
+    smaller budget, scores fewer, and its candidates differ)."""
+    monkeypatch.setattr(dp_sizes, "RESCORE_MIN_ACTIONS", float("inf"))
 
 
 @pytest.mark.usefixtures("untimed_rescoring")

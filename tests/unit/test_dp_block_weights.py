@@ -83,7 +83,7 @@ def test_sizes_skipped_by_the_reweighted_bound_change_no_plan(monkeypatch):
     # Zw of 0 it is, and the plan, its value and the per-size figures are the same (Zw
     # only skips sizes that could return nothing to re-score); the re-scoring is bounded
     # by count and margin only, so that both runs re-score the same answers
-    monkeypatch.setattr(dp_sizes, "RESCORE_MIN_S", float("inf"))
+    monkeypatch.setattr(dp_sizes, "RESCORE_MIN_ACTIONS", float("inf"))
     problem = synthetic(100, 64, 1)
     searched = searched_sizes(monkeypatch)
     skipped = plan_dp(problem)

@@ -61,7 +61,7 @@ def test_sizes_skipped_by_the_priced_bound_change_no_plan(monkeypatch):
     # against 768.2), whose Z does not (and Zc is not computed on four classes): its
     # relaxed tables are not built and it is not searched. With a Zp of 0 it is, and the
     # plans are the same (Zp only skips sizes that could return nothing to re-score)
-    monkeypatch.setattr(dp_sizes, "RESCORE_MIN_S", float("inf"))  # no time share
+    monkeypatch.setattr(dp_sizes, "RESCORE_MIN_ACTIONS", float("inf"))  # no work share
     problem = synthetic(30, 48, 4)
     searched: list[int] = []
     built: list[int] = []

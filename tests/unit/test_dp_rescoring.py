@@ -39,8 +39,8 @@ def test_plans_the_bound_skips_change_no_plan_and_no_figure(monkeypatch):
     # 24 blocks on 24 identical devices: with the bound, fewer plans are scored exactly,
     # and the plan, its figure and every micro-batch size's best figure are those of
     # the re-scoring that scores every waiting answer (both re-scorings bounded by count
-    # and margin, not by their time share, as in tests/unit/test_dp.py's untimed_rescoring)
-    monkeypatch.setattr(dp_sizes, "RESCORE_MIN_S", float("inf"))
+    # and margin, not by their work share, as in tests/unit/test_dp.py's untimed_rescoring)
+    monkeypatch.setattr(dp_sizes, "RESCORE_MIN_ACTIONS", float("inf"))
     problem = identical(24, 24)
     scored = []
     evaluate = CostModel.evaluate

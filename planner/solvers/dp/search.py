@@ -222,6 +222,9 @@ class _BatchSearch:
         self.before, self.pf = self._before()
         self.hidden = hidden_bound(tables, self.sizes, batch)
         self._layout: tuple[int, int, bool, list[int]] = (0, 1, False, [])
+        #: candidate cells composed so far (heads and compositions): the search's work, a
+        #: count that the re-scoring's budget is a share of (:mod:`planner.solvers.dp.sizes`)
+        self.cells = 0
         #: the base heads of the state being filled, every row from the first (_level)
         self._base_rows: tuple[int, tuple[np.ndarray, ...] | None] = (0, None)
 
@@ -616,6 +619,7 @@ class _BatchSearch:
             m=m, batch=self.batch, topology=t.topology, k_of=self.k_of,
             rounds_of=self.rounds_of,
         )  # fmt: skip
+        self.cells += d_new.size
         # ring replicas (planner.replan.replicas): a one-device head's replica goes to the
         # entry's head holder; a complete plan's (row l = L) first stage holds the
         # replica of its last
@@ -652,6 +656,7 @@ class _BatchSearch:
         c0 = np.array([h[0][r0:r1, 0] for h in heads]).T  # (l, T)
         x = np.array([h[2][r0:r1, 0] for h in heads]).T
         d = np.where(m * c0 + before[:, None] <= self.early, m * c0, INF)
+        self.cells += d.size
         y, hold_b, hold_y, used = (np.array([h[i][r0:r1, 0] for h in heads]).T for i in range(3, 7))
         at = (slice(r0, r1), 0)
         with np.errstate(invalid="ignore"):

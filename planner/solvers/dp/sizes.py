@@ -25,7 +25,8 @@ search and its figure then bounds the larger sizes' searches; on the complete gr
 searches are cheap and the least bound's figure prunes best), and after it only those of
 sizes whose Z is within U (U only falls) and whose skip-only bounds are: Zc on two device
 classes, Zp on three or more (before its tables are built and again when its turn comes
-under a bound fallen since), and where max(Q, Z) is within ``STAGED_NEAR`` of U, Zs and
+under a bound fallen since; on ``PRICED_MIN_DEVICES`` or more devices), and where max(Q,
+Z) is within ``STAGED_NEAR`` of U, Zs and
 Zw (before the size's relaxed tables are built). The skip-only bounds never change which
 sizes are searched in which order, only whether.
 
@@ -33,7 +34,10 @@ Answer: each search's answers (:mod:`planner.solvers.dp.search`) are reconstruct
 deduplicated; each B's best is re-scored at once by the exact schedule makespan of the
 cost model (:meth:`CostModel.evaluate`; it prunes the sizes still to come), the others
 after all B in order of D + X, at most ``RESCORE`` of them, none above the fastest figure
-by ``RESCORE_MARGIN``, within a quarter of the search's time (``RESCORE_SHARE``; an exact
+by ``RESCORE_MARGIN``, within a budget of work, not of seconds, so that the same input
+gives the same plan at any load (the evaluations' actions, stages x micro-batches of each
+plan, up to max(``RESCORE_MIN_ACTIONS``, the searches' cells / ``RESCORE_CELLS_PER_ACTION``):
+about a quarter of the search's time, as the wall-clock share it replaced; an exact
 evaluation of a 64-device plan takes tenths of a second), and not one whose lower bound
 (:meth:`CostModel.round_lower_bound_ms`) exceeds both the tie window of the fastest
 figure and its size's best figure so far (it could change neither); plans the cost model
@@ -48,8 +52,10 @@ step, which can be below it): a plan they drop can be a few per cent faster in s
 state than the one chosen (steady / iteration down to 0.946 among the DP's scored plans
 over the shipped profiles and clusters).
 
-Time limit: when it expires inside a search the DP returns the best plan of the levels
-completed (status ``timed_out``). The sizes' Z and relaxed tables are built before the
+Time limit: a safety stop, which nothing else reads (the budgets above count work): when
+it expires inside a search the DP returns the best plan of the levels completed (status
+``timed_out``, as whenever the limit cut anything short: a size's bounds, a size, the
+re-scoring). The sizes' Z and relaxed tables are built before the
 first search only while the limit lasts, and once it has passed with a plan found no
 further micro-batch size is begun (neither its relaxed tables, nor its graph, nor its
 first level): the overshoot is bounded by one size's relaxed tables and skip bounds (Zw
@@ -92,20 +98,26 @@ from edgepipe.planner.solvers.dp.search import _BatchSearch, _Timeout
 from edgepipe.planner.solvers.dp.tables import _Tables
 from edgepipe.planner.solvers.time_limit import Deadline
 
+#: at most RESCORE waiting answers (the searches' answers after each size's best, of all
 #: sizes, in order of DP value) are re-scored by the exact makespan, none whose DP value
 #: is above the fastest figure found by more than RESCORE_MARGIN, and only while the
-#: re-scoring has taken less than RESCORE_SHARE of the search's time (at least
-#: RESCORE_MIN_S seconds) and the time limit has not passed. The DP value under-predicts
-#: the exact figure by up to ~20% but over-predicts it by at most 4.4% on every plan
-#: re-scored on the solver_vs_dp suite and the planner_scaling cases (docs/decisions.md),
-#: so on those measured plans an answer 6% above the fastest figure did not win or tie
-#: it (0.5%); a measurement, not a proof (on tiny brute-force instances some feasible
-#: non-answers are over-predicted far more, review 8 F6); the margin is
-#: also the search's bound U (pruning), hence its time
+#: re-scored plans' actions (stages x micro-batches each) are within the budget of
+#: RESCORE_MIN_ACTIONS, or the searches' cells / RESCORE_CELLS_PER_ACTION when more. The
+#: DP value under-predicts the exact figure by up to ~20% but over-predicts it by at most
+#: 4.4% on every plan re-scored on the solver_vs_dp suite and the planner_scaling cases
+#: (docs/decisions.md), so on those measured plans an answer 6% above the fastest figure
+#: did not win or tie it (0.5%); a measurement, not a proof (on tiny brute-force
+#: instances some feasible non-answers are over-predicted far more, review 8 F6); the
+#: margin is also the search's bound U (pruning), hence its time
 RESCORE = 40
 RESCORE_MARGIN = 0.06
-RESCORE_SHARE = 0.25
-RESCORE_MIN_S = 0.25
+#: The budget counts work so that load cannot change the plan (issue 29: under load the
+#: wall-clock share it replaced, max(0.25 s, a quarter of the search), stopped earlier and
+#: changed plans). Measured (CPU): an evaluation costs 40-160 us per action, a search
+#: 120-380 ns per cell composed, so 6,000 actions are ~0.25-0.4 s and cells / 1,000 about
+#: a quarter of the search's time (docs/decisions.md)
+RESCORE_MIN_ACTIONS = 6000
+RESCORE_CELLS_PER_ACTION = 1000
 #: relative slack of a comparison between two figures of one plan summed in different
 #: orders (a bound and the figure it bounds may differ in the last digits)
 ROUNDING_SLACK = 1e-9
@@ -132,6 +144,12 @@ FIRST_GUESS = 1.7
 #: 100 x 16 mixed 2 before 4, -10%; same plans; docs/decisions.md, session 13)
 FIRST_NEAR = 0.15
 
+
+#: Zp is computed only on clusters of at least this many devices: below, it skipped no
+#: size on any of the 116 solver_vs_dp and small mixed planner_scaling cases (<= 8
+#: devices) and cost 15% of the DP (nasnet-like 152 blocks on home-mixed-5: 3.30 -> 2.79
+#: CPU s at load 19, same plans; docs/benchmarks.md, issue 29)
+PRICED_MIN_DEVICES = 9
 
 #: default wall-clock limit of one DP run, seconds
 DEFAULT_TIME_LIMIT = 60.0
@@ -242,7 +260,7 @@ class _Sizes:
             ]
         self.tables = _Tables(problem, self.cm, classes)
         self.orders = device_orders(problem, classes)
-        n_dev = len(problem.cluster.devices)
+        n_dev = self.n_dev = len(problem.cluster.devices)
         self.per_batch_levels = min(
             problem.model.num_blocks, n_dev, problem.config.max_stages or n_dev
         )
@@ -277,6 +295,7 @@ class _Sizes:
         self.reweighted: dict[int, float] = {}  # Zw where Zs is computed (skips only)
         self.priced: dict[int, tuple[float, float]] = {}  # Zp, the bound its ascent rose toward
         self.deferred: list[int] = []  # the first size, searched again after the others
+        self.cells = 0  # cells the searches composed: the re-scoring's budget (rescore)
 
     def tick(self) -> None:
         self.done += 1
@@ -303,6 +322,8 @@ class _Sizes:
     def priced_above(self, b: int, bound: float) -> bool:
         """Whether Zp exceeds ``bound``; Zp is raised toward ``bound`` unless a value
         raised toward it, or one above it, is known (any Zp is a bound on every plan)."""
+        if self.n_dev < PRICED_MIN_DEVICES:
+            return False
         if b not in self.priced or self.priced[b][0] <= bound != self.priced[b][1]:
             self.priced[b] = (priced_weighted_bound(self.tables, b, bound), bound)
         return self.priced[b][0] > bound
@@ -324,7 +345,8 @@ class _Sizes:
         tables, sizes = self.tables, self.sizes
         for b in sorted(sizes, key=lambda b: (self.bounds[b], b)):
             self.weighted[b] = weighted_bound(tables, b)
-            if self.deadline.passed():
+            if self.deadline.passed() and len(self.weighted) < len(sizes):
+                self.status = "timed_out"
                 break
         for b in sorted(self.weighted, key=lambda b: (self.weighted[b], b)):
             lowest = min(((self.root(a), a) for a in self.relaxed), default=None)
@@ -332,12 +354,14 @@ class _Sizes:
                 break
             self.relaxed[b] = relaxed_bounds(tables, b)
             if self.deadline.passed():
+                self.status = "timed_out"  # the least relaxed bound may be among those left
                 break
         least = min(self.root(b) for b in self.relaxed)
         near = 0.0 if complete_fits(tables.counts) else FIRST_NEAR
         first = min(b for b in self.relaxed if self.root(b) <= least * (1 + near))
         yield first
         if self.found and self.deadline.passed():
+            self.status = "timed_out"
             return  # out of time with a plan: no other size's tables are built
         # a size whose Z exceeds the bound now is skipped whenever it comes (the bound
         # only falls), so its tables are not built and its place does not matter
@@ -421,6 +445,7 @@ class _Sizes:
             except _Timeout:
                 self.status = "timed_out"
                 answers = getattr(search, "answers", [])
+            self.cells += search.cells
             self.done = min((i + 1) * self.per_batch_levels, self.total)
             if self.progress is not None:
                 self.progress(self.done, self.total)
@@ -454,14 +479,20 @@ class _Sizes:
     def rescore(self) -> None:
         """Re-score the waiting answers in order of their DP value while they can still
         win: at most RESCORE of them, none whose value exceeds the fastest figure found
-        by RESCORE_MARGIN (the DP value over-predicts by less: RESCORE_MARGIN's comment)."""
+        by RESCORE_MARGIN (the DP value over-predicts by less: RESCORE_MARGIN's comment),
+        within the budget of actions (RESCORE_MIN_ACTIONS' comment); past the time limit,
+        none more (status ``timed_out``)."""
         self.waiting.sort(key=lambda w: w[0])
-        searched = time.perf_counter() - self.start
-        budget_end = time.perf_counter() + max(RESCORE_MIN_S, RESCORE_SHARE * searched)
+        budget = max(RESCORE_MIN_ACTIONS, self.cells / RESCORE_CELLS_PER_ACTION)
+        spent = 0
         for k, (value, batch, partition) in enumerate(self.waiting):
             fastest = self.fastest()
-            over = k >= RESCORE or time.perf_counter() > budget_end or self.deadline.passed()
-            if self.found and (over or value > fastest * (1 + RESCORE_MARGIN)):
+            if self.found and value > fastest * (1 + RESCORE_MARGIN):
+                break
+            if self.found and (k >= RESCORE or spent > budget):
+                break
+            if self.found and self.deadline.passed():
+                self.status = "timed_out"
                 break
             # a plan whose figure is provably above the tie window and above its size's
             # best figure so far (CostModel.round_lower_bound_ms, ~10x cheaper) changes
@@ -475,6 +506,7 @@ class _Sizes:
             ):
                 continue
             self.score(value, batch, partition)
+            spent += partition.num_stages * partition.num_micro_batches
 
     def result(self) -> DPResult | None:
         """The chosen plan (:func:`choose`), or None when nothing fits."""
