@@ -233,16 +233,21 @@ class FractionalBounds:
             for s in np.unique(self.sizes):
                 sel = np.flatnonzero(self.sizes == s)
                 start = np.where(self.back_ok[:, sel], reach[:, self.back[:, sel]], -np.inf)
-                zero = np.zeros_like(start)
+                live = np.isfinite(start)  # (rows, S, Gs): only reached starts are priced
+                if not live.any():
+                    continue
+                row, state, comp = np.nonzero(live)
                 ring_lat = 2.0 * (s - 1) * self.lat
-                room = limit[:, None, None] - q * self.hop + zero
+                room = limit[row] - q * self.hop
                 rooms = (room - ring_lat, room - q * self.hop,
-                         room - ring_lat - after[:, None, None] - self.trip[-1])  # fmt: skip
+                         room - ring_lat - after[row] - self.trip[-1])  # fmt: skip
                 if n_groups == 1:  # the stage's s devices: one takes >= ceil(B / s)
-                    got = self._reach(start, rooms, n_first, 0, -(-batch // int(s)), int(s))
+                    got = self._reach(start[live], rooms, n_first[row], 0, -(-batch // int(s)),
+                                      int(s))  # fmt: skip
                 else:
-                    got = self._mixed(start, rooms, n_first, self.comps[sel], int(s))
-                nxt = np.maximum(nxt, got.max(axis=2))
+                    got = self._mixed(start[live], rooms, n_first[row], self.comps[sel][comp],
+                                      int(s))  # fmt: skip
+                np.maximum.at(nxt, (row, state), got)
             reach = nxt
             ok |= (targets == p) & (reach >= self.n_blocks * (1 - 1e-12)).any(axis=1)
         return ok
@@ -255,8 +260,9 @@ class FractionalBounds:
         comps: np.ndarray,
         s: int,
     ) -> np.ndarray:
-        """The reach of stages of several groups: the furthest x' where the devices'
-        sample capacities sum_j g_j Y_j(x') reach B (module docstring)."""
+        """The reach of stages of several groups (``comps``: each start's composition,
+        one row per start): the furthest x' where the devices' sample capacities
+        sum_j g_j Y_j(x') reach B (module docstring)."""
         n_groups, batch = comps.shape[1], self.batch
         cand = np.empty((*start.shape, n_groups, batch))
         for j in range(n_groups):
@@ -265,7 +271,7 @@ class FractionalBounds:
         # Y_j(x') = #{y : some y' >= y reaches x'}: make each group's reaches
         # non-increasing in y
         cand = np.maximum.accumulate(cand[..., ::-1], axis=-1)[..., ::-1]
-        weight = np.broadcast_to(comps[None, None, :, :, None], cand.shape)
+        weight = np.broadcast_to(comps[..., None], cand.shape)
         cand = np.where(weight > 0, cand, -np.inf).reshape(*start.shape, -1)
         weight = weight.reshape(*start.shape, -1)
         order = np.argsort(-cand, axis=-1)
