@@ -11,9 +11,12 @@ Cases (each run in a fresh process, so its peak resident memory is its own):
 - the densely branched NASNet-style graph of tests/helpers/synthetic.py (25 cells, 402 layers)
   imported by the PipeDream importer (252 blocks: its lossless fusion) on 16 Orin Nanos,
   global batch 64 (as benchmarks/import_pipedream_profiles.py);
-- small mixed clusters (issue 29): that graph at 15 and 25 cells (152 and 252 blocks) on
+- small mixed clusters (issue 29): that graph at 15 and 25 cells (152 and 252 blocks) and
+  the resnet50-like graph of benchmarks/fine_profiles.py (158 blocks, the issue's case) on
   the shipped ``home-mixed-5`` and ``jetson-testbed-6``, global batch 32 (the CLI's
-  default), target <= 1 CPU s and <= 150 MB for the whole process;
+  default), target <= 1 CPU s and <= 150 MB for the whole process; with ``--whole`` these
+  run ``solve(problem, "dp")``, what ``edgepipe plan`` runs (the DP, its coarse views and
+  the improvement pass), instead of ``plan_dp``;
 - the schema's largest cluster: 1,024 devices of 4 types, 30 blocks
   (tests/helpers/dp_cases.py ``identical``, as tests/integration/test_planning_time.py),
   under the default limit for its size (240 s, planner/solvers/time_limit.py): it must
@@ -64,8 +67,10 @@ from edgepipe.planner.inputs.importers.pipedream import parse_pipedream
 from edgepipe.planner.inputs.problem import Problem, make_problem
 from edgepipe.planner.inputs.profile import ModelProfile
 from edgepipe.planner.solvers.dp.driver import plan_dp
+from edgepipe.planner.solvers.solve import solve
 from edgepipe.planner.solvers.time_limit import default_time_limit
 
+from benchmarks import fine_profiles
 from tests.helpers.dp_cases import identical
 from tests.helpers.synthetic import device_type, nasnet_like, nasnet_profile, random_problem
 
@@ -126,9 +131,11 @@ def nasnet(n_dev: int) -> Problem:
     return make_problem(profile, cluster, TrainingConfig(64), catalog=kinds)
 
 
-def small_mixed(cells: int, cluster: str) -> Problem:
-    profile = parse_pipedream(nasnet_like(cells), "nasnet-like", batch_size=32,
-                              device_type="v100")  # fmt: skip
+def small_mixed(cells: int | str, cluster: str) -> Problem:
+    """``cells``: the NASNet-like graph's cell count, or a shape of fine_profiles."""
+    profile = (fine_profiles.profile(cells) if isinstance(cells, str) else
+               parse_pipedream(nasnet_like(cells), "nasnet-like", batch_size=32,
+                               device_type="v100"))  # fmt: skip
     return make_problem(profile, Cluster.load(api.resolve(cluster, "clusters")),
                         TrainingConfig(32), catalog=load_catalog())  # fmt: skip
 
@@ -148,10 +155,10 @@ def cases() -> dict[str, tuple]:
         out[f"{model} x 16 nanos"] = (("nanos", model, 16), 0.5, None)
     out["pipedream-vgg16 x 64 nanos"] = (("nanos", "pipedream-vgg16", 64), 1.0, None)
     out["nasnet-like (252 fused blocks) x 16 orin nanos"] = (("nasnet", 16), 5.0, None)
-    for cells in (15, 25):
+    for cells in (15, 25, "resnet50-like"):
         for cluster in ("home-mixed-5", "jetson-testbed-6"):
-            out[f"nasnet-like {cells} cells on {cluster}"] = (("mixed", cells, cluster), 1.0,
-                                                              150 / 1024)  # fmt: skip
+            name = cells if isinstance(cells, str) else f"nasnet-like {cells} cells"
+            out[f"{name} on {cluster}"] = (("mixed", cells, cluster), 1.0, 150 / 1024)
     out["1,024 devices of 4 types, 30 blocks"] = (("identical", 1024, 30, 4), None, None)
     return out
 
@@ -172,7 +179,8 @@ def reference_seconds() -> float:
     return best
 
 
-def run_case(spec: tuple, repeat: int, time_limit: float | None, queue) -> None:
+def run_case(spec: tuple, repeat: int, time_limit: float | None, queue,
+             whole: bool = False) -> None:
     problem = build(spec)
     limit = default_time_limit(len(problem.cluster.devices)) if time_limit is None else time_limit
     best = cpu = float("inf")
@@ -180,7 +188,13 @@ def run_case(spec: tuple, repeat: int, time_limit: float | None, queue) -> None:
     process_cpu = 0.0
     for _ in range(repeat):
         start, start_cpu = time.perf_counter(), time.process_time()
-        result = plan_dp(problem, time_limit=limit)
+        if whole:  # edgepipe plan's solve: status, graph, partition and cost as plan_dp's
+            plan = solve(problem, "dp", time_limit=limit)
+            status = "timed_out" if plan.solver.status == "timed_out" else "complete"
+            result = (status, plan.solver.settings["state_graph"], plan.partition, plan.cost)
+        else:
+            dp = plan_dp(problem, time_limit=limit)
+            result = (dp.status, dp.graph, dp.partition, dp.cost)
         best = min(best, time.perf_counter() - start)
         cpu = min(cpu, time.process_time() - start_cpu)
         if not process_cpu:  # the whole process up to its first plan
@@ -196,12 +210,12 @@ def run_case(spec: tuple, repeat: int, time_limit: float | None, queue) -> None:
             best,
             cpu,
             peak_gib,
-            result.status,
-            result.graph,
-            result.partition.num_stages,
-            len(result.partition.used_devices()),
-            result.partition.micro_batch_size,
-            result.cost.iteration_ms,
+            result[0],
+            result[1],
+            result[2].num_stages,
+            len(result[2].used_devices()),
+            result[2].micro_batch_size,
+            result[3].iteration_ms,
             process_cpu,
             os.getloadavg()[0],
         )
@@ -216,6 +230,9 @@ def main() -> None:
                         "60 s up to 256 devices)")
     parser.add_argument("--only", help="run the cases whose name contains this")
     parser.add_argument("--markdown", help="also write the table to this file")
+    parser.add_argument("--whole", action="store_true",
+                        help="small mixed cases: run solve(problem, 'dp') as edgepipe plan does "
+                        "(DP, coarse views, improvement pass) instead of plan_dp")
     args = parser.parse_args()
 
     lines = [
@@ -234,7 +251,8 @@ def main() -> None:
         queue = ctx.Queue()
         big = spec[0] in ("synthetic", "identical") and spec[1 + (spec[0] == "synthetic")] >= 512
         repeat = 1 if big or spec[0] == "mixed" else args.repeat
-        proc = ctx.Process(target=run_case, args=(spec, repeat, args.time_limit, queue))
+        whole = args.whole and spec[0] == "mixed"
+        proc = ctx.Process(target=run_case, args=(spec, repeat, args.time_limit, queue, whole))
         proc.start()
         row = queue.get()
         proc.join()
