@@ -7,12 +7,15 @@ terminal sends one: SIGINT to its whole process group (the solver's worker proce
 CBC included). Every verdict is the exit status, the whole of stderr, and that nothing of
 the group is left.
 
-When the solve has begun is measured, not guessed: the same command with the DP alone
-(``--planners dp``) gives this machine's time to the exact solver's start; the exact
-solver's closed-form bounds take at most BOUND_SHARE of its time limit
-(planner/solvers/exact/solver.py), and on this problem its search uses the whole limit;
-the Ctrl-C comes in between, and the test checks that the
-command was still running then.
+When the search has begun is observed, not guessed: the exact solver's search runs its
+programs PARALLEL at a time on a thread pool (planner/solvers/exact/search.py), so the
+command's process gains PARALLEL threads over the most that the same command with the
+DP alone (``--planners dp``) ever had, sampled every 20 ms. The Ctrl-C comes 2 s after
+that, or a quarter of the time to it where longer (inside a solve, past the first
+programs' builds; on this problem the search would use its whole limit), and the test
+checks that the command was still running then. (A Ctrl-C at a time estimated from
+the DP's run, with margins for the load, came 34 s after the start at load 16, 22 s
+into a search that had begun at 12 s: the three tests took 81 CPU s, now about 47.)
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 
 import pytest
 from edgepipe.planner.plan import load_plan
+from edgepipe.planner.solvers.exact.search import PARALLEL
 from edgepipe.planner.solvers.exact.solver import BOUND_SHARE
 
 from tests.helpers.paths import REPO
@@ -53,59 +57,80 @@ def _finish(proc: subprocess.Popen[str]) -> str:
     return err
 
 
-def _timing() -> tuple[float, float]:
-    """The exact solver's time limit and when, after its start, ``compare --planners
-    milp`` is inside its search: twice this machine's time to the DP's plan, plus the
-    bounds' share of the limit, plus 2 s; the limit is at least 20 s and leaves 40% of
-    itself after that."""
+def _threads(pid: int) -> int:
+    """How many threads process ``pid`` has now (0 once it has ended)."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/task"))
+    except FileNotFoundError:
+        return 0
+
+
+def _timing() -> tuple[float, int]:
+    """The exact solver's time limit and the most threads ``compare --planners dp`` has
+    while it runs, sampled every 20 ms. The limit: twice this machine's time to the DP's
+    plan plus 2 s, over the 40% of the limit left after the bounds' share (BOUND_SHARE),
+    and at least 20 s, so that the search surely runs on past the Ctrl-C."""
     t0 = time.monotonic()
-    dp = subprocess.run([PY, "-m", "edgepipe.planner.cli", "compare", *PROBLEM,
-                         "--planners", "dp"], cwd=REPO, capture_output=True, timeout=DEADLINE_S)
-    assert dp.returncode == 0, dp.stderr
+    dp = _start(["compare", *PROBLEM, "--planners", "dp"], stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE)
+    most = 0
+    while dp.poll() is None and time.monotonic() < t0 + DEADLINE_S:
+        most = max(most, _threads(dp.pid))
+        time.sleep(0.02)
+    err = _finish(dp)
+    assert dp.returncode == 0, err
     before = 2 * (time.monotonic() - t0) + 2.0
-    limit = max(20.0, before / (0.6 - BOUND_SHARE))
-    return limit, before + BOUND_SHARE * limit
+    return max(20.0, before / (0.6 - BOUND_SHARE)), most
 
 
-def _interrupt_the_search(backend: str, limit: float, at: float) -> tuple[int, str, float]:
-    """Start the exact solver's comparison under time limit ``limit``, Ctrl-C it ``at`` s
-    after its start; its exit status, its stderr and the seconds from the Ctrl-C to its
-    end."""
+def _interrupt_the_search(backend: str, limit: float, dp_threads: int
+                          ) -> tuple[int, str, float, float]:
+    """Start the exact solver's comparison under time limit ``limit``, Ctrl-C it once its
+    search is solving (module docstring: PARALLEL threads over ``dp_threads``, then 2 s);
+    its exit status, its stderr, the seconds from the Ctrl-C to its end and from its
+    start to the Ctrl-C."""
+    t0 = time.monotonic()
     proc = _start(["compare", *PROBLEM, "--planners", "milp", "--backend", backend,
                    "--time-limit", f"{limit:.1f}"],
                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    time.sleep(at)
+    while _threads(proc.pid) < dp_threads + PARALLEL:
+        assert proc.poll() is None and time.monotonic() < t0 + limit, _finish(proc)
+        time.sleep(0.02)
+    # into the solves: the first second or so builds the programs (a Ctrl-C 0.5 s after
+    # the threads appear missed CP-SAT's own handler 3 times in 3; 2 s after, at load 18,
+    # it was caught at once); builds slow down with the machine as the start does
+    time.sleep(max(2.0, (time.monotonic() - t0) / 4))
     assert proc.poll() is None, _finish(proc)
     sent = time.monotonic()
     os.killpg(proc.pid, signal.SIGINT)
     err = _finish(proc)
     took = time.monotonic() - sent
     assert group_gone(proc.pid)
-    return proc.returncode, err, took
+    return proc.returncode, err, took, sent - t0
 
 
 def test_ctrl_c_during_a_cpsat_solve_exits_130_with_one_line():
     # CP-SAT's own SIGINT handler (catch_sigint_signal) killed the process without a word
     # (-2) or aborted it (-6, std::bad_function_call); stopped, the search's threads
     # ran on to the time limit
-    limit, at = _timing()
+    limit, dp_threads = _timing()
     for _ in range(3):
-        assert _interrupt_the_search("cpsat", limit, at)[:2] == (130, INTERRUPTED)
+        assert _interrupt_the_search("cpsat", limit, dp_threads)[:2] == (130, INTERRUPTED)
 
 
 @pytest.mark.serial  # a Ctrl-C acted on within a quarter of the solve's remaining time
 def test_ctrl_c_during_a_highs_solve_acts_at_once():
     # HiGHS solves in worker processes that nothing could stop: the command ended only
     # when the search's time limit did
-    limit, at = _timing()
-    status, err, took = _interrupt_the_search("highs", limit, at)
+    limit, dp_threads = _timing()
+    status, err, took, at = _interrupt_the_search("highs", limit, dp_threads)
     assert (status, err) == (130, INTERRUPTED)
     assert took < (limit - at) / 4
 
 
 def test_ctrl_c_during_a_cbc_solve_exits_130_and_leaves_no_cbc():
-    limit, at = _timing()
-    assert _interrupt_the_search("cbc", limit, at)[:2] == (130, INTERRUPTED)
+    limit, dp_threads = _timing()
+    assert _interrupt_the_search("cbc", limit, dp_threads)[:2] == (130, INTERRUPTED)
 
 
 def _closed_early(argv: list[str]) -> tuple[int, str]:
