@@ -113,10 +113,12 @@ RESCORE = 40
 RESCORE_MARGIN = 0.06
 #: The budget counts work so that load cannot change the plan (issue 29: under load the
 #: wall-clock share it replaced, max(0.25 s, a quarter of the search), stopped earlier and
-#: changed plans). Measured (CPU): an evaluation costs 40-160 us per action, a search
-#: 120-380 ns per cell composed, so 6,000 actions are ~0.25-0.4 s and cells / 1,000 about
-#: a quarter of the search's time (docs/decisions.md)
-RESCORE_MIN_ACTIONS = 6000
+#: changed plans). Measured (CPU): an evaluation costs 40-170 us per action, a search
+#: 120-380 ns per cell composed, so cells / 1,000 are about a quarter of the search's
+#: time; 2,500 actions are 0.1-0.4 s, and no DP fingerprint case re-scored past 2,288
+#: before its last re-scored plan (synthetic 100 x 64 identical stops at 4 plans, as the
+#: wall-clock budget did at load 11; 6,000 took 8: 0.86 -> 1.22 CPU s; docs/decisions.md)
+RESCORE_MIN_ACTIONS = 2500
 RESCORE_CELLS_PER_ACTION = 1000
 #: relative slack of a comparison between two figures of one plan summed in different
 #: orders (a bound and the figure it bounds may differ in the last digits)
