@@ -50,6 +50,10 @@ from edgepipe.planner.solvers.exact.linear_model import BIN, INT, TIME, Model, a
 #: rows lowered to CP-SAT between two looks at the time left (a callable ``time_limit``)
 LOWER_CHECK = 50
 
+#: a CBC limit below this (seconds) may end without a solution file (pulp raises):
+#: that solve counts as unknown (seen at 0.07-0.08 s on pipedream-vgg16 programs)
+CBC_SHORT_S = 1.0
+
 
 # --------------------------------------------------------------------------------------
 # backends
@@ -226,7 +230,14 @@ def solve_pulp(md: Model, hint: dict[int, float], time_limit: float, backend: st
                     logPath=str(log),
                     threads=1,
                 )
-            prob.solve(solver)
+            try:
+                prob.solve(solver)
+            except pulp.PulpSolverError:
+                # under a limit of a fraction of a second CBC can stop before it writes
+                # a solution file or a log (pulp raises): no answer within the limit
+                if time_limit >= CBC_SHORT_S:
+                    raise
+                return Outcome("unknown", None, None)
             verdict, bound = cbc_result(log.read_text() if log.exists() else "")
         if prob.status == pulp.LpStatusInfeasible or verdict == "infeasible":
             return Outcome("infeasible", None, None)
