@@ -109,9 +109,10 @@ def test_a_branchy_graphs_cheap_boundaries_stay_cuttable():
     problem = make_problem(nasnet_profile(), cluster, TrainingConfig(32))
     grid = coarse_cuts(problem, 3)
     assert {86, 142, 230} <= set(grid)
-    # measured: 3,453.5 ms coarse to fine and on every block (a grid of every third
-    # position gave 3,526.9, cut at 48, 147 and 230)
-    assert plan_dp(problem).cost.iteration_ms == pytest.approx(3453.5, abs=0.1)
+    # measured: 3,464.9 ms coarse to fine and on every block (a grid of every third
+    # position gave 3,526.9, cut at 48, 147 and 230); 3,453.5 for the same cuts before
+    # the medium was shared by sender (6293103)
+    assert plan_dp(problem).cost.iteration_ms == pytest.approx(3464.9, abs=0.1)
 
 
 def test_contract_inverts_expand():
