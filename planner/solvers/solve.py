@@ -49,8 +49,9 @@ def solve(
     ``time_limit`` in seconds, warm-started from the DP) or a baseline of
     :mod:`planner.solvers.baselines`. ``progress(done, total)`` is called as the DP finishes each
     level of a micro-batch candidate or the exact solver each (micro-batch, stage count)
-    program. ``multilevel`` (dp only): plan a model of more than ``dp.MULTILEVEL_ABOVE``
-    blocks coarse to fine (:mod:`planner.solvers.dp.multilevel`; the default), or on every block.
+    program. ``multilevel`` (dp only): plan a model of more than
+    ``dp.driver.multilevel_above(problem)`` blocks coarse to fine
+    (:mod:`planner.solvers.dp.multilevel`; the default), or on every block.
     ``improve`` (dp only, default on): also plan the chain's coarse views
     (:func:`planner.solvers.dp.multilevel.coarse_views`: a finer import never plans worse
     than a coarser one), take the tie rule's choice among the DP's and the views' plans,
@@ -89,7 +90,7 @@ def solve(
         left = deadline.left_s()
         if improve and left > 0:
             # the best of the DP's plans and its coarse views' (granularity never costs)
-            views = coarse_views(problem, left, by_class=True)
+            views = coarse_views(problem, left, by_class=True, coarse_run=result.coarse_to_fine)
             _, partition, _ = choose([*result.scored, *views, (cost, partition, 0.0)])
             # restarts from the DP's own plan too (local optima differ by start); the
             # pass's budget is evaluations, the deadline (CPU budget's too) a safety stop

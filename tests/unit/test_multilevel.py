@@ -20,7 +20,7 @@ from edgepipe.planner.partition import Partition, StageAssignment
 from edgepipe.planner.plan import check_partition
 from edgepipe.planner.solvers.dp import driver as dp_driver
 from edgepipe.planner.solvers.dp import multilevel
-from edgepipe.planner.solvers.dp.driver import MULTILEVEL_ABOVE, plan_dp
+from edgepipe.planner.solvers.dp.driver import MULTILEVEL_ABOVE, SMALL_MULTILEVEL_ABOVE, plan_dp
 from edgepipe.planner.solvers.dp.multilevel import coarse_cuts, contract, expand, merge_blocks
 from edgepipe.planner.solvers.dp.sizes import TIE_TOLERANCE
 
@@ -159,10 +159,11 @@ def refuse_coarse_to_fine(monkeypatch):
 
 
 def test_a_chain_up_to_the_threshold_is_planned_on_every_block(monkeypatch):
+    # long_chain's 6 devices: a small cluster's threshold (test_small_problems has both)
     refuse_coarse_to_fine(monkeypatch)
-    assert not plan_dp(long_chain(blocks=MULTILEVEL_ABOVE)).coarse_to_fine
+    assert not plan_dp(long_chain(blocks=SMALL_MULTILEVEL_ABOVE)).coarse_to_fine
     with pytest.raises(AssertionError, match="coarse to fine"):
-        plan_dp(long_chain(blocks=MULTILEVEL_ABOVE + 1))
+        plan_dp(long_chain(blocks=SMALL_MULTILEVEL_ABOVE + 1))
 
 
 def test_every_block_when_asked(monkeypatch):

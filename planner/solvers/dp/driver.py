@@ -3,7 +3,8 @@
 (:mod:`planner.solvers.dp.multilevel`), and explains an infeasible problem
 (:func:`planner.solvers.diagnosis.diagnose_infeasible`).
 
-Long chains: on more than ``MULTILEVEL_ABOVE`` blocks the DP runs twice, on ~100 merged
+Long chains: on more than ``MULTILEVEL_ABOVE`` blocks (``SMALL_MULTILEVEL_ABOVE`` on a
+cluster of fewer than ``SMALL_CLUSTER_BELOW`` devices) the DP runs twice, on ~100 merged
 blocks and then on the cuts within one merge width of the good coarse plans' cuts (merging
 is exact for every plan on the merged cuts, so only the cut positions are restricted);
 ``multilevel=False`` runs it on every block.
@@ -23,6 +24,18 @@ from edgepipe.planner.solvers.time_limit import Deadline, check_time_limit
 #: chains of more blocks than this are planned coarse to fine by default
 #: (:mod:`planner.solvers.dp.multilevel`, docs/decisions.md)
 MULTILEVEL_ABOVE = 200
+#: on a cluster of fewer than SMALL_CLUSTER_BELOW devices, chains of more blocks than
+#: SMALL_MULTILEVEL_ABOVE are planned coarse to fine (issue 29, small problems are cheap:
+#: resnet50-like, 158 blocks, on home-mixed-5, edgepipe plan 3.93 -> 2.77 CPU s and 182 ->
+#: 85 MB, same plan; docs/decisions.md)
+SMALL_MULTILEVEL_ABOVE = 100
+SMALL_CLUSTER_BELOW = 9
+
+
+def multilevel_above(problem: Problem) -> int:
+    """The block count above which ``problem`` is planned coarse to fine by default."""
+    small = len(problem.cluster.devices) < SMALL_CLUSTER_BELOW
+    return SMALL_MULTILEVEL_ABOVE if small else MULTILEVEL_ABOVE
 
 
 def plan_dp(
@@ -55,7 +68,7 @@ def plan_dp(
             than it beyond the tie tolerance (:func:`planner.solvers.dp.sizes.choose` may
             prefer a plan within ``TIE_TOLERANCE`` on fewer devices); it is returned,
             with its closed form as the DP value, when the search finds nothing better.
-        multilevel: on a chain of more than :data:`MULTILEVEL_ABOVE` blocks, plan coarse
+        multilevel: on a chain of more than :func:`multilevel_above` blocks, plan coarse
             to fine (:func:`planner.solvers.dp.multilevel.plan_multilevel`: the DP on
             merged blocks, then on the cuts near the coarse plans' cuts); ``False`` runs
             the DP on every block.
@@ -70,7 +83,7 @@ def plan_dp(
     if cpu_time_limit is not None:
         check_time_limit(cpu_time_limit, "--cpu-time-limit")
     deadline = Deadline(time_limit, cpu_time_limit)
-    if multilevel and problem.model.num_blocks > MULTILEVEL_ABOVE:
+    if multilevel and problem.model.num_blocks > multilevel_above(problem):
         result = plan_multilevel(problem, progress, deadline, by_class=by_class,
                                  incumbent=incumbent)  # fmt: skip
     else:
