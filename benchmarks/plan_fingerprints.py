@@ -13,8 +13,8 @@ Each line: instance, status, the partition (micro-batch, stages as blocks / devi
 samples), the DP value (with ``--dp-only``; else the steady step the improvement pass
 started from and ended at) and the cost model's iteration time to the last digit (repr),
 and a short hash of all of it. The exact solver is not fingerprinted: it stops on a wall
-clock. The improvement pass stops on a wall clock too (20 s), which it reaches only on
-the largest instances.
+clock. The DP and the improvement pass count their budgets in work (evaluations), not
+seconds, so their plans do not depend on the machine's load.
 
     .venv/bin/python benchmarks/plan_fingerprints.py [--dp-only] [SKIP ...]
 """
