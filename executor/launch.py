@@ -4,7 +4,8 @@
 a build spec; memory within every device's usable memory; the built blocks against the
 profile; the dataset), then hosts the run's ``TCPStore`` in this process (the control
 plane: workers never own it, so it outlives any of them), starts one worker per plan
-device with the ``multiprocessing`` spawn context (:func:`executor.worker.spawned`) and
+device (:func:`executor.worker.spawned`; forked from a forkserver that has imported torch
+once, :mod:`executor.core.starting`; a placement with its own entry is spawned) and
 polls their exit codes every ``POLL_S``. When a child dies with a non-zero status, every
 other child is stopped (SIGTERM, then SIGKILL after ``GRACE_S``) and :class:`RunFailed`
 names the dead device. Every child is reaped on return, on error and on Ctrl-C.
@@ -77,6 +78,7 @@ from edgepipe.executor.core.layout import RankLayout, check_runnable
 from edgepipe.executor.core.metrics import MetricsWriter, read_jsonl
 from edgepipe.executor.core.options import Endpoint, WorkerOptions
 from edgepipe.executor.core.stage import check_build
+from edgepipe.executor.core.starting import process, worker_context
 from edgepipe.executor.ft import checkpoint
 from edgepipe.executor.ft.checkpoint import check_resume
 from edgepipe.executor.ft.control import Coordinator, Failure, generation_store
@@ -376,7 +378,8 @@ def _control_plane(
 
 
 def _start_deaf_to_ctrl_c(proc: Any) -> None:
-    """Start ``proc`` with SIGINT ignored, which a spawned child keeps across exec. Ctrl-C
+    """Start ``proc`` with SIGINT ignored, which a spawned child keeps across exec (a
+    forkserver child restores the server's, ignored too: :mod:`executor.core.starting`). Ctrl-C
     reaches the terminal's whole process group; the launcher, not each worker, handles it
     (it stops every worker and the CLI says one line), so a worker interrupted in its
     imports or its training no longer prints a traceback into the launcher's stderr.
@@ -401,7 +404,11 @@ class _Children:
                  current: dict[str, Any], placement: Placement) -> None:
         self.opts, self.layout, self.port, self.out = opts, layout, port, out
         self.placement = placement
-        self.ctx = multiprocessing.get_context("spawn")
+        # a placement with its own entry (the lab's joins its cgroup and network
+        # namespace before torch loads, so torch's memory is charged to the device's
+        # cgroup) is spawned; the default one forks from the preloaded forkserver
+        own_entry = type(placement).entry is not Placement.entry
+        self.ctx = multiprocessing.get_context("spawn") if own_entry else worker_context()
         self.procs: list[Any] = []
         self.current = current
         self.ranks: list[dict[str, Any]] = []
@@ -418,8 +425,7 @@ class _Children:
                                 self.port, local_rank=info.rank,
                                 local_world_size=layout.world_size)
             target, args = self.placement.entry(self.opts, endpoint)
-            proc = self.ctx.Process(target=target, args=args, name=f"edgepipe-{info.device}",
-                                    daemon=True)
+            proc = process(self.ctx, target, args, f"edgepipe-{info.device}")
             _start_deaf_to_ctrl_c(proc)
             self.procs.append(proc)
             self.current[info.device] = proc
@@ -437,11 +443,9 @@ class _Children:
         n = len(self.procs)
         endpoint = Endpoint(n, self.layout.world_size, "127.0.0.1", self.port,
                             local_rank=n, local_world_size=n + 1)
-        proc = self.ctx.Process(
-            target=spawned, args=(replace(self.opts, device=device, incarnation=incarnation),
-                                  endpoint),
-            name=f"edgepipe-{device}-{role}", daemon=True,
-        )
+        proc = process(self.ctx, spawned,
+                       (replace(self.opts, device=device, incarnation=incarnation), endpoint),
+                       f"edgepipe-{device}-{role}")
         _start_deaf_to_ctrl_c(proc)
         self.procs.append(proc)
         self.current[device] = proc

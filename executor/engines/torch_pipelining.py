@@ -1,6 +1,7 @@
 """The ``torch-pipelining`` engine: a plan trained with torch.distributed.pipelining's own
 ``PipelineStage`` and schedules (one rank: :mod:`executor.engines.torch_worker`), on this
-machine (:func:`launch_local`: one spawned process per plan device, gloo with the run's
+machine (:func:`launch_local`: one process per plan device, forked from the preloaded
+forkserver of :mod:`executor.core.starting`, gloo with the run's
 short timeout) or across hosts under torchrun (``-m edgepipe.executor.engines.torch_worker``).
 
 **What it runs** (:func:`executor.engines.torch_plans.refusal` says why not, in one line,
@@ -28,7 +29,6 @@ options that need any of them are refused before a process starts, and a plan's
 from __future__ import annotations
 
 import json
-import multiprocessing
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ from typing import Any
 import torch.distributed as dist
 from edgepipe.executor.core.layout import RankLayout
 from edgepipe.executor.core.options import Endpoint, WorkerOptions
+from edgepipe.executor.core.starting import process, worker_context
 from edgepipe.executor.engines.base import RunOptions, builds_the_plans_model
 from edgepipe.executor.engines.torch_plans import refusal
 from edgepipe.executor.engines.torch_worker import PREFIX, spawned
@@ -95,7 +96,7 @@ class TorchPipeliningEngine:
 
 
 def launch_local(opts: WorkerOptions) -> RunResult:
-    """Train ``opts.plan`` here with one spawned process per plan device
+    """Train ``opts.plan`` here with one process per plan device
     (:func:`executor.engines.torch_worker.spawned`), with the local launcher's own parts:
     its checks before any process starts (:func:`executor.launch.preflight`), its run folder
     and ``status.json``, the run's store hosted in this process (the engine's keys under
@@ -106,7 +107,7 @@ def launch_local(opts: WorkerOptions) -> RunResult:
     out = _run_folder(opts)
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=opts.timeout_s))
-    ctx = multiprocessing.get_context("spawn")
+    ctx = worker_context()  # forked from the preloaded forkserver (executor/core/starting.py)
     procs: list[Any] = []
     if out is not None:
         live.write_state(out, "running", opts.steps)
@@ -114,8 +115,7 @@ def launch_local(opts: WorkerOptions) -> RunResult:
         for info in layout.ranks:
             endpoint = Endpoint(info.rank, layout.world_size, "127.0.0.1", store.port,
                                 local_rank=info.rank, local_world_size=layout.world_size)
-            proc = ctx.Process(target=spawned, args=(opts, endpoint), daemon=True,
-                               name=f"edgepipe-torch-{info.device}")
+            proc = process(ctx, spawned, (opts, endpoint), f"edgepipe-torch-{info.device}")
             _start_deaf_to_ctrl_c(proc)
             procs.append(proc)
         _write_ranks(out, layout, procs)

@@ -186,6 +186,9 @@ def probe_link(
     """Bandwidth and latency between two local gloo ranks (method in the module
     docstring). ``timeout_s`` bounds the whole probe (process start included) and each
     gloo operation. Raises :class:`ProbeError` when a rank fails or the time runs out."""
+    # spawned, not forked from the executor's preloaded forkserver (executor/core/starting.py):
+    # one probe per `edgepipe profile` saves little, and its time-out test
+    # (tests/integration/test_profiler.py) counts on a start slower than 0.3 s
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = _free_port()

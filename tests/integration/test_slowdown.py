@@ -449,12 +449,16 @@ REAL = BuildSpec(
 
 
 def child_of_this_process(pid: int) -> bool:
-    """Whether ``pid`` is a live (not zombie) child of this process (/proc/PID/stat)."""
+    """Whether ``pid`` is a live (not zombie) child of this process, or of a child of it
+    (the launcher's workers fork from its forkserver: executor/core/starting.py)
+    (/proc/PID/stat)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        parent = int(fields[1])
+        grandparent = int(Path(f"/proc/{parent}/stat").read_text().rsplit(")", 1)[1].split()[1])
     except FileNotFoundError:
         return False
-    return fields[0] != "Z" and int(fields[1]) == os.getpid()
+    return fields[0] != "Z" and os.getpid() in (parent, grandparent)
 
 
 def duty_cycle(pid: int, started: Callable[[], bool], done: threading.Event,
