@@ -40,6 +40,20 @@ Neighbourhood of a plan of P stages at micro-batch B:
 7. stage shifts: both cuts of an inner stage moved together by the cut distances (the
    stage slides; one neighbour grows as the other shrinks): O(P (k + log L)).
 
+Regroupings, tried only in a round where no local move (1-7) helped:
+
+8. swaps: one device of stage p and one of another kind of stage q > p trade places
+   (one device per kind and stage), both stages' samples by Algorithm 1:
+   O(P^2 x kinds^2);
+9. dissolves: stage p's blocks go to its neighbours (cut where their slowest devices
+   compute most evenly, :meth:`_Neighbourhood.balanced_cut`), its devices join stage
+   q: O(P^2) candidates, O(P x L x g) to build. At micro-batch B a stage of B devices
+   takes no device more, so two one-device stages (an Orin and a TX2 with 2 samples
+   each on resnet101-like x 16 mixed) are joined only this way.
+
+A re-split by Algorithm 1 that leaves a device idle gives it one sample of the most
+loaded device (every device of a stage works; B >= devices).
+
 The set of devices used never changes (the DP's tie rule chose it: fewer devices
 within ``TIE_TOLERANCE`` of the fastest; this pass does not undo that).
 
@@ -50,7 +64,10 @@ below, and the steady step with every transfer at its full rate
 (:func:`steady_estimate_ms`, the cost model's chained rounds without channel sharing);
 a candidate whose figure is at or above the current step is dropped unscored. The
 first ``ROUND_WIDTH`` others in the order of the estimate are scored, and the first that
-fits memory and beats the current step is kept (none: the descent ends); the round then
+fits memory and beats the current step is kept; when none does, the regroupings (8-9)
+that pass the same filters, at most ``REGROUP_WIDTH`` in estimate order (none helps:
+the descent ends; the estimate, blind to channel sharing, ranks a helpful dissolve
+behind a hundred cut moves, so regroupings are not mixed into that order); the round then
 starts again on the new plan's neighbourhood (a descent). Scored candidates are
 remembered for the whole pass, so none is evaluated twice and no descent walks back
 into a plan already scored.
@@ -69,7 +86,8 @@ caller's safety stop ``time_limit`` passed (``time_limit``; checked before each
 evaluation, so the overshoot is one evaluation and one round's ranking). Each kept move
 lowers the step by more than ``MIN_GAIN``, so the moves are finite too.
 
-Complexity: a round builds O((k + log L) P + P x kinds^2) candidates (a re-split is
+Complexity: a round builds O((k + log L) P + P x kinds^2) candidates (and when they
+fail O(P^2 x kinds^2) regroupings) (a re-split is
 Algorithm 1 on one row, O(g) rounds of O(g) numpy work; the cut positions and a split's
 cut O(L x g)), estimates those past the compute bound (O(ITERATIONS x (M x (devices +
 pieces) + sum g^2)) each, about 1 ms at 16 devices) and scores them in that order, each
@@ -82,6 +100,7 @@ max micro-batch)).
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -107,6 +126,10 @@ DEFAULT_MAX_EVALUATIONS = 1000
 #: many do not help ends its descent: the accepted one ranked 0-88th of 214-265 on
 #: resnet101-like x 16 mixed, mostly 0-14th, docs/decisions.md)
 ROUND_WIDTH = 64
+#: regroupings (swaps, dissolves) scored at most in a round whose local moves did not
+#: help (the estimate misjudges them: resnet101-like x 16 mixed's helpful dissolve ranked
+#: 155th of 319 among the local moves, docs/decisions.md)
+REGROUP_WIDTH = 16
 #: a candidate is kept only when its step is below the current one by this fraction
 MIN_GAIN = 1e-9
 
@@ -151,8 +174,9 @@ class _Neighbourhood:
               devices: tuple[str, ...], batch: int, micro_batches: int) -> tuple[int, ...] | None:
         """Algorithm 1's split of ``batch`` samples over ``devices`` for blocks
         [first, end) as stage p of ``part``'s stage count, capped by memory (Eq. 3 at
-        the stage's warm-up); None when it cannot place them all or leaves a device
-        without a sample."""
+        the stage's warm-up), a device Algorithm 1 leaves idle given one sample of the
+        most loaded one's; None when it cannot place them all or there are fewer samples
+        than devices."""
         cm, cluster = self.cm, self.problem.cluster
         idx = [cluster.index(d) for d in devices]
         warmup = self.problem.config.warmup_depth(p, part.num_stages, micro_batches)
@@ -167,9 +191,13 @@ class _Neighbourhood:
             for i in idx
         ]])
         samples, ok = allocate(rows, np.array([0]), np.array([1]), batch, caps)
-        if not ok[0] or samples[0].min() < 1:
+        y = [int(v) for v in samples[0]]
+        if not ok[0] or batch < len(y) or min(caps[0]) < 1:
             return None
-        return tuple(int(y) for y in samples[0])
+        for i in (i for i, v in enumerate(y) if v == 0):  # Algorithm 1 left it idle
+            y[max(range(len(y)), key=y.__getitem__)] -= 1  # one from the most loaded
+            y[i] = 1
+        return tuple(y)
 
     def mixed(self, devices: tuple[str, ...]) -> bool:
         return len({self.kind[d] for d in devices}) > 1
@@ -182,6 +210,83 @@ class _Neighbourhood:
         yield from self._merges(part)
         yield from self._splits(part)
         yield from self._stage_shifts(part)
+
+    def regroupings(self, part: Partition) -> Iterator[Partition]:
+        """The moves that change which devices work together (tried when the local
+        moves of :meth:`candidates` do not help): swaps, then dissolves."""
+        yield from self._swaps(part)
+        yield from self._dissolves(part)
+
+    def balanced_cut(self, left: StageAssignment, right: StageAssignment, batch: int) -> int:
+        """The cut of blocks [left.first, right.end) between ``left``'s and ``right``'s
+        devices (each at an even share of ``batch``) where the slower device of each
+        side computes most evenly. O((right.end - left.first) x g)."""
+        cm, cluster = self.cm, self.problem.cluster
+
+        def side(lo: int, hi: int, devices: tuple[str, ...]) -> float:
+            share = -(-batch // len(devices))
+            return max(sum(cm.device_times(lo, hi, cluster.index(d), share)) for d in devices)
+
+        return min(range(left.first + 1, right.end),
+                   key=lambda c: abs(side(left.first, c, left.devices)
+                                     - side(c, right.end, right.devices)))
+
+    def _dissolves(self, part: Partition) -> Iterator[Partition]:
+        """Stage p dissolved: its blocks go to its neighbours (cut where they compute
+        most evenly; an end stage's to its one neighbour), its devices join stage q,
+        every changed stage's samples by Algorithm 1 (a stage of B devices at
+        micro-batch B takes no device more, so two stages of one device each are
+        joined only this way)."""
+        stages, b, m = part.stages, part.micro_batch_size, part.num_micro_batches
+        n = len(stages)
+        for p, st in enumerate(stages):
+            if n < 3:
+                return
+            rest = [*stages[:p], *stages[p + 1:]]
+            if p == 0:
+                rest[0] = replace(rest[0], first=st.first)
+            elif p == n - 1:
+                rest[-1] = replace(rest[-1], end=st.end)
+            else:
+                joined = replace(stages[p - 1], end=stages[p + 1].end)
+                cut = self.balanced_cut(joined, replace(stages[p + 1], first=st.first), b)
+                rest[p - 1] = replace(stages[p - 1], end=cut)
+                rest[p] = replace(stages[p + 1], first=cut)
+            shorter = Partition(b, m, tuple(rest))
+            for q in range(n - 1):
+                target = replace(rest[q], devices=(*rest[q].devices, *st.devices))
+                changed = {r for r in (p - 1, p, q) if 0 <= r < n - 1}
+                new = list(rest)
+                for r in sorted(changed | {q}):
+                    s = target if r == q else rest[r]
+                    samples = self.split(shorter, r, s.first, s.end, s.devices, b, m)
+                    if samples is None:
+                        break
+                    new[r] = replace(s, samples=samples)
+                else:
+                    yield Partition(b, m, tuple(new))
+
+    def _swaps(self, part: Partition) -> Iterator[Partition]:
+        """One device of stage p and one of another kind of stage q > p trade places
+        (one device per kind and stage), both stages' samples re-split by Algorithm 1:
+        at micro-batch B a stage of B devices cannot take a device more, so a device
+        shift cannot move a fast device to where it is needed; a swap can."""
+        stages, b, m = part.stages, part.micro_batch_size, part.num_micro_batches
+        firsts = [{self.kind[d]: i for i, d in reversed(list(enumerate(s.devices)))}
+                  for s in stages]
+        for p, q in itertools.combinations(range(len(stages)), 2):
+            sp, sq = stages[p], stages[q]
+            for kp, i in firsts[p].items():
+                for kq, j in firsts[q].items():
+                    if kp == kq:
+                        continue
+                    dp = (*sp.devices[:i], sq.devices[j], *sp.devices[i + 1:])
+                    dq = (*sq.devices[:j], sp.devices[i], *sq.devices[j + 1:])
+                    samp = self.split(part, p, sp.first, sp.end, dp, b, m)
+                    samq = self.split(part, q, sq.first, sq.end, dq, b, m)
+                    if samp is not None and samq is not None:
+                        yield _with(part, {p: replace(sp, devices=dp, samples=samp),
+                                           q: replace(sq, devices=dq, samples=samq)})
 
     def _stage_shifts(self, part: Partition) -> Iterator[Partition]:
         """Both cuts of an inner stage moved together by the cut distances (the stage
@@ -422,25 +527,37 @@ class _Search:
         until = min(self.max_evaluations, self.evaluations + budget)
         improved = True
         while improved and self.evaluations < until and not self.stopped:
-            improved = False
             bar = cost.steady_ms * (1 - MIN_GAIN)
-            ranked = sorted(
-                (estimate, i, c)
-                for i, c in enumerate(self.hood.candidates(part))
-                if c not in self.scored and busiest_device_ms(self.cm, c) < bar
-                and (estimate := steady_estimate_ms(self.cm, c)) < bar
-            )
-            for _, _, candidate in ranked[:ROUND_WIDTH]:
-                if self.evaluations >= until:
-                    break
-                figures = self.score(candidate)
-                if figures is None:
-                    break
-                if figures.memory_ok and figures.steady_ms < bar:
-                    part, cost, improved = candidate, figures, True
-                    self.moves += 1
+            improved = False
+            for moves, width in ((self.hood.candidates, ROUND_WIDTH),
+                                 (self.hood.regroupings, REGROUP_WIDTH)):
+                found = self.first_faster(moves(part), width, bar, until)
+                if found is not None:
+                    part, cost = found
+                    improved, self.moves = True, self.moves + 1
                     break
         return part, cost
+
+    def first_faster(self, candidates: Iterator[Partition], width: int, bar: float,
+                     until: int) -> tuple[Partition, PlanCost] | None:
+        """The first of ``candidates`` (unscored, bounds and estimate below ``bar``)
+        in estimate order, at most ``width`` scored, that fits memory with its step
+        below ``bar``; None when none does or the evaluations reach ``until``."""
+        ranked = sorted(
+            (estimate, i, c)
+            for i, c in enumerate(candidates)
+            if c not in self.scored and busiest_device_ms(self.cm, c) < bar
+            and (estimate := steady_estimate_ms(self.cm, c)) < bar
+        )
+        for _, _, candidate in ranked[:width]:
+            if self.evaluations >= until:
+                return None
+            figures = self.score(candidate)
+            if figures is None:
+                return None
+            if figures.memory_ok and figures.steady_ms < bar:
+                return candidate, figures
+        return None
 
     def kicks(self, best: Partition) -> list[Partition]:
         """The scored neighbours of ``best`` that fit memory, least steady step first:

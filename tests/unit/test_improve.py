@@ -10,7 +10,12 @@ import pytest
 from edgepipe.planner.cli.main import main
 from edgepipe.planner.cost.model import CostModel
 from edgepipe.planner.partition import Partition, StageAssignment
-from edgepipe.planner.solvers.improve import improve, ladder, steady_estimate_ms
+from edgepipe.planner.solvers.improve import (
+    _Neighbourhood,
+    improve,
+    ladder,
+    steady_estimate_ms,
+)
 from edgepipe.planner.solvers.solve import solve
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -179,3 +184,32 @@ def test_cli_no_improve_returns_the_dps_plan(capsys):
     assert record["status"] in ("converged", "evaluations", "time_limit")
     assert main([*args, "--solver", "gpipe", "--no-improve"]) == 2
     assert "--no-improve" in capsys.readouterr().err
+
+
+def test_dissolves_join_lone_devices_across_a_stage():
+    """Plan (a) blocks 0-1 | (b, c) blocks 2-3 | (d) blocks 4-5 at micro-batch 2: a
+    stage of two devices takes no third (2 samples), so the lone a and d are joined only
+    by dissolving one end stage into its neighbour and moving its device to the other
+    lone one; the inner stage's devices fit nowhere. By hand: exactly two regroupings
+    (identical devices: no swaps), samples one each."""
+    plan = hand_plan(TIMES, [(0, 2, ("a",), (2,)), (2, 4, ("b", "c"), (1, 1)),
+                             (4, 6, ("d",), (2,))], ["a", "b", "c", "d"], batch=2)
+    cm = CostModel(plan.problem)
+    hood = _Neighbourhood(plan.problem, cm, 3)
+    got = {tuple((s.first, s.end, s.devices, s.samples) for s in c.stages)
+           for c in hood.regroupings(plan.partition)}
+    assert got == {
+        ((0, 4, ("b", "c"), (1, 1)), (4, 6, ("d", "a"), (1, 1))),
+        ((0, 2, ("a", "d"), (1, 1)), (2, 6, ("b", "c"), (1, 1))),
+    }
+
+
+def test_a_re_split_never_leaves_a_device_idle():
+    """A fast and a slow device (200 and 60 GFLOPS) at micro-batch 2: Algorithm 1 alone
+    may give both samples to the fast one; the pass's re-split gives each one (a stage's
+    every device works), and refuses 1 sample on 2 devices."""
+    problem = random_problem(4, 2, seed=1, global_batch=8, candidates=(1, 2))
+    part = Partition(2, 4, (StageAssignment(0, 4, ("d0", "d1"), (1, 1)),))
+    hood = _Neighbourhood(problem, CostModel(problem), 3)
+    assert hood.split(part, 0, 0, 4, ("d0", "d1"), 2, 4) == (1, 1)
+    assert hood.split(part, 0, 0, 4, ("d0", "d1"), 1, 8) is None
