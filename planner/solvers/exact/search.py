@@ -131,7 +131,9 @@ class ProgramSearch:
             lowered[0] = time.perf_counter()  # CP-SAT asks once its model is lowered
             return self._left(stop)
 
+        begun = False
         while self._left(stop) > self._build_estimate(job) and not self.halt.stopped:
+            begun = True
             with self.lock:
                 best = self.best
             ref = best[0] if best else self.horizon
@@ -181,6 +183,9 @@ class ProgramSearch:
             outcome_status = "feasible"  # not proven until the loose plan is excluded
             excluded.append(decision(form, outcome.values))
         spent = time.perf_counter() - t0 + (before.solve_time_s if before else 0.0)
+        if not begun and before is None:
+            # not begun: its build would not end within the time left (or halted)
+            return SubProblem(*job, "skipped", None, None, spent)
         return SubProblem(*job, outcome_status, found, bound, spent, program, len(excluded))
 
     def _left(self, stop: float) -> float:
