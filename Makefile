@@ -26,10 +26,10 @@ typecheck: $(STAMP)
 
 test: $(STAMP) typecheck
 	$(VENV)/bin/ruff check planner executor tests benchmarks
-	# two pytest calls, both always run: every test but the `serial` ones on four workers
-	# (the tests mostly wait: three kept ~1.5 of 2 cores busy), then the `serial` ones alone;
+	# two pytest calls, both always run: every test but the `serial` ones on three workers
+	# (the tests mostly wait: two kept ~1.5 of 2 cores busy), then the `serial` ones alone;
 	# the status is non-zero if either failed (docs/testing.md; docs/decisions.md)
 	status=0; \
-	$(VENV)/bin/python -m pytest -q -n 4 -m "not serial" --durations=15 || status=$$?; \
+	$(VENV)/bin/python -m pytest -q -n 3 -m "not serial" --durations=15 || status=$$?; \
 	$(VENV)/bin/python -m pytest -q -m serial || status=$$?; \
 	exit $$status

@@ -31,6 +31,10 @@ def lab_machine():
     needs.network_namespaces()
 
 
+# serial: a measured rate (docs/testing.md): three TCP senders in namespaces must each
+# get their share of the shaped medium; in CI's parallel call (-n 4, load 2-3) d3's piece
+# took 0.93 of d0's instead of <= 0.85
+@pytest.mark.serial
 def test_the_medium_is_shared_by_sender():
     transfers = [("d0", "d1"), ("d0", "d2"), ("d3", "d1")]
     # the shares by sender (planner/cost/channels.py): d0's two a quarter each, d3's half
