@@ -92,9 +92,6 @@ def main() -> None:
     parser.add_argument("--big", action="store_true", help="add 512 devices of 8 types")
     parser.add_argument("--markdown", help="also write the table to this file")
     args = parser.parse_args()
-    # the re-scoring bounded by count and margin only, not by its time share, so that
-    # both runs re-score the same answers however loaded the machine
-    dp_sizes.RESCORE_MIN_S = float("inf")
     falls, near = dp_graph.falls, dp_sizes.FIRST_NEAR
 
     def rule(on: bool) -> None:

@@ -36,7 +36,11 @@ from edgepipe.planner.cost.chain import closed_form_latency, describe_step, sche
 from edgepipe.planner.cost.channels import background_ms, channel_loads
 from edgepipe.planner.cost.fair_sharing import stage_transfer_ms
 from edgepipe.planner.cost.formulas import ring_allreduce_ms, stage_memory_bytes, transfer_ms
-from edgepipe.planner.cost.makespan import longest_path_makespan, round_makespan
+from edgepipe.planner.cost.makespan import (
+    longest_path_ends,
+    longest_path_makespan,
+    round_makespan,
+)
 from edgepipe.planner.cost.order import cached_schedule
 from edgepipe.planner.cost.steady import ITERATIONS, steady_period_ms
 from edgepipe.planner.cost.steps import Step, StepChain
@@ -353,6 +357,14 @@ class CostModel:
         end of what it waits for, so by induction along that common order no action ends
         earlier than in the longest path."""
         return longest_path_makespan(*self._round_inputs(partition))
+
+    def full_rate_ends(self, partition: Partition, iterations: int) -> list[float]:
+        """When each of ``iterations`` chained rounds ends with every transfer at its
+        pair's full rate (no channel sharing, no event queue):
+        :func:`planner.cost.makespan.longest_path_ends` on the inputs of
+        :meth:`evaluate`'s rounds; exact point to point, no later than the shared rounds
+        elsewhere (:meth:`round_lower_bound_ms`'s argument)."""
+        return longest_path_ends(*self._round_inputs(partition), iterations)
 
     def evaluate(self, partition: Partition) -> PlanCost:
         """All figures of ``partition``: step chain, round latency, the steady-state step,

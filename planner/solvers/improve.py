@@ -106,7 +106,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
-from edgepipe.planner.cost.makespan import longest_path_ends
 from edgepipe.planner.cost.model import CostModel, PlanCost
 from edgepipe.planner.cost.steady import ITERATIONS
 from edgepipe.planner.inputs.problem import Problem
@@ -239,9 +238,9 @@ class _Neighbourhood:
         joined only this way)."""
         stages, b, m = part.stages, part.micro_batch_size, part.num_micro_batches
         n = len(stages)
+        if n < 3:
+            return
         for p, st in enumerate(stages):
-            if n < 3:
-                return
             rest = [*stages[:p], *stages[p + 1:]]
             if p == 0:
                 rest[0] = replace(rest[0], first=st.first)
@@ -257,7 +256,7 @@ class _Neighbourhood:
                 target = replace(rest[q], devices=(*rest[q].devices, *st.devices))
                 changed = {r for r in (p - 1, p, q) if 0 <= r < n - 1}
                 new = list(rest)
-                for r in sorted(changed | {q}):
+                for r in sorted(changed):
                     s = target if r == q else rest[r]
                     samples = self.split(shorter, r, s.first, s.end, s.devices, b, m)
                     if samples is None:
@@ -487,7 +486,7 @@ def steady_estimate_ms(cm: CostModel, part: Partition) -> float:
     candidate's step was below its estimate (docs/decisions.md), though for a difference
     of two ends this is not proven. About 30 times cheaper than ``evaluate`` on 16
     devices. O(iterations x (M x (devices + pieces) + sum_p g_p^2))."""
-    ends = longest_path_ends(*cm._round_inputs(part), ITERATIONS)
+    ends = cm.full_rate_ends(part, ITERATIONS)
     return ends[-2] - ends[-3]
 
 

@@ -85,6 +85,12 @@ VIEW_MAX_BLOCKS = COARSE_BLOCKS
 WINDOW_MARGIN = 0.05
 
 
+def coarse_width(n_blocks: int) -> int:
+    """The coarse run's window width k = ceil(L / ``COARSE_BLOCKS``) (step 1 above), the
+    one :func:`plan_multilevel` plans and :func:`coarse_views` does not plan again."""
+    return math.ceil(n_blocks / COARSE_BLOCKS)
+
+
 def merge_blocks(problem: Problem, cuts: list[int]) -> Problem:
     """``problem`` with the blocks between consecutive ``cuts`` (0 = cuts[0] < .. <
     cuts[-1] = L) merged into one block each: parameter and saved bytes summed, the
@@ -183,7 +189,7 @@ def plan_multilevel(
     n_blk = problem.model.num_blocks
     if incumbent is not None:
         check_incumbent(problem, incumbent)
-    width = math.ceil(n_blk / COARSE_BLOCKS)
+    width = coarse_width(n_blk)
     grid = coarse_cuts(problem, width)
 
     def half(offset: int) -> Callable[[int, int], None] | None:
@@ -269,7 +275,7 @@ def coarse_views(
     planned again (resnet50-like on home-mixed-5: views 1.44 -> 0.6 CPU s)."""
     start = time.perf_counter()
     found: list[tuple[PlanCost, Partition, float]] = []
-    planned = math.ceil(problem.model.num_blocks / COARSE_BLOCKS) if coarse_run else None
+    planned = coarse_width(problem.model.num_blocks) if coarse_run else None
     for width in VIEW_WIDTHS:
         grid = coarse_cuts(problem, width)
         left = time_limit - (time.perf_counter() - start)

@@ -94,7 +94,7 @@ class FractionalBounds:
         self.back_ok = (digits[:, None, :] >= self.comps[None, :, :]).all(axis=2)
         self.back = np.where(self.back_ok, np.arange(n_states)[:, None] - self.comps @ radix, 0)
         cols = slice(1, batch + 1)
-        self.m_count, self.gmax, self.v_lo = m_count, gmax, tables.v_lo
+        self.m_count, self.v_lo = m_count, tables.v_lo
         # per group, (L, B): least forward, backward and forward + backward time of each
         # block at y samples over the group's classes
         self.fwd = [np.min([tables.tf[k][:, cols] for k in grp], axis=0) for grp in groups]
