@@ -445,8 +445,8 @@ class _Round:
             sends = self.sends[d][forward]
             if self.spans is not None and sends:
                 now = self.net.now
-                span = self.spans.setdefault((p - 1 + forward, forward, m), [now, now])
-                span[0] = min(span[0], now)
+                # the clock never goes back: the first post of m is the span's start
+                self.spans.setdefault((p - 1 + forward, forward, m), [now, now])
             for pair, ms, lat, dst in sends:
                 self.net.post(pair, ms, lat, (0, dst, forward, m))
         chunks = self.ring_chunks[p]
@@ -472,8 +472,7 @@ class _Round:
             self.net.post(pair, ms, lat, (1, p, (member + 1) % len(chunks), 0))
         else:  # its ring is done: its next iteration may start
             if self.spans is not None:
-                span = self.spans[(-1 - p, 0, i)]
-                span[1] = max(span[1], self.net.now)
+                self.spans[(-1 - p, 0, i)][1] = self.net.now  # the last member's end
             d = self.members[p][member]
             self.rings_done[d] += 1
             if self.net.now > self.free[d]:

@@ -42,7 +42,7 @@ from edgepipe.planner.cost.makespan import (
     round_makespan,
 )
 from edgepipe.planner.cost.order import cached_schedule
-from edgepipe.planner.cost.steady import ITERATIONS, steady_period_ms
+from edgepipe.planner.cost.steady import ITERATIONS, STEADY, steady_period_ms
 from edgepipe.planner.cost.steps import Step, StepChain
 from edgepipe.planner.cost.transfers import BoundaryCost, Piece, RingCost, reslice_pieces
 from edgepipe.planner.errors import PlanMismatchError
@@ -341,7 +341,7 @@ class CostModel:
         (:func:`planner.cost.fair_sharing.stage_transfer_ms`; docs/decisions.md, "The
         per-stage link and all-reduce columns"). O(one steady-state evaluation)."""
         return stage_transfer_ms(*self._round_inputs(partition), self.problem.cluster.network.kind,
-                                 ITERATIONS, ITERATIONS - 2)
+                                 ITERATIONS, STEADY)
 
     def round_lower_bound_ms(self, partition: Partition) -> float:
         """A lower bound on ``evaluate(partition).iteration_ms``, about ten times cheaper

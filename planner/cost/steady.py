@@ -45,6 +45,8 @@ from edgepipe.planner.schedule import Schedule
 
 #: chained iterations run to read the steady period (module docstring)
 ITERATIONS = 5
+#: the round whose end less the one before is the steady period (0-based: e_{K-2})
+STEADY = ITERATIONS - 2
 
 #: a period this close (relative) to the isolated iteration is the iteration
 SAME = 1e-9
@@ -61,5 +63,5 @@ def steady_period_ms(schedule: Schedule, devices: list[list[tuple[str, float, fl
         ValueError: the schedule deadlocks.
     """
     ends = round_ends(schedule, devices, links, rings, topology, ITERATIONS)
-    period = ends[-2] - ends[-3]
+    period = ends[STEADY] - ends[STEADY - 1]
     return iteration_ms if abs(period - iteration_ms) <= SAME * iteration_ms else period

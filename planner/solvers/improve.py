@@ -107,7 +107,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 from edgepipe.planner.cost.model import CostModel, PlanCost
-from edgepipe.planner.cost.steady import ITERATIONS
+from edgepipe.planner.cost.steady import ITERATIONS, STEADY
 from edgepipe.planner.inputs.problem import Problem
 from edgepipe.planner.partition import Partition, StageAssignment
 from edgepipe.planner.solvers.allocation import allocate
@@ -487,7 +487,7 @@ def steady_estimate_ms(cm: CostModel, part: Partition) -> float:
     of two ends this is not proven. About 30 times cheaper than ``evaluate`` on 16
     devices. O(iterations x (M x (devices + pieces) + sum_p g_p^2))."""
     ends = cm.full_rate_ends(part, ITERATIONS)
-    return ends[-2] - ends[-3]
+    return ends[STEADY] - ends[STEADY - 1]
 
 
 class _Search:
