@@ -1,9 +1,10 @@
 """Steady-state cost of fault tolerance on the emulated demo cluster (issue 8).
 
-The demo's model and cluster (``edgepipe demo``: resnet18 with analytic Jetson times on
-jetson-testbed-6, global batch 8), in two plans:
+The former emulated demo's model and cluster (resnet18 with analytic Jetson times on
+jetson-testbed-6, global batch 8; ``edgepipe demo`` now runs the lab demo's problem), in
+two plans:
 
-* ``demo``: the DP's own plan, what ``edgepipe demo`` runs (resnet18 on one Orin); a
+* ``demo``: the DP's own plan on that problem (resnet18 on one Orin); a
   recovering run keeps its replica on a standby process of an idle device
   (docs/fault-tolerance.md, "Standbys"; every idle device that can hold it gets one,
   as the demo's launch does);
@@ -104,7 +105,7 @@ def three_stage_plan() -> Plan:
 
 
 def dp_plan() -> Plan:
-    """The demo's own plan (``edgepipe demo``: the DP on the demo problem)."""
+    """The DP's plan of the former emulated demo's problem (module docstring)."""
     problem = api.load_problem(DEMO_RUN_MODEL, api.DEMO_CLUSTER, global_batch=DEMO_RUN_BATCH)
     return api.solve(problem, "dp")
 
@@ -114,7 +115,7 @@ PLANS = {"demo": dp_plan, "3-stage": three_stage_plan}
 
 
 def calibrate(plan: Plan, path: Path, folder: Path) -> float:
-    """The demo's time scale: the profile's guess, then two steps' measurement."""
+    """The emulation's time scale: the profile's guess, then two steps' measurement."""
     host = ModelProfile.load(api.resolve(DEMO_RUN_HOST, "models"))
     first = emulation.time_scale_for(plan, host)
     out = folder / "calibration"

@@ -30,7 +30,8 @@ from edgepipe.planner.replan.incremental import replan
 
 CASES = [
     (api.DEMO_MODEL, api.DEMO_CLUSTER, api.DEMO_GLOBAL_BATCH),
-    # the plan `edgepipe demo` runs (planner/cli/demo.py: DEMO_RUN_*): one Orin and a standby
+    # the former emulated demo's plan (benchmarks/ft_overhead.py: DEMO_RUN_*): one Orin
+    # and a standby
     ("resnet18-analytic", api.DEMO_CLUSTER, 8),
     ("pipedream-vgg16", "home-mixed-5", 32),
     ("resnet18-analytic", "pi-lab-4", 64),

@@ -427,8 +427,6 @@ def main() -> None:
         ]
     if missing:
         summary += ["", f"Not in the cache (left out): {len(missing)}: {', '.join(missing)}"]
-    if args.fine_exact_limit > 0:
-        summary.append(proof_summary(rows))
     print("\n".join(summary))
     if args.markdown:
         Path(args.markdown).write_text("\n".join(lines + summary) + "\n")
