@@ -64,7 +64,6 @@ import multiprocessing
 import shutil
 import signal
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -78,7 +77,7 @@ from edgepipe.executor.core.layout import RankLayout, check_runnable
 from edgepipe.executor.core.metrics import MetricsWriter, read_jsonl
 from edgepipe.executor.core.options import Endpoint, WorkerOptions
 from edgepipe.executor.core.stage import check_build
-from edgepipe.executor.core.starting import process, worker_context
+from edgepipe.executor.core.starting import process, start_deaf_to_ctrl_c, worker_context
 from edgepipe.executor.ft import checkpoint
 from edgepipe.executor.ft.checkpoint import check_resume
 from edgepipe.executor.ft.control import Coordinator, Failure, generation_store
@@ -133,6 +132,11 @@ class Placement:
     ``status.json`` records of a run that is not emulated (planner/check/live.py)."""
 
     mode: ClassVar[str] = "real"
+    #: whether its workers fork from the preloaded forkserver
+    #: (:mod:`executor.core.starting`); the lab's join their cgroup and network namespace
+    #: before torch loads (so torch's memory is charged to the device's cgroup) and are
+    #: spawned
+    preloaded: ClassVar[bool] = True
     store_host: str = "127.0.0.1"
 
     def entry(self, opts: WorkerOptions, endpoint: Endpoint) -> tuple[
@@ -377,24 +381,6 @@ def _control_plane(
                                 heartbeat_s=heartbeat_s, recover=recovering)
 
 
-def _start_deaf_to_ctrl_c(proc: Any) -> None:
-    """Start ``proc`` with SIGINT ignored, which a spawned child keeps across exec (a
-    forkserver child restores the server's, ignored too: :mod:`executor.core.starting`). Ctrl-C
-    reaches the terminal's whole process group; the launcher, not each worker, handles it
-    (it stops every worker and the CLI says one line), so a worker interrupted in its
-    imports or its training no longer prints a traceback into the launcher's stderr.
-    The launcher's own SIGINT is ignored only while the child starts (a few ms), and only
-    from the main thread, where Python allows setting a handler."""
-    if threading.current_thread() is not threading.main_thread():
-        proc.start()
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        proc.start()
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 class _Children:
     """The run's processes: one per plan rank, then standbys and joining devices
     (``procs``, in start order; ``current``: each device's newest process) and the
@@ -404,11 +390,8 @@ class _Children:
                  current: dict[str, Any], placement: Placement) -> None:
         self.opts, self.layout, self.port, self.out = opts, layout, port, out
         self.placement = placement
-        # a placement with its own entry (the lab's joins its cgroup and network
-        # namespace before torch loads, so torch's memory is charged to the device's
-        # cgroup) is spawned; the default one forks from the preloaded forkserver
-        own_entry = type(placement).entry is not Placement.entry
-        self.ctx = multiprocessing.get_context("spawn") if own_entry else worker_context()
+        self.ctx = (worker_context() if placement.preloaded
+                    else multiprocessing.get_context("spawn"))
         self.procs: list[Any] = []
         self.current = current
         self.ranks: list[dict[str, Any]] = []
@@ -426,7 +409,7 @@ class _Children:
                                 local_world_size=layout.world_size)
             target, args = self.placement.entry(self.opts, endpoint)
             proc = process(self.ctx, target, args, f"edgepipe-{info.device}")
-            _start_deaf_to_ctrl_c(proc)
+            start_deaf_to_ctrl_c(proc)
             self.procs.append(proc)
             self.current[info.device] = proc
         for device in spares:
@@ -446,7 +429,7 @@ class _Children:
         proc = process(self.ctx, spawned,
                        (replace(self.opts, device=device, incarnation=incarnation), endpoint),
                        f"edgepipe-{device}-{role}")
-        _start_deaf_to_ctrl_c(proc)
+        start_deaf_to_ctrl_c(proc)
         self.procs.append(proc)
         self.current[device] = proc
         line = {"rank": None, "device": device, "stage": None, "pid": proc.pid,

@@ -34,16 +34,42 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from multiprocessing import forkserver, reduction
 from multiprocessing.context import BaseContext
 from typing import Any
 
-__all__ = ["PRELOAD", "process", "worker_context"]
+__all__ = ["PRELOAD", "deaf_to_ctrl_c", "process", "start_deaf_to_ctrl_c", "worker_context"]
 
 #: what the forkserver imports before it forks any worker (each sets its environment
 #: defaults, then imports torch and torch.distributed)
 PRELOAD = ["edgepipe.executor.worker", "edgepipe.executor.engines.torch_worker"]
+
+
+@contextmanager
+def deaf_to_ctrl_c() -> Iterator[None]:
+    """SIGINT ignored in this process for the ``with`` block, the previous handler back
+    after it; outside the main thread (where Python sets no handler) nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def start_deaf_to_ctrl_c(proc: Any) -> None:
+    """Start ``proc`` with SIGINT ignored, which a spawned child keeps across exec (a
+    forkserver child restores the server's, ignored too: module docstring). Ctrl-C
+    reaches the terminal's whole process group; the launcher, not each worker, handles it
+    (it stops every worker and the CLI says one line), so a worker interrupted in its
+    imports or its training no longer prints a traceback into the launcher's stderr.
+    The launcher's own SIGINT is ignored only while the child starts (a few ms)."""
+    with deaf_to_ctrl_c():
+        proc.start()
 
 
 def worker_context() -> BaseContext:
@@ -54,11 +80,8 @@ def worker_context() -> BaseContext:
         return multiprocessing.get_context("spawn")
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)  # read only when the server starts
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
+    with deaf_to_ctrl_c():
         forkserver.ensure_running()  # a no-op while the server runs
-    finally:
-        signal.signal(signal.SIGINT, previous)
     return ctx
 
 

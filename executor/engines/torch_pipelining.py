@@ -36,7 +36,7 @@ from typing import Any
 import torch.distributed as dist
 from edgepipe.executor.core.layout import RankLayout
 from edgepipe.executor.core.options import Endpoint, WorkerOptions
-from edgepipe.executor.core.starting import process, worker_context
+from edgepipe.executor.core.starting import process, start_deaf_to_ctrl_c, worker_context
 from edgepipe.executor.engines.base import RunOptions, builds_the_plans_model
 from edgepipe.executor.engines.torch_plans import refusal
 from edgepipe.executor.engines.torch_worker import PREFIX, spawned
@@ -44,7 +44,6 @@ from edgepipe.executor.launch import (
     RunResult,
     _ended,
     _run_folder,
-    _start_deaf_to_ctrl_c,
     _stop,
     _watch,
     preflight,
@@ -116,7 +115,7 @@ def launch_local(opts: WorkerOptions) -> RunResult:
             endpoint = Endpoint(info.rank, layout.world_size, "127.0.0.1", store.port,
                                 local_rank=info.rank, local_world_size=layout.world_size)
             proc = process(ctx, spawned, (opts, endpoint), f"edgepipe-torch-{info.device}")
-            _start_deaf_to_ctrl_c(proc)
+            start_deaf_to_ctrl_c(proc)
             procs.append(proc)
         _write_ranks(out, layout, procs)
         _watch(procs, layout, dist.PrefixStore(PREFIX, store), None)

@@ -69,6 +69,7 @@ class LabPlacement(Placement):
     each rank's worker started confined (:func:`executor.lab.entry.start`)."""
 
     mode: ClassVar[str] = "lab"
+    preloaded: ClassVar[bool] = False  # confined before torch loads (Placement.preloaded)
     places: tuple[Place, ...] = ()
 
     def entry(self, opts: WorkerOptions, endpoint: Endpoint) -> tuple[Any, tuple[Any, ...]]:

@@ -11,8 +11,7 @@ import signal
 import sys
 from pathlib import Path
 
-from edgepipe.executor.core.starting import process, worker_context
-from edgepipe.executor.launch import _start_deaf_to_ctrl_c
+from edgepipe.executor.core.starting import process, start_deaf_to_ctrl_c, worker_context
 
 
 def _report(path: str) -> None:
@@ -38,7 +37,7 @@ def test_a_worker_is_deaf_to_ctrl_c_sees_the_launchers_env_and_stderr_and_dies_v
     monkeypatch.setenv("EDGEPIPE_TEST_STARTING_LATE", "set after the server started")
     seen = tmp_path / "seen.json"
     proc = process(ctx, _report, (str(seen),), "edgepipe-test-report")
-    _start_deaf_to_ctrl_c(proc)
+    start_deaf_to_ctrl_c(proc)
     proc.join(30)
     dead = process(ctx, _killed, (), "edgepipe-test-killed")
     dead.start()
