@@ -214,7 +214,7 @@ def _run_child(
             if kind == "round" and on_round is not None:
                 on_round(job.device_type, rest[0], rest[1])
             elif kind == "done":
-                result = (rest[0], rest[1], RuntimeWork(*rest[2]))
+                result = (rest[0], rest[1], rest[2])
             elif kind == "error":
                 failure = rest[0]
     except EOFError:  # the child died without a word
@@ -270,8 +270,7 @@ def child_main(conn: Connection, job: Job) -> None:
         )
         cores = (time.process_time() - cpu) / (time.perf_counter() - wall)
         work = runtime_work(job.policy)
-        conn.send(("done", profile.to_dict(), cores,
-                   (work.forward_ms, work.backward_ms, round(work.spread, 4), work.rounds)))
+        conn.send(("done", profile.to_dict(), cores, work))
     except EdgepipeError as exc:
         conn.send(("error", str(exc)))
     finally:

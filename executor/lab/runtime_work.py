@@ -40,7 +40,6 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
@@ -49,6 +48,7 @@ from edgepipe.executor.core.comm import StageLinks, Transport
 from edgepipe.executor.core.layout import RankInfo, RankLayout
 from edgepipe.executor.core.runtime import StageRuntime
 from edgepipe.executor.profiling.noise import NoisePolicy, settled, spread
+from edgepipe.planner.inputs.profile import RuntimeWork
 from edgepipe.planner.schedule import ActionType, build
 from torch import nn
 
@@ -78,18 +78,7 @@ class _Scale(nn.Module):
         return x * self.w
 
 
-@dataclass(frozen=True)
-class Work:
-    """CPU ms per micro-batch of a stage's forward and backward actions, the relative
-    spread of the rounds kept and the rounds taken (:func:`measure_until_stable`)."""
-
-    forward_ms: float
-    backward_ms: float
-    spread: float
-    rounds: int
-
-
-def measure_until_stable(policy: NoisePolicy) -> Work:
+def measure_until_stable(policy: NoisePolicy) -> RuntimeWork:
     """The runtime's CPU ms per micro-batch of a stage (module docstring): one warm-up
     step, then rounds of ``ROUND_STEPS`` steps until the last ``policy.window`` rounds'
     totals agree within ``policy.max_spread`` (at most ``policy.max_rounds``,
@@ -168,7 +157,7 @@ def measure_until_stable(policy: NoisePolicy) -> Work:
     total = statistics.median(window)
     forward = sum(f for f, _ in middle)
     share = forward / (forward + sum(b for _, b in middle))
-    return Work(total * share, total * (1 - share), spread(window), len(totals))
+    return RuntimeWork(total * share, total * (1 - share), round(spread(window), 4), len(totals))
 
 
 def _split(runtime: StageRuntime, marks: list[float]) -> tuple[float, float]:
