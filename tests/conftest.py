@@ -67,7 +67,9 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
     one JSON line to ``<path>``: its node id, the CPU seconds of this pytest process
     (``self_s``) and of the child processes it reaped meanwhile (``children_s``:
     ``RUSAGE_CHILDREN`` counts a child once it is waited for, with the children it
-    reaped in turn), its wall time and the 1-minute load average at its end. One
+    reaped in turn; not the executor's workers, which the preloaded forkserver reaps:
+    executor/core/starting.py, so measure a launching test's whole cgroup instead), its
+    wall time and the 1-minute load average at its end. One
     ``write`` on a file opened for appending per line, so xdist workers can share the
     path. Without the variable this does nothing.
     """
