@@ -41,8 +41,8 @@ local improvement pass (``solve``, what ``edgepipe plan`` returns), a wider
 neighbourhood search from that plan and from the DP's
 (:func:`planner.solvers.improve.improve` with radius ``WIDE_RADIUS``, ``WIDE_EVALUATIONS``
 evaluations) and, with ``--fine-exact-limit S`` > 0, the exact solver
-warm-started from it; the best known plan is the least steady step of them all and of
-the earlier runs' best (``FINE_KNOWN_MS``), and the DP's gap is to it (target: median
+warm-started from it; the best known plan is the least steady step of them all, and the
+DP's gap is to it (target: median
 0, worst <= 1%). The load average is printed with every row.
 
     .venv/bin/python benchmarks/solver_vs_dp.py --fine [--fine-shapes resnet101-like,...]
@@ -162,9 +162,6 @@ FINE_MIXES = {
 FINE_CONFIG = TrainingConfig(64, (2, 4, 8, 16))
 #: the wider neighbourhood search of the best-known reference: cut radius, evaluations
 WIDE_RADIUS, WIDE_EVALUATIONS = 12, 1500
-#: steady steps (ms) of the best plans earlier runs found (the pass without its cap from
-#: the DP's plan, 2026-12-07 at ca803c0: docs/benchmarks.md), part of the best known
-FINE_KNOWN_MS = {"resnet101-like / nx-16": 1132.2, "resnet101-like / mixed-16": 1149.5}
 
 
 def fine_cluster(mix: str, n: int) -> Cluster:
@@ -203,7 +200,7 @@ def fine_row(label: str, problem: Problem, exact_limit: float) -> dict:
     wide = improve(problem, ours.partition, starts=[plain.partition], radius=WIDE_RADIUS,
                    max_evaluations=WIDE_EVALUATIONS)
     wide_cpu = time.process_time() - cpu
-    known = [ours.cost.steady_ms, wide.cost.steady_ms, FINE_KNOWN_MS.get(label, np.inf)]
+    known = [ours.cost.steady_ms, wide.cost.steady_ms]
     exact, exact_gap = "-", None
     if exact_limit > 0:
         cpu = time.process_time()
