@@ -107,15 +107,19 @@ def stage_transfer_ms(
     averaged over both directions and the round's micro-batches (what
     ``edgepipe report`` measures per boundary, from post to delivery). All-reduce (0 for
     one device): from the ring's start (its last member joined) to its last member's
-    last chunk received. Cost: one :func:`fair_sharing_ends` of ``iterations``.
+    last chunk received. Cost: one :func:`fair_sharing_ends` of ``iterations``, then one
+    pass over the spans it recorded (O(P + spans) for P stages).
     """
     r = _Round(schedule, devices, links, rings, topology, iterations)
     r.spans = {}
     r.run()
-    m_count, out = r.m_count, []
-    for p in range(len(devices)):
-        link = [b - a for (q, _, m), (a, b) in r.spans.items()
-                if q == p and m // m_count == read]
+    m_count = r.m_count
+    links_of: list[list[float]] = [[] for _ in devices]  # per boundary: its spans' lengths
+    for (q, _, m), (a, b) in r.spans.items():
+        if q >= 0 and m // m_count == read:  # a boundary's (a ring's q is -1 - stage)
+            links_of[q].append(b - a)
+    out = []
+    for p, link in enumerate(links_of):
         ring = r.spans.get((-1 - p, 0, read))
         out.append((sum(link) / len(link) if link else 0.0,
                     ring[1] - ring[0] if ring else 0.0))
