@@ -342,10 +342,7 @@ class _Simulation:
         """Max-min fair fractions by progressive filling over the flows at the head of
         their pairs (the others get 0): raise every unfrozen flow's fraction together
         until a channel is full (its flows freeze) or the fraction reaches 1. O(T C) per
-        round, at most T + 1 rounds."""
-        n = len(self.flows)
-        rate = [0.0] * n
-        residual: dict[str, float] = defaultdict(lambda: 1.0)
+        round, at most T + 1 rounds. On a shared medium: :meth:`_medium_rates`."""
         heads: dict[tuple[str, str], int] = {}
         for f, flow in enumerate(self.flows):
             heads.setdefault((flow.src, flow.dst), f)
@@ -354,6 +351,8 @@ class _Simulation:
                 self.flows[f].start_ms = self.now
         if self.topology == "shared_medium":
             return self._medium_rates(heads)
+        rate = [0.0] * len(self.flows)
+        residual: dict[str, float] = defaultdict(lambda: 1.0)
         unfrozen = set(heads.values())
         level = 0.0
         while unfrozen:
