@@ -27,8 +27,9 @@ def network_namespaces() -> None:
 def cgroups() -> None:
     """Fail the calling test unless this process can confine lab devices in cgroups
     (executor/lab/cgroups.py): root, and the cpu and memory controllers mounted (v2, or
-    v1 under ``cpu`` and ``memory``) where this process may create groups."""
-    from edgepipe.executor.lab.cgroups import CGROUP_ROOT, check_available
+    v1 under ``cpu`` and ``memory``), and the directories the lab creates its groups in
+    (``executor.lab.cgroups._parents``) writable."""
+    from edgepipe.executor.lab.cgroups import CGROUP_ROOT, _parents, _version, check_available
     from edgepipe.executor.lab.errors import LabUnavailable
 
     try:
@@ -40,9 +41,10 @@ def cgroups() -> None:
         pytest.fail(f"{missing} (the lab's tests need them: run the suite as root where the "
                     "cgroup cpu and memory controllers are mounted writable; .ci/run "
                     "checks it)", pytrace=False)
-    if not os.access(CGROUP_ROOT, os.W_OK) and not all(
-        os.access(CGROUP_ROOT / c, os.W_OK) for c in ("cpu", "memory")
-    ):
-        pytest.fail(f"{CGROUP_ROOT} is not writable: the lab's tests create cgroups there "
+    version = _version(CGROUP_ROOT)
+    assert version is not None  # check_available passed
+    locked = [p for p in _parents(CGROUP_ROOT, version) if not os.access(p, os.W_OK)]
+    if locked:
+        pytest.fail(f"{locked[0]} is not writable: the lab's tests create cgroups there "
                     "(mount it read-write, e.g. docker run --privileged or "
                     "--cgroupns=private with a writable /sys/fs/cgroup)", pytrace=False)
