@@ -21,15 +21,21 @@ timed exactly). ``per_step`` is the pieces per step (one per micro-batch).
 
 **Per stage** (:class:`StageRow`): predicted ``StageCost.forward_ms`` /
 ``backward_ms`` (the slowest device's, Eq. 8) against the largest of the devices' mean
-measured F / B; the all-reduce ``StageCost.allreduce_ms`` against the ring's measured
-time, per step from the last member's start of REDUCE_GRAD to the first member's end
-(on the shared clock: a member that arrives early waits for the others, and that wait
-is not the ring's), mean over steps, None for one device; the boundary's link
-``StageCost.link_out_ms`` (every piece of a micro-batch's activations started together,
-alone on the network) against, per micro-batch whose pieces were all timed exactly,
-the first post to the last delivery, mean over micro-batches.
+measured F / B. The all-reduce and the boundary's link are predicted under the plan's
+own traffic, the figures ``edgepipe plan`` prints as ``ar ms`` and ``link ms``
+(:meth:`CostModel.stage_transfer_ms`: in the steady step, the ring from its start to
+its end, and the boundary's pieces of a micro-batch from the first post to the last
+delivery, mean over both directions and the micro-batches; docs/decisions.md, "The
+per-stage link and all-reduce columns"), not alone on an idle network
+(``StageCost.allreduce_ms`` / ``link_out_ms``). Measured: the ring per step from the
+last member's start of REDUCE_GRAD to the first member's end (on the shared clock: a
+member that arrives early waits for the others, and that wait is not the ring's), mean
+over steps, None for one device; the link, per micro-batch and direction (activations
+from stage p, gradients from stage p+1) whose pieces were all timed exactly, from the
+first post to the last delivery, mean over those.
 
-O(timeline lines + P x g) for P stages of g devices.
+O(timeline lines + P x g) for P stages of g devices, plus one steady-state simulation
+of the plan (:meth:`CostModel.stage_transfer_ms`).
 """
 
 from __future__ import annotations
@@ -131,8 +137,12 @@ def stage_rows(plan: Plan, events: list[dict[str, Any]],
     """One :class:`StageRow` per stage of ``plan`` (module docstring); ``started[(device,
     step)]`` is the device's ``started_at`` of the step (wall-clock s)."""
     durations: dict[tuple[str, str], list[float]] = defaultdict(list)
-    reduce: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
-    sent: dict[tuple[int, int, int], list[tuple[float, float, bool]]] = defaultdict(list)
+    # per stage: step -> its members' REDUCE_GRAD (start, end) on the shared clock
+    reduce: dict[int, dict[int, list[tuple[float, float]]]] = defaultdict(
+        lambda: defaultdict(list))
+    # per boundary: (kind, step, micro-batch) -> its pieces (post, delivery, timed exactly)
+    sent: dict[int, dict[tuple[str, int, int], list[tuple[float, float, bool]]]] = defaultdict(
+        lambda: defaultdict(list))
     for e in events:
         d, step, kind = e["device"], e["step"], e["kind"]
         durations[(d, kind)].append(float(e["end_ms"]) - float(e["start_ms"]))
@@ -141,27 +151,30 @@ def stage_rows(plan: Plan, events: list[dict[str, Any]],
             continue
         start, end = (t0 * 1e3 + float(e[k]) for k in ("start_ms", "end_ms"))
         if kind == "REDUCE_GRAD":
-            reduce[(int(e["stage"]), step)].append((start, end))
-        elif kind == "TRANSFER_F":
-            sent[(int(e["stage"]), step, int(e["micro_batch"]))].append(
+            reduce[int(e["stage"])][step].append((start, end))
+        elif kind in TRANSFER_KIND.values():  # the sender's line: gradients from p + 1
+            boundary = int(e["stage"]) - (kind == TRANSFER_KIND["gradients"])
+            sent[boundary][(kind, step, int(e["micro_batch"]))].append(
                 (start, end, _exact(e)))
+    contended = CostModel(plan.problem, plan.partition.micro_batch_size).stage_transfer_ms(
+        plan.partition)
     rows = []
-    for p, (stage, cost) in enumerate(zip(plan.partition.stages, plan.cost.stages,
-                                          strict=True)):
+    for p, (stage, cost, (link_ms, ring_ms)) in enumerate(
+            zip(plan.partition.stages, plan.cost.stages, contended, strict=True)):
         f = [x for d in stage.devices if (x := _mean(durations[(d, "F")])) is not None]
         b = [x for d in stage.devices if (x := _mean(durations[(d, "B")])) is not None]
         rings = [min(e for _, e in xs) - max(s for s, _ in xs)
-                 for (q, _), xs in reduce.items() if q == p and len(xs) == len(stage.devices)]
+                 for xs in reduce[p].values() if len(xs) == len(stage.devices)]
         links = [max(e for _, e, _ in xs) - min(s for s, _, _ in xs)
-                 for (q, _, _), xs in sent.items() if q == p and all(x[2] for x in xs)]
+                 for xs in sent[p].values() if all(x[2] for x in xs)]
         last = p == plan.partition.num_stages - 1
         rows.append(StageRow(
             stage=p, devices=stage.devices,
             forward_predicted=scale * cost.forward_ms, forward_measured=max(f, default=None),
             backward_predicted=scale * cost.backward_ms, backward_measured=max(b, default=None),
-            allreduce_predicted=scale * cost.allreduce_ms,
+            allreduce_predicted=scale * ring_ms,
             allreduce_measured=_mean(rings) if len(stage.devices) > 1 else None,
-            link_predicted=None if last else scale * cost.link_out_ms,
+            link_predicted=None if last else scale * link_ms,
             link_measured=None if last else _mean(links),
         ))
     return tuple(rows)

@@ -137,7 +137,7 @@ def stage_table(report: RunReport) -> Table:
     """One row per stage: its slowest device's compute, its ring all-reduce and the link
     to the next stage, predicted and measured (ms)."""
     table = Table(title="per stage, ms (fwd / bwd per micro-batch, ar per step, link per "
-                  "micro-batch's activations)", title_justify="left")
+                  "micro-batch and direction)", title_justify="left")
     for col in ("stage", "devices", "fwd pred", "fwd meas", "bwd pred", "bwd meas",
                 "ar pred", "ar meas", "link pred", "link meas"):
         table.add_column(col, justify="right")

@@ -1,7 +1,9 @@
 """Per device, per stage and per link: ``edgepipe report`` on a hand-written run of a
 hand-worked hybrid plan (tests/helpers/link_runs.py), every figure worked out by hand;
 the metrics writer's transfer lines from hand-written rank payloads; the run's mode in
-the text and the chart titles (issue 25 item 3, issue 27)."""
+the text and the chart titles (issue 25 item 3, issue 27); a stage's link and ring
+predicted under the plan's own traffic, as ``edgepipe plan`` prints them, on a switch
+and a shared medium, worked out by hand."""
 
 from __future__ import annotations
 
@@ -13,10 +15,18 @@ from pathlib import Path
 import pytest
 from edgepipe.executor.core.layout import RankLayout
 from edgepipe.executor.core.metrics import transfer_lines
+from edgepipe.planner.check.breakdown import stage_rows
 from edgepipe.planner.check.live import write_state
 from edgepipe.planner.check.report import build_report, report_panels
+from edgepipe.planner.cli.plan_views import transfer_figures
 from edgepipe.planner.errors import InputError
+from edgepipe.planner.inputs.cluster import Cluster, Device, Link, Network
+from edgepipe.planner.inputs.config import TrainingConfig
+from edgepipe.planner.inputs.problem import make_problem
+from edgepipe.planner.partition import Partition, StageAssignment
+from edgepipe.planner.plan import Plan, SolverInfo, make_plan
 
+from tests.helpers.hand_model import MODEL, T
 from tests.helpers.link_runs import MIB, hand_plan, write_link_run
 from tests.helpers.paths import REPO
 
@@ -51,14 +61,78 @@ def test_stage_rows_time_the_ring_and_the_boundary_on_the_shared_clock(tmp_path:
     assert (first.forward_predicted, first.backward_predicted) == (3.0, 6.0)
     # ring: A 30-40 ms from 101.000 s, B 31-39 from 101.002: last start 101033, first end 101040
     assert first.allreduce_measured == pytest.approx(7.0)
-    # W = 3000 bytes, g = 2, switched: 2(g-1)/g x 3000 / 1000 + 2(g-1) x 1 ms
-    assert first.allreduce_predicted == pytest.approx(5.0)
-    # m0 only (m1 not timed exactly): first post A at 101002, last delivery B at 101009.5
-    assert first.link_measured == pytest.approx(7.5)
-    # C's downlink carries both pieces: 0.02 + 0.2 ms, then the largest latency, 4 ms
+    # predicted under the plan's own traffic (what `edgepipe plan` prints), by hand: A and
+    # B run F0 F1 B0 B1 (warm-up min(2(2-0)-1, M) = 2), 3 and 6 ms a micro-batch; C runs
+    # F0 B0 F1 B1, 6 and 12 ms. Pieces: A-C 20 B at 1000 B/ms = 0.02 ms + 1 ms latency,
+    # B-C 20 B at 100 B/ms = 0.2 ms + 4 ms. Activations m0 posted at 3: on C's downlink
+    # half each, A's ends at 3.04, B's alone then, at 3.22 (delivered 4.04, 7.22): 4.22
+    # ms; m1 posted at 6, the downlink idle again: 4.22. C: F0 7.22-13.22, B0 -25.22,
+    # gradients m0 on C's uplink the same way, 4.22; F1 -31.22, B1 -43.22, m1 4.22. The
+    # link: the mean of four 4.22 ms (the idle figure too: nothing else on the network)
     assert first.link_predicted == pytest.approx(4.22)
+    # the ring once both joined: A's B1 44.26-50.26 (gradient m1 at 43.22 + 0.04 + 1), B's
+    # 47.44-53.44 (43.22 + 0.22 + 4); chunks of 3000 B / 2 at 1000 B/ms = 1.5 ms + 1 ms,
+    # A up to B down and B up to A down, nothing else in flight: 2 steps x 2.5 = 5.0.
+    # A and B start the next step at 58.44, after their ring, on an idle network (C idle
+    # since 43.22): every step is the first shifted, the steady one too
+    assert first.allreduce_predicted == pytest.approx(5.0)
+    # per micro-batch and direction whose pieces were all timed exactly, post to last
+    # delivery: activations m0 A at 101002 (101.000 s + 2) to B's at 101009.5 (101.002 s
+    # + 7.5) = 7.5; m1 not (A's m1 not timed exactly); gradients m0 C at 101009 (101.001
+    # s + 8) to C -> B's at 101013.2 = 4.2 (m1 none): (7.5 + 4.2) / 2
+    assert first.link_measured == pytest.approx(5.85)
     assert (last.allreduce_measured, last.link_predicted, last.link_measured) == (None, None,
                                                                                  None)
+
+
+def contended_plan(topology: str) -> Plan:
+    """Devices A, B, C of the hand type; A alone holds b0-b1 for both samples, B and C
+    hold b2 for one sample each (a ring); 0.016 Mbit/s = 2 bytes/ms, except B-C at
+    8 Mbit/s = 1000 bytes/ms; latency 0; micro-batch 2, M = 2."""
+    net = Network(0.016, 0.0, topology == "shared_medium", links=(Link("B", "C", 8.0, 0.0),))
+    cluster = Cluster("contended", (Device("A", "t"), Device("B", "t"), Device("C", "t")), net,
+                      {"t": T})
+    problem = make_problem(MODEL, cluster, TrainingConfig(4, (2,)), catalog={"t": T})
+    partition = Partition(2, 2, (StageAssignment(0, 2, ("A",), (2,)),
+                                 StageAssignment(2, 3, ("B", "C"), (1, 1))))
+    return make_plan(problem, partition, SolverInfo("hand"))
+
+
+@pytest.mark.parametrize(("topology", "link", "ring", "idle_ring"), [
+    # switched, by hand. A: F 6, B 12 ms (b0 + b1 at batch 2), F0 F1 B0 B1; B and C: F 3,
+    # B 6 (b2 at batch 1), F0 B0 F1 B1. Pieces A-B, A-C: 20 B at 2 B/ms = 10 ms; chunks
+    # B-C: 1500 B at 1000 B/ms = 1.5 ms. Activations m0 posted at 6, both on A's uplink
+    # at half: delivered at 26 (20 ms); m1 posted at 12 queues behind m0 on each pair,
+    # 26-46 (34 ms). B, C: F0 26-29, B0 -35, gradients m0 on A's downlink at half, 35-55
+    # (20); F1 46-49, B1 -55, gradients m1 55-75 (20). Link (20 + 34 + 20 + 20) / 4. Ring
+    # from 55 with the gradients m1: B's uplink, C's uplink and A's downlink each hold
+    # two transfers, all at half: 3 ms a step, 55-61 (6; idle 2(g-1)/g x 3000 / 1000 = 3).
+    # A: B0 55-67, B1 75-87, then its next step at once on an idle network (B and C free
+    # since 61): every step is the first shifted
+    ("switched", 23.5, 6.0, 3.0),
+    # shared medium, by sender, by hand. Activations m0: A alone sends both, half each,
+    # 6-26; m1 from 26 at half. At 35 B and C post gradients m0 (m1's pieces have 5.5 ms
+    # left): three senders, A's two pieces 1/6 each, B's and C's 1/3: the gradients end
+    # at 65 (10 ms at 1/3), m1's pieces have 5.5 - 30/6 = 0.5 ms left, A alone, half:
+    # delivered at 66. B, C: F1 66-69, B1 -75, then gradients m1 and the ring together:
+    # two senders, each two transfers, 1/4 each: ring steps 75-81, 81-87 (1.5 ms at 1/4);
+    # the gradients then have 10 - 12/4 = 7 ms left, half each: 87-101. Link: m0 20, m1
+    # 12-66 = 54, gradients m0 30, m1 26: 130 / 4. Ring 12 (idle 2(g-1) x 3000 / 1000 =
+    # 6). A: B0 65-77, B1 101-113, its next step on an idle network: the first shifted
+    ("shared_medium", 32.5, 12.0, 6.0),
+])
+def test_a_stages_link_and_ring_are_predicted_under_the_plans_own_traffic(
+        topology: str, link: float, ring: float, idle_ring: float) -> None:
+    plan = contended_plan(topology)
+    # no run lines: the rows carry the predictions alone
+    first, last = stage_rows(plan, [], {}, 1.0)
+    assert (first.link_predicted, first.allreduce_predicted) == (pytest.approx(link), 0.0)
+    assert (last.link_predicted, last.allreduce_predicted) == (None, pytest.approx(ring))
+    # not the figures alone on an idle network: A's uplink, 10 + 10 ms, and the ring alone
+    assert (plan.cost.stages[0].link_out_ms, plan.cost.stages[1].allreduce_ms) == (
+        pytest.approx(20.0), pytest.approx(idle_ring))
+    # one source with `edgepipe plan`'s `link ms` and `ar ms`
+    assert transfer_figures(plan) == [(pytest.approx(link), 0.0), (0.0, pytest.approx(ring))]
 
 
 def test_device_rows_give_compute_bubbles_and_memory_per_step(tmp_path: Path) -> None:
