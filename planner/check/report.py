@@ -13,16 +13,21 @@ Figures (steps after the first, which carries start-up costs, when there are sev
 
 * per device (:class:`DeviceFigures`): predicted forward and backward ms per micro-batch
   (``StageCost.device_forward_ms / device_backward_ms``) against the mean measured ``F``
-  and ``B`` action; predicted all-reduce (``StageCost.allreduce_ms``) against the mean
-  ``REDUCE_GRAD``; the measured receive wait per step; per step, the compute
-  ``M x (forward + backward)`` against the mean ``compute_ms``; **bubbles**, the time of
-  a step in which the device neither computes nor all-reduces: predicted
-  ``PlanCost.steady_ms - M x (forward + backward) - allreduce_ms``, measured the mean
-  ``wall_ms - compute_ms - allreduce_ms - optim_ms`` (the optimizer step has no term in
-  the cost model); **memory**, the cost model's ``StageCost.memory_bytes`` (Eq. 3 plus
-  ring replicas) against the largest ``peak_mem_bytes`` less ``baseline_mem_bytes``
-  where the run recorded one (CPU: the process's resident set before its model was
-  built), else the peak (CUDA: allocated memory);
+  and ``B`` action; predicted all-reduce, its stage's ring under the plan's own traffic
+  (the per-stage row's, :meth:`CostModel.stage_transfer_ms`: the steady step's ring from
+  its start to its end, what ``edgepipe plan`` prints as ``ar ms``; not
+  ``StageCost.allreduce_ms``, alone on an idle network), against the mean
+  ``REDUCE_GRAD`` (which holds a member's wait for the others to join); the measured
+  receive wait per step; per step, the compute ``M x (forward + backward)`` against the
+  mean ``compute_ms``; **bubbles**, the time of a step in which the device neither
+  computes nor all-reduces: predicted ``PlanCost.steady_ms - M x (forward + backward)``
+  less that ring, measured the mean ``wall_ms - compute_ms - allreduce_ms - optim_ms``
+  (the optimizer step has no term in the cost model; a member's wait for the others to
+  join its ring is bubble predicted, all-reduce measured); **memory**, the cost model's
+  ``StageCost.memory_bytes`` (Eq. 3 plus ring replicas) against the largest
+  ``peak_mem_bytes`` less ``baseline_mem_bytes`` where the run recorded one (CPU: the
+  process's resident set before its model was built), else the peak (CUDA: allocated
+  memory);
 * per stage and per link: :mod:`planner.check.breakdown` (the slowest device, the ring
   all-reduce and the boundary's link on the shared clock; each device pair's transfers,
   post to delivery, against the cost model's piece);
@@ -71,7 +76,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -305,6 +310,7 @@ def build_report(run_dir: str | Path) -> RunReport:
     batch = plan.partition.micro_batch_size * plan.partition.num_micro_batches
     predicted = scale * plan.cost.iteration_ms
     steady = scale * plan.cost.steady_ms
+    stages = stage_rows(plan, events, started, scale)
     return RunReport(
         plan=plan,
         time_scale=scale,
@@ -316,7 +322,7 @@ def build_report(run_dir: str | Path) -> RunReport:
         iteration_measured_ms=median_wall,
         samples_per_s_predicted=batch / steady * 1e3 if steady > 0 else float("inf"),
         samples_per_s_measured=batch / median_wall * 1e3 if median_wall > 0 else float("inf"),
-        devices=device_rows(plan, events, per_step, scale),
+        devices=device_rows(plan, events, per_step, scale, stages),
         overrun_warning=emulation_overruns(folder) if emulation else None,
         measured_step=measured_step,
         recoveries=tuple(recoveries),
@@ -324,16 +330,18 @@ def build_report(run_dir: str | Path) -> RunReport:
         join_failures=join_failures,
         state=state,
         mode=state.mode or ("emulated" if emulation else "real"),
-        stages=stage_rows(plan, events, started, scale),
+        stages=stages,
         links=link_rows(plan, events, scale),
     )
 
 
 def device_rows(plan: Plan, events: list[dict[str, Any]], metrics: list[dict[str, Any]],
-                scale: float) -> tuple[DeviceFigures, ...]:
+                scale: float, stages: Sequence[StageRow]) -> tuple[DeviceFigures, ...]:
     """One :class:`DeviceFigures` per device of ``plan`` from the timeline lines
     ``events`` and the metrics lines ``metrics`` of the steps compared (module
-    docstring); predictions x ``scale``. O(lines)."""
+    docstring); predictions x ``scale``, each device's all-reduce its stage's
+    ``StageRow.allreduce_predicted`` (:func:`stage_rows`, already scaled: the plan's one
+    steady-state simulation). O(lines)."""
     durations: dict[tuple[str, str], list[float]] = defaultdict(list)
     for e in events:
         durations[(e["device"], e["kind"])].append(e["end_ms"] - e["start_ms"])
@@ -343,7 +351,8 @@ def device_rows(plan: Plan, events: list[dict[str, Any]], metrics: list[dict[str
             figs[d].append(fig)
     m_count = plan.partition.num_micro_batches
     rows = []
-    for p, (stage, cost) in enumerate(zip(plan.partition.stages, plan.cost.stages, strict=True)):
+    for p, (stage, cost, row) in enumerate(zip(plan.partition.stages, plan.cost.stages, stages,
+                                                strict=True)):
         for j, device in enumerate(stage.devices):
             mine = figs[device]
             compute = m_count * (cost.device_forward_ms[j] + cost.device_backward_ms[j])
@@ -358,12 +367,13 @@ def device_rows(plan: Plan, events: list[dict[str, Any]], metrics: list[dict[str
                     forward_measured=_mean(durations[(device, "F")]),
                     backward_predicted=scale * cost.device_backward_ms[j],
                     backward_measured=_mean(durations[(device, "B")]),
-                    allreduce_predicted=scale * cost.allreduce_ms,
+                    allreduce_predicted=row.allreduce_predicted,
                     allreduce_measured=_mean(durations[(device, "REDUCE_GRAD")]),
                     recv_wait_measured=_mean([f["recv_wait_ms"] for f in mine]),
                     compute_predicted=scale * compute,
                     compute_measured=_mean([f["compute_ms"] for f in mine]),
-                    bubble_predicted=scale * (plan.cost.steady_ms - compute - cost.allreduce_ms),
+                    bubble_predicted=scale * (plan.cost.steady_ms - compute)
+                    - row.allreduce_predicted,
                     bubble_measured=_mean([f["wall_ms"] - f["compute_ms"] - f["allreduce_ms"]
                                            - f["optim_ms"] for f in mine]),
                     memory_predicted=cost.memory_bytes[j],

@@ -17,7 +17,7 @@ from edgepipe.executor.core.layout import RankLayout
 from edgepipe.executor.core.metrics import transfer_lines
 from edgepipe.planner.check.breakdown import stage_rows
 from edgepipe.planner.check.live import write_state
-from edgepipe.planner.check.report import build_report, report_panels
+from edgepipe.planner.check.report import build_report, device_rows, report_panels
 from edgepipe.planner.cli.plan_views import transfer_figures
 from edgepipe.planner.errors import InputError
 from edgepipe.planner.inputs.cluster import Cluster, Device, Link, Network
@@ -133,6 +133,33 @@ def test_a_stages_link_and_ring_are_predicted_under_the_plans_own_traffic(
         pytest.approx(20.0), pytest.approx(idle_ring))
     # one source with `edgepipe plan`'s `link ms` and `ar ms`
     assert transfer_figures(plan) == [(pytest.approx(link), 0.0), (0.0, pytest.approx(ring))]
+
+
+@pytest.mark.parametrize(("topology", "steady", "ring", "b_idle"), [
+    # switched (the hand timeline of the test above): A's next step starts at 87, its
+    # B1's end; B (and C): F0 26-29, B0 -35, F1 46-49, B1 -55, ring 55-61, idle 0-26,
+    # 35-46 and 61-87: 26 + 11 + 26 = 63
+    ("switched", 87.0, 6.0, 63.0),
+    # shared medium: A's next step at 113; B: F0 26-29, B0 -35, F1 66-69, B1 -75, ring
+    # 75-87, idle 0-26, 35-66 and 87-113: 26 + 31 + 26 = 83
+    ("shared_medium", 113.0, 12.0, 83.0),
+])
+def test_a_devices_all_reduce_and_bubbles_are_its_stages_ring_under_the_plans_own_traffic(
+        topology: str, steady: float, ring: float, b_idle: float) -> None:
+    plan = contended_plan(topology)
+    assert plan.cost.steady_ms == pytest.approx(steady)
+    a, b, c = device_rows(plan, [], [], 1.0, stage_rows(plan, [], {}, 1.0))
+    # A: no ring; compute M x (f + b) = 2 x (6 + 12) = 36, bubbles the step less that
+    # (switched: F0 F1 0-12, B0 55-67, B1 75-87: idle 43 + 8 = 51)
+    assert (a.allreduce_predicted, a.compute_predicted) == (0.0, pytest.approx(36.0))
+    assert a.bubble_predicted == pytest.approx(steady - 36.0)
+    # B and C: the stage's contended ring (not the idle 3.0 / 6.0), compute 2 x (3 + 6) =
+    # 18, bubbles the step less both: exactly the time each is idle in the steady step
+    for dev in (b, c):
+        assert dev.allreduce_predicted == pytest.approx(ring)
+        assert dev.compute_predicted == pytest.approx(18.0)
+        assert dev.bubble_predicted == pytest.approx(steady - 18.0 - ring)
+        assert dev.bubble_predicted == pytest.approx(b_idle)
 
 
 def test_device_rows_give_compute_bubbles_and_memory_per_step(tmp_path: Path) -> None:
