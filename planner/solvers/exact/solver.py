@@ -36,6 +36,7 @@ from edgepipe.planner.solvers.classes import device_classes
 from edgepipe.planner.solvers.diagnosis import diagnose_infeasible
 from edgepipe.planner.solvers.dp.driver import plan_dp
 from edgepipe.planner.solvers.exact.bounds import horizon, quick_bound, raise_least, test_at
+from edgepipe.planner.solvers.exact.chain_bound import chain_bounds
 from edgepipe.planner.solvers.exact.fractional import fractional_bounds
 from edgepipe.planner.solvers.exact.search import (
     CUTOFF_SLACK,
@@ -67,6 +68,10 @@ TEST_SHARE = 0.5
 
 #: the fractional-cut bounds' bisection tolerances, one round over every size each
 FRACTIONAL_TOLS = (1e-2, 1e-3)
+
+#: share of the time limit (the warm start's included) by which the chain bounds
+#: (:mod:`planner.solvers.exact.chain_bound`) of every micro-batch size must be done
+CHAIN_SHARE = 0.35
 
 #: share of the time limits the warm start's DP may take
 WARM_SHARE = 0.2
@@ -231,7 +236,8 @@ def _closed_form_bounds(
     """Per (B, P) program (B in ``sizes``, P <= ``max_p``) a lower bound on its plans'
     cost-model figure: the larger of :func:`quick_bound` and, with an incumbent, the
     fractional-cut bound of :mod:`planner.solvers.exact.fractional` (milliseconds per
-    size, computed first) and the min-max bound of
+    size, computed first), the chain bound of :mod:`planner.solvers.exact.chain_bound`
+    (by CHAIN_SHARE of the ``deadline``'s limits) and the min-max bound of
     :func:`planner.solvers.exact.bounds.program_bounds`, which gets BOUND_SHARE of the
     ``deadline``'s limits: first every micro-batch size's tables are built and tested at
     the incumbent (what prunes; by TEST_SHARE: a size whose tables are not built by then
@@ -248,6 +254,11 @@ def _closed_form_bounds(
         for tol in FRACTIONAL_TOLS:
             for b in sizes:
                 fractional_bounds(tables, b, max_p, known[b], ceiling, tested, tol)
+        # integer cuts, the later stages' round trip stage by stage (O(L^2) tables: only
+        # where they fit CHAIN_BYTES)
+        chained = deadline.share(CHAIN_SHARE)
+        for b in sizes:
+            chain_bounds(tables, b, max_p, known[b], ceiling, chained)
         searches = []
         for b in sizes:
             if not tested.passed():

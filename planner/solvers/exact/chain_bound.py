@@ -1,0 +1,242 @@
+"""A lower bound on the iteration time of every plan of a micro-batch size's (B, P)
+programs over integer cuts, the later stages' round trip priced stage by stage:
+:class:`ChainBound` (the feasibility DP) and :func:`chain_bounds` (its bisection on T).
+Where :mod:`planner.solvers.exact.fractional` lets a stage end inside a block and prices
+every later stage at one sample per device and the smallest boundary, this DP runs from
+the last stage back, so a stage knows the cuts and device counts of every stage after
+it: a single-device stage takes all B samples, each boundary is the cut's own, and the
+first micro-batch's round trip through the later stages waits for each of them to run
+its warm-up forwards.
+
+Inputs: the problem's :class:`~planner.solvers.exact.tables.Tables`, a micro-batch size B
+(M = G / B micro-batches) and the stage counts P = 1 .. ``max_stages``. The device classes
+are merged into one group priced at the least time over classes per block (a relaxation:
+a device's stage time is at least the sum over its blocks of that least), so the state
+counts devices only. Memory is ignored (a relaxation).
+
+Stage terms (cost model: :func:`planner.cost.makespan.round_makespan`; each device runs
+its stage's actions in the schedule's order, :func:`planner.solvers.exact.tables.stage_orders`;
+a transfer of ``x`` bytes over a channel lasts at least ``x v + lat``, v the fastest
+ms per byte and lat the least latency of any pair; a channel carries at most one ms of
+channel time per ms, :func:`planner.cost.channels.fair_shares`). Stage q = blocks [a, b)
+with s devices, r = P - 1 - q stages after it; n_r the forwards a device of stage q runs
+before its first backward (the schedule's warm-up; the DP takes the least and the largest
+over P of the stages with r stages after them, each where the term stays a bound):
+
+- a device d holds y_d >= ceil(B / s) samples (pigeonhole), so with f_d, b_d its forward
+  and backward ms per micro-batch (sums over the blocks, least over classes and over
+  y >= ceil(B / s)) and w_d its least f + b there:
+
+      work + ring:  F(a) + M w_d + ring_s(a, b)
+      drain:        F(a) + M w_d + Bk(a) + h(a, 1)
+      round trip:   F(a) + max(M w_d, f_min + U + h(b, y_d) + (M - n_r) f_d + M b_d) + ring_s
+
+  F(a): micro-batch 0 went forward through blocks 0 .. a - 1 (each at its least forward
+  time over classes and y <= B) and over the cut at a into a device of stage q
+  (h(a, .)); Bk(a): the gradient goes back through them (least backward times);
+  ring_s: after the stage's last backward, 2 (s - 1) steps of a chunk W[a, b) / s at
+  the fastest pair plus the least latency (the point-to-point formula of
+  :func:`planner.cost.formulas.ring_allreduce_ms`; sharing only slows it). The round
+  trip: d's first backward B(0) starts after its n_r forwards and after B(0)'s gradient
+  came back: the earliest forward of micro-batch 0 on stage q ends at F(a) + f_min
+  (f_min: least over y <= B), U later the earliest backward of stage q + 1 has ended
+  (the DP's value, below), and d's y_d samples' gradients arrive over its downlink
+  (switched) or the medium: h(b, y) = lat + v y bytes(b) there, h(b, 1) point to
+  point; then d still runs M - n_r forwards and M backwards, then the ring;
+- the DP's value for stage q's start: U(a) = h(a, y_e) + R, the least time from the end
+  of the first forward of micro-batch 0 on stage q - 1 to the end of the first backward
+  on stage q, with R = max(n_r f_e, f_min + U' + h(b, y_e)) + b_e for a device e of
+  stage q (its first backward waits for its n_r forwards and for its gradient; e may
+  hold one sample, so y_e = 1, f_e, b_e least over y, unless s = 1: y_e = B) and U'
+  the next stage's value (0 and R = f_e + b_e for the last stage).
+
+Why it is a bound: every plan's stages are integer cuts with these figures at least,
+each term is a path of the cost model's event schedule made only of actions a device
+runs one after the other and transfers that last at least what is counted, so a plan's
+iteration time is at least its largest term; the DP relaxes memory and merges classes.
+
+Feasibility of T (state: start block a and devices n used by the stages from q on,
+one layer per r = 0 .. P - 1, from the last stage back):
+
+    U_0(a, s) = min over stages [a, L) of s devices whose terms are <= T of h(a, y_e) + R
+    U_r(a, n) = min over b > a, s <= n with U_{r-1}(b, n - s) finite and every term of
+                stage [a, b) <= T (U' = U_{r-1}(b, n - s)) of h(a, y_e) + R
+
+Every term and R rise with U', so the least U' per state is the only one worth keeping.
+T is met with P = r + 1 stages when U_r(0, n) is finite for some n <= N.
+
+Complexity: per T, O(P N min(B, N) L^2) (numpy over block pairs); tables O(B L^2).
+Bisection: log2(1 / rel_tol) passes per micro-batch size, every P in each pass."""
+
+from __future__ import annotations
+
+import numpy as np
+from edgepipe.planner.solvers.exact.tables import Tables, stage_orders
+from edgepipe.planner.solvers.time_limit import Deadline
+
+#: the most bytes the tables of one micro-batch size may take ((L + 1)^2 floats per y
+#: and figure); beyond it :func:`chain_bounds` leaves the bounds as they are
+CHAIN_BYTES = 2**27
+
+
+def table_bytes(n_blocks: int, batch: int, n_devices: int) -> int:
+    """The bytes of :class:`ChainBound`'s tables: three figures per y <= ``batch``, a
+    ring per device count, and the work of the DP's layers."""
+    return 8 * (n_blocks + 1) ** 2 * (3 * batch + min(batch, n_devices) + 8)
+
+
+class ChainBound:
+    """The DP's tables for one micro-batch size and its feasibility test
+    (:meth:`feasible`); the module docstring has the terms and the recurrence."""
+
+    def __init__(self, tables: Tables, batch: int, max_stages: int) -> None:
+        self.batch, self.max_stages = batch, max_stages
+        n_blocks = tables.n_blocks
+        self.m_count = m = tables.problem.config.global_batch // batch
+        self.n_devices = tables.n_devices
+        self.smax = min(batch, tables.n_devices)
+        cols = slice(1, batch + 1)
+        # per block and y = 1 .. B: least forward / backward ms over classes
+        fwd = np.min([tf[:, cols] for tf in tables.tf], axis=0)
+        bwd = np.min([tb[:, cols] for tb in tables.tb], axis=0)
+        pre_f = np.vstack([np.zeros(batch), np.cumsum(fwd, axis=0)])  # (L + 1, B)
+        pre_b = np.vstack([np.zeros(batch), np.cumsum(bwd, axis=0)])
+        pair = np.triu(np.ones((n_blocks + 1, n_blocks + 1), dtype=bool), k=1)  # a < b
+        inf = np.inf
+
+        def from_y(pre: np.ndarray) -> list[np.ndarray]:
+            """Entry y - 1: (L + 1, L + 1), least over y' >= y of the blocks [a, b)'s sum
+            (inf where a >= b)."""
+            out = [np.where(pair, pre[None, :, -1] - pre[:, None, -1], inf)]
+            for y in range(batch - 1, 0, -1):
+                out.append(np.minimum(out[-1], pre[None, :, y - 1] - pre[:, None, y - 1]))
+            return out[::-1]
+
+        # a used device adds the runtime's work per action (CostModel.device_times)
+        wf, wb = min(tables.wf), min(tables.wb)
+        f_from = [t + wf for t in from_y(pre_f)]
+        b_from = [t + wb for t in from_y(pre_b)]
+        w_from = [t + wf + wb for t in from_y(pre_f + pre_b)]
+        v, lat = tables.v_lo, tables.lat_lo
+        aggregate = tables.topology != "point_to_point"
+        bnd = np.concatenate([[0.0], np.asarray(tables.boundary, dtype=float)[:-1], [0.0]])
+
+        def hop(y: int) -> np.ndarray:
+            """Per cut c (0 .. L): lat + v y' bytes(c), y' = y over a device's own
+            downlink or the medium, 1 point to point; 0 at c = 0 and L (no cut)."""
+            got = lat + v * (y if aggregate else 1) * bnd
+            got[0] = got[-1] = 0.0
+            return got
+
+        self.hop = hop
+        # fills before stage q's start a (micro-batch 0's forward, and the gradient's way
+        # back), least times over classes and y
+        self.fill_f = np.min(pre_f, axis=1)
+        self.fill_b = np.min(pre_b, axis=1)
+        grad = np.concatenate([[0.0], np.cumsum(np.asarray(tables.grad, dtype=float))])
+        weights = np.where(pair, grad[None, :] - grad[:, None], 0.0)
+        # per split (s devices, the fewest samples y_lo on one of them, so the most
+        # y_d >= ceil((B - y_lo) / (s - 1)) on another): (s, y_lo, y_d, M w_d, f_d, b_d,
+        # f_e, b_e, ring), e's figures at y >= y_lo
+        self.splits: list[tuple] = []
+        for s in range(1, self.smax + 1):
+            ring = 2.0 * (s - 1) * (weights * v / s + lat)
+            for y_lo in range(batch if s == 1 else 1, batch // s + 1):
+                y_d = batch if s == 1 else max(y_lo, -(-(batch - y_lo) // (s - 1)))
+                self.splits.append((s, y_lo, y_d, m * w_from[y_d - 1], f_from[y_d - 1],
+                                    b_from[y_d - 1], f_from[y_lo - 1], b_from[y_lo - 1], ring))
+        orders = {p: _forwards_first(tables, batch, p) for p in range(1, max_stages + 1)}
+        # per r: least and largest n_r over P (stage q = P - 1 - r)
+        self.n_lo = [min(orders[p][p - 1 - r] for p in orders if p > r) for r in range(max_stages)]
+        self.n_hi = [max(orders[p][p - 1 - r] for p in orders if p > r) for r in range(max_stages)]
+        self.n_blocks = n_blocks
+
+    def feasible(self, limit: float, deadline: Deadline | None = None) -> np.ndarray:
+        """Per P = 1 .. ``max_stages`` (entry P - 1): can P stages meet T = ``limit``
+        in the relaxation? One DP layer per stage, from the last back.
+
+        Raises:
+            TimeoutError: ``deadline`` passed (checked before each stage size of each
+                layer)."""
+        n_blocks, n_dev, m = self.n_blocks, self.n_devices, self.m_count
+        inf = np.inf
+        ok = np.zeros(self.max_stages, dtype=bool)
+        # value[a, n]: U_r(a, n); the last stage ends at L, others at the next's start
+        value = np.full((n_blocks + 1, n_dev + 1), inf)
+        for r in range(self.max_stages):
+            if deadline is not None and deadline.passed():
+                raise TimeoutError
+            nxt = np.full_like(value, inf)
+            for s, y_e, y_d, work, f_d, b_d, f_e, b_e, ring in self.splits:
+                if deadline is not None and deadline.passed():
+                    raise TimeoutError
+                start_d = self.fill_f + self.hop(y_d)  # d's first forward, per a
+                start_e = (self.fill_f + self.hop(y_e))[:, None]  # stage q's first forward
+                fits = (start_d[:, None] + work + ring <= limit) & (
+                    start_d[:, None] + work + (self.hop(y_d) + self.fill_b)[:, None] <= limit)
+                # the most U' can be in d's round-trip term
+                later = (m - self.n_hi[r]) * f_d if m > self.n_hi[r] else 0.0
+                room = limit - ring - start_e - f_e - self.hop(y_d)[None, :] - later - m * b_d
+                back_e = self.hop(y_e)[None, :]
+                for n in range(s, n_dev + 1):
+                    if r == 0:
+                        after = np.where(np.arange(n_blocks + 1) == n_blocks, 0.0, inf)
+                        if n > s:
+                            break
+                    else:
+                        if n == s:
+                            continue
+                        after = value[:, n - s]  # U_{r-1}(b, n - s) per b
+                    live = fits & (after[None, :] <= room)
+                    if not live.any():
+                        continue
+                    trip = np.maximum(self.n_lo[r] * f_e, f_e + after[None, :] + back_e) + b_e
+                    got = np.where(live, trip, inf).min(axis=1) + self.hop(y_e)
+                    nxt[:, n] = np.minimum(nxt[:, n], got)
+            value = nxt
+            ok[r] = np.isfinite(value[0, 1:]).any()
+        return ok
+
+
+def _forwards_first(tables: Tables, batch: int, num_stages: int) -> list[int]:
+    """Per stage of a ``num_stages`` schedule, the forwards it runs before its first
+    backward."""
+    return [
+        next((i for i, (kind, _) in enumerate(acts) if kind == "B"), len(acts))
+        for acts in stage_orders(tables.problem, batch, num_stages)
+    ]
+
+
+def chain_bounds(
+    tables: Tables,
+    batch: int,
+    max_stages: int,
+    known: np.ndarray,
+    ceiling: float,
+    deadline: Deadline,
+    rel_tol: float = 1e-3,
+) -> None:
+    """Raise ``known`` (entry P: a valid lower bound on every plan of (``batch``, P);
+    entry 0 unused) in place: an entry the relaxation cannot meet at ``ceiling`` rises
+    to it (what prunes); then the least feasible T over the other entries is bisected
+    (every one of them is at least it) to ``rel_tol``, or to wherever the bisection
+    stood when ``deadline`` passed (every entry stays a valid bound). One
+    :meth:`ChainBound.feasible` per step."""
+    if deadline.passed() or table_bytes(tables.n_blocks, batch, tables.n_devices) > CHAIN_BYTES:
+        return
+    try:
+        cb = ChainBound(tables, batch, max_stages)
+        met = cb.feasible(ceiling, deadline)
+        known[1:][~met] = np.maximum(known[1:][~met], ceiling)
+        if not met.any():
+            return
+        lo, hi = float(known[1:][met].min()), ceiling
+        while hi - lo > rel_tol * hi:
+            mid = 0.5 * (lo + hi)
+            if cb.feasible(mid, deadline)[met].any():
+                hi = mid
+            else:
+                lo = mid
+        known[1:][met] = np.maximum(known[1:][met], lo)
+    except TimeoutError:
+        pass

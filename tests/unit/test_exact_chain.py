@@ -1,0 +1,78 @@
+"""The chain bound (planner.solvers.exact.chain_bound) against brute force: every stage
+count's relaxation is met at the least iteration time of the plans of its (micro-batch,
+stage count), so the bound is below all of them; it is exact where the round trip and
+the hops bind; the bisection prunes and respects its deadline."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from edgepipe.planner.cost.model import CostModel
+from edgepipe.planner.solvers.classes import device_classes
+from edgepipe.planner.solvers.exact.chain_bound import ChainBound, chain_bounds
+from edgepipe.planner.solvers.exact.tables import Tables
+from edgepipe.planner.solvers.time_limit import Deadline
+
+from tests.helpers.exact_instances import instances, least_per_program
+from tests.helpers.synthetic import random_problem
+
+
+def point_to_point():
+    """Identical devices on point-to-point links (the hops carry one sample each)."""
+    return random_problem(4, 3, seed=11, global_batch=8, candidates=(2, 4),
+                          memory=(8e9, 8e9), bandwidth_mbps=20.0, topology="point_to_point")
+
+
+def tables_of(problem) -> Tables:
+    return Tables(problem, CostModel(problem), device_classes(problem))
+
+
+@pytest.mark.parametrize("index", range(8))
+def test_every_stage_count_meets_the_least_plan_of_its_program(index):
+    problem = [*instances(), point_to_point()][index]
+    least = least_per_program(problem)
+    tables = tables_of(problem)
+    max_p = min(problem.model.num_blocks, len(problem.cluster.devices))
+    for batch in problem.config.micro_batch_sizes():
+        cb = ChainBound(tables, batch, max_p)
+        for p in range(1, max_p + 1):
+            if (batch, p) in least:  # (no plan has more stages than devices of samples)
+                assert cb.feasible(least[batch, p] * (1 + 1e-9))[p - 1], (batch, p)
+
+
+@pytest.mark.parametrize(("index", "batch", "stages"), [(2, 2, 2), (0, 4, 4)])
+def test_the_bound_is_the_least_plan_where_its_terms_are_tight(index, batch, stages):
+    # two single-device stages at two samples (the round trip binds), and four
+    # single-device stages at four samples on a switch (hops of the cut's own bytes):
+    # bisected, the bound is the brute force's least plan
+    problem = instances()[index]
+    least = least_per_program(problem)[batch, stages]
+    cb = ChainBound(tables_of(problem), batch, stages)
+    lo, hi = 0.0, least * (1 + 1e-9)
+    for _ in range(40):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if cb.feasible(mid)[stages - 1] else (mid, hi)
+    assert lo == pytest.approx(least, rel=1e-6)
+
+
+def test_a_program_that_cannot_meet_the_ceiling_rises_to_it_and_the_others_are_bisected():
+    problem = instances()[6]
+    least = least_per_program(problem)
+    known = np.zeros(4)
+    chain_bounds(tables_of(problem), 4, 3, known, 1e-3, Deadline(60.0))
+    assert known[1:].tolist() == [1e-3] * 3
+    ceiling = 1.2 * least[4, 1]
+    known = np.zeros(4)
+    chain_bounds(tables_of(problem), 4, 3, known, ceiling, Deadline(60.0), rel_tol=1e-6)
+    assert all(known[p] <= least[4, p] * (1 + 1e-6) for p in (1, 2, 3))
+    assert min(known[1:]) > 0.8 * min(least[4, p] for p in (1, 2, 3))
+
+
+def test_a_passed_deadline_leaves_the_known_bounds():
+    problem = instances()[6]
+    tables = tables_of(problem)
+    known = np.array([0.0, 5.0, 4.0, 3.0])
+    chain_bounds(tables, 4, 3, known, 1e9, Deadline(1e-9))
+    assert known.tolist() == [0.0, 5.0, 4.0, 3.0]
+    with pytest.raises(TimeoutError):
+        ChainBound(tables, 4, 3).feasible(1e9, Deadline(1e-9))
