@@ -119,13 +119,22 @@ class Link:
 class Network:
     """Default pair bandwidth (Mbit/s) and latency (ms), per-pair overrides and the
     topology; ``topology`` None means ``shared_medium`` if that flag is set, else
-    ``switched`` (the file's default)."""
+    ``switched`` (the file's default). A topology given must agree with the flag
+    (``shared_medium`` exactly when the topology is): the cost model reads the flag, the
+    simulator and the channels the topology. Raises :class:`InputError` otherwise, as
+    the cluster loader does for a file (:meth:`Cluster.from_dict`)."""
 
     bandwidth_mbps: float
     latency_ms: float
     shared_medium: bool = False
     links: tuple[Link, ...] = ()
     topology: Topology | None = None
+
+    def __post_init__(self) -> None:
+        if self.topology is not None and (self.topology == "shared_medium") != self.shared_medium:
+            raise InputError("Network", "topology", f"topology {self.topology!r} contradicts "
+                             f"shared_medium {self.shared_medium}; make them agree "
+                             "(shared_medium=True exactly when topology='shared_medium')")
 
     @property
     def kind(self) -> Topology:
