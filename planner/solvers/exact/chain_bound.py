@@ -21,34 +21,46 @@ ms per byte and lat the least latency of any pair; a channel carries at most one
 channel time per ms, :func:`planner.cost.channels.fair_shares`). Stage q = blocks [a, b)
 with s devices, r = P - 1 - q stages after it; n_r the forwards a device of stage q runs
 before its first backward (the schedule's warm-up; the DP takes the least and the largest
-over P of the stages with r stages after them, each where the term stays a bound):
+over P of the stages with r stages after them, each where the term stays a bound). A
+split (s, y_lo): the stage's fewest samples on a device are y_lo (1 .. B / s; B for
+s = 1), so another holds y_d >= max(y_lo, ceil((B - y_lo) / (s - 1))); every figure of
+a device is a sum over the stage's blocks, least over classes and over the y it may
+hold, plus the runtime's work per action (:meth:`planner.cost.model.CostModel.device_times`).
+h(c, y) = lat + v y bytes(c): y samples of cut c's boundary through one device's
+downlink or uplink (switched) or the medium, one sample point to point (a device's
+pairs run in parallel); 0 at c = 0.
 
-- a device d holds y_d >= ceil(B / s) samples (pigeonhole), so with f_d, b_d its forward
-  and backward ms per micro-batch (sums over the blocks, least over classes and over
-  y >= ceil(B / s)) and w_d its least f + b there:
+- d, the device with y_d samples (f_d, b_d its forward and backward, w_d its f + b):
 
-      work + ring:  F(a) + M w_d + ring_s(a, b)
-      drain:        F(a) + M w_d + Bk(a) + h(a, 1)
-      round trip:   F(a) + max(M w_d, f_min + U + h(b, y_d) + (M - n_r) f_d + M b_d) + ring_s
+      work + ring:  S_d + M w_d + ring_s(a, b)
+      drain:        S_d + M w_d + h(a, y_d) + D(a, N - n)
+      round trip:   S_e + f_e + U' + h(b, y_d) + (M - n_r) f_d + M b_d + ring_s(a, b)
 
-  F(a): micro-batch 0 went forward through blocks 0 .. a - 1 (each at its least forward
-  time over classes and y <= B) and over the cut at a into a device of stage q
-  (h(a, .)); Bk(a): the gradient goes back through them (least backward times);
-  ring_s: after the stage's last backward, 2 (s - 1) steps of a chunk W[a, b) / s at
-  the fastest pair plus the least latency (the point-to-point formula of
-  :func:`planner.cost.formulas.ring_allreduce_ms`; sharing only slows it). The round
-  trip: d's first backward B(0) starts after its n_r forwards and after B(0)'s gradient
-  came back: the earliest forward of micro-batch 0 on stage q ends at F(a) + f_min
-  (f_min: least over y <= B), U later the earliest backward of stage q + 1 has ended
-  (the DP's value, below), and d's y_d samples' gradients arrive over its downlink
-  (switched) or the medium: h(b, y) = lat + v y bytes(b) there, h(b, 1) point to
-  point; then d still runs M - n_r forwards and M backwards, then the ring;
-- the DP's value for stage q's start: U(a) = h(a, y_e) + R, the least time from the end
-  of the first forward of micro-batch 0 on stage q - 1 to the end of the first backward
-  on stage q, with R = max(n_r f_e, f_min + U' + h(b, y_e)) + b_e for a device e of
-  stage q (its first backward waits for its n_r forwards and for its gradient; e may
-  hold one sample, so y_e = 1, f_e, b_e least over y, unless s = 1: y_e = B) and U'
-  the next stage's value (0 and R = f_e + b_e for the last stage).
+  S_d = E(a, N - n) + h(a, y_d): d's first forward starts once the earliest forward of
+  micro-batch 0 on the stage before ended (E, below, with the N - n devices the stages
+  before a may have) and d's samples came over its downlink; S_e likewise with y_lo (the
+  stage's earliest first forward). ring_s: after the stage's last backward, 2 (s - 1)
+  steps of a chunk W[a, b) / s at the fastest pair plus the least latency (the
+  point-to-point formula of :func:`planner.cost.formulas.ring_allreduce_ms`; sharing only
+  slows it). Drain: d's last backward's gradient leaves over its uplink and goes back
+  through the stages before (D). Round trip: d's first backward starts after the
+  gradient of its micro-batch came back: the earliest first forward on stage q ends at
+  S_e + f_e, U' later the earliest first backward on stage q + 1 has ended, then d's
+  samples' gradients come over its downlink; after it d still runs M - n_r forwards and
+  M backwards, then the ring (with n_r forwards before it, S_d + M w_d is the work term);
+- the DP's value for stage q's start: U(a) = h(a, y_lo) + R, the least time from the
+  end of the earliest first forward on stage q - 1 to the end of the earliest first
+  backward on stage q: R = max(n_r f_e, f_e + U' + h(b, y_lo)) + b_e for the device e
+  that ends it (y_e >= y_lo: it waits for its n_r forwards and for its gradient), U'
+  the next stage's value (0, and no hop, for the last stage);
+- the stages before a (:meth:`ChainBound._prefixes`, no term checked: a relaxation), over
+  prefixes of at most k devices:
+
+      E(b, k) = min over a < b, splits of E(a, k - s) + h(a, y_lo) + f_e[a, b]
+      D(b, k) = min over a < b, splits of D(a, k - s) + h(a, y_lo) + b_e[a, b]
+
+  (E: the earliest first forward of the prefix's last stage ends; D: from a gradient's
+  arrival there to the end of stage 0's backward), E(0, .) = D(0, .) = 0.
 
 Why it is a bound: every plan's stages are integer cuts with these figures at least,
 each term is a path of the cost model's event schedule made only of actions a device
@@ -58,14 +70,16 @@ iteration time is at least its largest term; the DP relaxes memory and merges cl
 Feasibility of T (state: start block a and devices n used by the stages from q on,
 one layer per r = 0 .. P - 1, from the last stage back):
 
-    U_0(a, s) = min over stages [a, L) of s devices whose terms are <= T of h(a, y_e) + R
-    U_r(a, n) = min over b > a, s <= n with U_{r-1}(b, n - s) finite and every term of
-                stage [a, b) <= T (U' = U_{r-1}(b, n - s)) of h(a, y_e) + R
+    U_0(a, s) = min over stages [a, L) and splits of s devices whose terms are <= T
+                of h(a, y_lo) + R
+    U_r(a, n) = min over b > a, splits with s < n, U_{r-1}(b, n - s) finite and every
+                term of stage [a, b) <= T (U' = U_{r-1}(b, n - s)) of h(a, y_lo) + R
 
 Every term and R rise with U', so the least U' per state is the only one worth keeping.
 T is met with P = r + 1 stages when U_r(0, n) is finite for some n <= N.
 
-Complexity: per T, O(P N min(B, N) L^2) (numpy over block pairs); tables O(B L^2).
+Complexity: per T, O(P N S L^2) (numpy over block pairs; S splits, about B ln B); the
+tables O(B L^2) memory and O(N S L^2) time.
 Bisection: log2(1 / rel_tol) passes per micro-batch size, every P in each pass."""
 
 from __future__ import annotations
@@ -91,7 +105,7 @@ class ChainBound:
 
     def __init__(self, tables: Tables, batch: int, max_stages: int) -> None:
         self.batch, self.max_stages = batch, max_stages
-        n_blocks = tables.n_blocks
+        self.n_blocks = n_blocks = tables.n_blocks
         self.m_count = m = tables.problem.config.global_batch // batch
         self.n_devices = tables.n_devices
         self.smax = min(batch, tables.n_devices)
@@ -107,10 +121,10 @@ class ChainBound:
         def from_y(pre: np.ndarray) -> list[np.ndarray]:
             """Entry y - 1: (L + 1, L + 1), least over y' >= y of the blocks [a, b)'s sum
             (inf where a >= b)."""
-            out = [np.where(pair, pre[None, :, -1] - pre[:, None, -1], inf)]
+            out = [pre[None, :, -1] - pre[:, None, -1]]
             for y in range(batch - 1, 0, -1):
                 out.append(np.minimum(out[-1], pre[None, :, y - 1] - pre[:, None, y - 1]))
-            return out[::-1]
+            return [np.where(pair, t, inf) for t in out[::-1]]
 
         # a used device adds the runtime's work per action (CostModel.device_times)
         wf, wb = min(tables.wf), min(tables.wb)
@@ -129,10 +143,6 @@ class ChainBound:
             return got
 
         self.hop = hop
-        # fills before stage q's start a (micro-batch 0's forward, and the gradient's way
-        # back), least times over classes and y
-        self.fill_f = np.min(pre_f, axis=1)
-        self.fill_b = np.min(pre_b, axis=1)
         grad = np.concatenate([[0.0], np.cumsum(np.asarray(tables.grad, dtype=float))])
         weights = np.where(pair, grad[None, :] - grad[:, None], 0.0)
         # per split (s devices, the fewest samples y_lo on one of them, so the most
@@ -145,11 +155,38 @@ class ChainBound:
                 y_d = batch if s == 1 else max(y_lo, -(-(batch - y_lo) // (s - 1)))
                 self.splits.append((s, y_lo, y_d, m * w_from[y_d - 1], f_from[y_d - 1],
                                     b_from[y_d - 1], f_from[y_lo - 1], b_from[y_lo - 1], ring))
+        self.fill, self.drain = self._prefixes()
         orders = {p: _forwards_first(tables, batch, p) for p in range(1, max_stages + 1)}
         # per r: least and largest n_r over P (stage q = P - 1 - r)
         self.n_lo = [min(orders[p][p - 1 - r] for p in orders if p > r) for r in range(max_stages)]
         self.n_hi = [max(orders[p][p - 1 - r] for p in orders if p > r) for r in range(max_stages)]
-        self.n_blocks = n_blocks
+
+    def _prefixes(self) -> tuple[np.ndarray, np.ndarray]:
+        """(L + 1, N + 1) each, per block a and devices k: the least over prefixes [0, a)
+        of at most k devices (any stages, terms unchecked: a relaxation) of the end of
+        the earliest forward of micro-batch 0 on their last stage (E), and of the time
+        from a gradient's arrival at their last stage to the end of stage 0's backward
+        (D), every stage at its split's fewest samples:
+
+            E(b, k) = min over a < b, splits of E(a, k - s) + h(a, y_lo) + f_e[a, b]
+            D(b, k) = min over a < b, splits of D(a, k - s) + h(a, y_lo) + b_e[a, b]
+
+        (the earliest device of a stage holds >= y_lo samples and receives them over
+        its downlink; a gradient leaves a device over its uplink), E(0, 0) = D(0, 0) =
+        0. O(N x splits x L^2)."""
+        n_blocks, n_dev = self.n_blocks, self.n_devices
+        out = []
+        for which in (6, 7):  # f_e, b_e of each split
+            got = np.full((n_blocks + 1, n_dev + 1), np.inf)
+            got[0, 0] = 0.0
+            for k in range(1, n_dev + 1):
+                for split in self.splits:
+                    s, y_lo = split[0], split[1]
+                    if s <= k:
+                        step = (got[:, k - s] + self.hop(y_lo))[:, None] + split[which]
+                        got[:, k] = np.minimum(got[:, k], step.min(axis=0))
+            out.append(np.minimum.accumulate(got, axis=1))  # at most k devices
+        return out[0], out[1]
 
     def feasible(self, limit: float, deadline: Deadline | None = None) -> np.ndarray:
         """Per P = 1 .. ``max_stages`` (entry P - 1): can P stages meet T = ``limit``
@@ -163,6 +200,7 @@ class ChainBound:
         ok = np.zeros(self.max_stages, dtype=bool)
         # value[a, n]: U_r(a, n); the last stage ends at L, others at the next's start
         value = np.full((n_blocks + 1, n_dev + 1), inf)
+        last = np.where(np.arange(n_blocks + 1) == n_blocks, 0.0, inf)
         for r in range(self.max_stages):
             if deadline is not None and deadline.passed():
                 raise TimeoutError
@@ -170,24 +208,20 @@ class ChainBound:
             for s, y_e, y_d, work, f_d, b_d, f_e, b_e, ring in self.splits:
                 if deadline is not None and deadline.passed():
                     raise TimeoutError
-                start_d = self.fill_f + self.hop(y_d)  # d's first forward, per a
-                start_e = (self.fill_f + self.hop(y_e))[:, None]  # stage q's first forward
-                fits = (start_d[:, None] + work + ring <= limit) & (
-                    start_d[:, None] + work + (self.hop(y_d) + self.fill_b)[:, None] <= limit)
-                # the most U' can be in d's round-trip term
+                hop_d, hop_e = self.hop(y_d), self.hop(y_e)
+                # the most U' can be in d's round-trip term, but for stage q's first forward
                 later = (m - self.n_hi[r]) * f_d if m > self.n_hi[r] else 0.0
-                room = limit - ring - start_e - f_e - self.hop(y_d)[None, :] - later - m * b_d
-                back_e = self.hop(y_e)[None, :]
-                for n in range(s, n_dev + 1):
-                    if r == 0:
-                        after = np.where(np.arange(n_blocks + 1) == n_blocks, 0.0, inf)
-                        if n > s:
-                            break
-                    else:
-                        if n == s:
-                            continue
-                        after = value[:, n - s]  # U_{r-1}(b, n - s) per b
-                    live = fits & (after[None, :] <= room)
+                room_trip = limit - ring - f_e - hop_d[None, :] - later - m * b_d
+                back_e = hop_e[None, :]
+                for n in range(s, n_dev + 1) if r else (s,):
+                    # U_{r-1}(b, n - s) per b; the last stage ends at L
+                    after = value[:, n - s] if r else last
+                    # the stages before a have at most N - n devices
+                    fill, drain = self.fill[:, n_dev - n], self.drain[:, n_dev - n]
+                    start_d = fill + hop_d  # d's first forward, per a
+                    fits = (work + ring <= (limit - start_d)[:, None]) & (
+                        work <= (limit - start_d - hop_d - drain)[:, None])
+                    live = fits & (after[None, :] <= room_trip - (fill + hop_e)[:, None])
                     if not live.any():
                         continue
                     trip = np.maximum(self.n_lo[r] * f_e, f_e + after[None, :] + back_e) + b_e
