@@ -11,13 +11,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from edgepipe.planner.cost.model import CostModel
 from edgepipe.planner.errors import InputError
 from edgepipe.planner.inputs.problem import Problem
+from edgepipe.planner.partition import Partition
 from edgepipe.planner.plan import Plan, SolverInfo, make_plan
 from edgepipe.planner.solvers.baselines import BASELINES, plan_baseline
 from edgepipe.planner.solvers.dp.driver import plan_dp
 from edgepipe.planner.solvers.dp.multilevel import coarse_views
-from edgepipe.planner.solvers.dp.sizes import choose
+from edgepipe.planner.solvers.dp.one_device import nothing_displaces
+from edgepipe.planner.solvers.dp.sizes import DPResult, choose
 from edgepipe.planner.solvers.exact.solver import DEFAULT_BACKEND, plan_milp
 from edgepipe.planner.solvers.improve import improve as improve_plan
 from edgepipe.planner.solvers.time_limit import Deadline, check_time_limit, default_time_limit
@@ -26,6 +29,18 @@ from edgepipe.planner.solvers.time_limit import Deadline, check_time_limit, defa
 def planners() -> list[str]:
     """Names accepted by :func:`solve`: the DP, the exact solver and the baselines."""
     return ["dp", "milp", *BASELINES]
+
+
+def _with_views(problem: Problem, result: DPResult, left: float) -> Partition:
+    """The tie rule's choice among the DP's plans and its coarse views' (granularity never
+    costs: :func:`planner.solvers.dp.multilevel.coarse_views`, within ``left`` seconds);
+    the views are not planned where a bound shows that no plan could change the choice
+    among the DP's own (:func:`planner.solvers.dp.one_device.nothing_displaces`)."""
+    found = [*result.scored, (result.cost, result.partition, 0.0)]
+    if nothing_displaces(CostModel(problem), found):
+        return choose(found)[1]
+    views = coarse_views(problem, left, by_class=True, coarse_run=result.coarse_to_fine)
+    return choose([*result.scored, *views, (result.cost, result.partition, 0.0)])[1]
 
 
 def solve(
@@ -87,15 +102,11 @@ def solve(
         result = plan_dp(problem, progress=progress, time_limit=time_limit,
                          multilevel=multilevel, cpu_time_limit=cpu_time_limit)  # fmt: skip
         partition, cost, polish = result.partition, result.cost, None
-        left = deadline.left_s()
-        if improve and left > 0:
-            # the best of the DP's plans and its coarse views' (granularity never costs)
-            views = coarse_views(problem, left, by_class=True, coarse_run=result.coarse_to_fine)
-            _, partition, _ = choose([*result.scored, *views, (cost, partition, 0.0)])
+        if improve and deadline.left_s() > 0:
             # restarts from the DP's own plan too (local optima differ by start); the
             # pass's budget is evaluations, the deadline (CPU budget's too) a safety stop
-            polish = improve_plan(problem, partition, starts=[result.partition],
-                                  time_limit=deadline)
+            polish = improve_plan(problem, _with_views(problem, result, deadline.left_s()),
+                                  starts=[result.partition], time_limit=deadline)  # fmt: skip
             partition, cost = polish.partition, polish.cost
         info = SolverInfo(
             name="dp",

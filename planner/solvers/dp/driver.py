@@ -18,6 +18,7 @@ from edgepipe.planner.inputs.problem import Problem
 from edgepipe.planner.partition import Partition
 from edgepipe.planner.solvers.diagnosis import diagnose_infeasible
 from edgepipe.planner.solvers.dp.multilevel import plan_multilevel
+from edgepipe.planner.solvers.dp.one_device import settled_alone
 from edgepipe.planner.solvers.dp.sizes import DEFAULT_TIME_LIMIT, DPResult, best_plan
 from edgepipe.planner.solvers.time_limit import Deadline, check_time_limit
 
@@ -84,8 +85,10 @@ def plan_dp(
         check_time_limit(cpu_time_limit, "--cpu-time-limit")
     deadline = Deadline(time_limit, cpu_time_limit)
     if multilevel and problem.model.num_blocks > multilevel_above(problem):
-        result = plan_multilevel(problem, progress, deadline, by_class=by_class,
-                                 incumbent=incumbent)  # fmt: skip
+        # a one-device plan no plan could displace is the answer without a search
+        settled = None if incumbent is not None else settled_alone(problem)
+        result = settled or plan_multilevel(problem, progress, deadline, by_class=by_class,
+                                            incumbent=incumbent)  # fmt: skip
     else:
         result = best_plan(problem, progress, deadline, by_class=by_class,
                            incumbent=incumbent)  # fmt: skip
