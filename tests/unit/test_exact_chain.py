@@ -58,22 +58,23 @@ def test_the_bound_is_the_least_plan_where_its_terms_are_tight(index, batch, sta
 def test_a_program_that_cannot_meet_the_ceiling_rises_to_it_and_the_others_are_bisected():
     problem = instances()[6]
     least = least_per_program(problem)
-    known = np.zeros(4)
-    chain_bounds(tables_of(problem), 4, 3, known, 1e-3, Deadline(60.0))
-    assert known[1:].tolist() == [1e-3] * 3
+    known = {4: np.zeros(4)}
+    chain_bounds(tables_of(problem), known, 3, 1e-3, Deadline(60.0))
+    assert known[4][1:].tolist() == [1e-3] * 3
     ceiling = 1.2 * least[4, 1]
-    known = np.zeros(4)
-    chain_bounds(tables_of(problem), 4, 3, known, ceiling, Deadline(60.0), rel_tol=1e-6)
-    assert all(known[p] <= least[4, p] * (1 + 1e-6) for p in (1, 2, 3))
-    assert min(known[1:]) > 0.8 * min(least[4, p] for p in (1, 2, 3))
+    known = {2: np.zeros(4), 4: np.zeros(4)}
+    chain_bounds(tables_of(problem), known, 3, ceiling, Deadline(60.0), tols=(1e-2, 1e-6))
+    for b in (2, 4):
+        assert all(known[b][p] <= least[b, p] * (1 + 1e-6) for p in (1, 2, 3))
+        assert min(known[b][1:]) > 0.8 * min(least[b, p] for p in (1, 2, 3))
 
 
 def test_a_passed_deadline_leaves_the_known_bounds():
     problem = instances()[6]
     tables = tables_of(problem)
-    known = np.array([0.0, 5.0, 4.0, 3.0])
-    chain_bounds(tables, 4, 3, known, 1e9, Deadline(1e-9))
-    assert known.tolist() == [0.0, 5.0, 4.0, 3.0]
+    known = {4: np.array([0.0, 5.0, 4.0, 3.0])}
+    chain_bounds(tables, known, 3, 1e9, Deadline(1e-9))
+    assert known[4].tolist() == [0.0, 5.0, 4.0, 3.0]
     with pytest.raises(TimeoutError):
         ChainBound(tables, 4, 3).feasible(1e9, Deadline(1e-9))
 
@@ -91,3 +92,17 @@ def test_earlier_stages_fill_at_their_own_samples():
         mid = 0.5 * (lo + hi)
         lo, hi = (lo, mid) if cb.feasible(mid)[2] else (mid, hi)
     assert 0.677 * least < lo <= least
+
+
+def test_a_device_uplink_carries_its_samples_of_both_boundaries():
+    # instance 6 (identical devices, 20 Mbit/s switch), micro-batch 1, three stages: the
+    # middle stage's device sends M samples of both its boundaries on its uplink after
+    # its first forward; that lifts the bound from 0.51 to 0.798 of the least plan
+    problem = instances()[6]
+    least = least_per_program(problem)[1, 3]
+    cb = ChainBound(tables_of(problem), 1, 3)
+    lo, hi = 0.0, least * (1 + 1e-9)
+    for _ in range(30):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if cb.feasible(mid)[2] else (mid, hi)
+    assert 0.79 * least < lo <= least

@@ -35,6 +35,8 @@ pairs run in parallel); 0 at c = 0.
       work + ring:  S_d + M w_d + ring_s(a, b)
       drain:        S_d + M w_d + h(a, y_d) + D(a, N - n)
       round trip:   S_e + f_e + U' + h(b, y_d) + (M - n_r) f_d + M b_d + ring_s(a, b)
+      uplink:       S_d + f_d + M (h(a, y_d) + h(b, y_d) - 2 lat) + ring_s - 2 (s - 1) lat
+                    + lat
 
   S_d = E(a, N - n) + h(a, y_d): d's first forward starts once the earliest forward of
   micro-batch 0 on the stage before ended (E, below, with the N - n devices the stages
@@ -47,7 +49,11 @@ pairs run in parallel); 0 at c = 0.
   gradient of its micro-batch came back: the earliest first forward on stage q ends at
   S_e + f_e, U' later the earliest first backward on stage q + 1 has ended, then d's
   samples' gradients come over its downlink; after it d still runs M - n_r forwards and
-  M backwards, then the ring (with n_r forwards before it, S_d + M w_d is the work term);
+  M backwards, then the ring (with n_r forwards before it, S_d + M w_d is the work term).
+  Uplink: from the end of d's first forward on, its uplink (switched) or the medium
+  carries M y_d samples of each of the stage's boundaries (activations on, gradients
+  back) and its ring chunks, at most one ms of channel time per ms, the last one
+  delivered a latency later (point to point: its ring chunks only, all to one pair);
 - the DP's value for stage q's start: U(a) = h(a, y_lo) + R, the least time from the
   end of the earliest first forward on stage q - 1 to the end of the earliest first
   backward on stage q: R = max(n_r f_e, f_e + U' + h(b, y_lo)) + b_e for the device e
@@ -78,9 +84,10 @@ one layer per r = 0 .. P - 1, from the last stage back):
 Every term and R rise with U', so the least U' per state is the only one worth keeping.
 T is met with P = r + 1 stages when U_r(0, n) is finite for some n <= N.
 
-Complexity: per T, O(P N S L^2) (numpy over block pairs; S splits, about B ln B); the
-tables O(B L^2) memory and O(N S L^2) time.
-Bisection: log2(1 / rel_tol) passes per micro-batch size, every P in each pass."""
+Complexity: per T, O(P N S L^2) (numpy over block pairs, only the b a later stage can
+start at; S splits, about B ln B); the tables O((B + S) L^2) memory and O(N S L^2)
+time. Bisection: log2(1 / tol) passes per micro-batch size and tolerance, every P in
+each pass (:func:`chain_bounds`)."""
 
 from __future__ import annotations
 
@@ -88,15 +95,17 @@ import numpy as np
 from edgepipe.planner.solvers.exact.tables import Tables, stage_orders
 from edgepipe.planner.solvers.time_limit import Deadline
 
-#: the most bytes the tables of one micro-batch size may take ((L + 1)^2 floats per y
-#: and figure); beyond it :func:`chain_bounds` leaves the bounds as they are
+#: the most bytes the tables of the micro-batch sizes :func:`chain_bounds` keeps at once
+#: may take ((L + 1)^2 floats per y and figure); the sizes beyond it keep their bounds
 CHAIN_BYTES = 2**27
 
 
 def table_bytes(n_blocks: int, batch: int, n_devices: int) -> int:
     """The bytes of :class:`ChainBound`'s tables: three figures per y <= ``batch``, a
-    ring per device count, and the work of the DP's layers."""
-    return 8 * (n_blocks + 1) ** 2 * (3 * batch + min(batch, n_devices) + 8)
+    ring per device count, an uplink figure per split, and the work of the DP's
+    layers."""
+    splits = 1 + sum(batch // s for s in range(2, min(batch, n_devices) + 1))
+    return 8 * (n_blocks + 1) ** 2 * (3 * batch + min(batch, n_devices) + splits + 8)
 
 
 class ChainBound:
@@ -142,7 +151,12 @@ class ChainBound:
             got[0] = got[-1] = 0.0
             return got
 
-        self.hop = hop
+        self.hops = {y: hop(y) for y in range(1, batch + 1)}
+
+        def chan(y: int) -> np.ndarray:
+            """Per cut c: v y bytes(c) on a device's uplink (switched) or the medium, 0
+            point to point (a device's pairs run in parallel); 0 at c = 0 and L."""
+            return (self.hops[y] - np.where(bnd > 0, lat, 0.0)) if aggregate else np.zeros_like(bnd)
         grad = np.concatenate([[0.0], np.cumsum(np.asarray(tables.grad, dtype=float))])
         weights = np.where(pair, grad[None, :] - grad[:, None], 0.0)
         # per split (s devices, the fewest samples y_lo on one of them, so the most
@@ -153,8 +167,13 @@ class ChainBound:
             ring = 2.0 * (s - 1) * (weights * v / s + lat)
             for y_lo in range(batch if s == 1 else 1, batch // s + 1):
                 y_d = batch if s == 1 else max(y_lo, -(-(batch - y_lo) // (s - 1)))
+                # d's uplink: from its first forward's end on, M y_d samples of both
+                # boundaries and its ring chunks, then a latency
+                sent = (f_from[y_d - 1] + m * (chan(y_d)[:, None] + chan(y_d)[None, :])
+                        + ring - 2.0 * (s - 1) * lat + lat)  # fmt: skip
                 self.splits.append((s, y_lo, y_d, m * w_from[y_d - 1], f_from[y_d - 1],
-                                    b_from[y_d - 1], f_from[y_lo - 1], b_from[y_lo - 1], ring))
+                                    b_from[y_d - 1], f_from[y_lo - 1], b_from[y_lo - 1], ring,
+                                    sent))  # fmt: skip
         self.fill, self.drain = self._prefixes()
         orders = {p: _forwards_first(tables, batch, p) for p in range(1, max_stages + 1)}
         # per r: least and largest n_r over P (stage q = P - 1 - r)
@@ -183,7 +202,7 @@ class ChainBound:
                 for split in self.splits:
                     s, y_lo = split[0], split[1]
                     if s <= k:
-                        step = (got[:, k - s] + self.hop(y_lo))[:, None] + split[which]
+                        step = (got[:, k - s] + self.hops[y_lo])[:, None] + split[which]
                         got[:, k] = np.minimum(got[:, k], step.min(axis=0))
             out.append(np.minimum.accumulate(got, axis=1))  # at most k devices
         return out[0], out[1]
@@ -205,27 +224,34 @@ class ChainBound:
             if deadline is not None and deadline.passed():
                 raise TimeoutError
             nxt = np.full_like(value, inf)
-            for s, y_e, y_d, work, f_d, b_d, f_e, b_e, ring in self.splits:
+            for s, y_e, y_d, *figures in self.splits:
                 if deadline is not None and deadline.passed():
                     raise TimeoutError
-                hop_d, hop_e = self.hop(y_d), self.hop(y_e)
+                sizes = list(range(s + 1, n_dev + 1)) if r else [s]
+                # U_{r-1}(b, n - s) per b and n; the last stage ends at L
+                after = value[:, [n - s for n in sizes]] if r else last[:, None]
+                cols = np.flatnonzero(np.isfinite(after).any(axis=1))
+                if not cols.size:
+                    continue
+                after = after[cols]
+                work, f_d, b_d, f_e, b_e, ring, sent = (t[:, cols] for t in figures)
+                hop_d, hop_e = self.hops[y_d], self.hops[y_e]
                 # the most U' can be in d's round-trip term, but for stage q's first forward
                 later = (m - self.n_hi[r]) * f_d if m > self.n_hi[r] else 0.0
-                room_trip = limit - ring - f_e - hop_d[None, :] - later - m * b_d
-                back_e = hop_e[None, :]
-                for n in range(s, n_dev + 1) if r else (s,):
-                    # U_{r-1}(b, n - s) per b; the last stage ends at L
-                    after = value[:, n - s] if r else last
+                room_trip = limit - ring - f_e - hop_d[cols][None, :] - later - m * b_d
+                back_e = hop_e[cols][None, :]
+                for i, n in enumerate(sizes):
                     # the stages before a have at most N - n devices
                     fill, drain = self.fill[:, n_dev - n], self.drain[:, n_dev - n]
                     start_d = fill + hop_d  # d's first forward, per a
-                    fits = (work + ring <= (limit - start_d)[:, None]) & (
-                        work <= (limit - start_d - hop_d - drain)[:, None])
-                    live = fits & (after[None, :] <= room_trip - (fill + hop_e)[:, None])
+                    fits = (
+                        (np.maximum(work + ring, sent) <= (limit - start_d)[:, None])
+                        & (work <= (limit - start_d - hop_d - drain)[:, None]))  # fmt: skip
+                    live = fits & (after[None, :, i] <= room_trip - (fill + hop_e)[:, None])
                     if not live.any():
                         continue
-                    trip = np.maximum(self.n_lo[r] * f_e, f_e + after[None, :] + back_e) + b_e
-                    got = np.where(live, trip, inf).min(axis=1) + self.hop(y_e)
+                    trip = np.maximum(self.n_lo[r] * f_e, f_e + after[None, :, i] + back_e) + b_e
+                    got = np.where(live, trip, inf).min(axis=1) + hop_e
                     nxt[:, n] = np.minimum(nxt[:, n], got)
             value = nxt
             ok[r] = np.isfinite(value[0, 1:]).any()
@@ -243,34 +269,42 @@ def _forwards_first(tables: Tables, batch: int, num_stages: int) -> list[int]:
 
 def chain_bounds(
     tables: Tables,
-    batch: int,
+    known: dict[int, np.ndarray],
     max_stages: int,
-    known: np.ndarray,
     ceiling: float,
     deadline: Deadline,
-    rel_tol: float = 1e-3,
+    tols: tuple[float, ...] = (1e-2, 1e-3),
 ) -> None:
-    """Raise ``known`` (entry P: a valid lower bound on every plan of (``batch``, P);
-    entry 0 unused) in place: an entry the relaxation cannot meet at ``ceiling`` rises
-    to it (what prunes); then the least feasible T over the other entries is bisected
-    (every one of them is at least it) to ``rel_tol``, or to wherever the bisection
-    stood when ``deadline`` passed (every entry stays a valid bound). One
+    """Raise ``known`` (per micro-batch size B, entry P: a valid lower bound on every
+    plan of (B, P); entry 0 unused) in place. Per size, in ``known``'s order, while the
+    tables of the sizes so far fit :data:`CHAIN_BYTES`: an entry the relaxation cannot
+    meet at ``ceiling`` rises to it (what prunes). Then, one round per tolerance in
+    ``tols`` over every size, the least feasible T over a size's other entries is
+    bisected to that tolerance (every one of them is at least it), so every size is
+    bisected coarsely before any finely. When ``deadline`` passes every entry stays
+    where the bisection had raised it (each a valid bound). One
     :meth:`ChainBound.feasible` per step."""
-    if deadline.passed() or table_bytes(tables.n_blocks, batch, tables.n_devices) > CHAIN_BYTES:
-        return
+    searches: list[tuple[ChainBound, np.ndarray, np.ndarray]] = []
+    tops: list[float] = []
+    room = CHAIN_BYTES
     try:
-        cb = ChainBound(tables, batch, max_stages)
-        met = cb.feasible(ceiling, deadline)
-        known[1:][~met] = np.maximum(known[1:][~met], ceiling)
-        if not met.any():
-            return
-        lo, hi = float(known[1:][met].min()), ceiling
-        while hi - lo > rel_tol * hi:
-            mid = 0.5 * (lo + hi)
-            if cb.feasible(mid, deadline)[met].any():
-                hi = mid
-            else:
-                lo = mid
-        known[1:][met] = np.maximum(known[1:][met], lo)
+        for batch, row in known.items():
+            room -= table_bytes(tables.n_blocks, batch, tables.n_devices)
+            if room < 0 or deadline.passed():
+                break
+            cb = ChainBound(tables, batch, max_stages)
+            met = cb.feasible(ceiling, deadline)
+            row[1:][~met] = np.maximum(row[1:][~met], ceiling)
+            if met.any():
+                searches.append((cb, row, met))
+                tops.append(ceiling)
+        for tol in tols:
+            for i, (cb, row, met) in enumerate(searches):
+                while tops[i] - (lo := float(row[1:][met].min())) > tol * tops[i]:
+                    mid = 0.5 * (lo + tops[i])
+                    if cb.feasible(mid, deadline)[met].any():
+                        tops[i] = mid
+                    else:
+                        row[1:][met] = np.maximum(row[1:][met], mid)
     except TimeoutError:
         pass

@@ -256,9 +256,7 @@ def _closed_form_bounds(
                 fractional_bounds(tables, b, max_p, known[b], ceiling, tested, tol)
         # integer cuts, the later stages' round trip stage by stage (O(L^2) tables: only
         # where they fit CHAIN_BYTES)
-        chained = deadline.share(CHAIN_SHARE)
-        for b in sizes:
-            chain_bounds(tables, b, max_p, known[b], ceiling, chained)
+        chain_bounds(tables, known, max_p, ceiling, deadline.share(CHAIN_SHARE))
         searches = []
         for b in sizes:
             if not tested.passed():
