@@ -27,7 +27,9 @@ the stage's warm-up; 0 posts each at its action.
 Hooks: every transfer goes through the :class:`~executor.core.comm.Transport` of the links;
 after every F and B the runtime calls :meth:`ComputeHook.after_compute` with the real
 seconds it took (the emulation waits there until the plan's profiled time has passed),
-and after REDUCE_GRAD :meth:`ComputeHook.after_reduce`.
+and after REDUCE_GRAD :meth:`ComputeHook.after_reduce`. In a lab device's process every action
+(and the step's wait for its sends, and the optimizer step) ends, inside its timed
+interval, with the process's pacing (:func:`pace_every_action`; executor/lab/pacing.py).
 
 **Control checks**: before every action and before the optimizer step the runtime calls
 ``check()`` (the worker passes :meth:`executor.ft.control.WorkerControl.check` of its
@@ -52,6 +54,19 @@ from edgepipe.executor.core.stage import Loss
 from edgepipe.planner.inputs.config import OptimizerName
 from edgepipe.planner.schedule import Action, ActionType
 from torch import nn
+
+#: called at the end of every action of every runtime of this process (pace_every_action)
+_pace: Callable[[], None] | None = None
+
+
+def pace_every_action(pace: Callable[[], None] | None) -> None:
+    """Call ``pace`` at the end of every action, the step's wait for its sends and the
+    optimizer step of every :class:`StageRuntime` of this process, inside the action's
+    timed interval (None: nothing). Only a lab device's worker sets it, to its pacer
+    (:class:`executor.lab.pacing.Pacer`), before it builds its runtime: pacing is a
+    property of the process the device is."""
+    global _pace
+    _pace = pace
 
 
 class ComputeHook:
@@ -214,6 +229,8 @@ class StageRuntime:
         return record
 
     def _mark(self, record: StepRecord, kind: str, m: int | None, start: float) -> None:
+        if _pace is not None:
+            _pace()
         end = time.perf_counter()
         record.intervals.append(
             Interval(kind, m, (start - self._t0) * 1e3, (end - self._t0) * 1e3)

@@ -4,8 +4,11 @@ Each lab device's process runs in its own control group ``edgepipe-<pid>-<rand>-
 (``<pid>`` the process that created it, so :func:`remove_stale` can tell a dead creator's
 groups) with
 
-* a **CPU quota** of ``cpu_cores`` of one core per CFS period (cgroup v2 ``cpu.max``;
-  v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``) and the highest CPU weight (v2
+* a **CPU quota** of ``cpu_cores`` of one core per CFS period of 100 ms (cgroup v2
+  ``cpu.max``; v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``), or for a *paced* device
+  (one whose process paces itself to ``cpu_cores``, :mod:`executor.lab.pacing`) a
+  ceiling of :data:`executor.lab.pacing.CEILING` x ``cpu_cores`` per period of
+  :data:`executor.lab.pacing.PERIOD_US`, and the highest CPU weight (v2
   ``cpu.weight`` 10000, v1 ``cpu.shares`` 262144), so that the quota is a ceiling the
   device reaches even while other processes load the machine;
 * a **memory limit** (v2 ``memory.max``; v1 ``memory.limit_in_bytes``) with swap off for
@@ -36,6 +39,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal
 
+from edgepipe.executor.lab import pacing
 from edgepipe.executor.lab.errors import LabError, LabUnavailable
 from edgepipe.planner.check.live import pid_alive
 from edgepipe.planner.inputs.cluster import Cluster
@@ -61,10 +65,20 @@ Version = Literal[1, 2]
 @dataclass(frozen=True)
 class Confinement:
     """What a lab device gets: ``cpu_cores`` of one core (0.25: a quarter) and a memory
-    limit in bytes (None: no limit)."""
+    limit in bytes (None: no limit). ``paced``: its process paces itself to
+    ``cpu_cores`` (:mod:`executor.lab.pacing`) and the group's quota is a ceiling above
+    it (module docstring)."""
 
     cpu_cores: float
     mem_bytes: int | None
+    paced: bool = False
+
+    def quota_us(self) -> tuple[int, int]:
+        """The group's CPU quota and CFS period, microseconds (module docstring; the
+        kernel's smallest quota is 1 ms)."""
+        if self.paced:
+            return round(self.cpu_cores * pacing.CEILING * pacing.PERIOD_US), pacing.PERIOD_US
+        return max(round(self.cpu_cores * CFS_PERIOD_US), 1_000), CFS_PERIOD_US
 
 
 def _version(root: Path) -> Version | None:
@@ -189,17 +203,17 @@ class Cgroup:
         return self.dirs[-1]
 
     def _configure(self) -> None:
-        quota = max(round(self.confinement.cpu_cores * CFS_PERIOD_US), 1_000)
+        quota, period = self.confinement.quota_us()
         mem = self.confinement.mem_bytes
         if self.version == 2:
-            _write(self._cpu / "cpu.max", f"{quota} {CFS_PERIOD_US}")
+            _write(self._cpu / "cpu.max", f"{quota} {period}")
             _write(self._cpu / "cpu.weight", _MAX_WEIGHT[2])
             if mem is not None:
                 _write(self._memory / "memory.max", str(mem))
                 if (self._memory / "memory.swap.max").exists():
                     _write(self._memory / "memory.swap.max", "0")
             return
-        _write(self._cpu / "cpu.cfs_period_us", str(CFS_PERIOD_US))
+        _write(self._cpu / "cpu.cfs_period_us", str(period))
         _write(self._cpu / "cpu.cfs_quota_us", str(quota))
         _write(self._cpu / "cpu.shares", _MAX_WEIGHT[1])
         if mem is not None:

@@ -1,6 +1,8 @@
 """A lab worker's first steps, before anything allocates or opens a socket: join its
 device's cgroup, move into its device's network namespace, bind gloo to its data
-interface, one torch thread; then the ordinary worker (:func:`executor.worker.spawned`).
+interface, one torch thread, and (a paced device) pace every action of its runtime to
+its CPU quota (:mod:`executor.lab.pacing`); then the ordinary worker
+(:func:`executor.worker.spawned`).
 
 This module imports no torch: the spawned child unpickles :func:`start` and its
 arguments before it is confined, so the run's options travel pickled (``blob``) and are
@@ -45,6 +47,13 @@ def start(place: Place, blob: bytes) -> None:
         sys.exit(EXIT_REFUSED)
     os.environ["GLOO_SOCKET_IFNAME"] = place.interface
     os.environ["OMP_NUM_THREADS"] = "1"
+    conf = place.cgroup.confinement
+    if conf.paced:
+        from edgepipe.executor.core.runtime import pace_every_action
+        from edgepipe.executor.lab.pacing import Pacer, fine_timer_slack
+
+        fine_timer_slack()  # the runtime's actions run on this thread
+        pace_every_action(Pacer(conf.cpu_cores).pace)
     from edgepipe.executor.worker import spawned
 
     opts, endpoint = pickle.loads(blob)

@@ -157,8 +157,9 @@ def device_memory(report: RunReport, peaks: Mapping[str, int]) -> tuple[DeviceMe
 
 
 def measure(plan: Plan, label: str, folder: Path, share: float, steps: int | None = None,
-            timeout_s: float = 120.0) -> LabMeasurement:
-    """Run ``plan`` in the lab (``share`` of this machine's cores for the cluster) for
+            timeout_s: float = 120.0, pace: bool = True) -> LabMeasurement:
+    """Run ``plan`` in the lab (``share`` of this machine's cores for the cluster, each
+    device paced to its quota unless ``pace`` is off: :class:`LabOptions`) for
     ``steps`` steps (default :func:`steps_for`), its files under ``folder/label``, and
     set the median step after the first against the prediction. Raises what
     :func:`executor.lab.launch.run_lab` raises."""
@@ -169,7 +170,7 @@ def measure(plan: Plan, label: str, folder: Path, share: float, steps: int | Non
     n = steps_for(plan) if steps is None else steps
     before = os.getloadavg()[0]
     run = run_lab(WorkerOptions(str(path), n, str(where / "run"), timeout_s=timeout_s),
-                  LabOptions(share=share))
+                  LabOptions(share=share, pace=pace))
     after = os.getloadavg()[0]
     report = build_report(where / "run")
     return LabMeasurement(label, plan, where / "run", n, plan.cost.steady_ms,

@@ -4,7 +4,8 @@ confined like the device it stands for (docs/lab.md, "Running").
 :func:`run_lab` checks the machine (:func:`executor.lab.network.check_available`,
 :func:`executor.lab.cgroups.check_available`), removes what labs killed by SIGKILL left
 (``remove_stale`` of both), works out each device's confinement
-(:func:`executor.lab.cgroups.confinements`: CPU quota, memory limit = budget + the
+(:func:`executor.lab.cgroups.confinements`: CPU quota, which each device's process paces
+itself to under a ceiling unless :attr:`LabOptions.pace` is off, memory limit = budget + the
 process baseline, or :attr:`LabOptions.memory_limits`), checks that each device's
 memory under the plan fits its limit (:func:`check_memory`), then builds the lab's network
 (:class:`executor.lab.network.LabNetwork`) and one cgroup per device, and runs the
@@ -56,11 +57,14 @@ class LabOptions:
     """How the lab confines the devices: ``share`` of this machine's cores for all of
     them together; ``memory_limits`` (device -> bytes) replaces a device's limit;
     ``skip_memory_check`` launches a plan that does not fit (the kernel then kills
-    the device that overflows)."""
+    the device that overflows); ``pace``: each device's process paces its work to its
+    quota, under a ceiling (:mod:`executor.lab.pacing`), instead of running under the
+    bare CFS quota."""
 
     share: float = DEFAULT_SHARE
     memory_limits: Mapping[str, int] = field(default_factory=dict)
     skip_memory_check: bool = False
+    pace: bool = True
 
 
 @dataclass(frozen=True)
@@ -120,7 +124,7 @@ def confine(plan: Plan, devices: list[str], lab: LabOptions) -> dict[str, Confin
     if unknown:
         raise LabError(f"--lab-memory names {', '.join(unknown)}, which run(s) no process "
                        f"of this plan (its devices: {', '.join(devices)})")
-    conf = {d: Confinement(c.cpu_cores, lab.memory_limits.get(d, c.mem_bytes))
+    conf = {d: Confinement(c.cpu_cores, lab.memory_limits.get(d, c.mem_bytes), lab.pace)
             for d, c in conf.items()}
     if not lab.skip_memory_check:
         check_memory(plan, conf)
@@ -175,7 +179,8 @@ def _write_record(out: Path, run: LabRun, net: network.LabNetwork) -> None:
     doc = {
         "topology": net.topology,
         "devices": {
-            d: {"cpu_cores": c.cpu_cores, "memory_limit_bytes": c.mem_bytes,
+            d: {"cpu_cores": c.cpu_cores, "paced": c.paced,
+                "cpu_quota_us": list(c.quota_us()), "memory_limit_bytes": c.mem_bytes,
                 "peak_memory_bytes": run.peak_memory_bytes[d],
                 "address": net.devices[d].address}
             for d, c in run.confinements.items()

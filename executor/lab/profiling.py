@@ -9,7 +9,12 @@ charged to its group) and profiles it in rounds until they agree
 (:func:`executor.profiling.noise.measure_until_stable`).
 
 What is measured, and why: each block's forward and backward as the CPU time of the
-process's one thread (``clock="thread"``), divided by the quota. Under a CFS quota of
+process's one thread (``clock="thread"``), divided by the quota, with the child paced as
+a lab run's devices are (:mod:`executor.lab.pacing`; a pace point before and after each
+block's forward, so that every timed forward and backward starts after a pacing sleep,
+as every action of a paced run does: work that follows a sleep takes more CPU time than
+the same work in a tight loop, measured +45% for a 0.9 ms convolution under load, and
+the profile must hold what the run does). Under a CFS quota of
 ``q`` of a core a process runs at most ``q x 100 ms`` of every 100 ms period, then waits
 for the next one; a block of a few milliseconds therefore either runs unthrottled or
 waits up to ``(1 - q) x 100 ms``, so its wall times are two-valued, their median says
@@ -47,6 +52,7 @@ from edgepipe.executor.lab.cgroups import (
     type_quotas,
 )
 from edgepipe.executor.lab.errors import LabError
+from edgepipe.executor.lab.pacing import Pacer, fine_timer_slack
 from edgepipe.executor.profiling.noise import NoisePolicy, measure_until_stable, warnings
 from edgepipe.executor.profiling.sources import ModelSource
 from edgepipe.planner.errors import EdgepipeError
@@ -63,7 +69,8 @@ CHILD_TIMEOUT_S = 3600.0
 @dataclass(frozen=True)
 class Job:
     """What one device type's child measures: ``repeats`` timed runs per round, rounds
-    until ``policy`` settles."""
+    until ``policy`` settles; ``pace``: the rate the child paces its blocks to (None:
+    not paced; :func:`lab_profile` sets it from the type's confinement)."""
 
     source: ModelSource
     device_type: str
@@ -71,6 +78,7 @@ class Job:
     warmup: int
     repeats: int
     policy: NoisePolicy
+    pace: float | None = None
 
 
 @dataclass(frozen=True)
@@ -84,16 +92,17 @@ class LabProfile:
 
 
 def type_confinements(
-    cluster: Cluster, share: float, cores: int | None = None
+    cluster: Cluster, share: float, cores: int | None = None, pace: bool = True
 ) -> dict[str, Confinement]:
-    """Each device type's confinement: its quota (:func:`type_quotas`) and the smallest
-    memory limit among its devices (budget + :data:`PROCESS_BASELINE_BYTES`)."""
+    """Each device type's confinement: its quota (:func:`type_quotas`), paced under a
+    ceiling unless ``pace`` is off (as a lab run's devices, ``LabOptions.pace``), and the
+    smallest memory limit among its devices (budget + :data:`PROCESS_BASELINE_BYTES`)."""
     budgets: dict[str, int] = {}
     for i, d in enumerate(cluster.devices):
         budget = int(cluster.budget_bytes(i))
         budgets[d.type] = min(budgets.get(d.type, budget), budget)
     return {
-        name: Confinement(q, budgets[name] + PROCESS_BASELINE_BYTES)
+        name: Confinement(q, budgets[name] + PROCESS_BASELINE_BYTES, pace)
         for name, q in type_quotas(cluster, share, cores).items()
     }
 
@@ -105,9 +114,11 @@ def lab_profile(
     job: Callable[[str], Job],
     on_round: Callable[[str, int, float | None], None] | None = None,
     root: Path = CGROUP_ROOT,
+    pace: bool = True,
 ) -> LabProfile:
     """Profile ``source`` in the lab of ``cluster`` (module docstring): one confined
-    child per device type, in turn; ``job(type)`` says what each measures and
+    child per device type (paced unless ``pace`` is off), in turn; ``job(type)`` says
+    what each measures and
     ``on_round(type, rounds, spread so far)`` hears each round. A machine that cannot
     host the lab raises :class:`LabUnavailable`; a child killed for memory, or failing,
     raises :class:`LabError` naming the type; every group is removed and every child
@@ -117,8 +128,8 @@ def lab_profile(
     measured: dict[str, tuple[ModelProfile, LabQuota, int]] = {}
     work: dict[str, RuntimeWork] = {}
     lines: list[str] = []
-    for name, conf in type_confinements(cluster, share).items():
-        task = job(name)
+    for name, conf in type_confinements(cluster, share, pace=pace).items():
+        task = replace(job(name), pace=conf.cpu_cores if conf.paced else None)
         with Cgroup.create(f"profile-{name}", conf, root) as group:
             doc, cores, work[name] = _run_child(group, task, on_round)
             peak = group.peak_memory_bytes()
@@ -257,6 +268,8 @@ def child_main(conn: Connection, job: Job) -> None:
 
         torch.set_num_threads(1)
         built = build_source(job.source)
+        if job.pace is not None:
+            _pace_blocks(built.model, job.pace)
         wall, cpu = time.perf_counter(), time.process_time()
         profile = measure_until_stable(
             lambda: profile_model(
@@ -275,3 +288,16 @@ def child_main(conn: Connection, job: Job) -> None:
         conn.send(("error", str(exc)))
     finally:
         conn.close()
+
+
+def _pace_blocks(model: Any, rate: float) -> None:
+    """Pace this process to ``rate`` (:class:`executor.lab.pacing.Pacer`, on this
+    thread) at the start and the end of every forward of each of ``model``'s blocks:
+    the profiler times a block's forward, then its backward, so each timed pass starts
+    after a pace point, as each action of a paced lab run does. A pacing sleep is not
+    the thread's CPU time, so the times measured stay CPU time."""
+    fine_timer_slack()
+    pacer = Pacer(rate)
+    for block in model.children():
+        block.register_forward_pre_hook(lambda *_: pacer.pace())
+        block.register_forward_hook(lambda *_: pacer.pace())
