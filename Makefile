@@ -27,9 +27,13 @@ typecheck: $(STAMP)
 test: $(STAMP) typecheck
 	$(VENV)/bin/ruff check planner executor tests benchmarks
 	# two pytest calls, both always run: every test but the `serial` ones on three workers
-	# (the tests mostly wait: two kept ~1.5 of 2 cores busy), then the `serial` ones alone;
-	# the status is non-zero if either failed (docs/testing.md; docs/decisions.md)
+	# (the tests mostly wait: two kept ~1.5 of 2 cores busy), handed out one at a time so
+	# that no worker ends with a queue of long tests; then the `serial` ones alone, from
+	# the test files that say mark.serial (tests/conftest.py checks that every serial test's
+	# does); the status is non-zero if either failed (docs/testing.md; docs/decisions.md)
 	status=0; \
-	$(VENV)/bin/python -m pytest -q -n 3 -m "not serial" --durations=15 || status=$$?; \
-	$(VENV)/bin/python -m pytest -q -m serial || status=$$?; \
+	$(VENV)/bin/python -m pytest -q -n 3 --maxschedchunk 1 -m "not serial" --durations=15 \
+		|| status=$$?; \
+	$(VENV)/bin/python -m pytest -q -m serial $$(grep -rl --include='test_*.py' 'mark\.serial' tests | sort) \
+		|| status=$$?; \
 	exit $$status

@@ -53,6 +53,27 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
     return DemoRun(status, out, printed.getvalue())
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every ``serial`` test's file says ``mark.serial`` in its text.
+
+    ``make test``'s serial call collects only the test files that do (found with grep: a
+    full collection is 5 of its CPU seconds), so a test marked another way would run in
+    neither call; the parallel call, which collects every file, stops here naming it.
+    """
+    said: dict[Path, bool] = {}
+    for item in items:
+        if item.get_closest_marker("serial") is None:
+            continue
+        path = Path(item.path)
+        if path not in said:
+            said[path] = "mark.serial" in path.read_text(encoding="utf-8")
+        if not said[path]:
+            raise pytest.UsageError(
+                f"{item.nodeid} is serial, but its file does not say mark.serial: mark it "
+                "with @pytest.mark.serial (make test's serial call collects the test files "
+                "that do)")
+
+
 def _cpu_s(who: int) -> float:
     """User plus system CPU seconds of ``resource.getrusage(who)``."""
     usage = resource.getrusage(who)
@@ -64,12 +85,15 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
     """Opt-in CPU accounting per test (docs/testing.md, "CPU per test").
 
     With ``EDGEPIPE_TEST_CPU=<path>`` set, each test (set-up, call and tear-down) appends
-    one JSON line to ``<path>``: its node id, the CPU seconds of this pytest process
+    one JSON line to ``<path>``: its node id, its xdist worker (``worker``: ``gw0``...,
+    ``master`` outside xdist), the CPU seconds of this pytest process
     (``self_s``) and of the child processes it reaped meanwhile (``children_s``:
     ``RUSAGE_CHILDREN`` counts a child once it is waited for, with the children it
     reaped in turn; not the executor's workers, which the preloaded forkserver reaps:
     executor/core/starting.py, so measure a launching test's whole cgroup instead), its
-    wall time and the 1-minute load average at its end. One
+    wall time, when it ended (``end``, Unix time: each worker's timeline, and so the
+    parallel call's tail, can be drawn from the file) and the 1-minute load average at
+    its end. One
     ``write`` on a file opened for appending per line, so xdist workers can share the
     path. Without the variable this does nothing.
     """
@@ -82,9 +106,11 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
     yield
     line = json.dumps({
         "test": item.nodeid,
+        "worker": os.environ.get("PYTEST_XDIST_WORKER", "master"),
         "self_s": round(_cpu_s(resource.RUSAGE_SELF) - self_0, 3),
         "children_s": round(_cpu_s(resource.RUSAGE_CHILDREN) - children_0, 3),
         "wall_s": round(time.monotonic() - wall_0, 3),
+        "end": round(time.time(), 3),
         "load_1m": round(os.getloadavg()[0], 2),
     })
     with open(path, "a", encoding="utf-8") as f:

@@ -2,8 +2,10 @@
 
 ``python -m tests.helpers.cpu_ranking FILE [N]`` prints the N (default 30) tests with
 the most CPU (this pytest process's plus its reaped children's), with their wall time
-and the load at their end, then the file's totals. Wall times on a loaded machine are
-stretched by the load; the CPU seconds much less so (docs/testing.md, "CPU per test").
+and the load at their end, then the file's totals and, per xdist worker, when it
+finished (the parallel call's tail: how long its last worker ran on after the first was
+done). Wall times on a loaded machine are stretched by the load; the CPU seconds much
+less so (docs/testing.md, "CPU per test").
 """
 
 from __future__ import annotations
@@ -31,6 +33,28 @@ def main(argv: list[str]) -> None:
     cpu = sum(float(r["cpu_s"]) for r in rows)
     wall = sum(float(r["wall_s"]) for r in rows)
     print(f"{len(rows)} tests: {cpu:.1f} CPU s, {wall:.1f} wall s (summed over tests)")
+    for line in worker_spans(rows):
+        print(line)
+
+
+def worker_spans(rows: list[dict]) -> list[str]:
+    """One line per xdist worker of the rows that say when they ended (``end``): its
+    tests, its busy seconds and when it finished, counted from the first test's start;
+    the last line, the tail: how long the last worker ran after the first had finished."""
+    timed = [r for r in rows if "end" in r and "worker" in r]
+    if not timed:
+        return []
+    start = min(float(r["end"]) - float(r["wall_s"]) for r in timed)
+    ends: dict[str, float] = {}
+    lines = []
+    for worker in sorted({str(r["worker"]) for r in timed}):
+        mine = [r for r in timed if r["worker"] == worker]
+        ends[worker] = max(float(r["end"]) for r in mine) - start
+        busy = sum(float(r["wall_s"]) for r in mine)
+        lines.append(f"{worker}: {len(mine)} tests, {busy:.1f} s busy, "
+                     f"done at {ends[worker]:.1f} s")
+    lines.append(f"tail: {max(ends.values()) - min(ends.values()):.1f} s")
+    return lines
 
 
 if __name__ == "__main__":
