@@ -10,9 +10,10 @@ its warm-up forwards.
 
 Inputs: the problem's :class:`~planner.solvers.exact.tables.Tables`, a micro-batch size B
 (M = G / B micro-batches) and the stage counts P = 1 .. ``max_stages``. The device classes
-are merged into one group priced at the least time over classes per block (a relaxation:
-a device's stage time is at least the sum over its blocks of that least), so the state
-counts devices only. Memory is ignored (a relaxation).
+form the groups of :func:`chain_groups` (classes of close speed merge while the states
+times the stage compositions exceed :data:`CHAIN_STATES`; a group is priced at the least
+time over its classes per block: a relaxation), and the state counts the devices used
+per group. Memory is ignored (a relaxation).
 
 Stage terms (cost model: :func:`planner.cost.makespan.round_makespan`; each device runs
 its stage's actions in the schedule's order, :func:`planner.solvers.exact.tables.stage_orders`;
@@ -25,23 +26,28 @@ over P of the stages with r stages after them, each where the term stays a bound
 split (s, y_lo): the stage's fewest samples on a device are y_lo (1 .. B / s; B for
 s = 1), so another holds y_d >= max(y_lo, ceil((B - y_lo) / (s - 1))); every figure of
 a device is a sum over the stage's blocks, least over classes and over the y it may
-hold, plus the runtime's work per action (:meth:`planner.cost.model.CostModel.device_times`).
+hold and over the groups of the split's composition g (which devices of each group serve
+the stage: g_j <= count_j, sum g_j = s), plus the runtime's work per action
+(:meth:`planner.cost.model.CostModel.device_times`).
 h(c, y) = lat + v y bytes(c): y samples of cut c's boundary through one device's
 downlink or uplink (switched) or the medium, one sample point to point (a device's
 pairs run in parallel); 0 at c = 0.
 
-- d, the device with y_d samples (f_d, b_d its forward and backward, w_d its f + b):
+- d, the device with y_d samples (f_d, b_d its forward and backward, w_d its f + b;
+  every group of g also has a device of >= y_lo samples, so M w_d is at least the
+  largest over g's groups of M (f + b) at y >= y_lo, and the round trip's tail at least
+  any group's at y_lo with h(b, y_lo)):
 
       work + ring:  S_d + M w_d + ring_s(a, b)
-      drain:        S_d + M w_d + h(a, y_d) + D(a, N - n)
+      drain:        S_d + M w_d + h(a, y_d) + D(a, K - n)
       round trip:   S_e + f_e + U' + h(b, y_d) + (M - n_r) f_d + M b_d + ring_s(a, b)
       uplink:       S_d + f_d + M (h(a, y_d) + h(b, y_d) - 2 lat) + ring_s - 2 (s - 1) lat
                     + lat
 
-  S_d = E(a, N - n) + h(a, y_d): d's first forward starts once the earliest forward of
-  micro-batch 0 on the stage before ended (E, below, with the N - n devices the stages
-  before a may have) and d's samples came over its downlink; S_e likewise with y_lo (the
-  stage's earliest first forward). ring_s: after the stage's last backward, 2 (s - 1)
+  S_d = E(a, K - n) + h(a, y_d): d's first forward starts once the earliest forward of
+  micro-batch 0 on the stage before ended (E, below, with the K - n devices per group,
+  K the counts, the stages before a may have) and d's samples came over its downlink;
+  S_e likewise with y_lo (the stage's earliest first forward). ring_s: after the stage's last backward, 2 (s - 1)
   steps of a chunk W[a, b) / s at the fastest pair plus the least latency (the
   point-to-point formula of :func:`planner.cost.formulas.ring_allreduce_ms`; sharing only
   slows it). Drain: d's last backward's gradient leaves over its uplink and goes back
@@ -73,39 +79,46 @@ each term is a path of the cost model's event schedule made only of actions a de
 runs one after the other and transfers that last at least what is counted, so a plan's
 iteration time is at least its largest term; the DP relaxes memory and merges classes.
 
-Feasibility of T (state: start block a and devices n used by the stages from q on,
-one layer per r = 0 .. P - 1, from the last stage back):
+Feasibility of T (state: start block a and devices n per group used by the stages from
+q on, one layer per r = 0 .. P - 1, from the last stage back; s, g a split's):
 
-    U_0(a, s) = min over stages [a, L) and splits of s devices whose terms are <= T
+    U_0(a, g) = min over stages [a, L) and splits of composition g whose terms are <= T
                 of h(a, y_lo) + R
-    U_r(a, n) = min over b > a, splits with s < n, U_{r-1}(b, n - s) finite and every
-                term of stage [a, b) <= T (U' = U_{r-1}(b, n - s)) of h(a, y_lo) + R
+    U_r(a, n) = min over b > a, splits with g <= n, n != g, U_{r-1}(b, n - g) finite
+                and every term of stage [a, b) <= T (U' = U_{r-1}(b, n - g)) of
+                h(a, y_lo) + R
 
 Every term and R rise with U', so the least U' per state is the only one worth keeping.
-T is met with P = r + 1 stages when U_r(0, n) is finite for some n <= N.
+T is met with P = r + 1 stages when U_r(0, n) is finite for some n <= the counts.
 
-Complexity: per T, O(P N S L^2) (numpy over block pairs, only the b a later stage can
-start at; S splits, about B ln B); the tables O((B + S) L^2) memory and O(N S L^2)
-time. Bisection: log2(1 / tol) passes per micro-batch size and tolerance, every P in
-each pass (:func:`chain_bounds`)."""
+Complexity: per T, O(P X S L^2) (numpy over block pairs, only the b a later stage can
+start at; X states, S splits: compositions times the y_lo of each); the tables
+O(J B L^2) memory (J groups) and O(X S L^2) time. Bisection: log2(1 / tol) passes per
+micro-batch size and tolerance, every P in each pass (:func:`chain_bounds`)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+from edgepipe.planner.solvers.exact.stage_bounds import bound_groups, compositions
 from edgepipe.planner.solvers.exact.tables import Tables, stage_orders
 from edgepipe.planner.solvers.time_limit import Deadline
 
 #: the most bytes the tables of the micro-batch sizes :func:`chain_bounds` keeps at once
-#: may take ((L + 1)^2 floats per y and figure); the sizes beyond it keep their bounds
+#: may take ((L + 1)^2 floats per group, y and figure); the sizes beyond it keep their
+#: bounds
 CHAIN_BYTES = 2**27
 
+#: the class groups the DP keeps apart (:func:`planner.solvers.exact.stage_bounds.bound_groups`)
+#: have at most about this many (state, stage composition) pairs
+CHAIN_STATES = 256
 
-def table_bytes(n_blocks: int, batch: int, n_devices: int) -> int:
-    """The bytes of :class:`ChainBound`'s tables: three figures per y <= ``batch``, a
-    ring per device count, an uplink figure per split, and the work of the DP's
-    layers."""
-    splits = 1 + sum(batch // s for s in range(2, min(batch, n_devices) + 1))
-    return 8 * (n_blocks + 1) ** 2 * (3 * batch + min(batch, n_devices) + splits + 8)
+
+def table_bytes(n_blocks: int, batch: int, n_groups: int) -> int:
+    """The bytes of :class:`ChainBound`'s tables: two figures per group and y <=
+    ``batch``, and the work of the DP's layers."""
+    return 8 * (n_blocks + 1) ** 2 * (2 * n_groups * batch + 12)
 
 
 class ChainBound:
@@ -115,96 +128,121 @@ class ChainBound:
     def __init__(self, tables: Tables, batch: int, max_stages: int) -> None:
         self.batch, self.max_stages = batch, max_stages
         self.n_blocks = n_blocks = tables.n_blocks
-        self.m_count = m = tables.problem.config.global_batch // batch
-        self.n_devices = tables.n_devices
-        self.smax = min(batch, tables.n_devices)
-        cols = slice(1, batch + 1)
-        # per block and y = 1 .. B: least forward / backward ms over classes
-        fwd = np.min([tf[:, cols] for tf in tables.tf], axis=0)
-        bwd = np.min([tb[:, cols] for tb in tables.tb], axis=0)
-        pre_f = np.vstack([np.zeros(batch), np.cumsum(fwd, axis=0)])  # (L + 1, B)
-        pre_b = np.vstack([np.zeros(batch), np.cumsum(bwd, axis=0)])
-        pair = np.triu(np.ones((n_blocks + 1, n_blocks + 1), dtype=bool), k=1)  # a < b
-        inf = np.inf
-
-        def from_y(pre: np.ndarray) -> list[np.ndarray]:
-            """Entry y - 1: (L + 1, L + 1), least over y' >= y of the blocks [a, b)'s sum
-            (inf where a >= b)."""
-            out = [pre[None, :, -1] - pre[:, None, -1]]
-            for y in range(batch - 1, 0, -1):
-                out.append(np.minimum(out[-1], pre[None, :, y - 1] - pre[:, None, y - 1]))
-            return [np.where(pair, t, inf) for t in out[::-1]]
-
-        # a used device adds the runtime's work per action (CostModel.device_times)
-        wf, wb = min(tables.wf), min(tables.wb)
-        f_from = [t + wf for t in from_y(pre_f)]
-        b_from = [t + wb for t in from_y(pre_b)]
-        w_from = [t + wf + wb for t in from_y(pre_f + pre_b)]
-        v, lat = tables.v_lo, tables.lat_lo
-        aggregate = tables.topology != "point_to_point"
-        bnd = np.concatenate([[0.0], np.asarray(tables.boundary, dtype=float)[:-1], [0.0]])
-
-        def hop(y: int) -> np.ndarray:
-            """Per cut c (0 .. L): lat + v y' bytes(c), y' = y over a device's own
-            downlink or the medium, 1 point to point; 0 at c = 0 and L (no cut)."""
-            got = lat + v * (y if aggregate else 1) * bnd
-            got[0] = got[-1] = 0.0
-            return got
-
-        self.hops = {y: hop(y) for y in range(1, batch + 1)}
-
-        def chan(y: int) -> np.ndarray:
-            """Per cut c: v y bytes(c) on a device's uplink (switched) or the medium, 0
-            point to point (a device's pairs run in parallel); 0 at c = 0 and L."""
-            return (self.hops[y] - np.where(bnd > 0, lat, 0.0)) if aggregate else np.zeros_like(bnd)
+        self.m_count = tables.problem.config.global_batch // batch
+        groups = chain_groups(tables, batch)
+        self.counts = counts = [sum(tables.classes[k].count for k in grp) for grp in groups]
+        self.radix = np.cumprod([1, *(c + 1 for c in counts[:-1])])
+        self.n_states = math.prod(c + 1 for c in counts)
+        self.digits = (np.arange(self.n_states)[:, None] // self.radix) % (np.array(counts) + 1)
+        self.pair = np.triu(np.ones((n_blocks + 1, n_blocks + 1), dtype=bool), k=1)  # a < b
+        # per group, per y - 1: (L + 1, L + 1) least over y' >= y (and the group's
+        # classes) of the blocks [a, b)'s forward / backward ms, with the runtime's work
+        # per action of a used device (CostModel.device_times)
+        self.f_from = [self._from_y(tables.tf, grp, tables.wf) for grp in groups]
+        self.b_from = [self._from_y(tables.tb, grp, tables.wb) for grp in groups]
+        self.v, self.lat = v, lat = tables.v_lo, tables.lat_lo
+        self.aggregate = tables.topology != "point_to_point"
+        self.bnd = np.concatenate([[0.0], np.asarray(tables.boundary, dtype=float)[:-1], [0.0]])
+        self.hops = {y: self._hop(y) for y in range(1, batch + 1)}
+        # per y: v y bytes(c) per cut c on a device's uplink (switched) or the medium, 0
+        # point to point (a device's pairs run in parallel) and at c = 0, L
+        cut = np.where(self.bnd > 0, lat, 0.0)
+        self.chans = {y: (h - cut) if self.aggregate else 0.0 * h for y, h in self.hops.items()}
         grad = np.concatenate([[0.0], np.cumsum(np.asarray(tables.grad, dtype=float))])
-        weights = np.where(pair, grad[None, :] - grad[:, None], 0.0)
-        # per split (s devices, the fewest samples y_lo on one of them, so the most
-        # y_d >= ceil((B - y_lo) / (s - 1)) on another): (s, y_lo, y_d, M w_d, f_d, b_d,
-        # f_e, b_e, ring), e's figures at y >= y_lo
-        self.splits: list[tuple] = []
-        for s in range(1, self.smax + 1):
-            ring = 2.0 * (s - 1) * (weights * v / s + lat)
+        self.weights = np.where(self.pair, grad[None, :] - grad[:, None], 0.0) * v
+        # per split: (composition g, s, y_lo, y_d): the stage's fewest samples on a device
+        # are y_lo, so another holds y_d >= max(y_lo, ceil((B - y_lo) / (s - 1)))
+        self.splits = []
+        for g in compositions(counts, min(batch, tables.n_devices)):
+            s = sum(g)
             for y_lo in range(batch if s == 1 else 1, batch // s + 1):
                 y_d = batch if s == 1 else max(y_lo, -(-(batch - y_lo) // (s - 1)))
-                # d's uplink: from its first forward's end on, M y_d samples of both
-                # boundaries and its ring chunks, then a latency
-                sent = (f_from[y_d - 1] + m * (chan(y_d)[:, None] + chan(y_d)[None, :])
-                        + ring - 2.0 * (s - 1) * lat + lat)  # fmt: skip
-                self.splits.append((s, y_lo, y_d, m * w_from[y_d - 1], f_from[y_d - 1],
-                                    b_from[y_d - 1], f_from[y_lo - 1], b_from[y_lo - 1], ring,
-                                    sent))  # fmt: skip
+                self.splits.append((np.array(g), s, y_lo, y_d))
         self.fill, self.drain = self._prefixes()
         orders = {p: _forwards_first(tables, batch, p) for p in range(1, max_stages + 1)}
         # per r: least and largest n_r over P (stage q = P - 1 - r)
         self.n_lo = [min(orders[p][p - 1 - r] for p in orders if p > r) for r in range(max_stages)]
         self.n_hi = [max(orders[p][p - 1 - r] for p in orders if p > r) for r in range(max_stages)]
 
-    def _prefixes(self) -> tuple[np.ndarray, np.ndarray]:
-        """(L + 1, N + 1) each, per block a and devices k: the least over prefixes [0, a)
-        of at most k devices (any stages, terms unchecked: a relaxation) of the end of
-        the earliest forward of micro-batch 0 on their last stage (E), and of the time
-        from a gradient's arrival at their last stage to the end of stage 0's backward
-        (D), every stage at its split's fewest samples:
+    def _from_y(self, per_class: list[np.ndarray], grp: list[int], work: list[float]
+                ) -> list[np.ndarray]:  # fmt: skip
+        """Entry y - 1: (L + 1, L + 1), least over y' >= y and the classes of ``grp`` of
+        the blocks [a, b)'s sum plus the class's work per action (inf where a >= b)."""
+        batch = self.batch
+        least = np.min([per_class[k][:, 1 : batch + 1] for k in grp], axis=0)
+        pre = np.vstack([np.zeros(batch), np.cumsum(least, axis=0)])
+        out = [pre[None, :, -1] - pre[:, None, -1]]
+        for y in range(batch - 1, 0, -1):
+            out.append(np.minimum(out[-1], pre[None, :, y - 1] - pre[:, None, y - 1]))
+        extra = min(work[k] for k in grp)
+        return [np.where(self.pair, t + extra, np.inf) for t in out[::-1]]
 
-            E(b, k) = min over a < b, splits of E(a, k - s) + h(a, y_lo) + f_e[a, b]
-            D(b, k) = min over a < b, splits of D(a, k - s) + h(a, y_lo) + b_e[a, b]
+    def _hop(self, y: int) -> np.ndarray:
+        """Per cut c (0 .. L): h(c, y) = lat + v y' bytes(c), y' = y over a device's own
+        downlink or uplink or the medium, 1 point to point; 0 at c = 0 and L."""
+        got = self.lat + self.v * (y if self.aggregate else 1) * self.bnd
+        got[0] = got[-1] = 0.0
+        return got
+
+    def figures(self, split: tuple, cols: np.ndarray | slice) -> tuple[np.ndarray, ...]:
+        """A split's (M w_d, f_d, b_d, f_e, b_e, ring, sent) over the block pairs (a, b),
+        b in ``cols``: a device's figures the least over the composition's groups."""
+        g, s, y_lo, y_d = split
+        used = np.flatnonzero(g)
+
+        def least(table: list[list[np.ndarray]], y: int) -> np.ndarray:
+            return np.min([table[j][y - 1][:, cols] for j in used], axis=0)
+
+        f_d, b_d, f_e, b_e = (least(self.f_from, y_d), least(self.b_from, y_d),
+                              least(self.f_from, y_lo), least(self.b_from, y_lo))  # fmt: skip
+        # the y_d device, of some group; and each group's devices hold >= y_lo samples
+        lows = [(self.f_from[j][y_lo - 1][:, cols], self.b_from[j][y_lo - 1][:, cols])
+                for j in used]  # fmt: skip
+        work = self.m_count * np.maximum(
+            np.min([self.f_from[j][y_d - 1][:, cols] + self.b_from[j][y_d - 1][:, cols]
+                    for j in used], axis=0),
+            np.max([f + b for f, b in lows], axis=0))  # fmt: skip
+        ring = 2.0 * (s - 1) * (self.weights[:, cols] / s + self.lat)
+        # d's uplink: from its first forward's end on, M y_d samples of both boundaries
+        # and its ring chunks, then a latency
+        chan = self.chans[y_d]
+        sent = (f_d + self.m_count * (chan[:, None] + chan[cols][None, :]) + ring
+                - 2.0 * (s - 1) * self.lat + self.lat)  # fmt: skip
+        return work, f_d, b_d, f_e, b_e, ring, sent, lows
+
+    def _prefixes(self) -> tuple[np.ndarray, np.ndarray]:
+        """(L + 1, states) each, per block a and devices k per group: the least over
+        prefixes [0, a) of at most k devices (any stages, terms unchecked: a
+        relaxation) of the end of the earliest forward of micro-batch 0 on their last
+        stage (E), and of the time from a gradient's arrival at their last stage to the
+        end of stage 0's backward (D), every stage at its split's fewest samples:
+
+            E(b, k) = min over a < b, splits g <= k of E(a, k - g) + h(a, y_lo) + f_e[a, b]
+            D(b, k) = min over a < b, splits g <= k of D(a, k - g) + h(a, y_lo) + b_e[a, b]
 
         (the earliest device of a stage holds >= y_lo samples and receives them over
         its downlink; a gradient leaves a device over its uplink), E(0, 0) = D(0, 0) =
-        0. O(N x splits x L^2)."""
-        n_blocks, n_dev = self.n_blocks, self.n_devices
+        0. O(states x splits x L^2)."""
+        shape = (self.n_blocks + 1, self.n_states)
+        fill, drain = np.full(shape, np.inf), np.full(shape, np.inf)
+        fill[:, 0] = drain[:, 0] = np.where(np.arange(self.n_blocks + 1) == 0, 0.0, np.inf)
+        order = np.argsort(self.digits.sum(axis=1), kind="stable")
+        steps = [(split, *self.figures(split, slice(None))[3:5]) for split in self.splits]
+        for k in order[1:]:
+            for (g, _, y_lo, _), f_e, b_e in steps:
+                if (self.digits[k] >= g).all():
+                    back = k - int(g @ self.radix)
+                    for table, fig in ((fill, f_e), (drain, b_e)):
+                        step = (table[:, back] + self.hops[y_lo])[:, None] + fig
+                        table[:, k] = np.minimum(table[:, k], step.min(axis=0))
+        # at most k per group: the least over every k' <= k, one group axis at a time
+        grid = (self.n_blocks + 1, *(c + 1 for c in reversed(self.counts)))
         out = []
-        for which in (6, 7):  # f_e, b_e of each split
-            got = np.full((n_blocks + 1, n_dev + 1), np.inf)
-            got[0, 0] = 0.0
-            for k in range(1, n_dev + 1):
-                for split in self.splits:
-                    s, y_lo = split[0], split[1]
-                    if s <= k:
-                        step = (got[:, k - s] + self.hops[y_lo])[:, None] + split[which]
-                        got[:, k] = np.minimum(got[:, k], step.min(axis=0))
-            out.append(np.minimum.accumulate(got, axis=1))  # at most k devices
+        for table in (fill, drain):
+            t = table.reshape(grid)
+            for axis in range(1, t.ndim):
+                t = np.minimum.accumulate(t, axis=axis)
+            out.append(t.reshape(shape))
         return out[0], out[1]
 
     def feasible(self, limit: float, deadline: Deadline | None = None) -> np.ndarray:
@@ -212,37 +250,45 @@ class ChainBound:
         in the relaxation? One DP layer per stage, from the last back.
 
         Raises:
-            TimeoutError: ``deadline`` passed (checked before each stage size of each
+            TimeoutError: ``deadline`` passed (checked before each split of each
                 layer)."""
-        n_blocks, n_dev, m = self.n_blocks, self.n_devices, self.m_count
-        inf = np.inf
+        n_blocks, m, inf = self.n_blocks, self.m_count, np.inf
+        full = self.n_states - 1  # every device of every group
         ok = np.zeros(self.max_stages, dtype=bool)
-        # value[a, n]: U_r(a, n); the last stage ends at L, others at the next's start
-        value = np.full((n_blocks + 1, n_dev + 1), inf)
+        # value[a, n]: U_r(a, n), n the devices per group of the stages from a on
+        value = np.full((n_blocks + 1, self.n_states), inf)
         last = np.where(np.arange(n_blocks + 1) == n_blocks, 0.0, inf)
         for r in range(self.max_stages):
-            if deadline is not None and deadline.passed():
-                raise TimeoutError
             nxt = np.full_like(value, inf)
-            for s, y_e, y_d, *figures in self.splits:
+            for split in self.splits:
                 if deadline is not None and deadline.passed():
                     raise TimeoutError
-                sizes = list(range(s + 1, n_dev + 1)) if r else [s]
-                # U_{r-1}(b, n - s) per b and n; the last stage ends at L
-                after = value[:, [n - s for n in sizes]] if r else last[:, None]
+                g, _, y_e, y_d = split
+                gi = int(g @ self.radix)
+                # states n = n' + g of the stages from q on, n' the later stages' (none
+                # for the last stage, which ends at L)
+                fit = (self.digits + g <= self.counts).all(axis=1)
+                later_states = np.flatnonzero(fit & (np.arange(self.n_states) > 0)) if r else [0]
+                after = value[:, later_states] if r else last[:, None]
                 cols = np.flatnonzero(np.isfinite(after).any(axis=1))
                 if not cols.size:
                     continue
                 after = after[cols]
-                work, f_d, b_d, f_e, b_e, ring, sent = (t[:, cols] for t in figures)
+                work, f_d, b_d, f_e, b_e, ring, sent, lows = self.figures(split, cols)
                 hop_d, hop_e = self.hops[y_d], self.hops[y_e]
-                # the most U' can be in d's round-trip term, but for stage q's first forward
-                later = (m - self.n_hi[r]) * f_d if m > self.n_hi[r] else 0.0
-                room_trip = limit - ring - f_e - hop_d[cols][None, :] - later - m * b_d
+                # the most U' can be in d's round-trip term, but for stage q's first
+                # forward: d the y_d device or any group's (>= y_lo samples)
+                rest = max(m - self.n_hi[r], 0)  # (0 x inf is nan: no forwards, no term)
+                tail = np.maximum(
+                    hop_d[cols][None, :] + (rest * f_d if rest else 0.0) + m * b_d,
+                    hop_e[cols][None, :]
+                    + np.max([(rest * f if rest else 0.0) + m * b for f, b in lows], axis=0))
+                room_trip = limit - ring - f_e - tail
                 back_e = hop_e[cols][None, :]
-                for i, n in enumerate(sizes):
-                    # the stages before a have at most N - n devices
-                    fill, drain = self.fill[:, n_dev - n], self.drain[:, n_dev - n]
+                for i, later in enumerate(later_states):
+                    n = int(later) + gi
+                    # the stages before a have at most the devices left
+                    fill, drain = self.fill[:, full - n], self.drain[:, full - n]
                     start_d = fill + hop_d  # d's first forward, per a
                     fits = (
                         (np.maximum(work + ring, sent) <= (limit - start_d)[:, None])
@@ -256,6 +302,12 @@ class ChainBound:
             value = nxt
             ok[r] = np.isfinite(value[0, 1:]).any()
         return ok
+
+
+def chain_groups(tables: Tables, batch: int) -> list[list[int]]:
+    """The class groups :class:`ChainBound` keeps apart: those of
+    :func:`planner.solvers.exact.stage_bounds.bound_groups` under :data:`CHAIN_STATES`."""
+    return bound_groups(tables, batch, CHAIN_STATES)
 
 
 def _forwards_first(tables: Tables, batch: int, num_stages: int) -> list[int]:
@@ -279,17 +331,17 @@ def chain_bounds(
     plan of (B, P); entry 0 unused) in place. Per size, in ``known``'s order, while the
     tables of the sizes so far fit :data:`CHAIN_BYTES`: an entry the relaxation cannot
     meet at ``ceiling`` rises to it (what prunes). Then, one round per tolerance in
-    ``tols`` over every size, the least feasible T over a size's other entries is
-    bisected to that tolerance (every one of them is at least it), so every size is
-    bisected coarsely before any finely. When ``deadline`` passes every entry stays
-    where the bisection had raised it (each a valid bound). One
+    ``tols`` over every size, a size's least entry is bisected to that tolerance: at a
+    midpoint T, the entries still below T rise to it when none of their stage counts
+    meets T, so every size is bisected coarsely before any finely. When ``deadline``
+    passes every entry stays where the bisection had raised it (each a valid bound). One
     :meth:`ChainBound.feasible` per step."""
     searches: list[tuple[ChainBound, np.ndarray, np.ndarray]] = []
     tops: list[float] = []
     room = CHAIN_BYTES
     try:
         for batch, row in known.items():
-            room -= table_bytes(tables.n_blocks, batch, tables.n_devices)
+            room -= table_bytes(tables.n_blocks, batch, len(chain_groups(tables, batch)))
             if room < 0 or deadline.passed():
                 break
             cb = ChainBound(tables, batch, max_stages)
@@ -302,9 +354,10 @@ def chain_bounds(
             for i, (cb, row, met) in enumerate(searches):
                 while tops[i] - (lo := float(row[1:][met].min())) > tol * tops[i]:
                     mid = 0.5 * (lo + tops[i])
-                    if cb.feasible(mid, deadline)[met].any():
+                    below = met & (row[1:] < mid)  # the entries other bounds leave below
+                    if cb.feasible(mid, deadline)[below].any():
                         tops[i] = mid
                     else:
-                        row[1:][met] = np.maximum(row[1:][met], mid)
+                        row[1:][below] = mid
     except TimeoutError:
         pass

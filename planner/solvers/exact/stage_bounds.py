@@ -20,16 +20,16 @@ from edgepipe.planner.solvers.time_limit import Deadline
 BOUND_STATES = 8192
 
 
-def bound_groups(tables: Tables, batch: int) -> list[list[int]]:
+def bound_groups(tables: Tables, batch: int, most: int = BOUND_STATES) -> list[list[int]]:
     """The classes :func:`planner.solvers.exact.bounds.program_bounds` keeps apart:
     groups of classes (indices into ``tables.classes``), in order of speed (least
     per-sample time over the whole model, y <= ``batch``). The bound's DP state counts
     the devices used per group, so it has prod(count_j + 1) states and a stage one of
     the group compositions (g_j <= count_j, 1 <= sum g_j <= min(B, N)); while their
-    product exceeds :data:`BOUND_STATES`, the two adjacent groups of the closest speeds
-    merge (a merged group counts its devices together and prices them at its fastest
-    member's times: a relaxation). One group is the device-count DP.
-    O(K^2 + BOUND_STATES)."""
+    product exceeds ``most`` (default :data:`BOUND_STATES`), the two adjacent groups of
+    the closest speeds merge (a merged group counts its devices together and prices them
+    at its fastest member's times: a relaxation). One group is the device-count DP.
+    O(K^2 + most)."""
     classes = tables.classes
     ys = np.arange(1, batch + 1)
     speed = [
@@ -42,11 +42,11 @@ def bound_groups(tables: Tables, batch: int) -> list[list[int]]:
     def size(parts: list[list[int]]) -> float:
         counts = [sum(classes[k].count for k in part) for part in parts]
         states = math.prod(c + 1 for c in counts)
-        if len(parts) == 1 or states > BOUND_STATES:
-            return states * (gmax if len(parts) == 1 else BOUND_STATES)
+        if len(parts) == 1 or states > most:
+            return states * (gmax if len(parts) == 1 else most)
         return states * len(compositions(counts, gmax))
 
-    while len(groups) > 1 and size(groups) > BOUND_STATES:
+    while len(groups) > 1 and size(groups) > most:
         i = min(
             range(len(groups) - 1),
             key=lambda i: speed[groups[i + 1][0]] / max(speed[groups[i][-1]], 1e-300),
