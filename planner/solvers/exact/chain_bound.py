@@ -45,21 +45,22 @@ pairs run in parallel); 0 at c = 0.
                     + lat
 
   S_d = E(a, K - n) + h(a, y_d): d's first forward starts once the earliest forward of
-  micro-batch 0 on the stage before ended (E, below, with the K - n devices per group,
-  K the counts, the stages before a may have) and d's samples came over its downlink;
-  S_e likewise with y_lo (the stage's earliest first forward). ring_s: after the stage's last backward, 2 (s - 1)
-  steps of a chunk W[a, b) / s at the fastest pair plus the least latency (the
-  point-to-point formula of :func:`planner.cost.formulas.ring_allreduce_ms`; sharing only
-  slows it). Drain: d's last backward's gradient leaves over its uplink and goes back
-  through the stages before (D). Round trip: d's first backward starts after the
-  gradient of its micro-batch came back: the earliest first forward on stage q ends at
-  S_e + f_e, U' later the earliest first backward on stage q + 1 has ended, then d's
-  samples' gradients come over its downlink; after it d still runs M - n_r forwards and
-  M backwards, then the ring (with n_r forwards before it, S_d + M w_d is the work term).
-  Uplink: from the end of d's first forward on, its uplink (switched) or the medium
-  carries M y_d samples of each of the stage's boundaries (activations on, gradients
-  back) and its ring chunks, at most one ms of channel time per ms, the last one
-  delivered a latency later (point to point: its ring chunks only, all to one pair);
+  micro-batch 0 on the stage before ended (E, below, with the K - n devices per group, K
+  the counts, the stages before a may have) and d's samples came over its downlink; S_e
+  likewise with y_lo (the stage's earliest first forward). ring_s: after the stage's
+  last backward, 2 (s - 1) steps of a chunk W[a, b) / s at the fastest pair plus the
+  least latency (the point-to-point formula of
+  :func:`planner.cost.formulas.ring_allreduce_ms`; sharing only slows it). Drain: d's
+  last backward's gradient leaves over its uplink and goes back through the stages
+  before (D). Round trip: d's first backward starts after the gradient of its micro-
+  batch came back: the earliest first forward on stage q ends at S_e + f_e, U' later the
+  earliest first backward on stage q + 1 has ended, then d's samples' gradients come
+  over its downlink; after it d still runs M - n_r forwards and M backwards, then the
+  ring (with n_r forwards before it, S_d + M w_d is the work term). Uplink: from the end
+  of d's first forward on, its uplink (switched) or the medium carries M y_d samples of
+  each of the stage's boundaries (activations on, gradients back) and its ring chunks,
+  at most one ms of channel time per ms, the last one delivered a latency later (point
+  to point: its ring chunks only, all to one pair);
 - the DP's value for stage q's start: U(a) = h(a, y_lo) + R, the least time from the
   end of the earliest first forward on stage q - 1 to the end of the earliest first
   backward on stage q: R = max(n_r f_e, f_e + U' + h(b, y_lo)) + b_e for the device e
