@@ -7,7 +7,11 @@ Long chains: on more than ``MULTILEVEL_ABOVE`` blocks (``SMALL_MULTILEVEL_ABOVE`
 cluster of fewer than ``SMALL_CLUSTER_BELOW`` devices) the DP runs twice, on ~100 merged
 blocks and then on the cuts within one merge width of the good coarse plans' cuts (merging
 is exact for every plan on the merged cuts, so only the cut positions are restricted);
-``multilevel=False`` runs it on every block.
+``multilevel=False`` runs it on every block. Before that (without a warm start), each
+micro-batch size's fastest one-device plan is scored, and their tie-rule pick is the
+answer without a search where a lower bound shows no plan of the problem could change it
+(:func:`planner.solvers.dp.one_device.settled_alone`: each stage's busiest device and, on
+a shared medium, the one channel every cut and ring loads; issue 29 item 5).
 """
 
 from __future__ import annotations
@@ -71,8 +75,10 @@ def plan_dp(
             with its closed form as the DP value, when the search finds nothing better.
         multilevel: on a chain of more than :func:`multilevel_above` blocks, plan coarse
             to fine (:func:`planner.solvers.dp.multilevel.plan_multilevel`: the DP on
-            merged blocks, then on the cuts near the coarse plans' cuts); ``False`` runs
-            the DP on every block.
+            merged blocks, then on the cuts near the coarse plans' cuts), unless
+            (without ``incumbent``) a one-device plan is settled by the bound of
+            :func:`planner.solvers.dp.one_device.settled_alone` (graph ``none``: no
+            search ran); ``False`` runs the DP on every block.
 
     Raises:
         InfeasibleError: no candidate fits memory (message names the binding figure).
