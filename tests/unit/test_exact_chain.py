@@ -65,7 +65,7 @@ def test_a_program_that_cannot_meet_the_ceiling_rises_to_it_and_the_others_are_b
     assert known[4][1:].tolist() == [1e-3] * 3
     ceiling = 1.2 * least[4, 1]
     known = {2: np.zeros(4), 4: np.zeros(4)}
-    chain_bounds(tables_of(problem), known, 3, ceiling, Deadline(60.0), tols=(1e-2, 1e-6))
+    chain_bounds(tables_of(problem), known, 3, ceiling, Deadline(60.0), rel_tol=1e-6)
     for b in (2, 4):
         assert all(known[b][p] <= least[b, p] * (1 + 1e-6) for p in (1, 2, 3))
         assert min(known[b][1:]) > 0.8 * min(least[b, p] for p in (1, 2, 3))

@@ -106,9 +106,8 @@ from edgepipe.planner.solvers.exact.stage_bounds import bound_groups, compositio
 from edgepipe.planner.solvers.exact.tables import Tables, stage_orders
 from edgepipe.planner.solvers.time_limit import Deadline
 
-#: the most bytes the tables of the micro-batch sizes :func:`chain_bounds` keeps at once
-#: may take ((L + 1)^2 floats per group, y and figure); the sizes beyond it keep their
-#: bounds
+#: the most bytes the tables of one micro-batch size may take ((L + 1)^2 floats per
+#: group, y and figure); :func:`chain_bounds` leaves a size beyond it as it is
 CHAIN_BYTES = 2**27
 
 #: the class groups the DP keeps apart (:func:`planner.solvers.exact.stage_bounds.bound_groups`)
@@ -326,39 +325,35 @@ def chain_bounds(
     max_stages: int,
     ceiling: float,
     deadline: Deadline,
-    tols: tuple[float, ...] = (1e-2, 1e-3),
+    rel_tol: float = 1e-3,
 ) -> None:
     """Raise ``known`` (per micro-batch size B, entry P: a valid lower bound on every
-    plan of (B, P); entry 0 unused) in place. Per size, in ``known``'s order, while the
-    tables of the sizes so far fit :data:`CHAIN_BYTES`: an entry the relaxation cannot
-    meet at ``ceiling`` rises to it (what prunes). Then, one round per tolerance in
-    ``tols`` over every size, a size's least entry is bisected to that tolerance: at a
-    midpoint T, the entries still below T rise to it when none of their stage counts
-    meets T, so every size is bisected coarsely before any finely. When ``deadline``
-    passes every entry stays where the bisection had raised it (each a valid bound). One
+    plan of (B, P); entry 0 unused) in place, one size after the other in ``known``'s
+    order, each within an equal share of the time ``deadline`` leaves to the sizes not
+    yet done, and each whose tables fit :data:`CHAIN_BYTES` (one size's tables live at a
+    time): an entry the relaxation cannot meet at ``ceiling`` rises to it (what prunes);
+    then the size's least entry is bisected to ``rel_tol``: at a midpoint T, the entries
+    still below T rise to it when none of their stage counts meets T. When a share runs
+    out every entry stays where the bisection had raised it (each a valid bound). One
     :meth:`ChainBound.feasible` per step."""
-    searches: list[tuple[ChainBound, np.ndarray, np.ndarray]] = []
-    tops: list[float] = []
-    room = CHAIN_BYTES
-    try:
-        for batch, row in known.items():
-            room -= table_bytes(tables.n_blocks, batch, len(chain_groups(tables, batch)))
-            if room < 0 or deadline.passed():
-                break
+    for done, (batch, row) in enumerate(known.items()):
+        left = deadline.left_s()
+        if left <= 0:
+            return
+        if table_bytes(tables.n_blocks, batch, len(chain_groups(tables, batch))) > CHAIN_BYTES:
+            continue
+        share = Deadline(left / (len(known) - done))
+        try:
             cb = ChainBound(tables, batch, max_stages)
-            met = cb.feasible(ceiling, deadline)
+            met = cb.feasible(ceiling, share)
             row[1:][~met] = np.maximum(row[1:][~met], ceiling)
-            if met.any():
-                searches.append((cb, row, met))
-                tops.append(ceiling)
-        for tol in tols:
-            for i, (cb, row, met) in enumerate(searches):
-                while tops[i] - (lo := float(row[1:][met].min())) > tol * tops[i]:
-                    mid = 0.5 * (lo + tops[i])
-                    below = met & (row[1:] < mid)  # the entries other bounds leave below
-                    if cb.feasible(mid, deadline)[below].any():
-                        tops[i] = mid
-                    else:
-                        row[1:][below] = mid
-    except TimeoutError:
-        pass
+            top = ceiling
+            while met.any() and top - (lo := float(row[1:][met].min())) > rel_tol * top:
+                mid = 0.5 * (lo + top)
+                below = met & (row[1:] < mid)  # the entries other bounds leave below
+                if cb.feasible(mid, share)[below].any():
+                    top = mid
+                else:
+                    row[1:][below] = mid
+        except TimeoutError:
+            continue
