@@ -236,8 +236,9 @@ def test_a_joined_device_lost_while_it_restores_leaves_the_run_on_its_old_plan(t
 # -- joins that fail at run time: dropped with one line, the run goes on ----------------
 
 #: how long the never-beating joiner gets (the default, max(120 s, --timeout), is for
-#: real start-ups under load)
-JOIN_TIMEOUT_S = 20.0
+#: real start-ups under load): it never beats, however long its start-up takes, so any
+#: time-out shows the same drop; at 20 s the run held 15 s longer at step 2 for nothing
+JOIN_TIMEOUT_S = 5.0
 
 
 def assert_one_join_failed(result, device: str, step: int, reason: str) -> None:
