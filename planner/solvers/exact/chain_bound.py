@@ -121,6 +121,16 @@ def table_bytes(n_blocks: int, batch: int, n_groups: int) -> int:
     return 8 * (n_blocks + 1) ** 2 * (2 * n_groups * batch + 12)
 
 
+#: a stage split: devices per group g, their count s, the fewest samples y_lo on one of
+#: them and the most y_d the split forces on another
+Split = tuple[np.ndarray, int, int, int]
+
+#: a split's figures over block pairs: M w_d, f_d, b_d, f_e, b_e, ring, sent, and per
+#: group of the split its (f, b) at y_lo
+Figures = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                np.ndarray, list[tuple[np.ndarray, np.ndarray]]]  # fmt: skip
+
+
 class ChainBound:
     """The DP's tables for one micro-batch size and its feasibility test
     (:meth:`feasible`); the module docstring has the terms and the recurrence."""
@@ -152,7 +162,7 @@ class ChainBound:
         self.weights = np.where(self.pair, grad[None, :] - grad[:, None], 0.0) * v
         # per split: (composition g, s, y_lo, y_d): the stage's fewest samples on a device
         # are y_lo, so another holds y_d >= max(y_lo, ceil((B - y_lo) / (s - 1)))
-        self.splits = []
+        self.splits: list[Split] = []
         for g in compositions(counts, min(batch, tables.n_devices)):
             s = sum(g)
             for y_lo in range(batch if s == 1 else 1, batch // s + 1):
@@ -184,7 +194,7 @@ class ChainBound:
         got[0] = got[-1] = 0.0
         return got
 
-    def figures(self, split: tuple, cols: np.ndarray | slice) -> tuple[np.ndarray, ...]:
+    def figures(self, split: Split, cols: np.ndarray | slice) -> Figures:
         """A split's (M w_d, f_d, b_d, f_e, b_e, ring, sent) over the block pairs (a, b),
         b in ``cols``: a device's figures the least over the composition's groups."""
         g, s, y_lo, y_d = split
@@ -268,7 +278,8 @@ class ChainBound:
                 # states n = n' + g of the stages from q on, n' the later stages' (none
                 # for the last stage, which ends at L)
                 fit = (self.digits + g <= self.counts).all(axis=1)
-                later_states = np.flatnonzero(fit & (np.arange(self.n_states) > 0)) if r else [0]
+                later_states = (np.flatnonzero(fit & (np.arange(self.n_states) > 0)) if r
+                                else np.zeros(1, dtype=np.int64))  # fmt: skip
                 after = value[:, later_states] if r else last[:, None]
                 cols = np.flatnonzero(np.isfinite(after).any(axis=1))
                 if not cols.size:
