@@ -282,7 +282,7 @@ def child_main(conn: Connection, job: Job) -> None:
             on_round=lambda n, s: conn.send(("round", n, s)),
         )
         cores = (time.process_time() - cpu) / (time.perf_counter() - wall)
-        work = runtime_work(job.policy)
+        work = runtime_work(job.policy, job.pace)
         conn.send(("done", profile.to_dict(), cores, work))
     except EdgepipeError as exc:
         conn.send(("error", str(exc)))

@@ -27,6 +27,11 @@ the work takes on the device, as the block times of :mod:`executor.lab.profiling
 counts the three ranks' GIL hand-overs, which a device's one runtime thread does not
 pay, and the last stage's loss on an output of ``WIDTH`` classes.
 
+Paced (``pace``, as a lab run's devices are, :mod:`executor.lab.pacing`): each rank's
+thread paces its own CPU time to the rate before every action and after the step, so
+every action starts after a pacing sleep as in a paced run, where the same work takes
+more CPU than back to back (docs/lab.md, "Compute").
+
 The caller sets torch's threads as the device's process has them (one in the lab): a
 pool of idle intra-op threads spins on CPU and would be counted (with the default pool
 on this machine's cores the figure was 3-6x the one-thread figure).
@@ -47,6 +52,7 @@ import torch.distributed as dist
 from edgepipe.executor.core.comm import StageLinks, Transport
 from edgepipe.executor.core.layout import RankInfo, RankLayout
 from edgepipe.executor.core.runtime import StageRuntime
+from edgepipe.executor.lab.pacing import Pacer, fine_timer_slack
 from edgepipe.executor.profiling.noise import NoisePolicy, settled, spread
 from edgepipe.planner.inputs.profile import RuntimeWork
 from edgepipe.planner.schedule import ActionType, build
@@ -78,10 +84,11 @@ class _Scale(nn.Module):
         return x * self.w
 
 
-def measure_until_stable(policy: NoisePolicy) -> RuntimeWork:
-    """The runtime's CPU ms per micro-batch of a stage (module docstring): one warm-up
-    step, then rounds of ``ROUND_STEPS`` steps until the last ``policy.window`` rounds'
-    totals agree within ``policy.max_spread`` (at most ``policy.max_rounds``,
+def measure_until_stable(policy: NoisePolicy, pace: float | None = None) -> RuntimeWork:
+    """The runtime's CPU ms per micro-batch of a stage (module docstring), each rank
+    paced to ``pace`` (None: not paced): one warm-up step, then rounds of
+    ``ROUND_STEPS`` steps until the last ``policy.window`` rounds' totals agree within
+    ``policy.max_spread`` (at most ``policy.max_rounds``,
     :func:`executor.profiling.noise.settled`); the median round of those is kept. One
     gloo rendezvous for all of them. Raises RuntimeError when a rank fails."""
     store = dist.HashStore()
@@ -121,12 +128,22 @@ def measure_until_stable(policy: NoisePolicy) -> RuntimeWork:
             dtype = dict.fromkeys(range(STAGES), torch.float32)
             links = StageLinks(layout, rank, Transport(pg), shape, dtype, torch.device("cpu"))
             spare = nn.Parameter(torch.zeros(1))
+            pacer = None
+            if pace is not None:
+                fine_timer_slack()
+                pacer = Pacer(pace, cpu=time.thread_time)
+
+            def check() -> None:
+                marks.append(time.thread_time())
+                if pacer is not None:
+                    pacer.pace()
+
             runtime = StageRuntime(
                 nn.Sequential(_Scale()) if rank == 0 else nn.Sequential(), layout, rank,
                 schedule[rank], links, None,
                 lambda out, target: nn.functional.cross_entropy(out, target),
                 torch.optim.SGD([spare], lr=0.0), deterministic=False,
-                check=lambda: marks.append(time.thread_time()),
+                check=check,
             )
             inputs = [torch.randn(SAMPLES, WIDTH) for _ in range(MICRO_BATCHES)]
             targets = [torch.zeros(SAMPLES, dtype=torch.long) for _ in range(MICRO_BATCHES)]
@@ -138,7 +155,7 @@ def measure_until_stable(policy: NoisePolicy) -> RuntimeWork:
                 marks.clear()
                 runtime.compute(step, inputs if rank == 0 else None,
                                 targets if rank == STAGES - 1 else None)
-                marks.append(time.thread_time())
+                check()
                 if rank == 1 and step > 0:
                     middle.append(_split(runtime, marks))
                 step += 1
