@@ -4,6 +4,7 @@ problems and their least iteration time per (micro-batch, stage count)."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -49,3 +50,10 @@ def least_per_program(problem) -> dict[tuple[int, int], float]:
             key = (batch, plan.num_stages)
             least[key] = min(least.get(key, math.inf), cm.evaluate(plan).iteration_ms)
     return least
+
+
+@functools.cache
+def least_of(index: int) -> dict[tuple[int, int], float]:
+    """:func:`least_per_program` of ``instances()[index]``, once per process (the brute
+    force is most of a test's time)."""
+    return least_per_program(instances()[index])

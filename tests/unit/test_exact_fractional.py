@@ -12,7 +12,7 @@ from edgepipe.planner.solvers.exact.fractional import FractionalBounds, fraction
 from edgepipe.planner.solvers.exact.tables import Tables
 from edgepipe.planner.solvers.time_limit import Deadline
 
-from tests.helpers.exact_instances import instances, least_per_program
+from tests.helpers.exact_instances import instances, least_of
 
 
 @pytest.mark.parametrize("index", range(7))
@@ -20,7 +20,7 @@ def test_fractional_bound_is_below_every_plan_of_its_program(index):
     # below the least plan of each (micro-batch, stage count), and not vacuous: within
     # 30% of it somewhere
     problem = instances()[index]
-    least = least_per_program(problem)
+    least = least_of(index)
     tables = Tables(problem, CostModel(problem), device_classes(problem))
     max_p = min(problem.model.num_blocks, len(problem.cluster.devices))
     ceiling = 10.0 * max(least.values())
@@ -39,7 +39,7 @@ def test_a_program_that_cannot_meet_the_ceiling_rises_to_it():
     # the pruning step: below every plan's figure the relaxation is infeasible, so the
     # entry rises to the ceiling; at or above the best one it stays below it
     problem = instances()[6]
-    least = least_per_program(problem)
+    least = least_of(6)
     tables = Tables(problem, CostModel(problem), device_classes(problem))
     fb = FractionalBounds(tables, 4, 3)
     known = np.zeros(4)
