@@ -12,7 +12,8 @@ Per cluster: ``edgepipe lab profile`` measures the model in each device type's
 confinement (``--lab-share``, default 0.9 of this machine's cores for the cluster), every
 planner plans from that profile (:func:`executor.lab.fidelity.lab_plans`: the DP, the
 exact solver within ``--time-limit``, data parallelism, the pipeline baselines), and
-each distinct plan runs in the lab (:func:`executor.lab.fidelity.measure`) for about 3 s
+each distinct plan runs in the lab (:func:`executor.lab.fidelity.measure`; every device
+paced to its quota, :mod:`executor.lab.pacing`, and profiled paced) for about 3 s
 of steps (6-15 steps, the first a warm-up). Printed per plan: stages, devices, predicted
 and measured step (median of the steps after the first), the error, and the 1-minute load
 average while measured; a figure measured at a load above this machine's cores is
