@@ -75,8 +75,9 @@ class Pacer:
     ``sleep`` are the clocks and the sleep (seconds); the defaults are the process's CPU
     clock, the monotonic wall clock, :func:`core_wait_clock` of the constructing thread
     (which must be the one that paces) and :func:`time.sleep`. The mark starts at
-    construction: a lab worker builds its pacer before it imports torch, so its
-    start-up is paced too, at its first action (of the warm-up step)."""
+    construction: a lab worker builds its pacer once torch is imported, before it
+    builds its model and joins its process groups, so that part of its start-up is
+    paced too, at its first action (of the warm-up step)."""
 
     def __init__(
         self,
