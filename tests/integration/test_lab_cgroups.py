@@ -61,23 +61,32 @@ def run_in(group: Cgroup, code: str, *argv: str) -> subprocess.CompletedProcess[
 
 @pytest.mark.serial  # compares wall-clock times: 25% vs 100% of a core within 3.2x-4.8x
 def test_a_quarter_core_takes_four_times_as_long_as_a_full_one() -> None:
-    # The same loop (about 0.4 s of CPU) runs alternately unconfined (a 100% quota) and
-    # under a 25% quota, three times each. The unconfined run's compute is its CPU time:
-    # its wall time on an idle core, while on a busy machine its wall time also counts
-    # waits for a core (at load 11 on 2 cores it took 0.56-1.09 s for 0.37 s of CPU,
-    # even with the groups' top CPU weight). Under the quota the loop gets 25 ms of each
-    # 100 ms period, so its wall time is 4x; the loop spans many periods, as the first
-    # 25 ms of each run free (0.09 s of CPU measured 2.7x). Seen at load 11: 3.8-3.9x.
+    # The same loop (about 0.4 s of CPU idle) runs alternately unconfined (a 100% quota)
+    # and under a 25% quota, three times each. Its compute is its CPU time: the unconfined
+    # run's wall time on an idle core, while on a busy machine the wall time also counts
+    # waits for a core (at load 11 on 2 cores: 0.56-1.09 s for 0.37 s of CPU, even with
+    # the groups' top CPU weight) and the CPU time itself grows with what shares the core
+    # (0.72-0.85 s at load 4-6 beside other jobs, where the quarter runs measured 2.1-2.7 s:
+    # 3.0x against the unconfined runs' CPU). So each run is judged against its own CPU
+    # time, and the two kinds against each other only as the same work. Under the quota
+    # the loop gets 25 ms of each 100 ms period, so its wall time is 4x its CPU time; the
+    # loop spans many periods, as the first 25 ms of each run free (0.09 s of CPU measured
+    # 2.7x). Seen at load 11: 3.8-3.9x.
     spin = SPIN.replace("N", "6_000_000")
-    full_cpu, quarter_wall = [], []
+    full_cpu, quarter_wall, quarter_cpu = [], [], []
     with Cgroup.create("full", Confinement(1.0, None)) as g1, Cgroup.create(
         "quarter", Confinement(0.25, None)
     ) as g4:
         for _ in range(3):
             full_cpu.append(float(run_in(g1, spin).stdout.split()[1]))
-            quarter_wall.append(float(run_in(g4, spin).stdout.split()[0]))
-    ratio = statistics.median(quarter_wall) / statistics.median(full_cpu)
-    assert 3.2 <= ratio <= 4.8, (full_cpu, quarter_wall, os.getloadavg())
+            wall, cpu = map(float, run_in(g4, spin).stdout.split())
+            quarter_wall.append(wall)
+            quarter_cpu.append(cpu)
+    seen = (full_cpu, quarter_wall, quarter_cpu, os.getloadavg())
+    # the same work confined or not (CPU time moves with the load, not by 2x)
+    assert 0.5 <= statistics.median(quarter_cpu) / statistics.median(full_cpu) <= 2, seen
+    ratio = statistics.median(w / c for w, c in zip(quarter_wall, quarter_cpu, strict=True))
+    assert 3.2 <= ratio <= 4.8, seen
 
 
 def test_a_process_past_its_memory_limit_is_killed_and_the_group_says_so() -> None:
