@@ -14,7 +14,7 @@ from edgepipe.planner.solvers.exact.tables import Tables
 from edgepipe.planner.solvers.time_limit import Deadline
 
 from tests.helpers.exact_instances import instances, least_of, least_per_program
-from tests.helpers.synthetic import random_problem
+from tests.helpers.synthetic import knob_mix_problem, random_problem
 
 
 def point_to_point():
@@ -108,3 +108,15 @@ def test_a_device_uplink_carries_its_samples_of_both_boundaries():
         mid = 0.5 * (lo + hi)
         lo, hi = (lo, mid) if cb.feasible(mid)[2] else (mid, hi)
     assert 0.79 * least < lo <= least
+
+
+def test_each_device_starts_when_its_own_samples_arrived():
+    # two stages; the best plan's second stage is a slow device at one sample beside a
+    # fast one at three: the slow one's work starts after its one sample's hop, not
+    # after the three samples' of the busiest device (priced so, the bound cut this
+    # plan off by 0.1-1%)
+    rng = np.random.default_rng(76)
+    devices = int(rng.integers(2, 5))
+    problem = knob_mix_problem(rng, int(rng.integers(2, 6)), devices, 76, ())
+    least = least_per_program(problem)[4, 2]
+    assert ChainBound(tables_of(problem), 4, 2).feasible(least * (1 + 1e-9))[1]

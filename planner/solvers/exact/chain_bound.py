@@ -34,9 +34,10 @@ downlink or uplink (switched) or the medium, one sample point to point (a device
 pairs run in parallel); 0 at c = 0.
 
 - d, the device with y_d samples (f_d, b_d its forward and backward, w_d its f + b;
-  every group of g also has a device of >= y_lo samples, so M w_d is at least the
-  largest over g's groups of M (f + b) at y >= y_lo, and the round trip's tail at least
-  any group's at y_lo with h(b, y_lo)):
+  every group of g also has a device of >= y_lo samples, so the work + ring and drain
+  terms hold too for the largest over g's groups of M (f + b) at y >= y_lo, with S_e
+  and h(a, y_lo) for S_d and h(a, y_d), and the round trip's tail for any group's at
+  y_lo with h(b, y_lo)):
 
       work + ring:  S_d + M w_d + ring_s(a, b)
       drain:        S_d + M w_d + h(a, y_d) + D(a, K - n)
@@ -125,10 +126,10 @@ def table_bytes(n_blocks: int, batch: int, n_groups: int) -> int:
 #: them and the most y_d the split forces on another
 Split = tuple[np.ndarray, int, int, int]
 
-#: a split's figures over block pairs: M w_d, f_d, b_d, f_e, b_e, ring, sent, and per
-#: group of the split its (f, b) at y_lo
+#: a split's figures over block pairs: M w_d, the most M (f + b) of a device of any of its
+#: groups at >= y_lo, f_d, b_d, f_e, b_e, ring, sent, and per group its (f, b) at y_lo
 Figures = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
-                np.ndarray, list[tuple[np.ndarray, np.ndarray]]]  # fmt: skip
+                np.ndarray, np.ndarray, list[tuple[np.ndarray, np.ndarray]]]  # fmt: skip
 
 
 class ChainBound:
@@ -195,8 +196,8 @@ class ChainBound:
         return got
 
     def figures(self, split: Split, cols: np.ndarray | slice) -> Figures:
-        """A split's (M w_d, f_d, b_d, f_e, b_e, ring, sent) over the block pairs (a, b),
-        b in ``cols``: a device's figures the least over the composition's groups."""
+        """A split's :data:`Figures` over the block pairs (a, b), b in ``cols``: a
+        device's figures the least over the composition's groups."""
         g, s, y_lo, y_d = split
         used = np.flatnonzero(g)
 
@@ -208,17 +209,17 @@ class ChainBound:
         # the y_d device, of some group; and each group's devices hold >= y_lo samples
         lows = [(self.f_from[j][y_lo - 1][:, cols], self.b_from[j][y_lo - 1][:, cols])
                 for j in used]  # fmt: skip
-        work = self.m_count * np.maximum(
-            np.min([self.f_from[j][y_d - 1][:, cols] + self.b_from[j][y_d - 1][:, cols]
-                    for j in used], axis=0),
-            np.max([f + b for f, b in lows], axis=0))  # fmt: skip
+        work = self.m_count * np.min(
+            [self.f_from[j][y_d - 1][:, cols] + self.b_from[j][y_d - 1][:, cols] for j in used],
+            axis=0)  # fmt: skip
+        work_lo = self.m_count * np.max([f + b for f, b in lows], axis=0)
         ring = 2.0 * (s - 1) * (self.weights[:, cols] / s + self.lat)
         # d's uplink: from its first forward's end on, M y_d samples of both boundaries
         # and its ring chunks, then a latency
         chan = self.chans[y_d]
         sent = (f_d + self.m_count * (chan[:, None] + chan[cols][None, :]) + ring
                 - 2.0 * (s - 1) * self.lat + self.lat)  # fmt: skip
-        return work, f_d, b_d, f_e, b_e, ring, sent, lows
+        return work, work_lo, f_d, b_d, f_e, b_e, ring, sent, lows
 
     def _prefixes(self) -> tuple[np.ndarray, np.ndarray]:
         """(L + 1, states) each, per block a and devices k per group: the least over
@@ -237,7 +238,7 @@ class ChainBound:
         fill, drain = np.full(shape, np.inf), np.full(shape, np.inf)
         fill[:, 0] = drain[:, 0] = np.where(np.arange(self.n_blocks + 1) == 0, 0.0, np.inf)
         order = np.argsort(self.digits.sum(axis=1), kind="stable")
-        steps = [(split, *self.figures(split, slice(None))[3:5]) for split in self.splits]
+        steps = [(split, *self.figures(split, slice(None))[4:6]) for split in self.splits]
         for k in order[1:]:
             for (g, _, y_lo, _), f_e, b_e in steps:
                 if (self.digits[k] >= g).all():
@@ -285,7 +286,7 @@ class ChainBound:
                 if not cols.size:
                     continue
                 after = after[cols]
-                work, f_d, b_d, f_e, b_e, ring, sent, lows = self.figures(split, cols)
+                work, work_lo, f_d, b_d, f_e, b_e, ring, sent, lows = self.figures(split, cols)
                 hop_d, hop_e = self.hops[y_d], self.hops[y_e]
                 # the most U' can be in d's round-trip term, but for stage q's first
                 # forward: d the y_d device or any group's (>= y_lo samples)
@@ -300,10 +301,13 @@ class ChainBound:
                     n = int(later) + gi
                     # the stages before a have at most the devices left
                     fill, drain = self.fill[:, full - n], self.drain[:, full - n]
-                    start_d = fill + hop_d  # d's first forward, per a
+                    # d's first forward, and any group's device (>= y_lo samples)'s
+                    start_d, start_e = fill + hop_d, fill + hop_e
                     fits = (
                         (np.maximum(work + ring, sent) <= (limit - start_d)[:, None])
-                        & (work <= (limit - start_d - hop_d - drain)[:, None]))  # fmt: skip
+                        & (work_lo + ring <= (limit - start_e)[:, None])
+                        & (work <= (limit - start_d - hop_d - drain)[:, None])
+                        & (work_lo <= (limit - start_e - hop_e - drain)[:, None]))  # fmt: skip
                     live = fits & (after[None, :, i] <= room_trip - (fill + hop_e)[:, None])
                     if not live.any():
                         continue
