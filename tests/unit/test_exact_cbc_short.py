@@ -8,9 +8,10 @@ from edgepipe.planner import api
 from edgepipe.planner.cost.model import CostModel
 from edgepipe.planner.solvers.classes import device_classes
 from edgepipe.planner.solvers.dp.driver import plan_dp
-from edgepipe.planner.solvers.exact.backends import solve_pulp
+from edgepipe.planner.solvers.exact.backends import cbc_ran_out, solve_pulp
 from edgepipe.planner.solvers.exact.bounds import horizon
 from edgepipe.planner.solvers.exact.formulation import Builder
+from edgepipe.planner.solvers.exact.linear_model import BIN, TIME, Model
 from edgepipe.planner.solvers.exact.solutions import solution_hint
 from edgepipe.planner.solvers.exact.tables import Tables
 
@@ -30,3 +31,32 @@ def test_a_warm_started_cbc_solve_under_a_tiny_limit_does_not_raise():
     for limit in (0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07, 0.08):
         outcome = solve_pulp(form.model, hint, limit, "cbc")
         assert outcome.status in ("unknown", "feasible", "optimal")
+
+
+#: the tail of CBC 2.10.3's log under a 0.03 s limit, two cores busy, on the program
+#: above with its warm start (which satisfies it): pulp read the solution file's status
+#: as infeasible, so the search took a feasible program for an infeasible one
+STOPPED_IN_PRE_PROCESSING = """\
+Continuous objective value is 2499.18 - 0.01 seconds
+Cgl0000I Cut generators found to be infeasible! (or unbounded)
+Pre-processing says infeasible or unbounded
+Option for printingOptions changed from normal to all
+Total time (CPU seconds):       0.02   (Wallclock seconds):       0.04
+"""
+
+
+def test_an_infeasible_verdict_of_a_run_the_limit_stopped_is_no_answer():
+    assert cbc_ran_out(STOPPED_IN_PRE_PROCESSING, 0.03)
+    # the same words from a run that ended within its limit are CBC's proof
+    assert not cbc_ran_out(STOPPED_IN_PRE_PROCESSING, 1.0)
+    assert cbc_ran_out("", 1.0)  # no log: no figure, no proof
+
+
+def test_cbc_still_proves_a_program_with_no_solution_infeasible():
+    # x + y >= 3 with x, y binary: no solution, whatever the search does
+    md = Model()
+    x, y, t = md.var(BIN, 0, 1), md.var(BIN, 0, 1), md.var(TIME, 0, 10)
+    md.add({x: 1.0, y: 1.0}, ">=", 3.0, "count")
+    md.add({t: 1.0, x: -1.0}, ">=", 0.0, "ms")
+    md.objective = t
+    assert solve_pulp(md, {}, 5.0, "cbc").status == "infeasible"
