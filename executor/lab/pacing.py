@@ -94,8 +94,6 @@ class Pacer:
         self._waited = core_wait_clock() if waited is None else waited
         self._mark = wall()
         self._last_cpu, self._last_waited = cpu(), self._waited()
-        #: seconds slept so far (what pacing added to the process's wall time)
-        self.slept = 0.0
 
     def pace(self) -> None:
         """End the stretch of work begun at the mark (module docstring's recurrence)."""
@@ -105,7 +103,6 @@ class Pacer:
         self._mark, self._last_cpu, self._last_waited = target, used, waited
         if target > now:
             self._sleep(target - now)
-            self.slept += target - now
 
 
 def core_wait_clock() -> Callable[[], float]:

@@ -8,7 +8,7 @@ from edgepipe.planner import api
 from edgepipe.planner.cost.model import CostModel
 from edgepipe.planner.solvers.classes import device_classes
 from edgepipe.planner.solvers.dp.driver import plan_dp
-from edgepipe.planner.solvers.exact.backends import cbc_ran_out, solve_pulp
+from edgepipe.planner.solvers.exact.backends import cbc_result, infeasible_proved, solve_pulp
 from edgepipe.planner.solvers.exact.bounds import horizon
 from edgepipe.planner.solvers.exact.formulation import Builder
 from edgepipe.planner.solvers.exact.linear_model import BIN, TIME, Model
@@ -46,10 +46,13 @@ Total time (CPU seconds):       0.02   (Wallclock seconds):       0.04
 
 
 def test_an_infeasible_verdict_of_a_run_the_limit_stopped_is_no_answer():
-    assert cbc_ran_out(STOPPED_IN_PRE_PROCESSING, 0.03)
+    verdict, _ = cbc_result(STOPPED_IN_PRE_PROCESSING)
+    assert verdict == "stopped"  # no "Result - ..." line: CBC itself proved nothing
+    # pulp's infeasible from that run (0.04 s of wall against its 0.03 s limit) is no answer
+    assert not infeasible_proved(verdict, True, 0.04, 0.03)
     # the same words from a run that ended within its limit are CBC's proof
-    assert not cbc_ran_out(STOPPED_IN_PRE_PROCESSING, 1.0)
-    assert cbc_ran_out("", 1.0)  # no log: no figure, no proof
+    assert infeasible_proved(verdict, True, 0.02, 1.0)
+    assert infeasible_proved("infeasible", False, 5.0, 1.0)
 
 
 def test_cbc_still_proves_a_program_with_no_solution_infeasible():
