@@ -27,6 +27,16 @@ def tables_of(problem) -> Tables:
     return Tables(problem, CostModel(problem), device_classes(problem))
 
 
+def bisected(cb: ChainBound, stages: int, least: float, steps: int) -> float:
+    """The bound of ``stages`` stages bisected ``steps`` times below ``least``: the
+    largest figure seen infeasible (0 if none)."""
+    lo, hi = 0.0, least * (1 + 1e-9)
+    for _ in range(steps):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if cb.feasible(mid)[stages - 1] else (mid, hi)
+    return lo
+
+
 @pytest.mark.parametrize("index", range(8))
 def test_every_stage_count_meets_the_least_plan_of_its_program(index):
     problem = [*instances(), point_to_point()][index]
@@ -50,11 +60,7 @@ def test_the_bound_is_the_least_plan_where_its_terms_are_tight(index, batch, sta
     problem = instances()[index]
     least = least_of(index)[batch, stages]
     cb = ChainBound(tables_of(problem), batch, stages)
-    lo, hi = 0.0, least * (1 + 1e-9)
-    for _ in range(25):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (lo, mid) if cb.feasible(mid)[stages - 1] else (mid, hi)
-    assert lo == pytest.approx(least, rel=1e-6)
+    assert bisected(cb, stages, least, 25) == pytest.approx(least, rel=1e-6)
 
 
 def test_a_program_that_cannot_meet_the_ceiling_rises_to_it_and_the_others_are_bisected():
@@ -89,11 +95,7 @@ def test_earlier_stages_fill_at_their_own_samples():
     problem = instances()[5]
     least = least_of(5)[4, 3]
     cb = ChainBound(tables_of(problem), 4, 3)
-    lo, hi = 0.0, least * (1 + 1e-9)
-    for _ in range(16):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (lo, mid) if cb.feasible(mid)[2] else (mid, hi)
-    assert 0.677 * least < lo <= least
+    assert 0.677 * least < bisected(cb, 3, least, 16) <= least
 
 
 def test_a_device_uplink_carries_its_samples_of_both_boundaries():
@@ -103,11 +105,7 @@ def test_a_device_uplink_carries_its_samples_of_both_boundaries():
     problem = instances()[6]
     least = least_of(6)[1, 3]
     cb = ChainBound(tables_of(problem), 1, 3)
-    lo, hi = 0.0, least * (1 + 1e-9)
-    for _ in range(16):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (lo, mid) if cb.feasible(mid)[2] else (mid, hi)
-    assert 0.79 * least < lo <= least
+    assert 0.79 * least < bisected(cb, 3, least, 16) <= least
 
 
 def test_each_device_starts_when_its_own_samples_arrived():
