@@ -87,6 +87,13 @@ def test_a_passed_deadline_leaves_the_known_bounds():
         ChainBound(tables, 4, 3).feasible(1e9, Deadline(1e-9))
 
 
+def test_building_the_tables_stops_at_a_passed_deadline():
+    # the tables and prefixes are most of a long chain's time (issue 29: nasnetalarge
+    # spent 74 s of a 20 s limit building them): their construction checks the deadline
+    with pytest.raises(TimeoutError):
+        ChainBound(tables_of(instances()[6]), 4, 3, Deadline(1e-9))
+
+
 def test_earlier_stages_fill_at_their_own_samples():
     # three stages of instance 5 at micro-batch 4: the stages before a stage go forward
     # (and its gradient back) at their own splits' samples and hops, not every block at

@@ -136,8 +136,15 @@ class ChainBound:
     """The DP's tables for one micro-batch size and its feasibility test
     (:meth:`feasible`); the module docstring has the terms and the recurrence."""
 
-    def __init__(self, tables: Tables, batch: int, max_stages: int) -> None:
+    def __init__(self, tables: Tables, batch: int, max_stages: int,
+                 deadline: Deadline | None = None) -> None:  # fmt: skip
+        """Build the tables (O(J B L^2)) and the prefixes (O(X S L^2)).
+
+        Raises:
+            TimeoutError: ``deadline`` passed (checked before each y of each table and
+                each state of :meth:`_prefixes`)."""
         self.batch, self.max_stages = batch, max_stages
+        self.deadline = deadline
         self.n_blocks = n_blocks = tables.n_blocks
         self.m_count = tables.problem.config.global_batch // batch
         groups = chain_groups(tables, batch)
@@ -184,6 +191,7 @@ class ChainBound:
         pre = np.vstack([np.zeros(batch), np.cumsum(least, axis=0)])
         out = [pre[None, :, -1] - pre[:, None, -1]]
         for y in range(batch - 1, 0, -1):
+            self._check()
             out.append(np.minimum(out[-1], pre[None, :, y - 1] - pre[:, None, y - 1]))
         extra = min(work[k] for k in grp)
         return [np.where(self.pair, t + extra, np.inf) for t in out[::-1]]
@@ -194,6 +202,11 @@ class ChainBound:
         got = self.lat + self.v * (y if self.aggregate else 1) * self.bnd
         got[0] = got[-1] = 0.0
         return got
+
+    def _check(self) -> None:
+        """Raise TimeoutError once the construction's deadline passed."""
+        if self.deadline is not None and self.deadline.passed():
+            raise TimeoutError
 
     def figures(self, split: Split, cols: np.ndarray | slice) -> Figures:
         """A split's :data:`Figures` over the block pairs (a, b), b in ``cols``: a
@@ -233,13 +246,18 @@ class ChainBound:
 
         (the earliest device of a stage holds >= y_lo samples and receives them over
         its downlink; a gradient leaves a device over its uplink), E(0, 0) = D(0, 0) =
-        0. O(states x splits x L^2)."""
+        0. O(states x splits x L^2); the deadline checked before each split's figures
+        and each state."""
         shape = (self.n_blocks + 1, self.n_states)
         fill, drain = np.full(shape, np.inf), np.full(shape, np.inf)
         fill[:, 0] = drain[:, 0] = np.where(np.arange(self.n_blocks + 1) == 0, 0.0, np.inf)
         order = np.argsort(self.digits.sum(axis=1), kind="stable")
-        steps = [(split, *self.figures(split, slice(None))[4:6]) for split in self.splits]
+        steps = []
+        for split in self.splits:
+            self._check()
+            steps.append((split, *self.figures(split, slice(None))[4:6]))
         for k in order[1:]:
+            self._check()
             for (g, _, y_lo, _), f_e, b_e in steps:
                 if (self.digits[k] >= g).all():
                     back = k - int(g @ self.radix)
@@ -349,8 +367,9 @@ def chain_bounds(
     time): an entry the relaxation cannot meet at ``ceiling`` rises to it (what prunes);
     then the size's least entry is bisected to ``rel_tol``: at a midpoint T, the entries
     still below T rise to it when none of their stage counts meets T. When a share runs
-    out every entry stays where the bisection had raised it (each a valid bound). One
-    :meth:`ChainBound.feasible` per step."""
+    out every entry stays where the bisection had raised it (each a valid bound); the
+    share covers building the size's tables too (issue 29: the limit covers everything).
+    One :meth:`ChainBound.feasible` per step."""
     for done, (batch, row) in enumerate(known.items()):
         left = deadline.left_s()
         if left <= 0:
@@ -359,7 +378,7 @@ def chain_bounds(
             continue
         share = Deadline(left / (len(known) - done))
         try:
-            cb = ChainBound(tables, batch, max_stages)
+            cb = ChainBound(tables, batch, max_stages, share)
             met = cb.feasible(ceiling, share)
             row[1:][~met] = np.maximum(row[1:][~met], ceiling)
             top = ceiling
