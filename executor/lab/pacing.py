@@ -73,8 +73,9 @@ class Pacer:
 
     ``cpu``, ``wall``, ``waited`` (the pacing thread's seconds waiting for a core) and
     ``sleep`` are the clocks and the sleep (seconds); the defaults are the process's CPU
-    clock, the monotonic wall clock, :func:`core_wait_clock` of the constructing thread
-    (which must be the one that paces) and :func:`time.sleep`. The mark starts at
+    clock, the monotonic wall clock, a :class:`CoreWaitClock` of the constructing thread
+    (which must be the one that paces; :meth:`close` closes it) and :func:`time.sleep`.
+    The mark starts at
     construction: a lab worker builds its pacer once torch is imported, before it
     builds its model and joins its process groups, so that part of its start-up is
     paced too, at its first action (of the warm-up step)."""
@@ -91,7 +92,8 @@ class Pacer:
             raise ValueError(f"rate {rate} must be in (0, 1] of a core")
         self.rate = rate
         self._cpu, self._wall, self._sleep = cpu, wall, sleep
-        self._waited = core_wait_clock() if waited is None else waited
+        self._own = CoreWaitClock() if waited is None else None
+        self._waited = self._own if waited is None else waited
         self._mark = wall()
         self._last_cpu, self._last_waited = cpu(), self._waited()
 
@@ -104,23 +106,40 @@ class Pacer:
         if target > now:
             self._sleep(target - now)
 
+    def close(self) -> None:
+        """Close the core-waiting clock this pacer opened (none where ``waited`` was
+        given); the pacer must not pace after it."""
+        if self._own is not None:
+            self._own.close()
 
-def core_wait_clock() -> Callable[[], float]:
-    """The calling thread's seconds spent runnable waiting for a core, read from
-    :data:`SCHEDSTAT` (kept open); a clock of 0 where the kernel does not keep it."""
-    try:
-        fd = os.open(SCHEDSTAT, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return lambda: 0.0
 
-    def read() -> float:
-        return int(os.pread(fd, 128, 0).split()[1]) / 1e9
+class CoreWaitClock:
+    """The constructing thread's seconds spent runnable waiting for a core, read from
+    :data:`SCHEDSTAT`, kept open until :meth:`close`; 0 where the kernel does not keep
+    it (nothing is kept open then)."""
 
-    with contextlib.suppress(OSError, IndexError, ValueError):
-        read()
-        return read
-    os.close(fd)
-    return lambda: 0.0
+    def __init__(self) -> None:
+        self._fd: int | None = None
+        try:
+            fd = os.open(SCHEDSTAT, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return
+        self._fd = fd
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            self()
+            return
+        self.close()
+
+    def __call__(self) -> float:
+        if self._fd is None:
+            return 0.0
+        return int(os.pread(self._fd, 128, 0).split()[1]) / 1e9
+
+    def close(self) -> None:
+        """Close the file (once; the clock reads 0 after)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def fine_timer_slack() -> bool:

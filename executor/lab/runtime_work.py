@@ -118,6 +118,7 @@ def measure_until_stable(policy: NoisePolicy, pace: float | None = None) -> Runt
     barrier = threading.Barrier(STAGES, action=between_steps, timeout=TIMEOUT_S)
 
     def rank_main(rank: int) -> None:
+        pacer = None
         try:
             # as the workers make theirs (executor/ft/generation.py; torch's stubs lack
             # the point-to-point calls a gloo group has)
@@ -128,7 +129,6 @@ def measure_until_stable(policy: NoisePolicy, pace: float | None = None) -> Runt
             dtype = dict.fromkeys(range(STAGES), torch.float32)
             links = StageLinks(layout, rank, Transport(pg), shape, dtype, torch.device("cpu"))
             spare = nn.Parameter(torch.zeros(1))
-            pacer = None
             if pace is not None:
                 fine_timer_slack()
                 pacer = Pacer(pace, cpu=time.thread_time)
@@ -162,6 +162,9 @@ def measure_until_stable(policy: NoisePolicy, pace: float | None = None) -> Runt
         except BaseException as exc:  # reported by the caller, with the others reaped
             errors.append(exc)
             barrier.abort()
+        finally:
+            if pacer is not None:
+                pacer.close()
 
     threads = [threading.Thread(target=rank_main, args=(r,), daemon=True) for r in range(STAGES)]
     for t in threads:
