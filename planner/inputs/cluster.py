@@ -304,25 +304,21 @@ class Cluster:
                 Link(link["a"], link["b"], link.get("bandwidth_mbps"), link.get("latency_ms"))
             )
         topology = net.get("topology")
-        shared = net.get("shared_medium", topology == "shared_medium")
-        if topology is not None and (topology == "shared_medium") != shared:
-            raise InputError(
-                source,
-                "$.network.topology",
-                f"topology {topology!r} contradicts shared_medium {shared}; drop one of "
-                "them or make them agree (shared_medium true means topology shared_medium)",
+        try:  # Network checks that the topology and the flag agree
+            network = Network(
+                bandwidth_mbps=net["bandwidth_mbps"],
+                latency_ms=net["latency_ms"],
+                shared_medium=net.get("shared_medium", topology == "shared_medium"),
+                links=tuple(links),
+                topology=topology,
             )
+        except InputError as exc:
+            raise InputError(source, "$.network.topology", exc.problem) from None
         return cls(
             name=doc["name"],
             description=doc.get("description", ""),
             devices=tuple(devices),
-            network=Network(
-                bandwidth_mbps=net["bandwidth_mbps"],
-                latency_ms=net["latency_ms"],
-                shared_medium=shared,
-                links=tuple(links),
-                topology=topology,
-            ),
+            network=network,
             device_types=types,
         )
 
