@@ -35,9 +35,17 @@ def _with_views(problem: Problem, result: DPResult, left: float) -> Partition:
     """The tie rule's choice among the DP's plans and its coarse views' (granularity never
     costs: :func:`planner.solvers.dp.multilevel.coarse_views`, within ``left`` seconds);
     the views are not planned where a bound shows that no plan could change the choice
-    among the DP's own (:func:`planner.solvers.dp.one_device.nothing_displaces`)."""
+    among the DP's own (:func:`planner.solvers.dp.one_device.nothing_displaces`; shown
+    already where the DP settled a one-device plan: graph ``none``, which
+    :func:`planner.solvers.dp.driver.plan_dp` without a warm start gives only then), nor
+    where ``left`` ran out during the bound."""
     found = [*result.scored, (result.cost, result.partition, 0.0)]
-    if nothing_displaces(CostModel(problem), found):
+    try:
+        settled = result.graph == "none" or nothing_displaces(CostModel(problem), found,
+                                                               Deadline(left))  # fmt: skip
+    except TimeoutError:
+        settled = True  # no time left for the views
+    if settled:
         return choose(found)[1]
     views = coarse_views(problem, left, by_class=True, coarse_run=result.coarse_to_fine)
     return choose([*result.scored, *views, (result.cost, result.partition, 0.0)])[1]

@@ -12,8 +12,13 @@ from edgepipe.planner.inputs.cluster import Cluster, Device
 from edgepipe.planner.inputs.problem import Problem, make_problem
 from edgepipe.planner.solvers.dp.driver import multilevel_above, plan_dp
 from edgepipe.planner.solvers.dp.multilevel import plan_multilevel
-from edgepipe.planner.solvers.dp.one_device import multi_device_at_least, nothing_displaces
+from edgepipe.planner.solvers.dp.one_device import (
+    multi_device_at_least,
+    nothing_displaces,
+    settled_alone,
+)
 from edgepipe.planner.solvers.dp.sizes import choose
+from edgepipe.planner.solvers.time_limit import Deadline
 
 from tests.helpers.oracles import all_partitions
 from tests.helpers.synthetic import random_problem
@@ -28,6 +33,15 @@ def one_slowed(seed: int, bandwidth_mbps: float) -> Problem:
     devices = (*cl.devices[:-1], Device(cl.devices[-1].id, cl.devices[-1].type, slowdown=1.5))
     cluster = Cluster(cl.name, devices, cl.network, cl.device_types)
     return make_problem(base.model, cluster, base.config, catalog=cl.device_types)
+
+
+def slow_chain() -> Problem:
+    """120 random blocks on the 3 devices of :func:`one_slowed` at 0.1 Mbit/s: a chain
+    coarse to fine planning takes, on which one device is the pick."""
+    cluster = one_slowed(0, 0.1).cluster
+    chain = random_problem(120, 3, seed=7, global_batch=4, candidates=(1, 2, 4),
+                           bandwidth_mbps=0.1)  # fmt: skip
+    return make_problem(chain.model, cluster, chain.config, catalog=cluster.device_types)
 
 
 # a slow medium (3 Mbit/s: the DP's plan is one device, several devices are 2-18x
@@ -71,14 +85,20 @@ def test_nothing_displaces_the_one_device_plan_on_a_slow_medium():
 def test_a_long_chain_settled_by_the_bound_gets_the_plan_its_coarse_to_fine_dp_finds():
     # 120 blocks on the 3 devices of one_slowed, 0.1 Mbit/s: plan_dp answers without a
     # search (graph "none") and with the plan the coarse to fine DP finds
-    base = one_slowed(0, 0.1)
-    chain = random_problem(120, 3, seed=7, global_batch=4, candidates=(1, 2, 4),
-                           bandwidth_mbps=0.1)  # fmt: skip
-    cluster = base.cluster
-    problem = make_problem(chain.model, cluster, chain.config, catalog=cluster.device_types)
+    problem = slow_chain()
     assert problem.model.num_blocks > multilevel_above(problem)
     settled = plan_dp(problem)
     searched = plan_multilevel(problem)
     assert settled.graph == "none" and searched is not None and searched.graph != "none"
     assert settled.partition == searched.partition
     assert len(settled.partition.used_devices()) == 1
+
+
+def test_a_passed_deadline_settles_nothing():
+    # the bound runs before the time-limited DP (plan_dp): a passed limit stops it (the
+    # DP then returns its first plan, timed out); with time left it settles this chain
+    problem = slow_chain()
+    assert settled_alone(problem, Deadline(60.0)) is not None
+    assert settled_alone(problem, Deadline(1e-9)) is None
+    with pytest.raises(TimeoutError):
+        multi_device_at_least(CostModel(problem), 1, 1e9, Deadline(1e-9))

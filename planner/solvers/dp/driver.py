@@ -92,7 +92,7 @@ def plan_dp(
     deadline = Deadline(time_limit, cpu_time_limit)
     if multilevel and problem.model.num_blocks > multilevel_above(problem):
         # a one-device plan no plan could displace is the answer without a search
-        settled = None if incumbent is not None else settled_alone(problem)
+        settled = None if incumbent is not None else settled_alone(problem, deadline)
         result = settled or plan_multilevel(problem, progress, deadline, by_class=by_class,
                                             incumbent=incumbent)  # fmt: skip
     else:

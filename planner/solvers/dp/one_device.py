@@ -37,8 +37,12 @@ plans are scored by the cost model, and when :func:`nothing_displaces` holds for
 tie rule's pick among them is the pick among every plan of the problem with them: the
 DP's searches, its coarse to fine runs and the coarse views could not change it.
 
-Complexity: O(|B| N L^2) numpy work for L blocks, N devices and |B| micro-batch sizes,
-and |B| evaluations of one-stage plans.
+Complexity: O(|B| min(N, 2 sqrt(B)) L^2) numpy work and O(L^2) memory for L blocks, N
+devices and |B| micro-batch sizes (B the largest; a stage's group sizes only through
+their share ceil(B / g)), O(|B| min(N, 2 sqrt(B)) N L B) for the per-block least
+figures, and |B| evaluations of one-stage plans. A deadline, where given, is checked
+before each size and each share (a time-limited caller's first step, issue 29: the
+limit covers everything).
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from edgepipe.planner.cost.model import CostModel, PlanCost
 from edgepipe.planner.inputs.problem import Problem
 from edgepipe.planner.partition import Partition, StageAssignment
 from edgepipe.planner.solvers.dp.sizes import TIE_TOLERANCE, DPResult, choose
+from edgepipe.planner.solvers.time_limit import Deadline
 
 #: relative slack for sums of the same figures taken in other orders than the cost model's
 SLACK = 1e-9
@@ -68,9 +73,26 @@ def _per_block_least(cm: CostModel, share: int) -> np.ndarray:
     return out
 
 
-def multi_device_at_least(cm: CostModel, batch: int, threshold: float) -> bool:
+def _least_groups(fewest: int, n_dev: int, batch: int) -> dict[int, int]:
+    """Per per-device share ceil(``batch`` / g) of a stage of g = ``fewest`` .. ``n_dev``
+    devices, the least such g: the stages of g devices at one share have the same device
+    term, and the least g the least ring, so only it can give a stage's least channel
+    time. At most 2 sqrt(``batch``) entries."""
+    least: dict[int, int] = {}
+    for g in range(fewest, n_dev + 1):
+        least.setdefault(-(-batch // g), g)
+    return least
+
+
+def multi_device_at_least(cm: CostModel, batch: int, threshold: float,
+                          deadline: Deadline | None = None) -> bool:  # fmt: skip
     """Whether every plan of two or more devices at micro-batch ``batch`` has an
-    iteration (and a steady period) of at least ``threshold`` ms (module docstring)."""
+    iteration (and a steady period) of at least ``threshold`` ms (module docstring).
+    The group sizes g are those of :func:`_least_groups`, each share's per-block least
+    figures computed once.
+
+    Raises:
+        TimeoutError: ``deadline`` passed (checked before each share)."""
     problem = cm.problem
     n_dev, n_blk = len(cm.device_type), len(cm.boundary)
     m = problem.config.global_batch // batch
@@ -86,8 +108,12 @@ def multi_device_at_least(cm: CostModel, batch: int, threshold: float) -> bool:
     params = cm.param_prefix[end] - cm.param_prefix[first]
     # stage [a, e): the least channel time of a group size whose device term stays below T
     stage = np.full((n_blk + 1, n_blk + 1), INF)
-    for g in range(1, n_dev + 1):
-        prefix = np.concatenate([[0.0], np.cumsum(_per_block_least(cm, -(-batch // g)))])
+    prefixes: dict[int, np.ndarray] = {}  # per share: the prefix sums of its least figures
+    for share, g in _least_groups(1, n_dev, batch).items():
+        if deadline is not None and deadline.passed():
+            raise TimeoutError
+        prefix = np.concatenate([[0.0], np.cumsum(_per_block_least(cm, share))])
+        prefixes[share] = prefix
         busy = m * (prefix[end] - prefix[first] + work)
         ring = ring_per_byte * (g - 1) * params
         here = np.where(busy < threshold * (1 + SLACK), ring, INF)
@@ -98,16 +124,16 @@ def multi_device_at_least(cm: CostModel, batch: int, threshold: float) -> bool:
         inner = chain[1:e] + cut[: e - 1] + stage[1:e, e]
         chain[e] = min(stage[0, e], float(inner.min(initial=INF)))
     several = chain[1:n_blk] + cut[: n_blk - 1] + stage[1:n_blk, n_blk]
-    one_stage = INF
-    for g in range(2, n_dev + 1):
-        prefix = np.concatenate([[0.0], np.cumsum(_per_block_least(cm, -(-batch // g)))])
-        if m * (prefix[-1] + work) < threshold * (1 + SLACK):
+    one_stage = INF  # one stage on g >= 2 devices (every share of g >= 2 is one of g >= 1)
+    for share, g in _least_groups(2, n_dev, batch).items():
+        if m * (prefixes[share][-1] + work) < threshold * (1 + SLACK):
             one_stage = min(one_stage, ring_per_byte * (g - 1) * float(cm.param_prefix[-1]))
     least = min(float(several.min(initial=INF)), one_stage)
     return least >= threshold * (1 + SLACK)
 
 
-def nothing_displaces(cm: CostModel, found: list[tuple[PlanCost, Partition, float]]) -> bool:
+def nothing_displaces(cm: CostModel, found: list[tuple[PlanCost, Partition, float]],
+                      deadline: Deadline | None = None) -> bool:  # fmt: skip
     """Whether no plan of ``cm``'s problem, added to ``found`` (figures, plan, DP value),
     can change the tie rule's pick among them (:func:`planner.solvers.dp.sizes.choose`):
     a plan C on one device, of steady step s, where the fastest step in ``found`` is f,
@@ -125,7 +151,10 @@ def nothing_displaces(cm: CostModel, found: list[tuple[PlanCost, Partition, floa
 
     A one-device plan takes M times its device's forward, backward and runtime work at
     the whole micro-batch, nothing else running (its iteration and its step).
-    O(|B| N L^2) (:func:`multi_device_at_least`)."""
+    O(|B| min(N, 2 sqrt(B)) L^2) (:func:`multi_device_at_least`).
+
+    Raises:
+        TimeoutError: ``deadline`` passed (:func:`multi_device_at_least`)."""
     cost, plan, _ = choose(found)
     if len(plan.used_devices()) != 1:
         return False
@@ -139,7 +168,7 @@ def nothing_displaces(cm: CostModel, found: list[tuple[PlanCost, Partition, floa
         for dev in range(len(cm.device_type)):
             if (b != batch or dev != own) and _alone_ms(cm, dev, b) < least:
                 return False
-        if not multi_device_at_least(cm, b, window):
+        if not multi_device_at_least(cm, b, window, deadline):
             return False
     return True
 
@@ -152,23 +181,29 @@ def _alone_ms(cm: CostModel, dev: int, batch: int) -> float:
     return float(cm.problem.config.global_batch // batch * whole * cm.slowdown[dev])
 
 
-def settled_alone(problem: Problem) -> DPResult | None:
+def settled_alone(problem: Problem, deadline: Deadline | None = None) -> DPResult | None:
     """The tie rule's pick among the one-device plans of ``problem`` (module docstring),
     as the DP's result (``graph`` "none": no search ran), where no plan of the problem
-    could change it (:func:`nothing_displaces`); else None."""
+    could change it (:func:`nothing_displaces`); else None, also once ``deadline``
+    passed (checked before each micro-batch size and each share of the bound)."""
     start = time.perf_counter()
     sizes = problem.config.micro_batch_sizes()
     cm = CostModel(problem, max(sizes))
     devices = problem.cluster.devices
     found: list[tuple[PlanCost, Partition, float]] = []
     for b in sizes:
+        if deadline is not None and deadline.passed():
+            return None
         dev = min(range(len(devices)), key=lambda d: (_alone_ms(cm, d, b), d))
         stage = StageAssignment(0, problem.model.num_blocks, (devices[dev].id,), (b,))
         plan = Partition(b, problem.config.global_batch // b, (stage,))
         cost = cm.evaluate(plan)
         if cost.memory_ok:
             found.append((cost, plan, pipeline_closed_form_ms(cm, plan, cost)))
-    if not found or not nothing_displaces(cm, found):
+    try:
+        if not found or not nothing_displaces(cm, found, deadline):
+            return None
+    except TimeoutError:
         return None
     cost, plan, value = choose(found)
     per_size = {p.micro_batch_size: c.iteration_ms for c, p, _ in found}
