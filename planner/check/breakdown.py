@@ -100,12 +100,13 @@ def _exact(e: dict[str, Any]) -> bool:
     return float(e["end_ms"]) - float(e["waited_ms"]) > EXACT_WAIT_MS
 
 
-def link_rows(plan: Plan, events: list[dict[str, Any]], scale: float) -> tuple[LinkRow, ...]:
+def link_rows(plan: Plan, cm: CostModel, events: list[dict[str, Any]], scale: float
+              ) -> tuple[LinkRow, ...]:
     """One :class:`LinkRow` per piece of every boundary of ``plan``, activations then
     gradients, in the cost model's piece order (:func:`reslice_pieces`'s, which gives
-    each piece's samples); ``events``: the timeline lines of the steps compared."""
+    each piece's samples); ``cm``: the cost model of the plan's problem at its
+    micro-batch size; ``events``: the timeline lines of the steps compared."""
     stages = plan.partition.stages
-    cm = CostModel(plan.problem, plan.partition.micro_batch_size)
     spans: dict[tuple[str, str, str], list[tuple[float, bool]]] = defaultdict(list)
     for e in events:
         if e["kind"] in TRANSFER_KIND.values():
@@ -132,10 +133,11 @@ def link_rows(plan: Plan, events: list[dict[str, Any]], scale: float) -> tuple[L
     return tuple(rows)
 
 
-def stage_rows(plan: Plan, events: list[dict[str, Any]],
+def stage_rows(plan: Plan, cm: CostModel, events: list[dict[str, Any]],
                started: dict[tuple[str, int], float], scale: float) -> tuple[StageRow, ...]:
-    """One :class:`StageRow` per stage of ``plan`` (module docstring); ``started[(device,
-    step)]`` is the device's ``started_at`` of the step (wall-clock s)."""
+    """One :class:`StageRow` per stage of ``plan`` (module docstring); ``cm``: the cost
+    model of the plan's problem at its micro-batch size; ``started[(device, step)]`` is
+    the device's ``started_at`` of the step (wall-clock s)."""
     durations: dict[tuple[str, str], list[float]] = defaultdict(list)
     # per stage: step -> its members' REDUCE_GRAD (start, end) on the shared clock
     reduce: dict[int, dict[int, list[tuple[float, float]]]] = defaultdict(
@@ -156,8 +158,7 @@ def stage_rows(plan: Plan, events: list[dict[str, Any]],
             boundary = int(e["stage"]) - (kind == TRANSFER_KIND["gradients"])
             sent[boundary][(kind, step, int(e["micro_batch"]))].append(
                 (start, end, _exact(e)))
-    contended = CostModel(plan.problem, plan.partition.micro_batch_size).stage_transfer_ms(
-        plan.partition)
+    contended = cm.stage_transfer_ms(plan.partition)
     rows = []
     for p, (stage, cost, (link_ms, ring_ms)) in enumerate(
             zip(plan.partition.stages, plan.cost.stages, contended, strict=True)):

@@ -90,6 +90,7 @@ from edgepipe.planner.check.breakdown import (
 )
 from edgepipe.planner.check.live import RunState, complete_lines, run_state
 from edgepipe.planner.check.simulator import Interval, Timeline, Transfer, WorkKind, simulate
+from edgepipe.planner.cost.model import CostModel
 from edgepipe.planner.errors import InputError
 from edgepipe.planner.plan import Plan, load_plan
 
@@ -310,7 +311,8 @@ def build_report(run_dir: str | Path) -> RunReport:
     batch = plan.partition.micro_batch_size * plan.partition.num_micro_batches
     predicted = scale * plan.cost.iteration_ms
     steady = scale * plan.cost.steady_ms
-    stages = stage_rows(plan, events, started, scale)
+    cm = CostModel(plan.problem, plan.partition.micro_batch_size)  # one per report
+    stages = stage_rows(plan, cm, events, started, scale)
     return RunReport(
         plan=plan,
         time_scale=scale,
@@ -331,7 +333,7 @@ def build_report(run_dir: str | Path) -> RunReport:
         state=state,
         mode=state.mode or ("emulated" if emulation else "real"),
         stages=stages,
-        links=link_rows(plan, events, scale),
+        links=link_rows(plan, cm, events, scale),
     )
 
 

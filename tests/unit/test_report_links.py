@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 from edgepipe.executor.core.layout import RankLayout
 from edgepipe.executor.core.metrics import transfer_lines
-from edgepipe.planner.check.breakdown import stage_rows
+from edgepipe.planner.check.breakdown import StageRow, stage_rows
 from edgepipe.planner.check.live import write_state
 from edgepipe.planner.check.report import build_report, device_rows, report_panels
 from edgepipe.planner.cli.plan_views import transfer_figures
+from edgepipe.planner.cost.model import CostModel
 from edgepipe.planner.errors import InputError
 from edgepipe.planner.inputs.cluster import Cluster, Device, Link, Network
 from edgepipe.planner.inputs.config import TrainingConfig
@@ -98,6 +99,12 @@ def contended_plan(topology: str) -> Plan:
     return make_plan(problem, partition, SolverInfo("hand"))
 
 
+def predicted_rows(plan: Plan) -> tuple[StageRow, ...]:
+    """``plan``'s stage rows with no run lines: the predictions alone."""
+    return stage_rows(plan, CostModel(plan.problem, plan.partition.micro_batch_size),
+                      [], {}, 1.0)
+
+
 @pytest.mark.parametrize(("topology", "link", "ring", "idle_ring"), [
     # switched, by hand. A: F 6, B 12 ms (b0 + b1 at batch 2), F0 F1 B0 B1; B and C: F 3,
     # B 6 (b2 at batch 1), F0 B0 F1 B1. Pieces A-B, A-C: 20 B at 2 B/ms = 10 ms; chunks
@@ -125,7 +132,7 @@ def test_a_stages_link_and_ring_are_predicted_under_the_plans_own_traffic(
         topology: str, link: float, ring: float, idle_ring: float) -> None:
     plan = contended_plan(topology)
     # no run lines: the rows carry the predictions alone
-    first, last = stage_rows(plan, [], {}, 1.0)
+    first, last = predicted_rows(plan)
     assert (first.link_predicted, first.allreduce_predicted) == (pytest.approx(link), 0.0)
     assert (last.link_predicted, last.allreduce_predicted) == (None, pytest.approx(ring))
     # not the figures alone on an idle network: A's uplink, 10 + 10 ms, and the ring alone
@@ -148,7 +155,7 @@ def test_a_devices_all_reduce_and_bubbles_are_its_stages_ring_under_the_plans_ow
         topology: str, steady: float, ring: float, b_idle: float) -> None:
     plan = contended_plan(topology)
     assert plan.cost.steady_ms == pytest.approx(steady)
-    a, b, c = device_rows(plan, [], [], 1.0, stage_rows(plan, [], {}, 1.0))
+    a, b, c = device_rows(plan, [], [], 1.0, predicted_rows(plan))
     # A: no ring; compute M x (f + b) = 2 x (6 + 12) = 36, bubbles the step less that
     # (switched: F0 F1 0-12, B0 55-67, B1 75-87: idle 43 + 8 = 51)
     assert (a.allreduce_predicted, a.compute_predicted) == (0.0, pytest.approx(36.0))
