@@ -92,8 +92,10 @@ class Pacer:
             raise ValueError(f"rate {rate} must be in (0, 1] of a core")
         self.rate = rate
         self._cpu, self._wall, self._sleep = cpu, wall, sleep
-        self._own = CoreWaitClock() if waited is None else None
-        self._waited = self._own if waited is None else waited
+        self._own: CoreWaitClock | None = None
+        if waited is None:
+            self._own = waited = CoreWaitClock()
+        self._waited = waited
         self._mark = wall()
         self._last_cpu, self._last_waited = cpu(), self._waited()
 
