@@ -1,16 +1,22 @@
 """Processes the tests start: the interpreter, free ports, the torchrun command line of a
-multi-host job, and the checks and reaping that leave no child behind."""
+multi-host job, a child run inside a lab cgroup, and the checks and reaping that leave no
+child behind."""
 
 from __future__ import annotations
 
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from tests.helpers import netns
+
+if TYPE_CHECKING:  # the lab's modules only where a test runs a child in a group
+    from edgepipe.executor.lab.cgroups import Cgroup
 
 #: the interpreter running the tests, for every child process
 PY = sys.executable
@@ -77,3 +83,20 @@ def torchrun_argv(hosts: netns.Hosts | Sequence[netns.Host], index: int, script:
         "--rdzv-id", "edgepipe-test", "--rdzv-conf", f"is_host={int(index == 0)}",
         "--local-addr", hosts[index].address, "--max-restarts", "0", *script,
     ]
+
+
+def run_in_group(group: Cgroup, code: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    """Run ``python -c code argv...`` as a member of ``group`` from its first line on:
+    the child must wait for a line on stdin (it gets ``go``) before it works. The child
+    is reaped (killed by pid after 60 s) whatever happens."""
+    proc = subprocess.Popen(
+        [PY, "-c", code, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        group.add(proc.pid)
+        out, err = proc.communicate("go\n", timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)

@@ -21,7 +21,7 @@ from edgepipe.executor.lab.cgroups import (
 from edgepipe.executor.lab.errors import LabUnavailable
 
 from tests.helpers import needs
-from tests.helpers.processes import PY
+from tests.helpers.processes import PY, run_in_group
 
 
 @pytest.fixture(autouse=True)
@@ -43,22 +43,6 @@ SPIN = (
 )
 
 
-def run_in(group: Cgroup, code: str, *argv: str) -> subprocess.CompletedProcess[str]:
-    """Run ``python -c code argv...`` as a member of ``group`` from its first line on; the
-    child is reaped (killed by pid after 60 s) whatever happens."""
-    proc = subprocess.Popen(
-        [PY, "-c", code, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
-    )
-    try:
-        group.add(proc.pid)
-        out, err = proc.communicate("go\n", timeout=60)
-    finally:
-        proc.kill()
-        proc.wait()
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-
-
 @pytest.mark.serial  # compares wall-clock times: 25% vs 100% of a core within 3.2x-4.8x
 def test_a_quarter_core_takes_four_times_as_long_as_a_full_one() -> None:
     # The same loop (about 0.4 s of CPU idle) runs alternately unconfined (a 100% quota)
@@ -78,8 +62,8 @@ def test_a_quarter_core_takes_four_times_as_long_as_a_full_one() -> None:
         "quarter", Confinement(0.25, None)
     ) as g4:
         for _ in range(3):
-            full_cpu.append(float(run_in(g1, spin).stdout.split()[1]))
-            wall, cpu = map(float, run_in(g4, spin).stdout.split())
+            full_cpu.append(float(run_in_group(g1, spin).stdout.split()[1]))
+            wall, cpu = map(float, run_in_group(g4, spin).stdout.split())
             quarter_wall.append(wall)
             quarter_cpu.append(cpu)
     seen = (full_cpu, quarter_wall, quarter_cpu, os.getloadavg())
@@ -92,7 +76,7 @@ def test_a_quarter_core_takes_four_times_as_long_as_a_full_one() -> None:
 def test_a_process_past_its_memory_limit_is_killed_and_the_group_says_so() -> None:
     # 64 MiB limit; the child touches 256 MiB (a bytes object of non-zero bytes)
     with Cgroup.create("hog", Confinement(1.0, 64 * 2**20)) as group:
-        done = run_in(group, "import sys\nsys.stdin.readline()\nb = b'x' * (256 << 20)\n")
+        done = run_in_group(group, "import sys\nsys.stdin.readline()\nb = b'x' * (256 << 20)\n")
         assert done.returncode == -9  # SIGKILL from the kernel's OOM killer
         assert group.oom_killed()
         assert group.peak_memory_bytes() <= 64 * 2**20
@@ -100,7 +84,7 @@ def test_a_process_past_its_memory_limit_is_killed_and_the_group_says_so() -> No
 
 def test_a_process_within_its_limit_runs_and_its_peak_is_read() -> None:
     with Cgroup.create("fits", Confinement(1.0, 256 * 2**20)) as group:
-        done = run_in(group, "import sys\nsys.stdin.readline()\nb = b'x' * (64 << 20)\n")
+        done = run_in_group(group, "import sys\nsys.stdin.readline()\nb = b'x' * (64 << 20)\n")
         assert done.returncode == 0
         assert not group.oom_killed()
         assert 64 * 2**20 <= group.peak_memory_bytes() <= 256 * 2**20
@@ -129,7 +113,7 @@ def test_a_worker_before_its_model_fits_the_process_baseline(tmp_path: Path) -> 
     # under a limit of exactly the baseline: not killed, and its whole resident set
     # (file pages included, as on a cold page cache) within it
     with Cgroup.create("baseline", Confinement(1.0, PROCESS_BASELINE_BYTES)) as group:
-        done = run_in(group, WORKER_BASELINE, str(tmp_path / "store"))
+        done = run_in_group(group, WORKER_BASELINE, str(tmp_path / "store"))
         assert done.returncode == 0, done.stderr[-2000:]
         assert not group.oom_killed()
         assert int(done.stdout) <= PROCESS_BASELINE_BYTES

@@ -8,13 +8,12 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 
 import pytest
 from edgepipe.executor.lab.cgroups import Cgroup, Confinement
 
 from tests.helpers import needs
-from tests.helpers.processes import PY
+from tests.helpers.processes import run_in_group
 
 #: a device that waits for a line on stdin (so that it is in its group before it works),
 #: then runs 20 actions of 4 ms of CPU and 5 of 40 ms, each paced to a quarter core when
@@ -39,16 +38,9 @@ ACTIONS = (
 
 def ratios(group: Cgroup, mode: str) -> dict[float, float]:
     """Median wall / CPU time per action size of the ACTIONS child run in ``group``."""
-    proc = subprocess.Popen([PY, "-c", ACTIONS, mode], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        group.add(proc.pid)
-        out, err = proc.communicate("go\n", timeout=60)
-    finally:
-        proc.kill()
-        proc.wait()
-    assert proc.returncode == 0, err[-2000:]
-    rows = json.loads(out)
+    done = run_in_group(group, ACTIONS, mode)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(done.stdout)
     return {size: statistics.median(w / c for s, w, c in rows if s == size)
             for size in (0.004, 0.04)}
 
