@@ -9,7 +9,10 @@ lab clusters of ``benchmarks/lab/``: ``lab-switched-4`` (Orin Nano, Xavier NX, 2
 0 (the lab runs latency 0), no replication (the lab does not recover).
 
 Per cluster: ``edgepipe lab profile`` measures the model in each device type's
-confinement (``--lab-share``, default 0.9 of this machine's cores for the cluster), every
+confinement (``--lab-share``, default the lab's own, ``DEFAULT_SHARE`` of
+:mod:`executor.lab.launch`: 0.5 of this machine's cores for the cluster; at 0.9 the
+devices' concurrent demand and their runtimes' unpaced threads exceeded 2 cores, the load
+reading 2.7-3.9 while the plans ran against 1.6-2.2 at 0.5), every
 planner plans from that profile (:func:`executor.lab.fidelity.lab_plans`: the DP, the
 exact solver within ``--time-limit``, data parallelism, the pipeline baselines), and
 each distinct plan runs in the lab (:func:`executor.lab.fidelity.measure`; every device
@@ -31,7 +34,8 @@ plan), ``benchmarks/results/lab_fidelity.md`` (the tables printed) and
 ``benchmarks/results/lab_fidelity.json`` (every figure).
 
     .venv/bin/python benchmarks/lab_fidelity.py [--clusters lab-switched-4,...]
-        [--lab-share 0.9] [--time-limit 20] [--out out/lab_fidelity]
+        [--lab-share 0.5] [--time-limit 20] [--out out/lab_fidelity]
+        [--results benchmarks/results]
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ from edgepipe.executor.lab.fidelity import (
     measure,
     speedup,
 )
+from edgepipe.executor.lab.launch import DEFAULT_SHARE
 from edgepipe.planner import api
 from edgepipe.planner.check.breakdown import EXACT_WAIT_MS
 from edgepipe.planner.check.report import build_report
@@ -280,7 +285,7 @@ def draw(problems: list[Problem], path: Path) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--clusters", default=",".join(CLUSTERS))
-    p.add_argument("--lab-share", type=float, default=0.9)
+    p.add_argument("--lab-share", type=float, default=DEFAULT_SHARE)
     p.add_argument("--time-limit", type=float, default=20.0)
     p.add_argument("--out", default="out/lab_fidelity")
     p.add_argument("--results", default=str(HERE / "results"))
