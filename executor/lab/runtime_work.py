@@ -36,8 +36,23 @@ The caller sets torch's threads as the device's process has them (one in the lab
 pool of idle intra-op threads spins on CPU and would be counted (with the default pool
 on this machine's cores the figure was 3-6x the one-thread figure).
 
+**The optimizer step** (:func:`measure_step`; docs/lab.md, "The optimizer step"): what
+the runtime's :meth:`~executor.core.runtime.StageRuntime.apply` runs once per step,
+``optimizer.step()`` of the config's optimizer as the executor builds it
+(:func:`executor.core.runtime.make_optimizer`, ``foreach=False``, the config's default
+settings), over parameters shaped as a fully connected layer (``STEP_SHAPES``: a
+1024 x 1024 float32 weight and its bias, 4 MiB) with gradients set. Each timed step
+starts after a pace point, as a run's ``OPTIM`` does (the step's ``SEND_WAIT`` ends
+with one), and its CPU time is the calling thread's (the step runs on it alone, one
+torch thread). The figure is CPU ms per MiB of parameters, for each of ``OPTIMIZERS``
+(the profile does not know which one a config will train with): the step's work is
+per element (SGD reads the gradient and writes the weight; momentum also its buffer;
+Adam its two moments), plus a per-tensor call overhead that this shape makes small:
+a stage of many small tensors costs more per MiB than this prices.
+
 Cost: per round ``ROUND_STEPS`` steps x 3 ranks x (6 x MICRO_BATCHES) actions, and one
-gloo rendezvous: about a second of CPU unconfined.
+gloo rendezvous: about a second of CPU unconfined; the optimizer steps, ``STEP_ROUND``
+per round of each optimizer, about 0.1 s more.
 """
 
 from __future__ import annotations
@@ -51,9 +66,10 @@ import torch
 import torch.distributed as dist
 from edgepipe.executor.core.comm import StageLinks, Transport
 from edgepipe.executor.core.layout import RankInfo, RankLayout
-from edgepipe.executor.core.runtime import StageRuntime
+from edgepipe.executor.core.runtime import StageRuntime, make_optimizer
 from edgepipe.executor.lab.pacing import Pacer, fine_timer_slack
 from edgepipe.executor.profiling.noise import NoisePolicy, settled, spread
+from edgepipe.planner.inputs.config import OPTIMIZER_STATE, OptimizerName, TrainingConfig
 from edgepipe.planner.inputs.profile import RuntimeWork
 from edgepipe.planner.schedule import ActionType, build
 from torch import nn
@@ -71,6 +87,13 @@ ROUND_STEPS = 2
 TIMEOUT_S = 30.0
 
 FORWARD = (ActionType.RECV_F, ActionType.F, ActionType.SEND_F)
+
+#: the optimizer step's parameters: a fully connected layer's weight and bias (4 MiB)
+STEP_SHAPES = ((1024, 1024), (1024,))
+#: timed optimizer steps per round of :func:`measure_step`
+STEP_ROUND = 8
+#: the optimizers whose step is measured (every one a config may name)
+OPTIMIZERS: tuple[OptimizerName, ...] = tuple(OPTIMIZER_STATE)
 
 
 class _Scale(nn.Module):
@@ -90,7 +113,9 @@ def measure_until_stable(policy: NoisePolicy, pace: float | None = None) -> Runt
     ``ROUND_STEPS`` steps until the last ``policy.window`` rounds' totals agree within
     ``policy.max_spread`` (at most ``policy.max_rounds``,
     :func:`executor.profiling.noise.settled`); the median round of those is kept. One
-    gloo rendezvous for all of them. Raises RuntimeError when a rank fails."""
+    gloo rendezvous for all of them. Then each of ``OPTIMIZERS``' step
+    (:func:`measure_step`), paced the same; ``spread`` is the largest of the
+    measurements'. Raises RuntimeError when a rank fails."""
     store = dist.HashStore()
     layout = RankLayout(
         tuple(RankInfo(r, f"s{r}", r, 0, 0, SAMPLES) for r in range(STAGES)),
@@ -177,7 +202,47 @@ def measure_until_stable(policy: NoisePolicy, pace: float | None = None) -> Runt
     total = statistics.median(window)
     forward = sum(f for f, _ in middle)
     share = forward / (forward + sum(b for _, b in middle))
-    return RuntimeWork(total * share, total * (1 - share), round(spread(window), 4), len(totals))
+    steps = {name: measure_step(name, policy, pace) for name in OPTIMIZERS}
+    worst = max([spread(window), *(s for _, s in steps.values())])
+    return RuntimeWork(total * share, total * (1 - share), round(worst, 4), len(totals),
+                       tuple(sorted((name, ms) for name, (ms, _) in steps.items())))
+
+
+def measure_step(name: OptimizerName, policy: NoisePolicy,
+                 pace: float | None = None) -> tuple[float, float]:
+    """The CPU ms per MiB of parameters of one ``optimizer.step()`` of optimizer
+    ``name`` (module docstring, "The optimizer step"), on this thread, paced to
+    ``pace`` before every step (None: not paced): one untimed step (it creates the
+    optimizer's state), then rounds of ``STEP_ROUND`` timed steps until
+    ``policy`` settles; the median of the last ``policy.window`` rounds, and their
+    spread. O(rounds x STEP_ROUND x parameters)."""
+    params = [nn.Parameter(torch.randn(shape)) for shape in STEP_SHAPES]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    mib = sum(p.numel() * p.element_size() for p in params) / 2**20
+    settings = TrainingConfig(1, optimizer=name).optimizer_settings()
+    optimizer = make_optimizer(params, name, settings)
+    optimizer.step()
+    pacer = None
+    if pace is not None:
+        fine_timer_slack()
+        pacer = Pacer(pace, cpu=time.thread_time)
+    totals: list[float] = []  # CPU ms per MiB, per round
+    try:
+        while not settled(totals, policy):
+            spent = 0.0
+            for _ in range(STEP_ROUND):
+                if pacer is not None:
+                    pacer.pace()
+                start = time.thread_time()
+                optimizer.step()
+                spent += time.thread_time() - start
+            totals.append(spent * 1e3 / (STEP_ROUND * mib))
+    finally:
+        if pacer is not None:
+            pacer.close()
+    window = totals[-policy.window:]
+    return statistics.median(window), spread(window)
 
 
 def _split(runtime: StageRuntime, marks: list[float]) -> tuple[float, float]:

@@ -19,6 +19,12 @@ Model:
       every piece addressed to it has been delivered. ``SEND_F m`` / ``SEND_B m`` post its
       pieces and return at once (asynchronous sends, as ``isend``). ``REDUCE_GRAD`` joins
       the stage's ring all-reduce and waits until the ring has delivered its last chunk.
+    * **Optimizer step.** After its step's ``REDUCE_GRAD`` (its ring's last chunk
+      received; at once without a ring) a device runs ``optimizer.step()`` over its
+      stage's parameters, busy for (its type's measured ms per MiB for the config's
+      optimizer, ``RuntimeWork.step_ms_per_mib``) x (the stage's parameter bytes / 2^20)
+      x its slowdown, before anything of the next step (executor/core/loop.py: compute,
+      then the optimizer step). Unmeasured: no time, and no record.
     * **Re-slicing.** Micro-batch samples are numbered 0..B-1 and every stage's devices
       take consecutive intervals in plan order. The piece from device i of stage p to
       device j of stage p+1 carries the samples of both intervals (their overlap) x the
@@ -55,7 +61,8 @@ Model:
     * **Steps in a row** (``iterations`` > 1): step i+1's actions are each device's
       action list again, micro-batch m of step i numbered i x M + m. Nothing separates
       steps but what a rank of the executor waits for (executor/core/loop.py): a device
-      starts step i+1 when it has ended its own step i, its ``REDUCE_GRAD`` included, so
+      starts step i+1 when it has ended its own step i, its ``REDUCE_GRAD`` and its
+      optimizer step included, so
       a stage whose all-reduce ends early runs ahead while later stages still
       all-reduce; pairs keep their messages in order across steps. The steady-state
       step (:func:`steady_step_ms`) is the difference between the ends of two steps in
@@ -72,7 +79,7 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Literal
 
@@ -132,9 +139,12 @@ class Timeline:
         stages: per stage, its device ids in plan order.
         devices: per device id, its busy intervals in time order.
         transfers: every transfer, in the order they completed.
-        makespan_ms: when the last device finished (all-reduces included).
+        makespan_ms: when the last device finished (all-reduces and optimizer steps
+            included).
         num_micro_batches: M (of one step).
         iterations: steps simulated in a row.
+        optimizer: per device id, the (start, end) of each step's optimizer step, in
+            step order (empty where the profile has no step time).
     """
 
     topology: Topology
@@ -144,10 +154,12 @@ class Timeline:
     makespan_ms: float
     num_micro_batches: int
     iterations: int = 1
+    optimizer: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
 
     def iteration_ends(self) -> list[float]:
-        """When each step ended: its last compute, delivery of a piece, or all-reduce
-        (a device's k-th all-reduce is of step k). O(intervals + transfers)."""
+        """When each step ended: its last compute, delivery of a piece, all-reduce or
+        optimizer step (a device's k-th all-reduce, and its k-th optimizer step, are of
+        step k). O(intervals + transfers)."""
         ends = [0.0] * self.iterations
         for ivs in self.devices.values():
             rings = 0
@@ -161,6 +173,9 @@ class Timeline:
             if t.kind != "AR":
                 step = t.micro_batch // self.num_micro_batches
                 ends[step] = max(ends[step], t.delivered_ms)
+        for steps in self.optimizer.values():
+            for step, (_, end) in enumerate(steps):
+                ends[step] = max(ends[step], end)
         return ends
 
     def channel_intervals(self) -> dict[str, tuple[tuple[float, float], ...]]:
@@ -251,11 +266,12 @@ class _Simulation:
         batch = partition.micro_batch_size
         curves: dict[tuple[str, str], np.ndarray] = {}
         for name, timing in problem.timings.items():
-            for field in ("forward_ms", "backward_ms"):
-                curves[(name, field)] = batch_curve(
-                    timing.batch_sizes, np.asarray(getattr(timing, field)), batch
+            for column in ("forward_ms", "backward_ms"):
+                curves[(name, column)] = batch_curve(
+                    timing.batch_sizes, np.asarray(getattr(timing, column)), batch
                 )
         self.compute: dict[tuple[str, ActionType], float] = {}
+        self.step_ms: dict[str, float] = {}  # per device: its optimizer step
         self.interval: dict[str, tuple[int, int]] = {}
         for stage in partition.stages:
             offset = 0
@@ -263,10 +279,13 @@ class _Simulation:
                 i = cluster.index(dev)
                 kind, slow = cluster.devices[i].type, cluster.devices[i].slowdown
                 work = problem.timings[kind].runtime_work
-                for action, field in ((ActionType.F, "forward_ms"), (ActionType.B, "backward_ms")):
-                    rows = curves[(kind, field)][stage.first : stage.end, y]
-                    extra = getattr(work, field) if work is not None and y > 0 else 0.0
+                for action, column in ((ActionType.F, "forward_ms"), (ActionType.B, "backward_ms")):
+                    rows = curves[(kind, column)][stage.first : stage.end, y]
+                    extra = getattr(work, column) if work is not None and y > 0 else 0.0
                     self.compute[(dev, action)] = (float(rows.sum()) + extra) * slow
+                per_mib = 0.0 if work is None else work.step_ms(problem.config.optimizer)
+                mib = sum(b.param_bytes for b in model.blocks[stage.first : stage.end]) / 2**20
+                self.step_ms[dev] = per_mib * mib * slow
                 self.interval[dev] = (offset, offset + y)
                 offset += y
         # pieces[p]: (sender in stage p, receiver in stage p+1, bytes)
@@ -304,6 +323,7 @@ class _Simulation:
         self.ring_joined: dict[int, set[str]] = defaultdict(set)
         self.ring_received: dict[str, int] = {}  # member -> ring steps received
         self.ring_entered: dict[str, float] = {}
+        self.optimizer: dict[str, list[tuple[float, float]]] = {d: [] for d in self.stage_of}
 
     # -- transfers ---------------------------------------------------------------------------
     def _channels(self, a: str, b: str) -> tuple[str, ...]:
@@ -412,16 +432,26 @@ class _Simulation:
                 self._push(self.now + duration, partial(self._compute_done, dev))
             elif t in (ActionType.SEND_F, ActionType.SEND_B):
                 self._send(dev, a)
-            else:  # REDUCE_GRAD: busy until the ring delivers its last chunk
+            else:  # REDUCE_GRAD: busy until the ring delivers its last chunk, then stepping
                 if len(self.stages[p]) > 1:
                     self.busy[dev] = True
                     self._join_ring(dev, p)
+                else:
+                    self._step(dev)
             self.position[dev] += 1
             moved = True
         return moved
 
     def _compute_done(self, dev: str) -> None:
         self.busy[dev] = False
+
+    def _step(self, dev: str) -> None:
+        """``dev``'s optimizer step: busy for its step time from now (none: nothing)."""
+        ms = self.step_ms[dev]
+        if ms > 0:
+            self.busy[dev] = True
+            self.optimizer[dev].append((self.now, self.now + ms))
+            self._push(self.now + ms, partial(self._compute_done, dev))
 
     def _send(self, dev: str, a: Action) -> None:
         p, m = self.stage_of[dev], _mb(a)
@@ -465,6 +495,7 @@ class _Simulation:
         else:
             self.busy[member] = False
             self.intervals[member].append(Interval("AR", -1, self.ring_entered[member], self.now))
+            self._step(member)
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> Timeline:
@@ -514,6 +545,7 @@ class _Simulation:
                     raise ValueError(self._deadlock_message())
         ends = [iv.end_ms for ivs in self.intervals.values() for iv in ivs]
         ends += [t.delivered_ms for t in self.done_transfers]
+        ends += [end for steps in self.optimizer.values() for _, end in steps]
         return Timeline(
             topology=self.topology,
             stages=self.stages,
@@ -522,6 +554,7 @@ class _Simulation:
             makespan_ms=max(ends, default=0.0),
             num_micro_batches=self.m,
             iterations=self.iterations,
+            optimizer={d: tuple(v) for d, v in self.optimizer.items() if v},
         )
 
     def _deadlock_message(self) -> str:

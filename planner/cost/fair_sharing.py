@@ -34,10 +34,11 @@ def fair_sharing_makespan(
     links: list[BoundaryCost],
     rings: list[RingCost],
     topology: Topology,
+    optim: list[list[float]] | None = None,
 ) -> float:
     """Iteration time of one round: the first of :func:`fair_sharing_ends` (one
     iteration)."""
-    return fair_sharing_ends(schedule, devices, links, rings, topology, 1)[0]
+    return fair_sharing_ends(schedule, devices, links, rings, topology, 1, optim)[0]
 
 
 def fair_sharing_ends(
@@ -47,6 +48,7 @@ def fair_sharing_ends(
     rings: list[RingCost],
     topology: Topology,
     iterations: int,
+    optim: list[list[float]] | None = None,
 ) -> list[float]:
     """When each of ``iterations`` chained rounds ends, as a fluid event simulation (what
     :func:`planner.cost.makespan.round_makespan` computes; it runs this where a channel is
@@ -54,7 +56,8 @@ def fair_sharing_ends(
 
     Inputs: ``schedule`` (per stage its actions, :mod:`planner.schedule`); per stage
     ``devices[p]``, each device's id and its forward and backward ms for its samples
-    (Eq. 8 before the max), and ``rings[p]`` (the ring all-reduce's chunks, §3.3); per
+    (Eq. 8 before the max), ``rings[p]`` (the ring all-reduce's chunks, §3.3) and
+    ``optim[p]`` (each device's optimizer step ms per iteration; None: 0); per
     boundary p -> p+1 its re-sliced pieces (:class:`BoundaryCost`).
 
     Devices: a device of stage p runs the stage's F/B in schedule order; its ``F m``
@@ -63,11 +66,13 @@ def fair_sharing_ends(
     (``SEND_F``), when its ``B m`` ends its gradient pieces (``SEND_B``). After its last
     backward it joins the ring (``REDUCE_GRAD``): once all g members have joined, every
     member r posts its chunk to r+1 (step 0), a member posts step k+1 when it has
-    received step k, and it is done when it has received step 2(g-1)-1. Chained
-    iterations (:mod:`planner.cost.steady`): a device's first action of iteration i+1
-    waits for its own iteration i, its last action and its ring (its last chunk
-    received), as the executor's loop does; pairs keep posting order across iterations,
-    so iteration i+1's pieces share channels with iteration i's rings.
+    received step k, and it is done when it has received step 2(g-1)-1. Then (with no
+    ring: at its last action's end) it runs its optimizer step, ``optim[p][d]`` ms.
+    Chained iterations (:mod:`planner.cost.steady`): a device's first action of
+    iteration i+1 waits for its own iteration i, its last action, its ring (its last
+    chunk received) and its optimizer step, as the executor's loop does; pairs keep
+    posting order across iterations, so iteration i+1's pieces share channels with
+    iteration i's rings.
 
     Transfers: a transfer holds :func:`planner.cost.channels.channels` of the topology;
     transfers between one ordered pair go one at a time in posting order (one connection
@@ -78,14 +83,14 @@ def fair_sharing_ends(
     delivery, a transfer's end) the rates are constant, so the clock jumps from event to
     event.
 
-    Iteration i ends with its last compute, delivery or ring step. E events (O(M x
+    Iteration i ends with its last compute, delivery, ring step or optimizer step. E events (O(M x
     (devices + pieces)) plus 2(g-1)g per ring), each O(T C) for T transfers in progress
     over C channels.
 
     Raises:
         ValueError: the schedule deadlocks.
     """
-    return _Round(schedule, devices, links, rings, topology, iterations).run()
+    return _Round(schedule, devices, links, rings, topology, iterations, optim).run()
 
 
 def stage_transfer_ms(
@@ -96,6 +101,7 @@ def stage_transfer_ms(
     topology: Topology,
     iterations: int,
     read: int,
+    optim: list[list[float]] | None = None,
 ) -> list[tuple[float, float]]:
     """Per stage, its outgoing boundary's transfer and its all-reduce as they take under
     the plan's own traffic: the ``read``-th of ``iterations`` chained rounds of
@@ -110,7 +116,7 @@ def stage_transfer_ms(
     last chunk received. Cost: one :func:`fair_sharing_ends` of ``iterations``, then one
     pass over the spans it recorded (O(P + spans) for P stages).
     """
-    r = _Round(schedule, devices, links, rings, topology, iterations)
+    r = _Round(schedule, devices, links, rings, topology, iterations, optim)
     r.spans = {}
     r.run()
     m_count = r.m_count
@@ -288,7 +294,8 @@ class _Round:
     (``done``), the end of its last action started (``free``); per device, is-forward
     and micro-batch the pieces whose last byte has left (``got``) and the latest
     delivery among them (``ready``); per ring the members joined and per member the
-    chunks received; a heap of events ``(time, seq, kind, a, b, c)``, kind 0: device a
+    chunks received; per device its optimizer step (``step``); a heap of events
+    ``(time, seq, kind, a, b, c)``, kind 0: device a
     ends action (b: forward, c: micro-batch), kind 1: member b of stage a's ring
     receives a chunk; the transfers (:class:`_Sharing`); the round's end so far.
     """
@@ -301,6 +308,7 @@ class _Round:
         rings: list[RingCost],
         topology: Topology,
         iterations: int = 1,
+        optim: list[list[float]] | None = None,
     ) -> None:
         self.lanes, _, m_count = stage_order(schedule)
         self.m_count, self.iterations = m_count, iterations
@@ -316,6 +324,7 @@ class _Round:
                 self.stage_of.append(p)
                 self.dur.append((b, f))
         n = len(self.dur)
+        self.step = [0.0] * n if optim is None else [ms for row in optim for ms in row]
         pairs: dict[tuple[int, int], int] = {}
         chans: list[tuple[int, ...]] = []  # per pair: the channels its transfers hold
         senders: list[int] = []  # per pair: its sender
@@ -417,6 +426,8 @@ class _Round:
             free[d] = (arrive if arrive > t else t) + dur[forward]
             heappush(self.events, (free[d], self.seq, 0, d, forward, m))
             self.seq += 1
+            if j == size - 1 and not ringed:  # its last action: then its optimizer step
+                self._optimize(d, i)
             k += 1
         self.pos[d] = k
 
@@ -481,4 +492,14 @@ class _Round:
             self.rings_done[d] += 1
             if self.net.now > self.free[d]:
                 self.free[d] = self.net.now
+            self._optimize(d, i)
             self._start_ready(d)
+
+    def _optimize(self, d: int, i: int) -> None:
+        """Device ``d`` runs iteration ``i``'s optimizer step from ``free[d]`` (its last
+        action's end, or its ring's last chunk received), before its next action; the
+        iteration lasts at least until it ends."""
+        if self.step[d]:
+            self.free[d] += self.step[d]
+            if self.free[d] > self.ends[i]:
+                self.ends[i] = self.free[d]

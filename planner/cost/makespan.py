@@ -22,11 +22,12 @@ from edgepipe.planner.schedule import Schedule
 
 
 def round_makespan(schedule: Schedule, devices: list[list[tuple[str, float, float]]],
-                   links: list[BoundaryCost], rings: list[RingCost], topology: Topology
-                   ) -> float:
+                   links: list[BoundaryCost], rings: list[RingCost], topology: Topology,
+                   optim: list[list[float]] | None = None) -> float:
     """Iteration time of one round: every device runs its stage's schedule on its own
-    slice, and every transfer shares its channels fairly with those in progress beside it
-    (the semantics, inputs and errors: :func:`fair_sharing_makespan`).
+    slice, and every transfer shares its channels fairly with those in progress beside it,
+    then each device its optimizer step (the semantics, inputs and errors:
+    :func:`fair_sharing_makespan`).
 
     Point to point no two transfers ever hold one channel at once (every ordered pair
     is its own channel and carries its messages one at a time), so no transfer is ever
@@ -35,18 +36,18 @@ def round_makespan(schedule: Schedule, devices: list[list[tuple[str, float, floa
     switch or a shared medium the fair-sharing event simulation runs.
     """
     if topology == "point_to_point":
-        return longest_path_makespan(schedule, devices, links, rings)
-    return fair_sharing_makespan(schedule, devices, links, rings, topology)
+        return longest_path_makespan(schedule, devices, links, rings, optim)
+    return fair_sharing_makespan(schedule, devices, links, rings, topology, optim)
 
 
 def round_ends(schedule: Schedule, devices: list[list[tuple[str, float, float]]],
                links: list[BoundaryCost], rings: list[RingCost], topology: Topology,
-               iterations: int) -> list[float]:
+               iterations: int, optim: list[list[float]] | None = None) -> list[float]:
     """When each of ``iterations`` chained rounds ends (:mod:`planner.cost.steady`): the
     chained form of :func:`round_makespan`, picked the same way."""
     if topology == "point_to_point":
-        return longest_path_ends(schedule, devices, links, rings, iterations)
-    return fair_sharing_ends(schedule, devices, links, rings, topology, iterations)
+        return longest_path_ends(schedule, devices, links, rings, iterations, optim)
+    return fair_sharing_ends(schedule, devices, links, rings, topology, iterations, optim)
 
 
 def longest_path_makespan(
@@ -54,11 +55,12 @@ def longest_path_makespan(
     devices: list[list[tuple[str, float, float]]],
     links: list[BoundaryCost],
     rings: list[RingCost],
+    optim: list[list[float]] | None = None,
 ) -> float:
     """The round of :func:`fair_sharing_makespan` (inputs as there) when every transfer
     runs at its pair's full rate, as it does point to point: the first of
     :func:`longest_path_ends` (one iteration)."""
-    return longest_path_ends(schedule, devices, links, rings, 1)[0]
+    return longest_path_ends(schedule, devices, links, rings, 1, optim)[0]
 
 
 def longest_path_ends(
@@ -67,6 +69,7 @@ def longest_path_ends(
     links: list[BoundaryCost],
     rings: list[RingCost],
     iterations: int,
+    optim: list[list[float]] | None = None,
 ) -> list[float]:
     """When each of ``iterations`` chained rounds ends (inputs as
     :func:`fair_sharing_makespan`) when every transfer runs at its pair's full rate, as
@@ -81,14 +84,17 @@ def longest_path_ends(
                               end = start + ms, delivered end + latency
         ring step k of member r: posted when every member has ended its last action
                               (k = 0), else when r has received step k-1 from r-1
+        optimizer step of d:  start = max(end of d's last action, delivery of d's last
+                              ring chunk), end = start + optim[p][d]
         next iteration:       a device's first action waits for its own previous
-                              iteration: its last action and its ring (the delivery of
-                              its last chunk), as the executor's loop does
-                              (:mod:`planner.cost.steady`)
+                              iteration: its last action, its ring (the delivery of
+                              its last chunk) and its optimizer step, as the executor's
+                              loop does (:mod:`planner.cost.steady`)
 
     Devices' actions are taken in :func:`planner.cost.order.stage_order`, each ring after
     its stage's last action, iteration after iteration (pairs keep their order across
-    iterations). Iteration i ends with its last compute end or delivery.
+    iterations). Iteration i ends with its last compute end, delivery or optimizer
+    step end.
 
     Complexity: O(P x M) for the order (cached per schedule), then per iteration
     O(M x (devices + pieces) + sum_p g_p^2), one pass.
@@ -126,6 +132,8 @@ def longest_path_ends(
         [pairs.setdefault((index[x.src], index[x.dst]), len(pairs)) for x in r.chunks]
         for r in rings
     ]
+    # per device its optimizer step, in the order of f_ms (None: none)
+    step_ms = None if optim is None else [ms for row in optim for ms in row]
     free = [0.0] * n
     pair_end = [0.0] * len(pairs)
     ends: list[float] = []
@@ -134,6 +142,10 @@ def longest_path_ends(
             got[:] = [0.0] * m_count
         ends.append(_one_round(order, members, f_ms, b_ms, sends, arrival, free, pair_end))
         ends[-1] = max(ends[-1], _rings(rings, ring_pairs, members, free, pair_end))
+        if step_ms is not None:
+            for d, ms in enumerate(step_ms):
+                free[d] += ms
+            ends[-1] = max(ends[-1], *free)
     return ends
 
 

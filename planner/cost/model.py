@@ -16,6 +16,14 @@ time per action (slicing, stamps, torch's dispatch, gloo's calls) that the lab m
 under the device's quota, and that made plans of 32 micro-batches run +41% to +212% over
 a model without it. Absent: 0, every figure as before.
 
+The optimizer step (docs/cost-model.md, "The optimizer step"): a device d of stage p
+whose type's ``RuntimeWork`` carries ``step_ms_per_mib`` for the config's optimizer pays,
+once per iteration, O_d = s_type(d) x W_p / 2^20 x slowdown_d (W_p: the stage's
+parameter bytes; s: ms per MiB measured in the lab), after its last action and its
+stage's ring all-reduce have ended, before its next iteration's first action, as the
+executor's loop runs ``optimizer.step()``; the iteration ends with the last of them.
+Absent: 0, every figure as before.
+
 Stage compute step (Eq. 8): ``E_f = max_d t_f(stage, d, y_d)``, ``E_b = max_d t_b(...)``
 over the devices d of the group with their samples y_d per micro-batch.
 
@@ -68,6 +76,8 @@ class StageCost:
     memory_bytes: tuple[float, ...]
     budget_bytes: tuple[float, ...]
     replica_bytes: tuple[float, ...] = ()  # of memory_bytes: ring replicas held
+    #: each device's optimizer step per iteration (CostModel.optimizer_ms; 0 unmeasured)
+    device_optimizer_ms: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -122,11 +132,15 @@ class CostModel:
         #: per device type the runtime's forward and backward ms per micro-batch (module
         #: docstring; 0 without a measurement)
         self.work: dict[str, tuple[float, float]] = {}
+        #: per device type the optimizer step's ms per parameter MiB for the config's
+        #: optimizer (module docstring; 0 without a measurement)
+        self.step_per_mib: dict[str, float] = {}
         for name, timing in problem.timings.items():
             self.fwd[name] = _prefix(timing, "forward_ms", max_batch)
             self.bwd[name] = _prefix(timing, "backward_ms", max_batch)
             w = timing.runtime_work
             self.work[name] = (0.0, 0.0) if w is None else (w.forward_ms, w.backward_ms)
+            self.step_per_mib[name] = 0.0 if w is None else w.step_ms(config.optimizer)
         blocks = model.blocks
         self.param_prefix = np.concatenate([[0.0], np.cumsum([b.param_bytes for b in blocks])])
         self.saved_prefix = np.concatenate(
@@ -152,6 +166,12 @@ class CostModel:
         if samples > 0:
             f, b = f + self.work[t][0], b + self.work[t][1]
         return float(f * self.slowdown[dev]), float(b * self.slowdown[dev])
+
+    def optimizer_ms(self, first: int, end: int, dev: int) -> float:
+        """The optimizer step of blocks ``[first, end)`` on device ``dev``, once per
+        iteration: O_d = s x W / 2^20 x slowdown (module docstring). O(1)."""
+        mib = float(self.param_prefix[end] - self.param_prefix[first]) / 2**20
+        return self.step_per_mib[self.device_type[dev]] * mib * float(self.slowdown[dev])
 
     def static_bytes(self, first: int, end: int) -> float:
         """Weights + gradients + optimizer state of blocks ``[first, end)``."""
@@ -305,12 +325,22 @@ class CostModel:
         return float(transfer_ms(micro_batch * float(self.boundary[cut - 1]), bw, lat))
 
     # -- whole partitions --------------------------------------------------------------------
+    def _optimizer_inputs(self, partition: Partition) -> list[list[float]] | None:
+        """Per stage, each device's optimizer step ms (:meth:`optimizer_ms`), in the
+        order of :meth:`_round_inputs`' devices; None when every one is 0, so a plan
+        without the measurement runs the rounds exactly as before. O(P x g)."""
+        cluster = self.problem.cluster
+        steps = [[self.optimizer_ms(s.first, s.end, cluster.index(d)) for d in s.devices]
+                 for s in partition.stages]
+        return steps if any(x > 0 for row in steps for x in row) else None
+
     def _round_inputs(
         self, partition: Partition
     ) -> tuple[Schedule, list[list[tuple[str, float, float]]], list[BoundaryCost], list[RingCost]]:
         """What one round's makespan reads (:func:`round_makespan`): the schedule at the
         stages' warm-ups, per stage each device's id and forward and backward ms for its
-        samples, the boundaries' re-sliced pieces and the stages' rings. O(P x g)."""
+        samples, the boundaries' re-sliced pieces and the stages' rings (the optimizer
+        steps, also read: :meth:`_optimizer_inputs`). O(P x g)."""
         config = self.problem.config
         cluster = self.problem.cluster
         num_stages = partition.num_stages
@@ -341,7 +371,7 @@ class CostModel:
         (:func:`planner.cost.fair_sharing.stage_transfer_ms`; docs/decisions.md, "The
         per-stage link and all-reduce columns"). O(one steady-state evaluation)."""
         return stage_transfer_ms(*self._round_inputs(partition), self.problem.cluster.network.kind,
-                                 ITERATIONS, STEADY)
+                                 ITERATIONS, STEADY, self._optimizer_inputs(partition))
 
     def round_lower_bound_ms(self, partition: Partition) -> float:
         """A lower bound on ``evaluate(partition).iteration_ms``, about ten times cheaper
@@ -355,8 +385,10 @@ class CostModel:
         times and latencies, and a transfer at the head of its pair progresses at a fair
         share <= 1 of its rate, so it lasts at least its ``ms``. Every start is the latest
         end of what it waits for, so by induction along that common order no action ends
-        earlier than in the longest path."""
-        return longest_path_makespan(*self._round_inputs(partition))
+        earlier than in the longest path (the optimizer steps are the same fixed
+        durations in both)."""
+        return longest_path_makespan(*self._round_inputs(partition),
+                                     self._optimizer_inputs(partition))
 
     def full_rate_ends(self, partition: Partition, iterations: int) -> list[float]:
         """When each of ``iterations`` chained rounds ends with every transfer at its
@@ -364,7 +396,8 @@ class CostModel:
         :func:`planner.cost.makespan.longest_path_ends` on the inputs of
         :meth:`evaluate`'s rounds; exact point to point, no later than the shared rounds
         elsewhere (:meth:`round_lower_bound_ms`'s argument)."""
-        return longest_path_ends(*self._round_inputs(partition), iterations)
+        return longest_path_ends(*self._round_inputs(partition), iterations,
+                                 self._optimizer_inputs(partition))
 
     def evaluate(self, partition: Partition) -> PlanCost:
         """All figures of ``partition``: step chain, round latency, the steady-state step,
@@ -431,13 +464,16 @@ class CostModel:
                     ),
                     budget_bytes=tuple(float(self.budget[d]) for d in groups[p]),
                     replica_bytes=tuple(held.get(d, 0.0) for d in stage.devices),
+                    device_optimizer_ms=tuple(
+                        self.optimizer_ms(stage.first, stage.end, d) for d in groups[p]),
                 )
             )
         topology = cluster.network.kind
         chain = StepChain(tuple(steps), m, topology)
         closed, dominant = closed_form_latency(chain)
-        total = round_makespan(schedule, devices, links, rings, topology)
-        steady = steady_period_ms(schedule, devices, links, rings, topology, total)
+        optim = self._optimizer_inputs(partition)
+        total = round_makespan(schedule, devices, links, rings, topology, optim)
+        steady = steady_period_ms(schedule, devices, links, rings, topology, total, optim)
         return PlanCost(
             iteration_ms=total,
             steady_ms=steady,

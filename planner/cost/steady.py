@@ -4,14 +4,19 @@ starts early, so consecutive steps overlap.
 
 What a device waits for before its step t+1 (the executor's loop,
 :mod:`executor.core.loop` and :mod:`executor.core.runtime`): its own actions of step t,
-its own ring all-reduce (the collective returns when its last chunk arrived), its
-optimizer step (not priced, as in the single iteration). Nothing else: no barrier ends a
-step, so stage 0, with no all-reduce or a short one, starts step t+1's forwards while a
-later stage's all-reduce of step t is still running; that stage's step t+1 forwards
-wait for its own ring, and step t+1 is shorter than an isolated iteration by up to the
-overlap. Every other rule is the iteration's (docs/cost-model.md): each ordered pair
-keeps its messages in posting order across steps, and on a switch or a shared medium
-step t+1's pieces share channels max-min fairly with step t's rings.
+its own ring all-reduce (the collective returns when its last chunk arrived), then its
+optimizer step (``optimizer.step()``, O_d ms where the profile measured it,
+:mod:`planner.cost.model`). Nothing else: no barrier ends a step, so stage 0, with no
+all-reduce or a short one, starts step t+1's forwards while a later stage's all-reduce
+(and its optimizer step) of step t is still running; that stage's step t+1 forwards
+wait for its own ring and its own optimizer step, and step t+1 is shorter than an
+isolated iteration by up to the overlap. So an optimizer step is on a device's own
+cycle (no step is shorter than a device's actions, ring and optimizer step), but it
+lengthens the steady step only where that cycle is the plan's critical one; on a stage
+whose step ends early it hides behind the later stages' work. Every other rule is the
+iteration's (docs/cost-model.md): each ordered pair keeps its messages in posting order
+across steps, and on a switch or a shared medium step t+1's pieces share channels
+max-min fairly with step t's rings.
 
 Definition: with T_n the time n chained iterations take from a cold start, the
 steady-state period is lim_{n -> inf} T_n / n. Point to point the chained rounds are a
@@ -54,14 +59,15 @@ SAME = 1e-9
 
 def steady_period_ms(schedule: Schedule, devices: list[list[tuple[str, float, float]]],
                      links: list[BoundaryCost], rings: list[RingCost], topology: Topology,
-                     iteration_ms: float) -> float:
+                     iteration_ms: float, optim: list[list[float]] | None = None) -> float:
     """The steady-state step of the round whose isolated iteration takes
-    ``iteration_ms`` (inputs as :func:`planner.cost.makespan.round_makespan`): the
-    difference of chained iterations' ends (module docstring).
+    ``iteration_ms`` (inputs, ``optim`` the devices' optimizer steps, as
+    :func:`planner.cost.makespan.round_makespan`): the difference of chained
+    iterations' ends (module docstring).
 
     Raises:
         ValueError: the schedule deadlocks.
     """
-    ends = round_ends(schedule, devices, links, rings, topology, ITERATIONS)
+    ends = round_ends(schedule, devices, links, rings, topology, ITERATIONS, optim)
     period = ends[STEADY] - ends[STEADY - 1]
     return iteration_ms if abs(period - iteration_ms) <= SAME * iteration_ms else period

@@ -71,18 +71,48 @@ class RuntimeWork:
     in ms on the device type (``edgepipe lab profile``; docs/lab.md, "Runtime work per
     action"): ``forward_ms`` for the actions RECV_F, F and SEND_F of one micro-batch,
     ``backward_ms`` for RECV_B, B and SEND_B, as on a stage with a neighbour on both
-    sides; ``spread`` (max - min) / median of the rounds kept, ``rounds`` taken. The cost
-    model adds it to every used device's forward and backward per micro-batch."""
+    sides; ``spread`` (max - min) / median of the rounds kept (the larger of the two
+    measurements'), ``rounds`` taken. The cost model adds it to every used device's
+    forward and backward per micro-batch.
+
+    ``step_ms_per_mib``: per optimizer (``sgd``, ``momentum``, ``adam``, sorted by name)
+    the optimizer step's ms per MiB (2^20 bytes) of parameters on the device type
+    (docs/lab.md, "The optimizer step"); the cost model charges a device
+    ``step_ms(optimizer) x its stage's parameter MiB`` once per iteration, after its
+    last backward and its stage's all-reduce. Empty, or the config's optimizer absent: 0.
+    """
 
     forward_ms: float
     backward_ms: float
     spread: float = 0.0
     rounds: int = 1
+    step_ms_per_mib: tuple[tuple[str, float], ...] = ()
 
     def scaled(self, factor: float) -> RuntimeWork:
         """The same work on a device ``factor`` times slower."""
         return replace(self, forward_ms=self.forward_ms * factor,
-                       backward_ms=self.backward_ms * factor)
+                       backward_ms=self.backward_ms * factor,
+                       step_ms_per_mib=tuple((k, v * factor) for k, v in self.step_ms_per_mib))
+
+    def step_ms(self, optimizer: str) -> float:
+        """The optimizer step's ms per MiB of parameters for ``optimizer`` (0 when not
+        measured)."""
+        return dict(self.step_ms_per_mib).get(optimizer, 0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The profile's ``runtime_work`` object; ``step_ms_per_mib`` only when measured,
+        so a profile without it writes what it did before."""
+        out: dict[str, Any] = {"forward_ms": self.forward_ms, "backward_ms": self.backward_ms,
+                               "spread": self.spread, "rounds": self.rounds}
+        if self.step_ms_per_mib:
+            out["step_ms_per_mib"] = dict(self.step_ms_per_mib)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RuntimeWork:
+        """From the schema-validated ``runtime_work`` object."""
+        return cls(d["forward_ms"], d["backward_ms"], d["spread"], d["rounds"],
+                   tuple(sorted((k, float(v)) for k, v in d.get("step_ms_per_mib", {}).items())))
 
 
 @dataclass(frozen=True)
@@ -229,7 +259,7 @@ class ModelProfile:
             if t.lab is not None:
                 td["lab"] = asdict(t.lab)
             if t.runtime_work is not None:
-                td["runtime_work"] = asdict(t.runtime_work)
+                td["runtime_work"] = t.runtime_work.to_dict()
             timings[type_name] = td
         out: dict[str, Any] = {
             "schema_version": 1,
@@ -324,5 +354,5 @@ def _timing_from_dict(t: dict[str, Any], n_blocks: int, source: str, path: str) 
         valid_batch_range=None if valid is None else (valid[0], valid[1]),
         noise=Noise(**t["noise"]) if "noise" in t else None,
         lab=LabQuota(**t["lab"]) if "lab" in t else None,
-        runtime_work=RuntimeWork(**t["runtime_work"]) if "runtime_work" in t else None,
+        runtime_work=RuntimeWork.from_dict(t["runtime_work"]) if "runtime_work" in t else None,
     )
