@@ -36,9 +36,9 @@ The caller sets torch's threads as the device's process has them (one in the lab
 pool of idle intra-op threads spins on CPU and would be counted (with the default pool
 on this machine's cores the figure was 3-6x the one-thread figure).
 
-**The optimizer step** (:func:`measure_step`; docs/lab.md, "The optimizer step"): what
-the runtime's :meth:`~executor.core.runtime.StageRuntime.apply` runs once per step,
-``optimizer.step()`` of the config's optimizer as the executor builds it
+**The optimizer step** (:func:`measure_step`; docs/cost-model.md, "The optimizer
+step"): what the runtime's :meth:`~executor.core.runtime.StageRuntime.apply` runs once
+per step, ``optimizer.step()`` of the config's optimizer as the executor builds it
 (:func:`executor.core.runtime.make_optimizer`, ``foreach=False``, the config's default
 settings), over parameters shaped as a fully connected layer (``STEP_SHAPES``: a
 1024 x 1024 float32 weight and its bias, 4 MiB) with gradients set. Each timed step

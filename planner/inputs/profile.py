@@ -77,7 +77,7 @@ class RuntimeWork:
 
     ``step_ms_per_mib``: per optimizer (``sgd``, ``momentum``, ``adam``, sorted by name)
     the optimizer step's ms per MiB (2^20 bytes) of parameters on the device type
-    (docs/lab.md, "The optimizer step"); the cost model charges a device
+    (docs/cost-model.md, "The optimizer step"); the cost model charges a device
     ``step_ms(optimizer) x its stage's parameter MiB`` once per iteration, after its
     last backward and its stage's all-reduce. Empty, or the config's optimizer absent: 0.
     """
