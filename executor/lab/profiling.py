@@ -10,11 +10,17 @@ charged to its group) and profiles it in rounds until they agree
 
 What is measured, and why: each block's forward and backward as the CPU time of the
 process's one thread (``clock="thread"``), divided by the quota, with the child paced as
-a lab run's devices are (:mod:`executor.lab.pacing`; a pace point before and after each
-block's forward, so that every timed forward and backward starts after a pacing sleep,
-as every action of a paced run does: work that follows a sleep takes more CPU time than
-the same work in a tight loop, measured +45% for a 0.9 ms convolution under load, and
-the profile must hold what the run does). Under a CFS quota of
+a lab run's devices are (:mod:`executor.lab.pacing`), at the granularity of a run's
+action: a pace point at the start of every round of the profiler's loop over a block's
+batch sizes, then an untimed forward that takes the round's cold start
+(:func:`executor.profiling.profiler.time_block`'s ``pace``). Work that follows a pacing
+sleep takes more CPU time than the same work right after other work (measured +45% for
+a 0.9 ms convolution under load), and a run pays that once per action, not per block: a
+stage's forward runs its blocks one after another between two pace points. So a block
+is timed warm, as every block of an action after its first runs, and the action's one
+cold start belongs to the runtime's work per micro-batch, measured paced (below).
+A pace point per round also keeps the child under its ceiling (a round of one block is
+a few milliseconds of CPU). Under a CFS quota of
 ``q`` of a core a process runs at most ``q x 100 ms`` of every 100 ms period, then waits
 for the next one; a block of a few milliseconds therefore either runs unthrottled or
 waits up to ``(1 - q) x 100 ms``, so its wall times are two-valued, their median says
@@ -268,14 +274,13 @@ def child_main(conn: Connection, job: Job) -> None:
 
         torch.set_num_threads(1)
         built = build_source(job.source)
-        if job.pace is not None:
-            _pace_blocks(built.model, job.pace)
+        pace = None if job.pace is None else _pacer(job.pace)
         wall, cpu = time.perf_counter(), time.process_time()
         profile = measure_until_stable(
             lambda: profile_model(
                 built.model, built.example, list(job.batch_sizes), job.device_type,
                 name=built.name, warmup=job.warmup, repeats=job.repeats, num_threads=1,
-                build=built.build, clock="thread",
+                build=built.build, clock="thread", pace=pace,
             ),
             job.device_type,
             job.policy,
@@ -290,14 +295,9 @@ def child_main(conn: Connection, job: Job) -> None:
         conn.close()
 
 
-def _pace_blocks(model: Any, rate: float) -> None:
-    """Pace this process to ``rate`` (:class:`executor.lab.pacing.Pacer`, on this
-    thread) at the start and the end of every forward of each of ``model``'s blocks:
-    the profiler times a block's forward, then its backward, so each timed pass starts
-    after a pace point, as each action of a paced lab run does. A pacing sleep is not
-    the thread's CPU time, so the times measured stay CPU time."""
+def _pacer(rate: float) -> Callable[[], None]:
+    """The pace point of this process at ``rate`` (:class:`executor.lab.pacing.Pacer`,
+    on this thread, with its fine timer slack), which the profiler calls at the start of
+    every round of a block (module docstring), never inside a timed interval."""
     fine_timer_slack()
-    pacer = Pacer(rate)
-    for block in model.children():
-        block.register_forward_pre_hook(lambda *_: pacer.pace())
-        block.register_forward_hook(lambda *_: pacer.pace())
+    return Pacer(rate).pace

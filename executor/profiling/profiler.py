@@ -18,6 +18,12 @@ Method (see docs/executor.md):
   backward (from a fixed random output gradient) at every batch size in turn, so that
   interference from other processes spreads over all batch sizes. Reported per batch
   size: the median and the inter-quartile range of the repeats.
+* **Paced** (``pace``, for a lab profile: docs/lab.md, "Lab profiles"): ``pace()`` is
+  called at the start of every round of every block, outside the timed intervals, then
+  one untimed forward at the first batch size takes the round's cold start, so every
+  timed forward and backward runs right after other compute, as a stage's blocks do
+  within an action of a paced run (the action's one cold start is the runtime's work
+  per micro-batch). Without ``pace`` nothing of this runs.
 * **Clock**: wall time (``time.perf_counter``) by default, what a device alone runs at.
   ``clock="thread"`` times the CPU time of the calling thread (``time.thread_time``)
   instead, for one torch thread on a shared machine: time the thread spends descheduled
@@ -117,16 +123,19 @@ def time_block(
     warmup: int,
     repeats: int,
     clock: Callable[[], float] = time.perf_counter,
+    pace: Callable[[], None] | None = None,
 ) -> list[tuple[list[float], list[float]]]:
     """Forward and backward milliseconds of ``block`` on each leaf input of ``xs`` (one
     per batch size), read from ``clock`` (seconds): per input, one entry per timed repeat.
 
     Round ``r`` runs forward then backward on every input in turn, and rounds
     ``0..warmup-1`` are not timed, so a burst of interference from other processes
-    lands on one sample of every batch size instead of on all samples of one. Backward
-    starts from a fixed random output gradient; it is 0 when the output needs no
-    gradient (a parameter-free block on the chain input). Python's garbage collector is
-    paused while timing. O((warmup + repeats) x len(xs) x (forward + backward)).
+    lands on one sample of every batch size instead of on all samples of one. With
+    ``pace``, each round starts with ``pace()`` and an untimed forward on ``xs[0]``
+    (module docstring, "Paced"). Backward starts from a fixed random output gradient;
+    it is 0 when the output needs no gradient (a parameter-free block on the chain
+    input). Python's garbage collector is paused while timing. O((warmup + repeats) x
+    len(xs) x (forward + backward)).
     """
     out_samples: list[tuple[list[float], list[float]]] = [([], []) for _ in xs]
     grads: list[torch.Tensor | None] = [None for _ in xs]
@@ -135,6 +144,9 @@ def time_block(
     gc.disable()
     try:
         for r in range(warmup + repeats):
+            if pace is not None:
+                pace()
+                block(xs[0])  # untimed: takes the round's cold start
             for k, x in enumerate(xs):
                 x.grad = None
                 t0 = clock()
@@ -204,6 +216,7 @@ def profile_model(
     progress: Callable[[int, int], None] | None = None,
     build: BuildSpec | None = None,
     clock: ClockName = "wall",
+    pace: Callable[[], None] | None = None,
 ) -> ModelProfile:
     """Profile every block of ``model`` on this CPU; see the module docstring for the method.
 
@@ -223,6 +236,8 @@ def profile_model(
             ``module:callable`` + kwargs), stored in the profile so its plans can run.
         clock: ``"wall"`` or ``"thread"`` (module docstring; ``"thread"`` needs
             ``num_threads=1``).
+        pace: called at the start of every block's every round of the timing pass,
+            before an untimed forward (module docstring, "Paced"); None: neither runs.
 
     Steps: :func:`_measure_sizes` (one sizes pass at the largest batch), then
     :func:`_time_blocks` (one no-grad chain forward per batch size, then (warmup +
@@ -246,7 +261,7 @@ def profile_model(
             blocks = _measure_sizes(model, named, chain_input, batch_sizes[-1], tick)
             timing = _time_blocks(
                 model, [block for _, block in named], example_input_fn, batch_sizes, warmup,
-                repeats, CLOCKS[clock], tick,
+                repeats, CLOCKS[clock], tick, pace,
             )
             threads = torch.get_num_threads()
         except (RuntimeError, ValueError) as exc:
@@ -336,10 +351,12 @@ def _time_blocks(
     repeats: int,
     clock: Callable[[], float],
     tick: Callable[[], None],
+    pace: Callable[[], None] | None,
 ) -> Timing:
     """The timing pass (module docstring, "Times"): :func:`time_block` on each of
-    ``model``'s ``blocks`` at every batch size, summarised per block and batch size by
-    :func:`median_and_spread` (rounded to ``MS_DECIMALS``); ``tick`` after each block.
+    ``model``'s ``blocks`` at every batch size (paced by ``pace``, if any), summarised
+    per block and batch size by :func:`median_and_spread` (rounded to ``MS_DECIMALS``);
+    ``tick`` after each block.
     O(one no-grad chain forward per batch size + (warmup + repeats) x blocks x batch
     sizes forward+backward); memory holds every block's input at every batch size."""
     mid: tuple[list[tuple[float, ...]], list[tuple[float, ...]]] = ([], [])
@@ -347,7 +364,7 @@ def _time_blocks(
     inputs = [block_inputs(model, example_input_fn(b)) for b in batch_sizes]
     for i, block in enumerate(blocks):
         xs = [leaf_input(per_batch[i], i == 0) for per_batch in inputs]
-        timed = time_block(block, xs, warmup, repeats, clock)
+        timed = time_block(block, xs, warmup, repeats, clock, pace)
         for pass_index in (0, 1):  # forward, backward
             stats = [median_and_spread(samples[pass_index]) for samples in timed]
             mid[pass_index].append(tuple(round(m, MS_DECIMALS) for m, _ in stats))
