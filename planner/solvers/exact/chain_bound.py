@@ -21,8 +21,8 @@ a transfer of ``x`` bytes over a channel lasts at least ``x v + lat``, v the fas
 ms per byte and lat the least latency of any pair; a channel carries at most one ms of
 channel time per ms, :func:`planner.cost.channels.fair_shares`). Stage q = blocks [a, b)
 with s devices, r = P - 1 - q stages after it; n_r the forwards a device of stage q runs
-before its first backward (the schedule's warm-up; the DP takes the least and the largest
-over P of the stages with r stages after them, each where the term stays a bound). A
+before its first backward (the schedule's warm-up) and t_r the backwards it runs after its
+last forward (micro-batch M - 1's on every stage, in 1F1B and GPipe). A
 split (s, y_lo): the stage's fewest samples on a device are y_lo (1 .. B / s; B for
 s = 1), so another holds y_d >= max(y_lo, ceil((B - y_lo) / (s - 1))); every figure of
 a device is a sum over the stage's blocks, least over classes and over the y it may
@@ -41,7 +41,9 @@ pairs run in parallel); 0 at c = 0.
 
       work + ring:  S_d + M w_d + ring_s(a, b)
       drain:        S_d + M w_d + h(a, y_d) + D(a, K - n)
-      round trip:   S_e + f_e + U' + h(b, y_d) + (M - n_r) f_d + M b_d + ring_s(a, b)
+      round trip:   S_e + f_e + U' + h(b, y_d) + (M - n_r) f_d + M b_d
+                    + max(ring_s(a, b), h(a, y_d) + D(a, K - n))
+      last forward: S_d + M f_d + (M - t_r) b_d + h(b, y_d) + X'
       uplink:       S_d + f_d + M (h(a, y_d) + h(b, y_d) - 2 lat) + ring_s - 2 (s - 1) lat
                     + lat
 
@@ -57,7 +59,11 @@ pairs run in parallel); 0 at c = 0.
   batch came back: the earliest first forward on stage q ends at S_e + f_e, U' later the
   earliest first backward on stage q + 1 has ended, then d's samples' gradients come
   over its downlink; after it d still runs M - n_r forwards and M backwards, then the
-  ring (with n_r forwards before it, S_d + M w_d is the work term). Uplink: from the end
+  ring and, beside it, its last gradient's way back (as in the drain; with n_r forwards
+  before it, S_d + M w_d is the work term). Last forward: d's last forward ends after all
+  its forwards and the M - t_r backwards before it, its output leaves over its uplink
+  (the last piece delivered h(b, y_d) later) to a device of stage q + 1, whose own last
+  forward waits for it: X' is that stage's value below. Uplink: from the end
   of d's first forward on, its uplink (switched) or the medium carries M y_d samples of
   each of the stage's boundaries (activations on, gradients back) and its ring chunks,
   at most one ms of channel time per ms, the last one delivered a latency later (point
@@ -66,15 +72,24 @@ pairs run in parallel); 0 at c = 0.
   end of the earliest first forward on stage q - 1 to the end of the earliest first
   backward on stage q: R = max(n_r f_e, f_e + U' + h(b, y_lo)) + b_e for the device e
   that ends it (y_e >= y_lo: it waits for its n_r forwards and for its gradient), U'
-  the next stage's value (0, and no hop, for the last stage);
+  the next stage's value (0, and no hop, for the last stage); and X(a), the least time
+  from the delivery of the last activation to a device e of stage q (y_e >= y_lo) to the
+  end of the round: X = f_e + max(t_r b_e + max(ring_s, h(a, y_lo) + D(a, K - n)),
+  h(b, y_lo) + X') (its last forward, then its trailing backwards and its ring or its
+  gradient's way back, or its output's way through the later stages; the last stage
+  without the second);
 - the stages before a (:meth:`ChainBound._prefixes`, no term checked: a relaxation), over
-  prefixes of at most k devices:
+  prefixes of exactly q stages (those before stage q of a P-stage plan) and at most k
+  devices:
 
-      E(b, k) = min over a < b, splits of E(a, k - s) + h(a, y_lo) + f_e[a, b]
-      D(b, k) = min over a < b, splits of D(a, k - s) + h(a, y_lo) + b_e[a, b]
+      E_q(b, k) = min over a < b, splits of E_{q-1}(a, k - s) + h(a, y_lo) + f_e[a, b]
+      D_q(b, k) = min over a < b, splits of b_e[a, b]
+                  + max(ring_s(a, b), h(a, y_lo) + D_{q-1}(a, k - s))
 
   (E: the earliest first forward of the prefix's last stage ends; D: from a gradient's
-  arrival there to the end of stage 0's backward), E(0, .) = D(0, .) = 0.
+  arrival there to the end of stage 0's backward and of every ring it passes: every
+  stage's last backward is of micro-batch M - 1, so the gradient that drains is the one
+  a stage's ring waits for), E_0(0, .) = D_0(0, .) = 0.
 
 Why it is a bound: every plan's stages are integer cuts with these figures at least,
 each term is a path of the cost model's event schedule made only of actions a device
@@ -87,16 +102,20 @@ q on, one layer per r = 0 .. P - 1, from the last stage back; s, g a split's):
     U_0(a, g) = min over stages [a, L) and splits of composition g whose terms are <= T
                 of h(a, y_lo) + R
     U_r(a, n) = min over b > a, splits with g <= n, n != g, U_{r-1}(b, n - g) finite
-                and every term of stage [a, b) <= T (U' = U_{r-1}(b, n - g)) of
-                h(a, y_lo) + R
+                and every term of stage [a, b) <= T (U' = U_{r-1}(b, n - g),
+                X' = X_{r-1}(b, n - g)) of h(a, y_lo) + R
 
-Every term and R rise with U', so the least U' per state is the only one worth keeping.
-T is met with P = r + 1 stages when U_r(0, n) is finite for some n <= the counts.
+and X_r(a, n) likewise the least X. Every term and R rise with U' and X', so the least
+of each per state is all a later stage needs (keeping the two apart relaxes). One pass
+of P layers per P, the prefixes before stage q = P - 1 - r those of q stages and n_r,
+t_r the P-stage schedule's; T is met with P stages when U_{P-1}(0, n) is finite for
+some n <= the counts.
 
-Complexity: per T, O(P X S L^2) (numpy over block pairs, only the b a later stage can
-start at; X states, S splits: compositions times the y_lo of each); the tables
-O(J B L^2) memory (J groups) and O(X S L^2) time. Bisection: log2(1 / tol) passes per
-micro-batch size and tolerance, every P in each pass (:func:`chain_bounds`)."""
+Complexity: per T and P, O(P X S L^2) (numpy over block pairs, only the b a later stage
+can start at; X states, S splits: compositions times the y_lo of each); the tables
+O(J B L^2) memory (J groups) and the prefixes O(P X S L^2) time. Bisection: log2(1 / tol)
+passes per micro-batch size and tolerance, each P still below the midpoint in each pass
+(:func:`chain_bounds`)."""
 
 from __future__ import annotations
 
@@ -138,7 +157,7 @@ class ChainBound:
 
     def __init__(self, tables: Tables, batch: int, max_stages: int,
                  deadline: Deadline | None = None) -> None:  # fmt: skip
-        """Build the tables (O(J B L^2)) and the prefixes (O(X S L^2)).
+        """Build the tables (O(J B L^2)) and the prefixes (O(P X S L^2)).
 
         Raises:
             TimeoutError: ``deadline`` passed (checked before each y of each table and
@@ -177,10 +196,9 @@ class ChainBound:
                 y_d = batch if s == 1 else max(y_lo, -(-(batch - y_lo) // (s - 1)))
                 self.splits.append((np.array(g), s, y_lo, y_d))
         self.fill, self.drain = self._prefixes()
-        orders = {p: _forwards_first(tables, batch, p) for p in range(1, max_stages + 1)}
-        # per r: least and largest n_r over P (stage q = P - 1 - r)
-        self.n_lo = [min(orders[p][p - 1 - r] for p in orders if p > r) for r in range(max_stages)]
-        self.n_hi = [max(orders[p][p - 1 - r] for p in orders if p > r) for r in range(max_stages)]
+        #: per P, per stage: the forwards it runs before its first backward and the
+        #: backwards after its last forward
+        self.counts_of = {p: _schedule_counts(tables, batch, p) for p in range(1, max_stages + 1)}
 
     def _from_y(self, per_class: list[np.ndarray], grp: list[int], work: list[float]
                 ) -> list[np.ndarray]:  # fmt: skip
@@ -235,60 +253,83 @@ class ChainBound:
         return work, work_lo, f_d, b_d, f_e, b_e, ring, sent, lows
 
     def _prefixes(self) -> tuple[np.ndarray, np.ndarray]:
-        """(L + 1, states) each, per block a and devices k per group: the least over
-        prefixes [0, a) of at most k devices (any stages, terms unchecked: a
-        relaxation) of the end of the earliest forward of micro-batch 0 on their last
-        stage (E), and of the time from a gradient's arrival at their last stage to the
-        end of stage 0's backward (D), every stage at its split's fewest samples:
+        """(max_stages, L + 1, states) each, per stage count q, block a and devices k
+        per group: the least over prefixes [0, a) of q stages and at most k devices
+        (terms unchecked: a relaxation) of the end of the earliest forward of
+        micro-batch 0 on their last stage (E), and of the time from a gradient's
+        arrival at their last stage to the end of stage 0's backward (D), every stage
+        at its split's fewest samples:
 
-            E(b, k) = min over a < b, splits g <= k of E(a, k - g) + h(a, y_lo) + f_e[a, b]
-            D(b, k) = min over a < b, splits g <= k of D(a, k - g) + h(a, y_lo) + b_e[a, b]
+            E_q(b, k) = min over a < b, splits g <= k of E_{q-1}(a, k - g) + h(a, y_lo) + f_e[a, b]
+            D_q(b, k) = min over a < b, splits g <= k of D_{q-1}(a, k - g) + h(a, y_lo) + b_e[a, b]
 
         (the earliest device of a stage holds >= y_lo samples and receives them over
-        its downlink; a gradient leaves a device over its uplink), E(0, 0) = D(0, 0) =
-        0. O(states x splits x L^2); the deadline checked before each split's figures
-        and each state."""
-        shape = (self.n_blocks + 1, self.n_states)
+        its downlink; a gradient leaves a device over its uplink), E_0(0, 0) = D_0(0, 0)
+        = 0, inf elsewhere. O(P x states x splits x L^2); the deadline checked before
+        each split's figures and each (q, state)."""
+        shape = (self.max_stages, self.n_blocks + 1, self.n_states)
         fill, drain = np.full(shape, np.inf), np.full(shape, np.inf)
-        fill[:, 0] = drain[:, 0] = np.where(np.arange(self.n_blocks + 1) == 0, 0.0, np.inf)
+        fill[0, 0, 0] = drain[0, 0, 0] = 0.0
         order = np.argsort(self.digits.sum(axis=1), kind="stable")
         steps = []
         for split in self.splits:
             self._check()
-            steps.append((split, *self.figures(split, slice(None))[4:6]))
-        for k in order[1:]:
-            self._check()
-            for (g, _, y_lo, _), f_e, b_e in steps:
-                if (self.digits[k] >= g).all():
-                    back = k - int(g @ self.radix)
-                    for table, fig in ((fill, f_e), (drain, b_e)):
-                        step = (table[:, back] + self.hops[y_lo])[:, None] + fig
-                        table[:, k] = np.minimum(table[:, k], step.min(axis=0))
+            figs = self.figures(split, slice(None))
+            steps.append((split, figs[4], figs[5], figs[6]))
+        for q in range(1, self.max_stages):
+            for k in order[1:]:
+                self._check()
+                for (g, _, y_lo, _), f_e, b_e, ring in steps:
+                    if (self.digits[k] >= g).all():
+                        back = k - int(g @ self.radix)
+                        hop = self.hops[y_lo]
+                        step = (fill[q - 1, :, back] + hop)[:, None] + f_e
+                        fill[q, :, k] = np.minimum(fill[q, :, k], step.min(axis=0))
+                        # after the stage's backward: its ring, and the way further back
+                        step = np.maximum(ring, (drain[q - 1, :, back] + hop)[:, None]) + b_e
+                        drain[q, :, k] = np.minimum(drain[q, :, k], step.min(axis=0))
         # at most k per group: the least over every k' <= k, one group axis at a time
-        grid = (self.n_blocks + 1, *(c + 1 for c in reversed(self.counts)))
+        grid = (self.max_stages, self.n_blocks + 1, *(c + 1 for c in reversed(self.counts)))
         out = []
         for table in (fill, drain):
             t = table.reshape(grid)
-            for axis in range(1, t.ndim):
+            for axis in range(2, t.ndim):
                 t = np.minimum.accumulate(t, axis=axis)
             out.append(t.reshape(shape))
         return out[0], out[1]
 
-    def feasible(self, limit: float, deadline: Deadline | None = None) -> np.ndarray:
+    def feasible(self, limit: float, deadline: Deadline | None = None,
+                 stages: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
         """Per P = 1 .. ``max_stages`` (entry P - 1): can P stages meet T = ``limit``
-        in the relaxation? One DP layer per stage, from the last back.
+        in the relaxation? Only the entries of ``stages`` (a mask; default all) are
+        tested, the others are False. One DP pass of P layers per P
+        (:meth:`_meets`).
 
         Raises:
             TimeoutError: ``deadline`` passed (checked before each split of each
                 layer)."""
+        ok = np.zeros(self.max_stages, dtype=bool)
+        for p in range(1, self.max_stages + 1):
+            if stages is None or stages[p - 1]:
+                ok[p - 1] = self._meets(p, limit, deadline)
+        return ok
+
+    def _meets(self, num_stages: int, limit: float, deadline: Deadline | None) -> bool:
+        """Whether ``num_stages`` stages can meet T = ``limit``: one DP layer per stage
+        from the last back (r = 0 .. P - 1), the stages before stage q = P - 1 - r the
+        prefixes of q stages, its warm-up forwards the schedule's."""
         n_blocks, m, inf = self.n_blocks, self.m_count, np.inf
         full = self.n_states - 1  # every device of every group
-        ok = np.zeros(self.max_stages, dtype=bool)
-        # value[a, n]: U_r(a, n), n the devices per group of the stages from a on
+        # value[a, n]: U_r(a, n), n the devices per group of the stages from a on;
+        # tails[a, n]: X_r(a, n)
         value = np.full((n_blocks + 1, self.n_states), inf)
+        tails = np.full_like(value, inf)
         last = np.where(np.arange(n_blocks + 1) == n_blocks, 0.0, inf)
-        for r in range(self.max_stages):
-            nxt = np.full_like(value, inf)
+        for r in range(num_stages):
+            stage = num_stages - 1 - r
+            warm, trailing = self.counts_of[num_stages][stage]
+            before_fill, before_drain = self.fill[stage], self.drain[stage]
+            nxt, nxt_tails = np.full_like(value, inf), np.full_like(value, inf)
             for split in self.splits:
                 if deadline is not None and deadline.passed():
                     raise TimeoutError
@@ -304,21 +345,24 @@ class ChainBound:
                 if not cols.size:
                     continue
                 after = after[cols]
+                later_tails = tails[cols][:, later_states] if r else 0.0 * after
                 work, work_lo, f_d, b_d, f_e, b_e, ring, sent, lows = self.figures(split, cols)
                 hop_d, hop_e = self.hops[y_d], self.hops[y_e]
-                # the most U' can be in d's round-trip term, but for stage q's first
-                # forward: d the y_d device or any group's (>= y_lo samples)
-                rest = max(m - self.n_hi[r], 0)  # (0 x inf is nan: no forwards, no term)
-                tail = np.maximum(
-                    hop_d[cols][None, :] + (rest * f_d if rest else 0.0) + m * b_d,
-                    hop_e[cols][None, :]
-                    + np.max([(rest * f if rest else 0.0) + m * b for f, b in lows], axis=0))
-                room_trip = limit - ring - f_e - tail
+                # d's round trip, and any group's device (>= y_lo samples)'s: from its
+                # first backward on, the forwards after the warm-up and every backward
+                rest = max(m - warm, 0)
+                tail_d = hop_d[cols][None, :] + _times(rest, f_d) + m * b_d
+                tail_e = hop_e[cols][None, :] + np.max(
+                    [_times(rest, f) + m * b for f, b in lows], axis=0)
                 back_e = hop_e[cols][None, :]
+                # up to its last forward's output delivered (d, and any group's device)
+                lead_d = m * f_d + _times(m - trailing, b_d) + hop_d[cols][None, :]
+                lead_e = back_e + np.max([m * f + _times(m - trailing, b) for f, b in lows],
+                                         axis=0)  # fmt: skip
                 for i, later in enumerate(later_states):
                     n = int(later) + gi
                     # the stages before a have at most the devices left
-                    fill, drain = self.fill[:, full - n], self.drain[:, full - n]
+                    fill, drain = before_fill[:, full - n], before_drain[:, full - n]
                     # d's first forward, and any group's device (>= y_lo samples)'s
                     start_d, start_e = fill + hop_d, fill + hop_e
                     fits = (
@@ -326,15 +370,33 @@ class ChainBound:
                         & (work_lo + ring <= (limit - start_e)[:, None])
                         & (work <= (limit - start_d - hop_d - drain)[:, None])
                         & (work_lo <= (limit - start_e - hop_e - drain)[:, None]))  # fmt: skip
-                    live = fits & (after[None, :, i] <= room_trip - (fill + hop_e)[:, None])
+                    # after the device's last backward: the stage's ring, and its
+                    # gradient's way back through the stages before a
+                    trip_need = f_e + np.maximum(
+                        tail_d + np.maximum(ring, (hop_d + drain)[:, None]),
+                        tail_e + np.maximum(ring, (hop_e + drain)[:, None]))
+                    live = fits & (after[None, :, i] <= limit - trip_need - (fill + hop_e)[:, None])
+                    x_next = later_tails[None, :, i]
+                    if r:  # the next stage's last forward and what follows it
+                        live &= ((lead_d + x_next <= (limit - start_d)[:, None])
+                                 & (lead_e + x_next <= (limit - start_e)[:, None]))  # fmt: skip
                     if not live.any():
                         continue
-                    trip = np.maximum(self.n_lo[r] * f_e, f_e + after[None, :, i] + back_e) + b_e
+                    trip = np.maximum(warm * f_e, f_e + after[None, :, i] + back_e) + b_e
                     got = np.where(live, trip, inf).min(axis=1) + hop_e
                     nxt[:, n] = np.minimum(nxt[:, n], got)
-            value = nxt
-            ok[r] = np.isfinite(value[0, 1:]).any()
-        return ok
+                    # X: from the last activation's delivery on, a device's last forward,
+                    # then its trailing backwards, its ring and its gradient's way back,
+                    # or its output's way through the later stages
+                    ends = np.maximum(ring, (hop_e + drain)[:, None])
+                    x_own = f_e + np.maximum(_times(trailing, b_e) + ends,
+                                             back_e + x_next if r else 0.0)  # fmt: skip
+                    x_got = np.where(live, x_own, inf).min(axis=1)
+                    nxt_tails[:, n] = np.minimum(nxt_tails[:, n], x_got)
+            value, tails = nxt, nxt_tails
+            if not np.isfinite(value).any():
+                return False
+        return bool(np.isfinite(value[0, 1:]).any())
 
 
 def chain_groups(tables: Tables, batch: int) -> list[list[int]]:
@@ -343,13 +405,22 @@ def chain_groups(tables: Tables, batch: int) -> list[list[int]]:
     return bound_groups(tables, batch, CHAIN_STATES)
 
 
-def _forwards_first(tables: Tables, batch: int, num_stages: int) -> list[int]:
-    """Per stage of a ``num_stages`` schedule, the forwards it runs before its first
-    backward."""
-    return [
-        next((i for i, (kind, _) in enumerate(acts) if kind == "B"), len(acts))
-        for acts in stage_orders(tables.problem, batch, num_stages)
-    ]
+def _times(count: int, figure: np.ndarray) -> np.ndarray | float:
+    """``count`` actions of ``figure`` ms each; 0 for none (0 x inf, a pair a >= b, is
+    no term, not NaN)."""
+    return count * figure if count else 0.0
+
+
+def _schedule_counts(tables: Tables, batch: int, num_stages: int) -> list[tuple[int, int]]:
+    """Per stage of a ``num_stages`` schedule: the forwards it runs before its first
+    backward, and the backwards it runs after its last forward."""
+    out = []
+    for acts in stage_orders(tables.problem, batch, num_stages):
+        kinds = [kind for kind, _ in acts]
+        first_b = kinds.index("B") if "B" in kinds else len(kinds)
+        last_f = len(kinds) - 1 - kinds[::-1].index("F") if "F" in kinds else -1
+        out.append((first_b, kinds[last_f + 1 :].count("B")))
+    return out
 
 
 def chain_bounds(
@@ -385,7 +456,7 @@ def chain_bounds(
             while met.any() and top - (lo := float(row[1:][met].min())) > rel_tol * top:
                 mid = 0.5 * (lo + top)
                 below = met & (row[1:] < mid)  # the entries other bounds leave below
-                if cb.feasible(mid, share)[below].any():
+                if cb.feasible(mid, share, below).any():
                     top = mid
                 else:
                     row[1:][below] = mid
