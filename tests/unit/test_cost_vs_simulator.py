@@ -95,12 +95,12 @@ def test_a_stage_priced_as_its_slowest_device_is_caught(monkeypatch):
     # device's pieces leave late and it waits for pieces addressed to its peers
     real = model_module.round_makespan
 
-    def stage_level(schedule, devices, links, rings, topology):
+    def stage_level(schedule, devices, links, rings, topology, optim=None):
         slowest = [
             [(d, max(f for _, f, _ in stage), max(b for _, _, b in stage)) for d, _, _ in stage]
             for stage in devices
         ]
-        return real(schedule, slowest, links, rings, topology)
+        return real(schedule, slowest, links, rings, topology, optim)
 
     monkeypatch.setattr(model_module, "round_makespan", stage_level)
     assert violations(SAMPLE) != []
