@@ -17,10 +17,14 @@ batch sizes, then an untimed forward that takes the round's cold start
 sleep takes more CPU time than the same work right after other work (measured +45% for
 a 0.9 ms convolution under load), and a run pays that once per action, not per block: a
 stage's forward runs its blocks one after another between two pace points. So a block
-is timed warm, as every block of an action after its first runs, and the action's one
-cold start belongs to the runtime's work per micro-batch, measured paced (below).
-A pace point per round also keeps the child under its ceiling (a round of one block is
-a few milliseconds of CPU). Under a CFS quota of
+is timed warm, as every block of an action after its first runs. The action's one cold
+start is not added: the runtime's work per micro-batch, measured paced (below), holds
+the runtime's own part of it, and its blocks' part (0.3-1.1 ms of CPU per forward on a
+TX2) was offset by a stage's one backward call against a block's own (docs/lab.md,
+"Lab profiles").
+A round of one block is at most tens of milliseconds of CPU (64 ms for VGG-16's largest
+on a TX2 at 0.184 core), about what the ceiling lets one stretch take (docs/lab.md, "Lab
+profiles"). Under a CFS quota of
 ``q`` of a core a process runs at most ``q x 100 ms`` of every 100 ms period, then waits
 for the next one; a block of a few milliseconds therefore either runs unthrottled or
 waits up to ``(1 - q) x 100 ms``, so its wall times are two-valued, their median says
@@ -75,8 +79,9 @@ CHILD_TIMEOUT_S = 3600.0
 @dataclass(frozen=True)
 class Job:
     """What one device type's child measures: ``repeats`` timed runs per round, rounds
-    until ``policy`` settles; ``pace``: the rate the child paces its blocks to (None:
-    not paced; :func:`lab_profile` sets it from the type's confinement)."""
+    until ``policy`` settles; ``pace``: the rate the child paces its profile to, once per
+    round of a block (None: not paced; :func:`lab_profile` sets it from the type's
+    confinement)."""
 
     source: ModelSource
     device_type: str
