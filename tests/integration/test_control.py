@@ -8,10 +8,11 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from edgepipe.executor.core.starting import process, worker_context
 from edgepipe.executor.ft.control import (
     Coordinator,
     GenerationAborted,
@@ -26,18 +27,20 @@ from tests.helpers import control_workers
 from tests.helpers.control_workers import EXIT_ABORTED, EXIT_FENCED, EXIT_LOST, LOST_AFTER_S
 from tests.helpers.load import busy_cores
 
-CTX = mp.get_context("spawn")
 INTERVAL = 0.05
 
 
 class Fleet:
-    """Spawned worker processes, each reaped by PID whatever the test did to it."""
+    """Worker processes, each reaped by PID whatever the test did to it. They fork from
+    the executor's preloaded forkserver (executor/core/starting.py), as the executor's
+    own workers do: a spawned one imported torch again, 1.1-1.5 CPU s each."""
 
     def __init__(self) -> None:
         self.procs: dict[str, mp.process.BaseProcess] = {}
 
-    def start(self, name: str, target: object, *args: object) -> mp.process.BaseProcess:
-        proc = CTX.Process(target=target, args=args, name=name, daemon=True)
+    def start(self, name: str, target: Callable[..., None], *args: object
+              ) -> mp.process.BaseProcess:
+        proc = process(worker_context(), target, args, name)
         proc.start()
         self.procs[name] = proc
         return proc
@@ -86,7 +89,7 @@ def wait_for_failures(coordinator: Coordinator, within_s: float):
 
 
 def exit_seen_s(fleet: Fleet, coordinator: Coordinator) -> float:
-    """The reference, measured now on this machine: how long a SIGKILLed spawned child
+    """The reference, measured now on this machine: how long a SIGKILLed forked child
     takes to show as exited to a 10 ms poll, plus the longest of three coordinator
     polls - what a crash's detection is made of, stretched as much as the load
     stretches it."""

@@ -12,7 +12,6 @@ gloo's time-out.
 
 from __future__ import annotations
 
-import multiprocessing
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -22,9 +21,9 @@ import torch.distributed as dist
 from edgepipe.executor.core.comm import StageLinks, Transport
 from edgepipe.executor.core.layout import RankInfo, RankLayout
 from edgepipe.executor.core.receives import StepReceives, warmup
+from edgepipe.executor.core.starting import process, worker_context
 from edgepipe.planner.schedule import ActionType, one_f_one_b
 
-CTX = multiprocessing.get_context("spawn")
 TIMEOUT_S = 3.0
 #: d0 (stage 0) and d1 (stage 1), 2 samples each, 2 micro-batches of 2
 LAYOUT = RankLayout((RankInfo(0, "d0", 0, 0, 0, 2), RankInfo(1, "d1", 1, 0, 0, 2)),
@@ -55,9 +54,11 @@ def _rank(rank: int, store_path: str, out: Any, ahead: int | None) -> None:
 
 def exchange(folder: Path, ahead: int | None) -> dict[int, Any]:
     """What each rank put: rank 0 ``"sent"``, rank 1 the sums of its two receives (or
-    a rank's ``"failed: ..."``)."""
-    out = CTX.Queue()
-    procs = [CTX.Process(target=_rank, args=(r, str(folder / "store"), out, ahead))
+    a rank's ``"failed: ..."``). The ranks fork from the executor's preloaded forkserver
+    (executor/core/starting.py), as its workers do: spawned, each imported torch again."""
+    ctx = worker_context()
+    out = ctx.Queue()
+    procs = [process(ctx, _rank, (r, str(folder / "store"), out, ahead), f"rank{r}")
              for r in range(2)]
     for p in procs:
         p.start()

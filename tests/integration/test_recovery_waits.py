@@ -9,12 +9,12 @@ through its wake key, never through a beat; every child is reaped by PID.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import signal
 import time
 
 import pytest
+from edgepipe.executor.core.starting import process, worker_context
 from edgepipe.executor.ft import recovery
 from edgepipe.executor.ft.control import Coordinator, host_store
 from edgepipe.executor.ft.recovery import Supervisor
@@ -22,7 +22,6 @@ from edgepipe.executor.ft.recovery import Supervisor
 from tests.helpers import control_workers
 from tests.helpers.executor_helpers import make_test_plan, profile_mlp, write_plan
 
-CTX = mp.get_context("spawn")
 BEAT_S = 30.0
 
 
@@ -40,10 +39,12 @@ def test_two_devices_killed_together_make_one_recovery_that_ends_at_the_acknowle
     # d0 alone in stage 0 (its ring replica on d1), d2 + d3 data-parallel in stage 2
     plan = make_test_plan(profile, [(0, 1, [2]), (1, 2, [2]), (2, 4, [1, 1])], 2, 2)
     path = write_plan(plan, tmp_path)
-    store = host_store(0, timeout_s=120)  # start-up of four torch processes under load
+    store = host_store(0, timeout_s=120)  # start-up of four processes under load
     devices = ["d0", "d1", "d2", "d3"]
-    procs = {d: CTX.Process(target=control_workers.beat_and_check,
-                            args=(store.port, d, BEAT_S), name=d, daemon=True)
+    # forked from the executor's preloaded forkserver (executor/core/starting.py), as its
+    # workers are: a spawned one imported torch again (1.1-1.5 CPU s each)
+    ctx = worker_context()
+    procs = {d: process(ctx, control_workers.beat_and_check, (store.port, d, BEAT_S), d)
              for d in devices}
 
     def kill(device: str) -> None:
