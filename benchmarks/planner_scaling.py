@@ -39,8 +39,8 @@ wall-clock and process CPU time; the verdict uses CPU time, which other jobs on 
 machine inflate far less than wall time (both are reported). A virtual machine's CPU time
 still varies with its host's load (by 10-50% within an hour on the development machine,
 docs/benchmarks.md), so the run also times a fixed reference workload (pure Python and
-numpy, nothing of the planner) before and after the cases: a run whose reference is
-slow ran on a slow machine.
+numpy, nothing of the planner) and the sessions' reference loop (6e6 squares in pure
+Python) before and after the cases: a run whose reference is slow ran on a slow machine.
 
     .venv/bin/python benchmarks/planner_scaling.py [--repeat 3] [--markdown out.md]
         [--time-limit 120] [--only NAME]
@@ -179,6 +179,20 @@ def reference_seconds() -> float:
     return best
 
 
+def squares_seconds() -> float:
+    """CPU seconds of the sessions' reference loop (the sum of 6e6 squares in pure Python:
+    0.37-0.40 s on the machine the issue's figures came from), best of 3, so that a
+    table measured on a slower machine can be read at that speed."""
+    best = float("inf")
+    for _ in range(3):
+        start = time.process_time()
+        total = 0
+        for i in range(6_000_000):
+            total += i * i
+        best = min(best, time.process_time() - start)
+    return best
+
+
 def run_case(spec: tuple, repeat: int, time_limit: float | None, queue,
              whole: bool = False) -> None:
     problem = build(spec)
@@ -241,8 +255,9 @@ def main() -> None:
         "| target (on CPU time) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---|",
     ]
-    before = reference_seconds()
-    print(f"reference workload: {before:.3f} s CPU before the cases", flush=True)
+    before, squares_before = reference_seconds(), squares_seconds()
+    print(f"reference workload: {before:.3f} s CPU before the cases; 6e6 squares "
+          f"{squares_before:.3f} s", flush=True)
     print(lines[0], flush=True)
     ctx = multiprocessing.get_context("spawn")
     for name, (spec, target_s, target_gb) in cases().items():
@@ -275,8 +290,9 @@ def main() -> None:
             f"{graph} | {stages} | {used} | {batch} | {ms:.1f} | {verdict} |"
         )
         print(lines[-1], flush=True)
-    after = reference_seconds()
-    note = f"reference workload: {before:.3f} s CPU before the cases, {after:.3f} s after"
+    after, squares_after = reference_seconds(), squares_seconds()
+    note = (f"reference workload: {before:.3f} s CPU before the cases, {after:.3f} s after; "
+            f"6e6 squares {squares_before:.3f} s before, {squares_after:.3f} s after")
     print(note)
     if args.markdown:
         Path(args.markdown).write_text("\n".join([*lines, "", note]) + "\n")
