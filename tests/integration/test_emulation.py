@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import multiprocessing
 import re
 import threading
 import time
@@ -27,6 +26,7 @@ from edgepipe.executor.core.emulation import (
     reserve,
 )
 from edgepipe.executor.core.options import WorkerOptions
+from edgepipe.executor.core.starting import process, worker_context
 from edgepipe.executor.launch import launch
 from edgepipe.planner.inputs.cluster import load_catalog
 from edgepipe.planner.solvers.baselines import BASELINES
@@ -168,13 +168,14 @@ def arrival_seconds(scenarios: list[Scenario]) -> list[dict[tuple[int, int], flo
     from the moment the sender posted (all sends of a scenario at once) until each
     transfer ``(src, dst)`` has arrived. Timed from the sender's clock reading (one
     machine, one clock), not the receiver's: ranks leave a barrier milliseconds apart
-    on a loaded machine. One set of processes for every scenario: each spawned rank
-    imports torch (seconds of CPU)."""
+    on a loaded machine. One set of processes for every scenario, forked from the
+    executor's preloaded forkserver (executor/core/starting.py) as its workers are: a
+    spawned rank imported torch again (seconds of CPU)."""
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=20))
-    ctx = multiprocessing.get_context("spawn")
+    ctx = worker_context()
     out = ctx.Queue()
-    procs = [ctx.Process(target=_link_rank, args=(r, store.port, scenarios, out))
+    procs = [process(ctx, _link_rank, (r, store.port, scenarios, out), f"rank{r}")
              for r in range(3)]
     for p in procs:
         p.start()
