@@ -18,7 +18,10 @@ plan sums the same tensors in the same order as the single-process reference. Co
 
 **Fast mode**: F and B run a rank's whole slice of a micro-batch at once with the loss
 scaled by ``slice / B``; gradients accumulate in ``.grad`` over micro-batches and are
-all-reduced (sum) in the stage group: the global-batch mean for any sample split.
+all-reduced (sum) in the stage group: the global-batch mean for any sample split. Every
+``.grad`` is a view of one flat buffer, made at the first step and zeroed in place at each
+step's start; backward adds into it in place and the all-reduce runs on it, so no step
+allocates gradients (docs/decisions.md, "Gradients live in one flat buffer").
 
 **Receives** are posted ahead of their RECV actions and waited for at the action
 (:class:`executor.core.receives.StepReceives`): ``recv_ahead`` per direction, by default
@@ -163,6 +166,8 @@ class StageRuntime:
         self.device = device or torch.device("cpu")
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.global_batch = layout.global_batch
+        #: fast mode: the flat buffer every ``.grad`` views (made at the first step)
+        self.flat_grad: torch.Tensor | None = None
 
     # -- one step ------------------------------------------------------------------------
     def apply(self, record: StepRecord) -> None:
@@ -190,8 +195,7 @@ class StageRuntime:
         per_sample: dict[int, torch.Tensor] = {}
         recv_f: dict[int, torch.Tensor] = {}
         recv_b: dict[int, torch.Tensor] = {}
-        for p in self.params:
-            p.grad = None
+        self._clear_grads()
         receives = StepReceives(self.links, self.actions, self.recv_ahead)
         for action in self.actions:
             self.check()
@@ -314,13 +318,25 @@ class StageRuntime:
     def _reduce(self, per_sample: dict[int, torch.Tensor]) -> None:
         if self.deterministic:
             self._reduce_deterministic(per_sample)
-        elif self.group is not None and self.params:
-            flat = torch.cat([self._grad(p).reshape(-1) for p in self.params])
-            self.group.all_reduce(flat)
-            self._set_grads(flat)
+        elif self.group is not None and self.flat_grad is not None:
+            self.group.all_reduce(self.flat_grad)
 
-    def _grad(self, p: nn.Parameter) -> torch.Tensor:
-        return torch.zeros_like(p) if p.grad is None else p.grad
+    def _clear_grads(self) -> None:
+        """Gradients at zero before a step: in deterministic mode none (REDUCE_GRAD sets
+        them); in fast mode every ``.grad`` a view of :attr:`flat_grad`, zeroed in place
+        (a fresh gradient per step cost the step's first backwards 40-70% more CPU in a
+        lab device, docs/decisions.md)."""
+        if self.deterministic:
+            for p in self.params:
+                p.grad = None
+        elif self.params:
+            if self.flat_grad is None:
+                size = sum(p.numel() for p in self.params)
+                self.flat_grad = torch.zeros(size, dtype=self.params[0].dtype,
+                                             device=self.device)
+            else:
+                self.flat_grad.zero_()
+            self._set_grads(self.flat_grad)  # (re)bound each step: nothing else may own them
 
     def _set_grads(self, flat: torch.Tensor) -> None:
         offset = 0
