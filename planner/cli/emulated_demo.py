@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING
 
 from edgepipe.planner.cli.console import err, warn
 from edgepipe.planner.cli.lab_demo import (
+    EMULATED_SHARE,
     LAB_BATCH_SIZES,
     LAB_MODEL,
     LAB_PROFILE_ROUNDS,
-    LAB_SHARE,
     LAB_SIZES,
     DemoRuns,
 )
@@ -86,7 +86,7 @@ def _profile(cluster: Cluster, outdir: Path) -> ModelProfile:
     for line in warnings(host, HOST, policy, wall_clock=False):
         warn(line)
     timing = host.timings[HOST]
-    quotas = type_quotas(cluster, LAB_SHARE)
+    quotas = type_quotas(cluster, EMULATED_SHARE)
     err.print("  " + ", ".join(f"{n}: {q:.3g} core" for n, q in sorted(quotas.items()))
               + (f"; spread {timing.noise.spread:.1%}, load {timing.noise.load_average:.1f}"
                  if timing.noise is not None else ""), highlight=False)

@@ -53,8 +53,11 @@ LAB_CLUSTER = {
 #: the demo's lab model: a zoo name and its sizes, the batch sizes profiled
 LAB_MODEL, LAB_SIZES, LAB_BATCH_SIZES = "vgg16", ("resolution=96", "width=0.125"), (2, 4, 8, 16)
 LAB_GLOBAL_BATCH = 32
-#: the share of this machine's cores the cluster's devices use together
-LAB_SHARE = 0.9
+#: the share of this machine's cores the emulated demo's device quotas are scaled to (the
+#: lab demo uses the lab's own default, ``executor.lab.launch.DEFAULT_SHARE``: at 0.9 four
+#: lab devices and their runtimes' threads oversubscribed two cores; emulated devices
+#: only sleep, so there a larger share just shortens the run)
+EMULATED_SHARE = 0.9
 #: profile rounds at most (each type's, until the last 3 agree within 5%)
 LAB_PROFILE_ROUNDS = 4
 #: the seed's headline claims: the DP plan's speed-up over conventional (data)
@@ -112,13 +115,14 @@ def lab_demo(outdir: Path, time_limit: float, backend: str) -> None:
     """The demo in the lab (module docstring), writing into ``outdir``."""
     with executor_imports():
         from edgepipe.executor.lab import fidelity
+        from edgepipe.executor.lab.launch import DEFAULT_SHARE
 
     def measure(plan: Plan, label: str) -> LabMeasurement:
         steps = fidelity.steps_for(plan)
         err.print(f"running {label} in the lab: {steps} steps, {plan.partition.num_stages} "
                   f"stage(s) on {len(plan.partition.used_devices())} device(s)",
                   highlight=False)
-        return fidelity.measure(plan, label, outdir / "lab", LAB_SHARE, steps)
+        return fidelity.measure(plan, label, outdir / "lab", DEFAULT_SHARE, steps)
 
     four_plans(outdir, time_limit, backend, DemoRuns(
         "in the lab", _lab_profile, measure, "lab.png",
@@ -179,18 +183,19 @@ def four_plans(outdir: Path, time_limit: float, backend: str, runs_as: DemoRuns,
 def _lab_profile(cluster: Cluster, outdir: Path) -> ModelProfile:
     """The demo model's lab profile on ``cluster``, written to ``lab-profile.json``."""
     with executor_imports():
+        from edgepipe.executor.lab.launch import DEFAULT_SHARE
         from edgepipe.executor.lab.profiling import Job, lab_profile
         from edgepipe.executor.profiling.noise import NoisePolicy
         from edgepipe.executor.profiling.sources import ModelSource
     source = ModelSource(LAB_MODEL, LAB_SIZES)
     policy = NoisePolicy(max_rounds=LAB_PROFILE_ROUNDS)
-    err.print(f"profiling {LAB_MODEL} in each device type's lab confinement ({LAB_SHARE:g} "
+    err.print(f"profiling {LAB_MODEL} in each device type's lab confinement ({DEFAULT_SHARE:g} "
               "of this machine's cores for the cluster; ~1 min)", highlight=False)
 
     def job(device_type: str) -> Job:
         return Job(source, device_type, LAB_BATCH_SIZES, 2, 5, policy)
 
-    result = lab_profile(source, cluster, LAB_SHARE, job)
+    result = lab_profile(source, cluster, DEFAULT_SHARE, job)
     for line in result.warnings:
         warn(line)
     for name, t in sorted(result.profile.timings.items()):
