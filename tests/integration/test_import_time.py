@@ -1,19 +1,19 @@
-"""The PipeDream importer's time on a large graph (planner/inputs/importers/pipedream.py):
-a wall-clock verdict, so it runs alone (``serial``), away from the importer's other tests
-in tests/unit/test_pipedream_import.py."""
+"""The PipeDream importer's time on a large graph (planner/inputs/importers/pipedream.py),
+judged by this process's CPU time, which other processes on the machine do not stretch
+as they stretch the wall clock (it ran alone, ``serial``, on a wall-clock verdict: 9.7 s
+of wall for about 1 s of CPU at load 18); away from the importer's other tests in
+tests/unit/test_pipedream_import.py."""
 
 from __future__ import annotations
 
 import random
 import time
 
-import pytest
 from edgepipe.planner.inputs.importers.pipedream import parse_pipedream
 
 from tests.helpers.pipedream_text import node
 
 
-@pytest.mark.serial  # wall-clock verdict: a parse of CPU work within 5 s
 def test_large_graph_imports_in_linear_time() -> None:
     units = 3000  # 12,001 nodes: residual units a -> b -> c, a -> c, c -> d
     lines = [node("node0", "Input", 0, 0, 128, 0)]
@@ -28,8 +28,8 @@ def test_large_graph_imports_in_linear_time() -> None:
     rng.shuffle(lines)
     rng.shuffle(edges)
     text = "\n".join(lines + [f" \t{x} -- {y}" for x, y in edges])
-    start = time.perf_counter()
+    start = time.process_time()
     p = parse_pipedream(text, "big", batch_size=128)
-    elapsed = time.perf_counter() - start
+    cpu_s = time.process_time() - start
     assert p.num_blocks == 4 * units  # [a], [b], [c], [d] per unit
-    assert elapsed < 5.0
+    assert cpu_s < 5.0
