@@ -26,7 +26,6 @@ import subprocess
 import time
 from pathlib import Path
 
-import pytest
 from edgepipe.planner.plan import load_plan
 from edgepipe.planner.solvers.exact.search import PARALLEL
 from edgepipe.planner.solvers.exact.solver import BOUND_SHARE
@@ -121,10 +120,13 @@ def test_ctrl_c_during_a_cpsat_solve_exits_130_with_one_line():
         assert _interrupt_the_search("cpsat", limit, dp_threads)[:2] == (130, INTERRUPTED)
 
 
-@pytest.mark.serial  # a Ctrl-C acted on within a quarter of the solve's remaining time
 def test_ctrl_c_during_a_highs_solve_acts_at_once():
     # HiGHS solves in worker processes that nothing could stop: the command ended only
-    # when the search's time limit did
+    # when the search's time limit did. Not serial: the bound, a quarter of the solve's
+    # remaining time, comes from references measured in this test, now (the limit from
+    # this machine's time to the DP's plan, the Ctrl-C from when the search was seen to
+    # begin), so load stretches bound and command alike: it passed in a serial call run
+    # beside a parallel call and other agents' work, load 15-19 (2026-12-07)
     limit, dp_threads = _timing()
     status, err, took, at = _interrupt_the_search("highs", limit, dp_threads)
     assert (status, err) == (130, INTERRUPTED)
