@@ -127,8 +127,10 @@ from edgepipe.planner.solvers.exact.tables import Tables, stage_orders
 from edgepipe.planner.solvers.time_limit import Deadline
 
 #: the most bytes the tables of one micro-batch size may take ((L + 1)^2 floats per
-#: group, y and figure); :func:`chain_bounds` leaves a size beyond it as it is
-CHAIN_BYTES = 2**27
+#: group, y and figure); :func:`chain_bounds` leaves a size beyond it as it is (2^28:
+#: 366 blocks x 4 groups at B = 16 take 151 MB, and that size held a mixed-4 cluster's
+#: least bound)
+CHAIN_BYTES = 2**28
 
 #: the class groups the DP keeps apart (:func:`planner.solvers.exact.stage_bounds.bound_groups`)
 #: have at most about this many (state, stage composition) pairs
@@ -314,6 +316,14 @@ class ChainBound:
                 ok[p - 1] = self._meets(p, limit, deadline)
         return ok
 
+    def meets_any(self, limit: float, stages: np.ndarray, deadline: Deadline | None = None
+                  ) -> bool:  # fmt: skip
+        """Whether some P of ``stages`` (a mask, entry P - 1) can meet T = ``limit``:
+        :meth:`feasible`'s answer for them, the fewest stages (the cheapest pass) tested
+        first and none after the first that meets it."""
+        return any(self._meets(p, limit, deadline)
+                   for p in range(1, self.max_stages + 1) if stages[p - 1])  # fmt: skip
+
     def _meets(self, num_stages: int, limit: float, deadline: Deadline | None) -> bool:
         """Whether ``num_stages`` stages can meet T = ``limit``: one DP layer per stage
         from the last back (r = 0 .. P - 1), the stages before stage q = P - 1 - r the
@@ -440,7 +450,8 @@ def chain_bounds(
     still below T rise to it when none of their stage counts meets T. When a share runs
     out every entry stays where the bisection had raised it (each a valid bound); the
     share covers building the size's tables too (issue 29: the limit covers everything).
-    One :meth:`ChainBound.feasible` per step."""
+    One :meth:`ChainBound.feasible` at the ceiling, then one :meth:`ChainBound.meets_any`
+    per step."""
     for done, (batch, row) in enumerate(known.items()):
         left = deadline.left_s()
         if left <= 0:
@@ -456,7 +467,7 @@ def chain_bounds(
             while met.any() and top - (lo := float(row[1:][met].min())) > rel_tol * top:
                 mid = 0.5 * (lo + top)
                 below = met & (row[1:] < mid)  # the entries other bounds leave below
-                if cb.feasible(mid, share, below).any():
+                if cb.meets_any(mid, below, share):
                     top = mid
                 else:
                     row[1:][below] = mid
