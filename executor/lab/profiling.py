@@ -167,16 +167,16 @@ def _combine(
     measured: dict[str, tuple[ModelProfile, LabQuota, int]], work: dict[str, RuntimeWork],
     cluster: Cluster, share: float,
 ) -> ModelProfile:
-    """One profile with each type's timing, its CPU times (blocks' and the runtime's
-    work per micro-batch) divided by its quota."""
+    """One profile with each type's timing, its CPU times (blocks', the runtime's work
+    per micro-batch and its optimizer steps per MiB) divided by its quota."""
     first = next(iter(measured.values()))[0]
     timings = {}
     for name, (profile, quota, _) in measured.items():
         timing = _per_quota(profile.timings[name], quota)
-        cpu = work[name]
-        timings[name] = replace(timing, runtime_work=RuntimeWork(
-            round(cpu.forward_ms / quota.cpu_cores, 4), round(cpu.backward_ms / quota.cpu_cores, 4),
-            cpu.spread, cpu.rounds))
+        w = work[name].scaled(1 / quota.cpu_cores)
+        timings[name] = replace(timing, runtime_work=replace(
+            w, forward_ms=round(w.forward_ms, 4), backward_ms=round(w.backward_ms, 4),
+            step_ms_per_mib=tuple((k, round(v, 4)) for k, v in w.step_ms_per_mib)))
     quotas = ", ".join(f"{n} {q.cpu_cores:.4g}" for n, (_, q, _) in measured.items())
     return replace(
         first,
