@@ -166,8 +166,9 @@ class StageRuntime:
         self.device = device or torch.device("cpu")
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.global_batch = layout.global_batch
-        #: fast mode: the flat buffer every ``.grad`` views (made at the first step)
-        self.flat_grad: torch.Tensor | None = None
+        #: fast mode: per parameter dtype the flat buffer its ``.grad`` views (made at the
+        #: first step; one, the parameters' dtype, for every model of the zoo)
+        self.flat_grads: list[torch.Tensor] = []
 
     # -- one step ------------------------------------------------------------------------
     def apply(self, record: StepRecord) -> None:
@@ -318,32 +319,29 @@ class StageRuntime:
     def _reduce(self, per_sample: dict[int, torch.Tensor]) -> None:
         if self.deterministic:
             self._reduce_deterministic(per_sample)
-        elif self.group is not None and self.flat_grad is not None:
-            self.group.all_reduce(self.flat_grad)
+        elif self.group is not None:
+            for flat in self.flat_grads:
+                self.group.all_reduce(flat)
 
     def _clear_grads(self) -> None:
         """Gradients at zero before a step: in deterministic mode none (REDUCE_GRAD sets
-        them); in fast mode every ``.grad`` a view of :attr:`flat_grad`, zeroed in place
-        (a fresh gradient per step cost the step's first backwards 40-70% more CPU in a
-        lab device, docs/decisions.md)."""
+        them); in fast mode every ``.grad`` a view of its dtype's buffer in
+        :attr:`flat_grads`, zeroed in place (a fresh gradient per step cost the step's first
+        backwards 40-70% more CPU in a lab device, docs/decisions.md)."""
         if self.deterministic:
             for p in self.params:
                 p.grad = None
-        elif self.params:
-            if self.flat_grad is None:
-                size = sum(p.numel() for p in self.params)
-                self.flat_grad = torch.zeros(size, dtype=self.params[0].dtype,
-                                             device=self.device)
-            else:
-                self.flat_grad.zero_()
-            self._set_grads(self.flat_grad)  # (re)bound each step: nothing else may own them
+            return
+        dtypes = list(dict.fromkeys(p.dtype for p in self.params))
+        if not self.flat_grads:
+            self.flat_grads = [
+                torch.zeros(sum(p.numel() for p in self.params if p.dtype == dtype),
+                            dtype=dtype, device=self.device) for dtype in dtypes]
+        for dtype, flat in zip(dtypes, self.flat_grads, strict=True):
+            flat.zero_()
+            # (re)bound each step: nothing else may own the gradients
+            _bind_grads([p for p in self.params if p.dtype == dtype], flat)
 
-    def _set_grads(self, flat: torch.Tensor) -> None:
-        offset = 0
-        for p in self.params:
-            n = p.numel()
-            p.grad = flat[offset : offset + n].view_as(p)
-            offset += n
 
     def _reduce_deterministic(self, per_sample: dict[int, torch.Tensor]) -> None:
         if not self.params:
@@ -366,7 +364,16 @@ class StageRuntime:
         for i in range(1, self.global_batch):
             acc.add_(every[i])
         acc.div_(self.global_batch)
-        self._set_grads(acc)
+        _bind_grads(self.params, acc)
+
+
+def _bind_grads(params: list[nn.Parameter], flat: torch.Tensor) -> None:
+    """Each of ``params``' ``.grad`` the next slice of ``flat``, in order."""
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.grad = flat[offset : offset + n].view_as(p)
+        offset += n
 
 
 def _rows(batches: list[torch.Tensor] | None, m: int, what: str) -> torch.Tensor:

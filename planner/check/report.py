@@ -20,10 +20,10 @@ Figures (steps after the first, which carries start-up costs, when there are sev
   ``REDUCE_GRAD`` (which holds a member's wait for the others to join); the measured
   receive wait per step; per step, the compute ``M x (forward + backward)`` against the
   mean ``compute_ms``; **bubbles**, the time of a step in which the device neither
-  computes nor all-reduces: predicted ``PlanCost.steady_ms - M x (forward + backward)``
-  less that ring, measured the mean ``wall_ms - compute_ms - allreduce_ms - optim_ms``
-  (the optimizer step has no term in the cost model; a member's wait for the others to
-  join its ring is bubble predicted, all-reduce measured); **memory**, the cost model's
+  computes, all-reduces nor steps its optimizer: predicted ``PlanCost.steady_ms - M x
+  (forward + backward)`` less that ring and ``StageCost.device_optimizer_ms``, measured
+  the mean ``wall_ms - compute_ms - allreduce_ms - optim_ms`` (a member's wait for the
+  others to join its ring is bubble predicted, all-reduce measured); **memory**, the cost model's
   ``StageCost.memory_bytes`` (Eq. 3 plus ring replicas) against the largest
   ``peak_mem_bytes`` less ``baseline_mem_bytes`` where the run recorded one (CPU: the
   process's resident set before its model was built), else the peak (CUDA: allocated
@@ -374,7 +374,8 @@ def device_rows(plan: Plan, events: list[dict[str, Any]], metrics: list[dict[str
                     recv_wait_measured=_mean([f["recv_wait_ms"] for f in mine]),
                     compute_predicted=scale * compute,
                     compute_measured=_mean([f["compute_ms"] for f in mine]),
-                    bubble_predicted=scale * (plan.cost.steady_ms - compute)
+                    bubble_predicted=scale * (plan.cost.steady_ms - compute
+                                              - cost.device_optimizer_ms[j])
                     - row.allreduce_predicted,
                     bubble_measured=_mean([f["wall_ms"] - f["compute_ms"] - f["allreduce_ms"]
                                            - f["optim_ms"] for f in mine]),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from edgepipe.planner.errors import InputError
 from edgepipe.planner.inputs.cluster import Cluster, Device, Link, Network
 from edgepipe.planner.inputs.config import TrainingConfig
 from edgepipe.planner.inputs.problem import make_problem
+from edgepipe.planner.inputs.profile import RuntimeWork
 from edgepipe.planner.partition import Partition, StageAssignment
 from edgepipe.planner.plan import Plan, SolverInfo, make_plan
 
@@ -262,3 +264,22 @@ def test_a_mode_other_than_emulated_lab_or_real_is_refused(tmp_path: Path) -> No
     (tmp_path / "status.json").write_text('{"state": "finished", "steps": 2, "mode": 3}\n')
     with pytest.raises(InputError, match=r"status.json: \$.mode: 3 is not one of"):
         build_report(tmp_path)
+
+
+def test_a_devices_predicted_bubbles_leave_out_its_optimizer_step() -> None:
+    # the contended plan with a measured momentum step of 2^20 / 1000 ms per MiB: each
+    # device holds 3000 B of parameters (A: b0 + b1, B and C: b2), so each steps 3.0 ms
+    # after its ring: time it neither computes, all-reduces nor idles
+    plan = contended_plan("switched")
+    work = RuntimeWork(0.0, 0.0, 0.0, 1, (("momentum", 2**20 / 1000),))
+    timings = {n: replace(t, runtime_work=work) for n, t in plan.problem.model.timings.items()}
+    problem = make_problem(replace(MODEL, timings=timings), plan.problem.cluster,
+                           plan.problem.config, catalog={"t": T})
+    stepped = make_plan(problem, plan.partition, SolverInfo("hand"))
+    rows = {row.device: row for row in device_rows(stepped, [], [], 1.0,
+                                                    predicted_rows(stepped))}
+    steady = stepped.cost.steady_ms
+    assert rows["A"].bubble_predicted == pytest.approx(steady - 36.0 - 3.0)
+    ring = rows["B"].allreduce_predicted
+    for device in ("B", "C"):
+        assert rows[device].bubble_predicted == pytest.approx(steady - 18.0 - ring - 3.0)

@@ -51,8 +51,35 @@ def test_each_step_has_its_own_gradients_in_one_buffer_it_never_reallocates() ->
         for g, e in zip(got, expected, strict=True):
             assert g is not None
             torch.testing.assert_close(g, e, rtol=0, atol=1e-6)
-        assert runtime.flat_grad is not None
-        storages.append({_storage(g) for g in got if g is not None} | {_storage(runtime.flat_grad)})
+        assert len(runtime.flat_grads) == 1
+        storages.append({_storage(g) for g in got if g is not None}
+                        | {_storage(runtime.flat_grads[0])})
         runtime.apply(record)  # moves the parameters: the next step's gradients differ
     assert storages[0] == storages[1] == storages[2]
     assert len(storages[0]) == 1
+
+
+class _Scaled(nn.Module):
+    """A float64 scale after a float32 layer: parameters of two dtypes in one stage."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.s = nn.Parameter(torch.tensor(2.0, dtype=torch.float64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.s.float()
+
+
+def test_parameters_of_two_dtypes_get_a_buffer_each() -> None:
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(3, 2), _Scaled())
+    runtime = _runtime(module)
+    runtime.compute(0, [ROWS, ROWS], [LABELS, LABELS])
+    assert [f.dtype for f in runtime.flat_grads] == [torch.float32, torch.float64]
+    copy = nn.Sequential(nn.Linear(3, 2), _Scaled())
+    copy.load_state_dict(module.state_dict())
+    loss = nn.functional.cross_entropy(copy(torch.cat([ROWS, ROWS])), torch.cat([LABELS, LABELS]))
+    for p, e in zip(module.parameters(), torch.autograd.grad(loss, list(copy.parameters())),
+                    strict=True):
+        assert p.grad is not None and p.grad.dtype == p.dtype
+        torch.testing.assert_close(p.grad, e, rtol=0, atol=1e-6)
