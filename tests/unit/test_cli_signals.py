@@ -122,15 +122,16 @@ def test_ctrl_c_during_a_cpsat_solve_exits_130_with_one_line():
 
 def test_ctrl_c_during_a_highs_solve_acts_at_once():
     # HiGHS solves in worker processes that nothing could stop: the command ended only
-    # when the search's time limit did. Not serial: the bound, a quarter of the solve's
-    # remaining time, comes from references measured in this test, now (the limit from
+    # when the search's time limit did. Not serial: the bound, an eighth of the solve's
+    # remaining time (a quarter let a run without the workers' kill pass once: 10.56 s
+    # against 9.49 failed, another passed; fixed it took 0.79 s against 11.45), comes from references measured in this test, now (the limit from
     # this machine's time to the DP's plan, the Ctrl-C from when the search was seen to
     # begin), so load stretches bound and command alike: it passed in a serial call run
     # beside a parallel call and other agents' work, load 15-19 (2026-12-07)
     limit, dp_threads = _timing()
     status, err, took, at = _interrupt_the_search("highs", limit, dp_threads)
     assert (status, err) == (130, INTERRUPTED)
-    assert took < (limit - at) / 4
+    assert took < (limit - at) / 8
 
 
 def test_ctrl_c_during_a_cbc_solve_exits_130_and_leaves_no_cbc():
