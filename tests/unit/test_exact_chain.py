@@ -151,3 +151,18 @@ def test_a_stage_last_forward_feeds_the_next_stage_last_forward():
     least = least_of(5)[2, 2]
     cb = ChainBound(tables_of(problem), 2, 2)
     assert 0.971 * least < bisected(cb, 2, least, 16) <= least
+
+
+def test_meets_any_answers_whether_some_stage_count_of_the_mask_is_feasible() -> None:
+    # the bisection's question (chain_bounds), against feasible's answer per stage count:
+    # every mask of the point-to-point problem's stage counts, at limits from below the
+    # least plan of one stage count to above all of them
+    problem = point_to_point()
+    least = least_per_program(problem)
+    cb = ChainBound(tables_of(problem), 4, 3)
+    for limit in (0.5 * least[4, 1], least[4, 2] * 0.999, least[4, 3] * 1.001,
+                  1.001 * max(least.values())):
+        per_count = cb.feasible(limit)
+        for bits in range(8):
+            mask = np.array([bool(bits >> i & 1) for i in range(3)])
+            assert cb.meets_any(limit, mask) == bool((per_count & mask).any()), (limit, bits)

@@ -300,20 +300,16 @@ class ChainBound:
             out.append(t.reshape(shape))
         return out[0], out[1]
 
-    def feasible(self, limit: float, deadline: Deadline | None = None,
-                 stages: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    def feasible(self, limit: float, deadline: Deadline | None = None) -> np.ndarray:
         """Per P = 1 .. ``max_stages`` (entry P - 1): can P stages meet T = ``limit``
-        in the relaxation? Only the entries of ``stages`` (a mask; default all) are
-        tested, the others are False. One DP pass of P layers per P
-        (:meth:`_meets`).
+        in the relaxation? One DP pass of P layers per P (:meth:`_meets`).
 
         Raises:
             TimeoutError: ``deadline`` passed (checked before each split of each
                 layer)."""
         ok = np.zeros(self.max_stages, dtype=bool)
         for p in range(1, self.max_stages + 1):
-            if stages is None or stages[p - 1]:
-                ok[p - 1] = self._meets(p, limit, deadline)
+            ok[p - 1] = self._meets(p, limit, deadline)
         return ok
 
     def meets_any(self, limit: float, stages: np.ndarray, deadline: Deadline | None = None
