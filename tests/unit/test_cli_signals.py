@@ -124,10 +124,11 @@ def test_ctrl_c_during_a_highs_solve_acts_at_once():
     # HiGHS solves in worker processes that nothing could stop: the command ended only
     # when the search's time limit did. Not serial: the bound, an eighth of the solve's
     # remaining time (a quarter let a run without the workers' kill pass once: 10.56 s
-    # against 9.49 failed, another passed; fixed it took 0.79 s against 11.45), comes from references measured in this test, now (the limit from
-    # this machine's time to the DP's plan, the Ctrl-C from when the search was seen to
-    # begin), so load stretches bound and command alike: it passed in a serial call run
-    # beside a parallel call and other agents' work, load 15-19 (2026-12-07)
+    # against 9.49 failed, another passed; fixed it took 0.79 s against 11.45), comes
+    # from references measured in this test, now (the limit from this machine's time to
+    # the DP's plan, the Ctrl-C from when the search was seen to begin), so load
+    # stretches bound and command alike: it passed in a serial call run beside a
+    # parallel call and other agents' work, load 15-19 (2026-12-07)
     limit, dp_threads = _timing()
     status, err, took, at = _interrupt_the_search("highs", limit, dp_threads)
     assert (status, err) == (130, INTERRUPTED)

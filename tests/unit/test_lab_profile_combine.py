@@ -8,6 +8,7 @@ from __future__ import annotations
 from edgepipe.executor.lab.profiling import _combine
 from edgepipe.planner.inputs.cluster import Cluster
 from edgepipe.planner.inputs.profile import LabQuota, ModelProfile, RuntimeWork, Timing
+
 from tests.helpers.paths import REPO
 
 
