@@ -169,6 +169,9 @@ class StageRuntime:
         #: fast mode: per parameter dtype the flat buffer its ``.grad`` views (made at the
         #: first step; one, the parameters' dtype, for every model of the zoo)
         self.flat_grads: list[torch.Tensor] = []
+        #: the parameters each of :attr:`flat_grads` holds, one list per dtype, in order
+        self._grad_groups = [[p for p in self.params if p.dtype == dtype]
+                             for dtype in dict.fromkeys(p.dtype for p in self.params)]
 
     # -- one step ------------------------------------------------------------------------
     def apply(self, record: StepRecord) -> None:
@@ -332,15 +335,13 @@ class StageRuntime:
             for p in self.params:
                 p.grad = None
             return
-        dtypes = list(dict.fromkeys(p.dtype for p in self.params))
         if not self.flat_grads:
             self.flat_grads = [
-                torch.zeros(sum(p.numel() for p in self.params if p.dtype == dtype),
-                            dtype=dtype, device=self.device) for dtype in dtypes]
-        for dtype, flat in zip(dtypes, self.flat_grads, strict=True):
+                torch.zeros(sum(p.numel() for p in group), dtype=group[0].dtype,
+                            device=self.device) for group in self._grad_groups]
+        for group, flat in zip(self._grad_groups, self.flat_grads, strict=True):
             flat.zero_()
-            # (re)bound each step: nothing else may own the gradients
-            _bind_grads([p for p in self.params if p.dtype == dtype], flat)
+            _bind_grads(group, flat)  # (re)bound each step: nothing else may own them
 
 
     def _reduce_deterministic(self, per_sample: dict[int, torch.Tensor]) -> None:

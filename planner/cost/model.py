@@ -330,9 +330,8 @@ class CostModel:
         order of :meth:`_round_inputs`' devices; None when every one is 0, so a plan
         without the measurement runs the rounds exactly as before. O(P x g)."""
         cluster = self.problem.cluster
-        steps = [[self.optimizer_ms(s.first, s.end, cluster.index(d)) for d in s.devices]
-                 for s in partition.stages]
-        return steps if any(x > 0 for row in steps for x in row) else None
+        return _any_steps([[self.optimizer_ms(s.first, s.end, cluster.index(d))
+                            for d in s.devices] for s in partition.stages])
 
     def _round_inputs(
         self, partition: Partition
@@ -471,7 +470,7 @@ class CostModel:
         topology = cluster.network.kind
         chain = StepChain(tuple(steps), m, topology)
         closed, dominant = closed_form_latency(chain)
-        optim = self._optimizer_inputs(partition)
+        optim = _any_steps([list(c.device_optimizer_ms) for c in stage_costs])
         total = round_makespan(schedule, devices, links, rings, topology, optim)
         steady = steady_period_ms(schedule, devices, links, rings, topology, total, optim)
         return PlanCost(
@@ -514,3 +513,9 @@ def _prefix(timing: Timing, field: str, max_batch: int) -> np.ndarray:
     table = np.vstack([np.zeros((1, max_batch + 1)), np.cumsum(curves, axis=0)])
     table.flags.writeable = False
     return table
+
+
+def _any_steps(steps: list[list[float]]) -> list[list[float]] | None:
+    """Per stage each device's optimizer step ms, or None when every one is 0 (a plan
+    without the measurement runs the rounds exactly as before)."""
+    return steps if any(x > 0 for row in steps for x in row) else None
