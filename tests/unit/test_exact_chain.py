@@ -5,9 +5,12 @@ the hops bind; the bisection prunes and respects its deadline."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from edgepipe.planner.cost.model import CostModel
+from edgepipe.planner.inputs.problem import make_problem
 from edgepipe.planner.solvers.classes import device_classes
 from edgepipe.planner.solvers.exact.chain_bound import ChainBound, chain_bounds
 from edgepipe.planner.solvers.exact.tables import Tables
@@ -21,6 +24,23 @@ def point_to_point():
     """Identical devices on point-to-point links (the hops carry one sample each)."""
     return random_problem(4, 3, seed=11, global_batch=8, candidates=(2, 4),
                           memory=(8e9, 8e9), bandwidth_mbps=20.0, topology="point_to_point")
+
+
+def three_speeds(seed: int):
+    """Three devices of one type at slowdowns 1, 1.7 and 3 (three classes, so a stage of
+    several devices spans groups), global batch 8, micro-batches 4 and 8, the network
+    topology and warm-up following ``seed``."""
+    rng = np.random.default_rng(seed)
+    base = random_problem(int(rng.integers(2, 4)), 3, seed=seed, global_batch=8,
+                          candidates=(4, 8), memory=(8e9, 8e9),
+                          bandwidth_mbps=float(rng.choice([1e2, 1e3, 1e4])),
+                          topology=("switched", "shared_medium", "point_to_point")[seed % 3],
+                          warmup=("asteroid", "classic")[seed % 2])  # fmt: skip
+    slowdowns = (1.0, 1.7, 3.0)
+    devices = tuple(dataclasses.replace(d, type="fast", slowdown=s)
+                    for d, s in zip(base.cluster.devices, slowdowns, strict=True))  # fmt: skip
+    cluster = dataclasses.replace(base.cluster, devices=devices)
+    return make_problem(base.model, cluster, base.config, catalog=cluster.device_types)
 
 
 def tables_of(problem) -> Tables:
@@ -37,9 +57,9 @@ def bisected(cb: ChainBound, stages: int, least: float, steps: int) -> float:
     return lo
 
 
-@pytest.mark.parametrize("index", range(8))
+@pytest.mark.parametrize("index", range(10))
 def test_every_stage_count_meets_the_least_plan_of_its_program(index):
-    problem = [*instances(), point_to_point()][index]
+    problem = [*instances(), point_to_point(), three_speeds(0), three_speeds(4)][index]
     least = least_of(index) if index < 7 else least_per_program(problem)
     tables = tables_of(problem)
     max_p = min(problem.model.num_blocks, len(problem.cluster.devices))
@@ -158,3 +178,14 @@ def test_meets_any_answers_whether_some_stage_count_of_the_mask_is_feasible() ->
         for bits in range(8):
             mask = np.array([bool(bits >> i & 1) for i in range(3)])
             assert cb.meets_any(limit, mask) == bool((per_count & mask).any()), (limit, bits)
+
+
+def test_a_stage_of_several_groups_holds_all_samples_within_each_device_capacity():
+    # one stage of the three speeds at micro-batch 8: each device takes at most the
+    # samples its terms fit, and together they take all 8 (with the fewest, y_lo, on
+    # one of them); priced as one device of the fastest at y_d samples, the bound was
+    # 0.957 of the least plan (brute force), now it is the least plan
+    problem = three_speeds(0)
+    least = least_per_program(problem)[8, 1]
+    cb = ChainBound(tables_of(problem), 8, 1)
+    assert bisected(cb, 1, least, 25) == pytest.approx(least, rel=1e-6)

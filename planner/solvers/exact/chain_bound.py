@@ -68,6 +68,14 @@ pairs run in parallel); 0 at c = 0.
   each of the stage's boundaries (activations on, gradients back) and its ring chunks,
   at most one ms of channel time per ms, the last one delivered a latency later (point
   to point: its ring chunks only, all to one pair);
+- balance (a split of several groups, :meth:`ChainBound._balanced`): every term above
+  holds for each device k of the stage at its own y_k samples (S_k from h(a, y_k), the
+  round trip's tail from h(b, y_k)), so a device of group j holds at most cap_j, the most
+  y >= y_lo at which all of them fit T (each rises with y); one device holds y_lo and
+  the stage holds B, so y_lo + sum_j g_j cap_j - min_j cap_j >= B. (The terms of d and
+  e price d at the fastest group: a stage of an Orin, a TX2 and a Nano at B = 16 met T
+  with 8 samples on an Orin and one on the Nano, leaving 7 to a TX2 that cannot take
+  them; inception-like x 4 mixed, (B 16, P 2): 0.933 -> 0.999 of the incumbent);
 - the DP's value for stage q's start: U(a) = h(a, y_lo) + R, the least time from the
   end of the earliest first forward on stage q - 1 to the end of the earliest first
   backward on stage q: R = max(n_r f_e, f_e + U' + h(b, y_lo)) + b_e for the device e
@@ -112,7 +120,8 @@ t_r the P-stage schedule's; T is met with P stages when U_{P-1}(0, n) is finite 
 some n <= the counts.
 
 Complexity: per T and P, O(P X S L^2) (numpy over block pairs, only the b a later stage
-can start at; X states, S splits: compositions times the y_lo of each); the tables
+can start at; X states, S splits: compositions times the y_lo of each), and for the
+splits of several groups O(J B) more per pair still feasible (the balance); the tables
 O(J B L^2) memory (J groups) and the prefixes O(P X S L^2) time. Bisection: log2(1 / tol)
 passes per micro-batch size and tolerance, each P still below the midpoint in each pass
 (:func:`chain_bounds`)."""
@@ -340,7 +349,7 @@ class ChainBound:
                 if deadline is not None and deadline.passed():
                     raise TimeoutError
                 g, _, y_e, y_d = split
-                gi = int(g @ self.radix)
+                gi, used = int(g @ self.radix), np.flatnonzero(g)
                 # states n = n' + g of the stages from q on, n' the later stages' (none
                 # for the last stage, which ends at L)
                 fit = (self.digits + g <= self.counts).all(axis=1)
@@ -386,6 +395,11 @@ class ChainBound:
                     if r:  # the next stage's last forward and what follows it
                         live &= ((lead_d + x_next <= (limit - start_d)[:, None])
                                  & (lead_e + x_next <= (limit - start_e)[:, None]))  # fmt: skip
+                    if len(used) > 1:  # the split's devices must take all B samples
+                        returned = hop_e[:, None] + f_e + after[None, :, i]
+                        live = self._balanced(
+                            live, split, cols, limit, fill, drain, returned,
+                            x_next if r else None, rest, trailing, ring)  # fmt: skip
                     if not live.any():
                         continue
                     trip = np.maximum(warm * f_e, f_e + after[None, :, i] + back_e) + b_e
@@ -403,6 +417,57 @@ class ChainBound:
             if not np.isfinite(value).any():
                 return False
         return bool(np.isfinite(value[0, 1:]).any())
+
+    def _balanced(self, live: np.ndarray, split: Split, cols: np.ndarray, limit: float,
+                  fill: np.ndarray, drain: np.ndarray, returned: np.ndarray,
+                  x_next: np.ndarray | None, rest: int, trailing: int, ring: np.ndarray
+                  ) -> np.ndarray:  # fmt: skip
+        """``live`` (block pairs (a, b), b in ``cols``) where the devices of a split of
+        several groups can take the micro-batch's B samples: a device of group j holds
+        at most cap_j samples, the most y >= y_lo at which every term of a device with
+        y samples of its own fits T = ``limit`` (work + ring, drain, uplink, round trip
+        from ``returned`` = h(a, y_lo) + f_e + U' after the prefix's fill, and for a
+        stage before the last its last forward into the next one's X'); each term
+        rises with y, so cap_j - y_lo + 1 is the count of y that fit. One device holds
+        the split's fewest, y_lo, so a plan needs y_lo + sum_j g_j cap_j - min_j cap_j
+        >= B (the y_lo device is best taken from the group of least cap), and every
+        used group's cap_j >= y_lo. O(groups x B x live pairs)."""
+        g, s, y_lo, _ = split
+        rows, at = np.nonzero(live)
+        bs = cols[at]
+        m, lat, batch = self.m_count, self.lat, self.batch
+        start = fill[rows]
+        back = drain[rows]
+        ring_at = ring[rows, at]
+        base = start + returned[rows, at]
+        x_at = None if x_next is None else x_next[0, at]
+        caps = []
+        for j in np.flatnonzero(g):
+            count = np.zeros(rows.size, dtype=np.int64)
+            for y in range(y_lo, batch - (s - 1) * y_lo + 1):
+                f = self.f_from[j][y - 1][rows, bs]
+                b = self.b_from[j][y - 1][rows, bs]
+                hop, chan = self.hops[y], self.chans[y]
+                own = start + hop[rows]  # the device's first forward starts
+                ends = np.maximum(ring_at, hop[rows] + back)
+                need = np.maximum.reduce([
+                    own + m * (f + b) + ends,
+                    own + f + m * (chan[rows] + chan[bs]) + ring_at - 2.0 * (s - 1) * lat + lat,
+                    base + hop[bs] + _times(rest, f) + m * b + ends,
+                ])  # fmt: skip
+                if x_at is not None:
+                    need = np.maximum(need, own + m * f + _times(m - trailing, b) + hop[bs] + x_at)
+                fits = need <= limit
+                if not fits.any():
+                    break
+                count += fits
+            caps.append((int(g[j]), y_lo - 1 + count))
+        total = sum(n * cap for n, cap in caps)
+        least = np.min([cap for _, cap in caps], axis=0)
+        ok = (least >= y_lo) & (y_lo + total - least >= batch)
+        out = np.zeros_like(live)
+        out[rows[ok], at[ok]] = True
+        return out
 
 
 def chain_groups(tables: Tables, batch: int) -> list[list[int]]:
