@@ -116,6 +116,11 @@ def test_an_address_is_host_and_port() -> None:
             parse_address(bad)
 
 
+# a worker's connect time-out against an in-process store: it only stops a hung test (5 s
+# timed out once while three xdist workers and other jobs started at load 5-9)
+JOIN_TIMEOUT_S = 30
+
+
 def recovering_store(steps: int = 4, checkpoint_every: int = 2, resume: int = 0,
                      time_scale: float | None = None):
     """A real store holding what a recovering coordinator publishes before any worker
@@ -135,7 +140,7 @@ def test_a_worker_joining_a_recovering_coordinator_takes_its_checkpoint_interval
     store = recovering_store(checkpoint_every=2)
     endpoint = Endpoint(rank=0, world_size=3, store_host="127.0.0.1", store_port=store.port)
     for given in (0, 2):  # none, or the coordinator's own
-        opts = WorkerOptions(plan=str(plan_file), steps=4, timeout_s=5,
+        opts = WorkerOptions(plan=str(plan_file), steps=4, timeout_s=JOIN_TIMEOUT_S,
                              checkpoint_every=given)
         joined, _ = join(opts, endpoint, f"127.0.0.1:{store.port}")
         assert (joined.recover, joined.generation, joined.checkpoint_every) == (True, 1, 2)
@@ -167,7 +172,7 @@ def test_a_worker_contradicting_a_recovering_coordinator_is_refused_in_one_line(
 def test_an_emulating_worker_must_run_the_coordinators_time_scale(plan_file: Path) -> None:
     store = recovering_store(time_scale=40.0)
     endpoint = Endpoint(rank=0, world_size=3, store_host="127.0.0.1", store_port=store.port)
-    same = WorkerOptions(plan=str(plan_file), steps=4, timeout_s=5, emulate=True,
+    same = WorkerOptions(plan=str(plan_file), steps=4, timeout_s=JOIN_TIMEOUT_S, emulate=True,
                          time_scale=40.0)
     assert join(same, endpoint, f"127.0.0.1:{store.port}")[0].emulate
     for worker in (replace(same, time_scale=20.0), replace(same, emulate=False)):
@@ -189,8 +194,8 @@ def test_the_coordinators_checkpoint_reaches_a_worker_whole_through_the_store(
     send_checkpoint(store, ckpt)
     endpoint = Endpoint(rank=1, world_size=3, store_host="127.0.0.1", store_port=store.port)
     out = tmp_path / "worker"
-    joined, _ = join(WorkerOptions(plan=str(plan_file), steps=4, timeout_s=5, out=str(out)),
-                     endpoint, f"127.0.0.1:{store.port}")
+    opts = WorkerOptions(plan=str(plan_file), steps=4, timeout_s=JOIN_TIMEOUT_S, out=str(out))
+    joined, _ = join(opts, endpoint, f"127.0.0.1:{store.port}")
     assert joined.resume == str(out / "resumed" / "step-00000002")
     got = Path(joined.resume)
     assert {str(f.relative_to(got)): f.read_bytes() for f in got.rglob("*") if f.is_file()
