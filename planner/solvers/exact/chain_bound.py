@@ -68,6 +68,10 @@ pairs run in parallel); 0 at c = 0.
   each of the stage's boundaries (activations on, gradients back) and its ring chunks,
   at most one ms of channel time per ms, the last one delivered a latency later (point
   to point: its ring chunks only, all to one pair);
+- after a device's last backward, max(ring_s, h(a, y) + D) in the terms above (and in
+  D, below) is also at least ring_s - 2 (s - 1) lat + lat + v y bytes(a) (s >= 2,
+  switched or medium; :func:`_after`): its ring chunks and its last gradient both
+  leave over its uplink, the later delivered a latency after both channel times;
 - balance (a split of several groups, :meth:`ChainBound._balanced`): every term above
   holds for each device k of the stage at its own y_k samples (S_k from h(a, y_k), the
   round trip's tail from h(b, y_k)), so a device of group j holds at most cap_j, the most
@@ -290,14 +294,15 @@ class ChainBound:
         for q in range(1, self.max_stages):
             for k in order[1:]:
                 self._check()
-                for (g, _, y_lo, _), f_e, b_e, ring in steps:
+                for (g, s, y_lo, _), f_e, b_e, ring in steps:
                     if (self.digits[k] >= g).all():
                         back = k - int(g @ self.radix)
                         hop = self.hops[y_lo]
                         step = (fill[q - 1, :, back] + hop)[:, None] + f_e
                         fill[q, :, k] = np.minimum(fill[q, :, k], step.min(axis=0))
                         # after the stage's backward: its ring, and the way further back
-                        step = np.maximum(ring, (drain[q - 1, :, back] + hop)[:, None]) + b_e
+                        way = (drain[q - 1, :, back] + hop)[:, None]
+                        step = _after(ring, s, self.lat, way, self.chans[y_lo][:, None]) + b_e
                         drain[q, :, k] = np.minimum(drain[q, :, k], step.min(axis=0))
         # at most k per group: the least over every k' <= k, one group axis at a time
         grid = (self.max_stages, self.n_blocks + 1, *(c + 1 for c in reversed(self.counts)))
@@ -348,7 +353,7 @@ class ChainBound:
             for split in self.splits:
                 if deadline is not None and deadline.passed():
                     raise TimeoutError
-                g, _, y_e, y_d = split
+                g, s, y_e, y_d = split
                 gi, used = int(g @ self.radix), np.flatnonzero(g)
                 # states n = n' + g of the stages from q on, n' the later stages' (none
                 # for the last stage, which ends at L)
@@ -363,6 +368,7 @@ class ChainBound:
                 later_tails = tails[cols][:, later_states] if r else 0.0 * after
                 work, work_lo, f_d, b_d, f_e, b_e, ring, sent, lows = self.figures(split, cols)
                 hop_d, hop_e = self.hops[y_d], self.hops[y_e]
+                chan_d, chan_e = self.chans[y_d], self.chans[y_e]
                 # d's round trip, and any group's device (>= y_lo samples)'s: from its
                 # first backward on, the forwards after the warm-up and every backward
                 rest = max(m - warm, 0)
@@ -380,16 +386,14 @@ class ChainBound:
                     fill, drain = before_fill[:, full - n], before_drain[:, full - n]
                     # d's first forward, and any group's device (>= y_lo samples)'s
                     start_d, start_e = fill + hop_d, fill + hop_e
-                    fits = (
-                        (np.maximum(work + ring, sent) <= (limit - start_d)[:, None])
-                        & (work_lo + ring <= (limit - start_e)[:, None])
-                        & (work <= (limit - start_d - hop_d - drain)[:, None])
-                        & (work_lo <= (limit - start_e - hop_e - drain)[:, None]))  # fmt: skip
                     # after the device's last backward: the stage's ring, and its
-                    # gradient's way back through the stages before a
-                    trip_need = f_e + np.maximum(
-                        tail_d + np.maximum(ring, (hop_d + drain)[:, None]),
-                        tail_e + np.maximum(ring, (hop_e + drain)[:, None]))
+                    # gradient's way back through the stages before a, both leaving
+                    # over its uplink
+                    ends_d = _after(ring, s, self.lat, (hop_d + drain)[:, None], chan_d[:, None])
+                    ends_e = _after(ring, s, self.lat, (hop_e + drain)[:, None], chan_e[:, None])
+                    fits = ((np.maximum(work + ends_d, sent) <= (limit - start_d)[:, None])
+                            & (work_lo + ends_e <= (limit - start_e)[:, None]))  # fmt: skip
+                    trip_need = f_e + np.maximum(tail_d + ends_d, tail_e + ends_e)
                     live = fits & (after[None, :, i] <= limit - trip_need - (fill + hop_e)[:, None])
                     x_next = later_tails[None, :, i]
                     if r:  # the next stage's last forward and what follows it
@@ -408,8 +412,7 @@ class ChainBound:
                     # X: from the last activation's delivery on, a device's last forward,
                     # then its trailing backwards, its ring and its gradient's way back,
                     # or its output's way through the later stages
-                    ends = np.maximum(ring, (hop_e + drain)[:, None])
-                    x_own = f_e + np.maximum(_times(trailing, b_e) + ends,
+                    x_own = f_e + np.maximum(_times(trailing, b_e) + ends_e,
                                              back_e + x_next if r else 0.0)  # fmt: skip
                     x_got = np.where(live, x_own, inf).min(axis=1)
                     nxt_tails[:, n] = np.minimum(nxt_tails[:, n], x_got)
@@ -449,7 +452,7 @@ class ChainBound:
                 b = self.b_from[j][y - 1][rows, bs]
                 hop, chan = self.hops[y], self.chans[y]
                 own = start + hop[rows]  # the device's first forward starts
-                ends = np.maximum(ring_at, hop[rows] + back)
+                ends = _after(ring_at, s, lat, hop[rows] + back, chan[rows])
                 need = np.maximum.reduce([
                     own + m * (f + b) + ends,
                     own + f + m * (chan[rows] + chan[bs]) + ring_at - 2.0 * (s - 1) * lat + lat,
@@ -474,6 +477,21 @@ def chain_groups(tables: Tables, batch: int) -> list[list[int]]:
     """The class groups :class:`ChainBound` keeps apart: those of
     :func:`planner.solvers.exact.stage_bounds.bound_groups` under :data:`CHAIN_STATES`."""
     return bound_groups(tables, batch, CHAIN_STATES)
+
+
+def _after(ring: np.ndarray, s: int, lat: float, way: np.ndarray, chan: np.ndarray
+           ) -> np.ndarray:  # fmt: skip
+    """From a device's last backward (of micro-batch M - 1) to the end of the round, per
+    block pair (a, b) (arguments broadcast): the stage's ``ring`` (``s`` devices), its
+    last gradient's ``way`` back (h(a, y) + D), and both of those through its own uplink
+    (switched) or the medium: its ring chunks' channel time, ring - 2 (s - 1) lat, and
+    the gradient's, ``chan`` v y bytes(a) (0 point to point, where the ring's pair is
+    not the gradient's, and at a = 0), the later of the two delivered a latency later.
+    O(1) per pair."""
+    alone = np.maximum(ring, way)
+    if s == 1:  # no ring: the gradient alone (or nothing, at a = 0)
+        return alone
+    return np.maximum(alone, ring - 2.0 * (s - 1) * lat + lat + chan)
 
 
 def _times(count: int, figure: np.ndarray) -> np.ndarray | float:
