@@ -124,7 +124,8 @@ t_r the P-stage schedule's; T is met with P stages when U_{P-1}(0, n) is finite 
 some n <= the counts.
 
 Complexity: per T and P, O(P X S L^2) (numpy over block pairs, only the b a later stage
-can start at; X states, S splits: compositions times the y_lo of each), and for the
+can start at and the a from the first to the last at which a prefix ends before T: a = 0
+for stage 0; X states, S splits: compositions times the y_lo of each), and for the
 splits of several groups O(J B) more per pair still feasible (the balance); the tables
 O(J B L^2) memory (J groups) and the prefixes O(P X S L^2) time. Bisection: log2(1 / tol)
 passes per micro-batch size and tolerance, each P still below the midpoint in each pass
@@ -241,29 +242,30 @@ class ChainBound:
         if self.deadline is not None and self.deadline.passed():
             raise TimeoutError
 
-    def figures(self, split: Split, cols: np.ndarray | slice) -> Figures:
-        """A split's :data:`Figures` over the block pairs (a, b), b in ``cols``: a
-        device's figures the least over the composition's groups."""
+    def figures(self, split: Split, rows: slice, cols: np.ndarray) -> Figures:
+        """A split's :data:`Figures` over the block pairs (a, b), a in ``rows`` and b in
+        ``cols``: a device's figures the least over the composition's groups."""
         g, s, y_lo, y_d = split
         used = np.flatnonzero(g)
+        pairs = (rows, cols)
 
         def least(table: list[list[np.ndarray]], y: int) -> np.ndarray:
-            return np.min([table[j][y - 1][:, cols] for j in used], axis=0)
+            return np.min([table[j][y - 1][pairs] for j in used], axis=0)
 
         f_d, b_d, f_e, b_e = (least(self.f_from, y_d), least(self.b_from, y_d),
                               least(self.f_from, y_lo), least(self.b_from, y_lo))  # fmt: skip
         # the y_d device, of some group; and each group's devices hold >= y_lo samples
-        lows = [(self.f_from[j][y_lo - 1][:, cols], self.b_from[j][y_lo - 1][:, cols])
+        lows = [(self.f_from[j][y_lo - 1][pairs], self.b_from[j][y_lo - 1][pairs])
                 for j in used]  # fmt: skip
         work = self.m_count * np.min(
-            [self.f_from[j][y_d - 1][:, cols] + self.b_from[j][y_d - 1][:, cols] for j in used],
+            [self.f_from[j][y_d - 1][pairs] + self.b_from[j][y_d - 1][pairs] for j in used],
             axis=0)  # fmt: skip
         work_lo = self.m_count * np.max([f + b for f, b in lows], axis=0)
-        ring = 2.0 * (s - 1) * (self.weights[:, cols] / s + self.lat)
+        ring = 2.0 * (s - 1) * (self.weights[pairs] / s + self.lat)
         # d's uplink: from its first forward's end on, M y_d samples of both boundaries
         # and its ring chunks, then a latency
         chan = self.chans[y_d]
-        sent = (f_d + self.m_count * (chan[:, None] + chan[cols][None, :]) + ring
+        sent = (f_d + self.m_count * (chan[rows][:, None] + chan[cols][None, :]) + ring
                 - 2.0 * (s - 1) * self.lat + self.lat)  # fmt: skip
         return work, work_lo, f_d, b_d, f_e, b_e, ring, sent, lows
 
@@ -289,7 +291,7 @@ class ChainBound:
         steps = []
         for split in self.splits:
             self._check()
-            figs = self.figures(split, slice(None))
+            figs = self.figures(split, slice(None), np.arange(self.n_blocks + 1))
             steps.append((split, figs[4], figs[5], figs[6]))
         for q in range(1, self.max_stages):
             for k in order[1:]:
@@ -349,6 +351,12 @@ class ChainBound:
             stage = num_stages - 1 - r
             warm, trailing = self.counts_of[num_stages][stage]
             before_fill, before_drain = self.fill[stage], self.drain[stage]
+            # the blocks a stage q may start at: from the first to the last at which
+            # some prefix of q stages ends before T (stage 0: a = 0 only)
+            reach = np.flatnonzero(before_fill.min(axis=1) < limit)
+            if not reach.size:
+                return False
+            rows = slice(int(reach[0]), int(reach[-1]) + 1)
             nxt, nxt_tails = np.full_like(value, inf), np.full_like(value, inf)
             for split in self.splits:
                 if deadline is not None and deadline.passed():
@@ -366,9 +374,12 @@ class ChainBound:
                     continue
                 after = after[cols]
                 later_tails = tails[cols][:, later_states] if r else 0.0 * after
-                work, work_lo, f_d, b_d, f_e, b_e, ring, sent, lows = self.figures(split, cols)
+                figs = self.figures(split, rows, cols)
+                work, work_lo, f_d, b_d, f_e, b_e, ring, sent, lows = figs
                 hop_d, hop_e = self.hops[y_d], self.hops[y_e]
-                chan_d, chan_e = self.chans[y_d], self.chans[y_e]
+                # per start block a in rows
+                at_d, at_e = hop_d[rows], hop_e[rows]
+                chan_d, chan_e = self.chans[y_d][rows], self.chans[y_e][rows]
                 # d's round trip, and any group's device (>= y_lo samples)'s: from its
                 # first backward on, the forwards after the warm-up and every backward
                 rest = max(m - warm, 0)
@@ -383,79 +394,79 @@ class ChainBound:
                 for i, later in enumerate(later_states):
                     n = int(later) + gi
                     # the stages before a have at most the devices left
-                    fill, drain = before_fill[:, full - n], before_drain[:, full - n]
+                    fill, drain = before_fill[rows, full - n], before_drain[rows, full - n]
                     # d's first forward, and any group's device (>= y_lo samples)'s
-                    start_d, start_e = fill + hop_d, fill + hop_e
+                    start_d, start_e = fill + at_d, fill + at_e
                     # after the device's last backward: the stage's ring, and its
                     # gradient's way back through the stages before a, both leaving
                     # over its uplink
-                    ends_d = _after(ring, s, self.lat, (hop_d + drain)[:, None], chan_d[:, None])
-                    ends_e = _after(ring, s, self.lat, (hop_e + drain)[:, None], chan_e[:, None])
+                    ends_d = _after(ring, s, self.lat, (at_d + drain)[:, None], chan_d[:, None])
+                    ends_e = _after(ring, s, self.lat, (at_e + drain)[:, None], chan_e[:, None])
                     fits = ((np.maximum(work + ends_d, sent) <= (limit - start_d)[:, None])
                             & (work_lo + ends_e <= (limit - start_e)[:, None]))  # fmt: skip
                     trip_need = f_e + np.maximum(tail_d + ends_d, tail_e + ends_e)
-                    live = fits & (after[None, :, i] <= limit - trip_need - (fill + hop_e)[:, None])
+                    live = fits & (after[None, :, i] <= limit - trip_need - start_e[:, None])
                     x_next = later_tails[None, :, i]
                     if r:  # the next stage's last forward and what follows it
                         live &= ((lead_d + x_next <= (limit - start_d)[:, None])
                                  & (lead_e + x_next <= (limit - start_e)[:, None]))  # fmt: skip
                     if len(used) > 1:  # the split's devices must take all B samples
-                        returned = hop_e[:, None] + f_e + after[None, :, i]
+                        returned = at_e[:, None] + f_e + after[None, :, i]
                         live = self._balanced(
-                            live, split, cols, limit, fill, drain, returned,
+                            live, split, rows, cols, limit, fill, drain, returned,
                             x_next if r else None, rest, trailing, ring)  # fmt: skip
                     if not live.any():
                         continue
                     trip = np.maximum(warm * f_e, f_e + after[None, :, i] + back_e) + b_e
-                    got = np.where(live, trip, inf).min(axis=1) + hop_e
-                    nxt[:, n] = np.minimum(nxt[:, n], got)
+                    got = np.where(live, trip, inf).min(axis=1) + at_e
+                    nxt[rows, n] = np.minimum(nxt[rows, n], got)
                     # X: from the last activation's delivery on, a device's last forward,
                     # then its trailing backwards, its ring and its gradient's way back,
                     # or its output's way through the later stages
                     x_own = f_e + np.maximum(_times(trailing, b_e) + ends_e,
                                              back_e + x_next if r else 0.0)  # fmt: skip
                     x_got = np.where(live, x_own, inf).min(axis=1)
-                    nxt_tails[:, n] = np.minimum(nxt_tails[:, n], x_got)
+                    nxt_tails[rows, n] = np.minimum(nxt_tails[rows, n], x_got)
             value, tails = nxt, nxt_tails
             if not np.isfinite(value).any():
                 return False
         return bool(np.isfinite(value[0, 1:]).any())
 
-    def _balanced(self, live: np.ndarray, split: Split, cols: np.ndarray, limit: float,
-                  fill: np.ndarray, drain: np.ndarray, returned: np.ndarray,
+    def _balanced(self, live: np.ndarray, split: Split, rows: slice, cols: np.ndarray,
+                  limit: float, fill: np.ndarray, drain: np.ndarray, returned: np.ndarray,
                   x_next: np.ndarray | None, rest: int, trailing: int, ring: np.ndarray
                   ) -> np.ndarray:  # fmt: skip
-        """``live`` (block pairs (a, b), b in ``cols``) where the devices of a split of
-        several groups can take the micro-batch's B samples: a device of group j holds
-        at most cap_j samples, the most y >= y_lo at which every term of a device with
-        y samples of its own fits T = ``limit`` (work + ring, drain, uplink, round trip
-        from ``returned`` = h(a, y_lo) + f_e + U' after the prefix's fill, and for a
-        stage before the last its last forward into the next one's X'); each term
-        rises with y, so cap_j - y_lo + 1 is the count of y that fit. One device holds
-        the split's fewest, y_lo, so a plan needs y_lo + sum_j g_j cap_j - min_j cap_j
-        >= B (the y_lo device is best taken from the group of least cap), and every
-        used group's cap_j >= y_lo. O(groups x B x live pairs)."""
+        """``live`` (block pairs (a, b), a in ``rows``, b in ``cols``) where the devices
+        of a split of several groups can take the micro-batch's B samples: a device of
+        group j holds at most cap_j samples, the most y >= y_lo at which every term of a
+        device with y samples of its own fits T = ``limit`` (work + ring, drain, uplink,
+        round trip from ``returned`` = h(a, y_lo) + f_e + U' after the prefix's fill,
+        and for a stage before the last its last forward into the next one's X'); each
+        term rises with y, so cap_j - y_lo + 1 is the count of y that fit. One device
+        holds the split's fewest, y_lo, so a plan needs y_lo + sum_j g_j cap_j - min_j
+        cap_j >= B (the y_lo device is best taken from the group of least cap), and
+        every used group's cap_j >= y_lo. O(groups x B x live pairs)."""
         g, s, y_lo, _ = split
-        rows, at = np.nonzero(live)
-        bs = cols[at]
+        row, at = np.nonzero(live)
+        a_s, bs = row + rows.start, cols[at]
         m, lat, batch = self.m_count, self.lat, self.batch
-        start = fill[rows]
-        back = drain[rows]
-        ring_at = ring[rows, at]
-        base = start + returned[rows, at]
+        start = fill[row]
+        back = drain[row]
+        ring_at = ring[row, at]
+        base = start + returned[row, at]
         x_at = None if x_next is None else x_next[0, at]
         caps = []
         for j in np.flatnonzero(g):
-            count = np.zeros(rows.size, dtype=np.int64)
+            count = np.zeros(row.size, dtype=np.int64)
             for y in range(y_lo, batch - (s - 1) * y_lo + 1):
-                f = self.f_from[j][y - 1][rows, bs]
-                b = self.b_from[j][y - 1][rows, bs]
+                f = self.f_from[j][y - 1][a_s, bs]
+                b = self.b_from[j][y - 1][a_s, bs]
                 hop, chan = self.hops[y], self.chans[y]
-                own = start + hop[rows]  # the device's first forward starts
-                ends = _after(ring_at, s, lat, hop[rows] + back, chan[rows])
+                own = start + hop[a_s]  # the device's first forward starts
+                ends = _after(ring_at, s, lat, hop[a_s] + back, chan[a_s])
                 need = np.maximum.reduce([
                     own + m * (f + b) + ends,
-                    own + f + m * (chan[rows] + chan[bs]) + ring_at - 2.0 * (s - 1) * lat + lat,
+                    own + f + m * (chan[a_s] + chan[bs]) + ring_at - 2.0 * (s - 1) * lat + lat,
                     base + hop[bs] + _times(rest, f) + m * b + ends,
                 ])  # fmt: skip
                 if x_at is not None:
@@ -469,7 +480,7 @@ class ChainBound:
         least = np.min([cap for _, cap in caps], axis=0)
         ok = (least >= y_lo) & (y_lo + total - least >= batch)
         out = np.zeros_like(live)
-        out[rows[ok], at[ok]] = True
+        out[row[ok], at[ok]] = True
         return out
 
 
