@@ -38,7 +38,8 @@ def _with_views(problem: Problem, result: DPResult, left: float) -> Partition:
     among the DP's own (:func:`planner.solvers.dp.one_device.nothing_displaces`; shown
     already where the DP settled a one-device plan: graph ``none``, which
     :func:`planner.solvers.dp.driver.plan_dp` without a warm start gives only then), nor
-    where ``left`` ran out during the bound."""
+    where ``left`` ran out during the bound. The views do not evaluate again a plan the
+    DP scored (``known``)."""
     found = [*result.scored, (result.cost, result.partition, 0.0)]
     try:
         settled = result.graph == "none" or nothing_displaces(CostModel(problem), found,
@@ -47,7 +48,8 @@ def _with_views(problem: Problem, result: DPResult, left: float) -> Partition:
         settled = True  # no time left for the views
     if settled:
         return choose(found)[1]
-    views = coarse_views(problem, left, by_class=True, coarse_run=result.coarse_to_fine)
+    views = coarse_views(problem, left, by_class=True, coarse_run=result.coarse_to_fine,
+                         known=found)  # fmt: skip
     return choose([*result.scored, *views, (result.cost, result.partition, 0.0)])[1]
 
 

@@ -53,7 +53,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -158,6 +158,18 @@ def expand(partition: Partition, cuts: list[int]) -> Partition:
     return replace(partition, stages=stages)
 
 
+def known_figures(found: Sequence[tuple[PlanCost, Partition, float]],
+                  cuts: list[int]) -> Callable[[Partition], PlanCost | None]:
+    """For :func:`best_plan`'s ``known``: a plan of the chain merged at ``cuts`` looked up,
+    on the original blocks (:func:`expand`), among ``found`` (figures, plan of the original
+    blocks, DP value; another run's ``scored``). Merging prices every plan whose cuts it
+    keeps as the full chain does (module docstring), so a plan scored on one merging has
+    those figures on every other (up to the order of the sums: 93 of 94 repeats on the
+    NASNet-like small mixed cases bit for bit, docs/decisions.md). O(P) a lookup."""
+    table = {plan: cost for cost, plan, _ in found}
+    return lambda partition: table.get(expand(partition, cuts))
+
+
 def contract(partition: Partition, cuts: list[int]) -> Partition:
     """A plan of the original blocks whose cuts are all in ``cuts`` as a plan of the chain
     merged there (the inverse of :func:`expand`)."""
@@ -228,7 +240,8 @@ def plan_multilevel(
     status, graph = coarse.status, coarse.graph
     if status != "timed_out":
         fine = best_plan(merge_blocks(problem, cuts), half(1), left, by_class=by_class,
-                         incumbent=contract(warm, cuts))  # fmt: skip
+                         incumbent=contract(warm, cuts),
+                         known=known_figures(found, cuts))  # fmt: skip
         # None only if the warm start fits the full chain's memory but not, by a rounding
         # of the merged sums, the fine chain's: the coarse plans stand
         if fine is not None:
@@ -245,7 +258,8 @@ def plan_multilevel(
 
 
 def coarse_views(
-    problem: Problem, time_limit: float, *, by_class: bool = True, coarse_run: bool = False
+    problem: Problem, time_limit: float, *, by_class: bool = True, coarse_run: bool = False,
+    known: Sequence[tuple[PlanCost, Partition, float]] = (),
 ) -> list[tuple[PlanCost, Partition, float]]:
     """Plans of ``problem`` found by the DP on its coarse views: for each width w of
     ``VIEW_WIDTHS``, the chain merged at the cheapest crossing of every window of w
@@ -272,7 +286,11 @@ def coarse_views(
     (:func:`plan_multilevel`, whose ``scored`` holds its coarse run's plans): the view of
     the coarse run's width ceil(L / ``COARSE_BLOCKS``) is that run (the same merged chain
     planned by the same :func:`best_plan`, which counts work, not seconds), so it is not
-    planned again (resnet50-like on home-mixed-5: views 1.44 -> 0.6 CPU s)."""
+    planned again (resnet50-like on home-mixed-5: views 1.44 -> 0.6 CPU s). ``known``:
+    plans of the original blocks scored already (the caller's DP run's ``scored``), whose
+    figures a view, like the plans of the views before it, does not evaluate again
+    (:func:`known_figures`: 13-35 of the 25-52 evaluations of the views on the NASNet-like
+    small mixed cases)."""
     start = time.perf_counter()
     found: list[tuple[PlanCost, Partition, float]] = []
     planned = coarse_width(problem.model.num_blocks) if coarse_run else None
@@ -281,7 +299,8 @@ def coarse_views(
         left = time_limit - (time.perf_counter() - start)
         if not 2 <= len(grid) - 1 <= VIEW_MAX_BLOCKS or left <= 0 or width == planned:
             continue
-        view = best_plan(merge_blocks(problem, grid), None, left, by_class=by_class)
+        view = best_plan(merge_blocks(problem, grid), None, left, by_class=by_class,
+                         known=known_figures([*known, *found], grid))  # fmt: skip
         if view is not None:
             found += [(cost, expand(p, grid), value) for cost, p, value in view.scored]
     return found

@@ -219,12 +219,16 @@ def best_plan(
     *,
     by_class: bool = True,
     incumbent: Partition | None = None,
+    known: Callable[[Partition], PlanCost | None] | None = None,
 ) -> DPResult | None:
     """:func:`planner.solvers.dp.driver.plan_dp` without the diagnosis (nor the coarse to
     fine planning of long chains): ``None`` when nothing fits. ``time_limit``: wall-clock
     seconds from now, or a running :class:`~planner.solvers.time_limit.Deadline` (wall
-    clock and CPU time) shared with the caller."""
-    run = _Sizes(problem, progress, time_limit, by_class, incumbent)
+    clock and CPU time) shared with the caller. ``known``: the figures of a plan scored
+    already (by a run on another merging of the same chain, which prices it alike:
+    :mod:`planner.solvers.dp.multilevel`), or None; a plan it knows is not evaluated
+    again."""
+    run = _Sizes(problem, progress, time_limit, by_class, incumbent, known)
     for i, batch in enumerate(run.micro_batches()):
         if run.found and run.deadline.passed():
             run.status = "timed_out"  # a plan exists: the sizes left are not searched
@@ -247,9 +251,11 @@ class _Sizes:
         time_limit: float | Deadline,
         by_class: bool,
         incumbent: Partition | None,
+        known: Callable[[Partition], PlanCost | None] | None = None,
     ) -> None:
         # the searches' arrays stay on mapped pages (planner.solvers.dp.allocator)
         retain_freed_memory()
+        self.known = known
         self.start = time.perf_counter()
         self.deadline = time_limit if isinstance(time_limit, Deadline) else Deadline(time_limit)
         self.progress = progress
@@ -277,7 +283,7 @@ class _Sizes:
             # (module docstring, "Bound U"), and it competes in the final choice
             check_incumbent(problem, incumbent)
             self.seen.add(incumbent)
-            cost = self.cm.evaluate(incumbent)
+            cost = self.evaluate(incumbent)
             self.score(
                 pipeline_closed_form_ms(self.cm, incumbent, cost),
                 incumbent.micro_batch_size,
@@ -304,6 +310,12 @@ class _Sizes:
         if self.progress is not None:
             self.progress(min(self.done, self.total), self.total)
 
+    def evaluate(self, partition: Partition) -> PlanCost:
+        """``partition``'s figures: known already (``best_plan``'s ``known``), or the
+        cost model's."""
+        cost = None if self.known is None else self.known(partition)
+        return self.cm.evaluate(partition) if cost is None else cost
+
     def fastest(self) -> float:
         """The fastest exact figure scored so far (inf before the first)."""
         return min((c.iteration_ms for c, _, _ in self.found), default=INF)
@@ -314,7 +326,7 @@ class _Sizes:
         """Score one plan by the cost model (``cost``: its figures, when evaluated
         already); whether it fits memory (the search checks stage memory and ring
         replicas with a conservative holder; this is the figure)."""
-        cost = cost if cost is not None else self.cm.evaluate(partition)
+        cost = cost if cost is not None else self.evaluate(partition)
         if not cost.memory_ok:
             return False
         self.per_batch[batch] = min(self.per_batch.get(batch, INF), cost.iteration_ms)
