@@ -74,11 +74,14 @@ def group_gone(pgid: int) -> bool:
 
 
 def torchrun_argv(hosts: netns.Hosts | Sequence[netns.Host], index: int, script: list[str],
-                  port: int = 29400) -> list[str]:
+                  port: int = 29400, exit_barrier_s: float | None = None) -> list[str]:
     """The documented recipe (docs/executor.md): one agent per host, c10d rendezvous at
-    host 0, which hosts the store; --local-addr orders the node ranks."""
+    host 0, which hosts the store; --local-addr orders the node ranks. ``exit_barrier_s``:
+    the agents' ``--exit-barrier`` (default the agent's, 10 s), how long a survivor
+    waits for the agent of a lost host."""
+    barrier = [] if exit_barrier_s is None else ["--exit-barrier", str(exit_barrier_s)]
     return [
-        *TORCHRUN, "--nnodes", str(len(hosts)), "--nproc-per-node", "1",
+        *TORCHRUN, *barrier, "--nnodes", str(len(hosts)), "--nproc-per-node", "1",
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{hosts[0].address}:{port}",
         "--rdzv-id", "edgepipe-test", "--rdzv-conf", f"is_host={int(index == 0)}",
         "--local-addr", hosts[index].address, "--max-restarts", "0", *script,

@@ -240,6 +240,11 @@ HANG_S = 3.0
 #: the workers' gloo timeout: a rank blocked in a transfer with the lost host (its
 #: neighbour) sees the abort but can leave the blocked op only at this timeout (P6)
 GLOO_S = 15.0
+#: the recovering jobs' agents wait this long at torchrun's exit barrier for the agent of
+#: a lost host (the agent's default 10 s): every survivor is told to exit at once by the
+#: coordinator, so it only covers their spread; its length is no verdict (the agents'
+#: clean exit within 30 s of the coordinator is), and each host loss waited it out
+EXIT_BARRIER_S = 3.0
 
 
 def kill_host(hosts: netns.Hosts, index: int) -> None:
@@ -372,7 +377,8 @@ class RecoveringJob:
         for i in range(len(self.folders)):
             worker = self._worker(i, worker_args(i))
             self._start_on(i, [PY, *worker, "--standby", standbys[i]] if i in standbys
-                           else torchrun_argv(job, job.index(self.hosts[i]), worker, rdzv_port))
+                           else torchrun_argv(job, job.index(self.hosts[i]), worker, rdzv_port,
+                                              EXIT_BARRIER_S))
 
     @staticmethod
     def _watch(coordinator_args: list[str]) -> list[str]:
