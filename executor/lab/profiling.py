@@ -8,6 +8,16 @@ process baseline), on one torch thread. It builds the model itself (so its memor
 charged to its group) and profiles it in rounds until they agree
 (:func:`executor.profiling.noise.measure_until_stable`).
 
+At the same time (:func:`profile_children`): a lab run of the cluster has one confined
+process per device computing at once on this machine's cores, so the profile does too,
+one child per device: the first of each type measures the type, every other device
+computes beside it under its own run confinement (:func:`keep_busy`, paced like the
+rest), and every measuring child, once done, keeps computing until the last type is
+done, so that each type is measured beside as many busy processes as a run has (they
+share the cores' caches, and a process's work after its pacing sleep finds them cold
+by what the others ran meanwhile). The children build their models first and start
+together. docs/lab.md, "Lab profiles", "At the same time".
+
 What is measured, and why: each block's forward and backward as the CPU time of the
 process's one thread (``clock="thread"``), divided by the quota, with the child paced as
 a lab run's devices are (:mod:`executor.lab.pacing`), at the granularity of a run's
@@ -44,14 +54,16 @@ policy, divided by the quota like the block times, and recorded as the timing's
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgepipe.executor.lab.cgroups import (
     CGROUP_ROOT,
@@ -59,6 +71,7 @@ from edgepipe.executor.lab.cgroups import (
     Cgroup,
     Confinement,
     check_available,
+    confinements,
     type_quotas,
 )
 from edgepipe.executor.lab.errors import LabError
@@ -70,10 +83,16 @@ from edgepipe.planner.inputs.cluster import Cluster
 from edgepipe.planner.inputs.profile import LabQuota, ModelProfile, RuntimeWork, Timing
 from edgepipe.planner.units import human_bytes
 
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
 #: a device type that reached less than this share of its quota while profiling warns
 QUOTA_REACHED = 0.9
 #: seconds a device type's child may take before it is killed (a hung build)
 CHILD_TIMEOUT_S = 3600.0
+#: seconds a child may take to stop once told to, before it is killed
+STOP_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -128,25 +147,36 @@ def lab_profile(
     pace: bool = True,
 ) -> LabProfile:
     """Profile ``source`` in the lab of ``cluster`` (module docstring): one confined
-    child per device type (paced unless ``pace`` is off), in turn; ``job(type)`` says
-    what each measures and
-    ``on_round(type, rounds, spread so far)`` hears each round. A machine that cannot
-    host the lab raises :class:`LabUnavailable`; a child killed for memory, or failing,
-    raises :class:`LabError` naming the type; every group is removed and every child
-    reaped on the way out (also on Ctrl-C). O(device types x the rounds' profiles / quota).
+    child per device of the cluster (:func:`profile_children`), all computing at once
+    (paced unless ``pace`` is off); ``job(type)`` says what each type's measuring child
+    measures and ``on_round(type, rounds, spread so far)`` hears each round. A machine
+    that cannot host the lab raises :class:`LabUnavailable`; a child killed for memory,
+    or failing, raises :class:`LabError` naming its type; every group is removed and
+    every child reaped on the way out (also on Ctrl-C). O(the slowest type's rounds'
+    profiles / its quota).
     """
     check_available(root)
+    children = profile_children(cluster, share, pace)
+    tasks = [replace(job(c.device_type),
+                     pace=c.confinement.cpu_cores if c.confinement.paced else None)
+             for c in children]
+    with contextlib.ExitStack() as stack:
+        groups = [stack.enter_context(Cgroup.create(f"profile-{c.device}", c.confinement, root))
+                  for c in children]
+        results = _run_children(children, groups, tasks, on_round)
+        peaks = {c.device_type: g.peak_memory_bytes()
+                 for c, g in zip(children, groups, strict=True) if c.measures}
     measured: dict[str, tuple[ModelProfile, LabQuota, int]] = {}
     work: dict[str, RuntimeWork] = {}
     lines: list[str] = []
-    for name, conf in type_confinements(cluster, share, pace=pace).items():
-        task = replace(job(name), pace=conf.cpu_cores if conf.paced else None)
-        with Cgroup.create(f"profile-{name}", conf, root) as group:
-            doc, cores, work[name] = _run_child(group, task, on_round)
-            peak = group.peak_memory_bytes()
+    for child, task in zip(children, tasks, strict=True):
+        if not child.measures:
+            continue
+        name, conf = child.device_type, child.confinement
+        doc, cores, work[name] = results[name]
         profile = ModelProfile.from_dict(doc, f"lab profile of {name}")
         quota = LabQuota(conf.cpu_cores, conf.mem_bytes, 1, round(cores, 4))
-        measured[name] = (profile, quota, peak)
+        measured[name] = (profile, quota, peaks[name])
         lines += warnings(profile, name, task.policy, wall_clock=False)
         if work[name].spread > task.policy.max_spread:
             lines.append(
@@ -159,8 +189,40 @@ def lab_profile(
                 "while profiling: the machine is too busy to give the lab its quotas, "
                 "and the times are too short for a quieter lab run"
             )
-    return LabProfile(_combine(measured, work, cluster, share), lines,
-                      {n: peak for n, (_, _, peak) in measured.items()})
+    return LabProfile(_combine(measured, work, cluster, share), lines, peaks)
+
+
+@dataclass(frozen=True)
+class Child:
+    """One process of a lab profile: ``device`` of the cluster, of ``device_type``,
+    under ``confinement``; ``measures``: it profiles its type (the first device of each
+    type), else it only computes beside the others (:func:`keep_busy`)."""
+
+    device: str
+    device_type: str
+    confinement: Confinement
+    measures: bool
+
+
+def profile_children(
+    cluster: Cluster, share: float, pace: bool = True, cores: int | None = None
+) -> list[Child]:
+    """One child per device of ``cluster``, in its order, so that a profile computes
+    on as many processes at once as a lab run of every device does (module docstring,
+    "At the same time"): the first device of each type measures the type under
+    :func:`type_confinements` (slowdown 1, the type's smallest memory limit); every
+    other device computes under its own run confinement
+    (:func:`executor.lab.cgroups.confinements`), each paced unless ``pace`` is off;
+    ``cores`` as :func:`type_confinements` takes it. O(devices)."""
+    types = type_confinements(cluster, share, cores, pace)
+    ids = [d.id for d in cluster.devices]
+    runs = confinements(cluster, ids, share, cores)
+    out: list[Child] = []
+    for d in cluster.devices:
+        first = all(c.device_type != d.type for c in out)
+        conf = types[d.type] if first else replace(runs[d.id], paced=pace)
+        out.append(Child(d.id, d.type, conf, first))
+    return out
 
 
 def _combine(
@@ -209,66 +271,111 @@ def _per_quota(t: Timing, quota: LabQuota) -> Timing:
     )
 
 
-def _run_child(
-    group: Cgroup, job: Job, on_round: Callable[[str, int, float | None], None] | None
-) -> tuple[dict[str, Any], float, RuntimeWork]:
-    """Start ``job``'s child, put it in ``group`` before it does anything, and return its
-    profile document, the cores it got and the runtime's CPU work per micro-batch; the
-    child is killed and reaped on the way
-    out, whatever happens."""
+def _run_children(
+    children: list[Child], groups: list[Cgroup], tasks: list[Job],
+    on_round: Callable[[str, int, float | None], None] | None,
+) -> dict[str, tuple[dict[str, Any], float, RuntimeWork]]:
+    """Start one process per child, each put in its group before it does anything; once
+    every one has built its model, start them together; return each measuring child's
+    profile document, the cores it got and the runtime's CPU work per micro-batch, by
+    type, once the last of them is done, then stop them all. Every child is killed
+    and reaped on the way out, whatever happens; a failure raises :class:`LabError`
+    naming the type."""
     ctx = mp.get_context("spawn")
-    ours, theirs = ctx.Pipe()
-    proc = ctx.Process(target=child_main, args=(theirs, job), daemon=True)
-    proc.start()
-    theirs.close()
-    assert proc.pid is not None  # started
-    result: tuple[dict[str, Any], float, RuntimeWork] | None = None
-    failure = None
+    procs: list[BaseProcess] = []
+    conns: list[Connection] = []
+    results: dict[str, tuple[dict[str, Any], float, RuntimeWork]] = {}
+    failure: tuple[int, str | None] | None = None
     try:
-        group.add(proc.pid)
-        ours.send("go")
-        deadline = time.monotonic() + CHILD_TIMEOUT_S
-        while result is None and failure is None:
-            if not ours.poll(max(0.0, deadline - time.monotonic())):
-                failure = f"took more than {CHILD_TIMEOUT_S:.0f} s"
-                break
-            kind, *rest = ours.recv()
-            if kind == "round" and on_round is not None:
-                on_round(job.device_type, rest[0], rest[1])
-            elif kind == "done":
-                result = (rest[0], rest[1], rest[2])
-            elif kind == "error":
-                failure = rest[0]
-    except EOFError:  # the child died without a word
-        pass
+        for child, group, task in zip(children, groups, tasks, strict=True):
+            ours, theirs = ctx.Pipe()
+            proc = ctx.Process(target=child_main, args=(theirs, task, child.measures),
+                               daemon=True)
+            proc.start()
+            theirs.close()
+            procs.append(proc)
+            conns.append(ours)
+            assert proc.pid is not None  # started
+            group.add(proc.pid)
+            ours.send("go")
+        failure = _converse(children, conns, on_round, results)
+        if failure is None:
+            for conn in conns:
+                with contextlib.suppress(OSError):  # a child that has already ended
+                    conn.send("stop")
+            for each in procs:
+                each.join(STOP_S)
     finally:
-        if proc.is_alive():
-            proc.kill()
-        proc.join()
-        ours.close()
-    if result is not None:
-        return result
+        for each in procs:
+            if each.is_alive():
+                each.kill()
+            each.join()
+        for conn in conns:
+            conn.close()
+    if failure is None:
+        return results
+    i, message = failure
+    group, task = groups[i], tasks[i]
     if group.oom_killed():
         limit = group.confinement.mem_bytes or 0
         raise LabError(
-            f"profiling on device type {job.device_type} ran out of its lab memory limit "
+            f"profiling on device type {task.device_type} ran out of its lab memory limit "
             f"{human_bytes(limit)} (its budget {human_bytes(limit - PROCESS_BASELINE_BYTES)} "
             f"plus {human_bytes(PROCESS_BASELINE_BYTES)} for the process) at batch sizes up "
-            f"to {job.batch_sizes[-1]}: profile smaller batch sizes"
+            f"to {task.batch_sizes[-1]}: profile smaller batch sizes"
         )
     raise LabError(
-        f"profiling on device type {job.device_type} failed: "
-        f"{failure or f'its process exited with status {proc.exitcode}'}"
+        f"profiling on device type {task.device_type} failed: "
+        f"{message or f'its process exited with status {procs[i].exitcode}'}"
     )
 
 
-def child_main(conn: Connection, job: Job) -> None:
-    """A device type's child: wait until the parent has put it in its group, then build
-    the model and profile it on one thread (thread CPU time) until stable, then the
-    runtime's work per micro-batch (:mod:`executor.lab.runtime_work`); send
-    ``("round", n, spread)`` per round and ``("done", profile document, cores,
-    (forward ms, backward ms, spread, rounds) of CPU)`` or
-    ``("error", one line)``. Deaf to Ctrl-C: the parent ends it."""
+def _converse(
+    children: list[Child], conns: list[Connection],
+    on_round: Callable[[str, int, float | None], None] | None,
+    results: dict[str, tuple[dict[str, Any], float, RuntimeWork]],
+) -> tuple[int, str | None] | None:
+    """The parent's side of the children's messages until every measuring child is
+    done (its result in ``results``): ``("ready",)`` from each, then ``"start"`` to
+    all; rounds to ``on_round``. Returns None, or the first failing child's index and
+    its line (None: it died without one)."""
+    deadline = time.monotonic() + CHILD_TIMEOUT_S
+    waiting = {i for i, c in enumerate(children) if c.measures}
+    ready = 0
+    while waiting:
+        got = wait(conns, max(0.0, deadline - time.monotonic()))
+        if not got:
+            return min(waiting), f"took more than {CHILD_TIMEOUT_S:.0f} s"
+        for conn in got:
+            assert isinstance(conn, Connection)
+            i = conns.index(conn)
+            try:
+                kind, *rest = conn.recv()
+            except EOFError:
+                return i, None
+            if kind == "ready":
+                ready += 1
+                if ready == len(conns):
+                    for each in conns:
+                        each.send("start")
+            elif kind == "round" and on_round is not None:
+                on_round(children[i].device_type, rest[0], rest[1])
+            elif kind == "done":
+                results[children[i].device_type] = (rest[0], rest[1], rest[2])
+                waiting.discard(i)
+            elif kind == "error":
+                return i, rest[0]
+    return None
+
+
+def child_main(conn: Connection, job: Job, measures: bool = True) -> None:
+    """A device's child: wait until the parent has put it in its group, build the model
+    on one thread, say ``("ready",)`` and wait for ``"start"``; a measuring child then
+    profiles it (thread CPU time) until stable, then the runtime's work per micro-batch
+    (:mod:`executor.lab.runtime_work`), sending ``("round", n, spread)`` per round and
+    ``("done", profile document, cores, (forward ms, backward ms, spread, rounds) of
+    CPU)``; every child then computes (:func:`keep_busy`) until ``"stop"``. A failure
+    sends ``("error", one line)``. Deaf to Ctrl-C: the parent ends it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     conn.recv()
     try:
@@ -279,25 +386,55 @@ def child_main(conn: Connection, job: Job) -> None:
 
         torch.set_num_threads(1)
         built = build_source(job.source)
-        pace = None if job.pace is None else _pacer(job.pace)
-        wall, cpu = time.perf_counter(), time.process_time()
-        profile = measure_until_stable(
-            lambda: profile_model(
-                built.model, built.example, list(job.batch_sizes), job.device_type,
-                name=built.name, warmup=job.warmup, repeats=job.repeats, num_threads=1,
-                build=built.build, clock="thread", pace=pace,
-            ),
-            job.device_type,
-            job.policy,
-            on_round=lambda n, s: conn.send(("round", n, s)),
-        )
-        cores = (time.process_time() - cpu) / (time.perf_counter() - wall)
-        work = runtime_work(job.policy, job.pace)
-        conn.send(("done", profile.to_dict(), cores, work))
+        conn.send(("ready",))
+        conn.recv()
+        if measures:
+            pace = None if job.pace is None else _pacer(job.pace)
+            wall, cpu = time.perf_counter(), time.process_time()
+            profile = measure_until_stable(
+                lambda: profile_model(
+                    built.model, built.example, list(job.batch_sizes), job.device_type,
+                    name=built.name, warmup=job.warmup, repeats=job.repeats, num_threads=1,
+                    build=built.build, clock="thread", pace=pace,
+                ),
+                job.device_type,
+                job.policy,
+                on_round=lambda n, s: conn.send(("round", n, s)),
+            )
+            cores = (time.process_time() - cpu) / (time.perf_counter() - wall)
+            work = runtime_work(job.policy, job.pace)
+            conn.send(("done", profile.to_dict(), cores, work))
+        keep_busy(built.model, built.example, job.batch_sizes,
+                  None if job.pace is None else _pacer(job.pace), conn.poll)
     except EdgepipeError as exc:
         conn.send(("error", str(exc)))
     finally:
         conn.close()
+
+
+def keep_busy(
+    model: nn.Sequential, example: Callable[[int], torch.Tensor],
+    batch_sizes: Sequence[int], pace: Callable[[], None] | None, stop: Callable[[], bool],
+) -> None:
+    """Compute as a device of a run does until ``stop()``: forward and backward (from
+    the output's sum) of ``model``'s blocks one at a time, each after a pace point
+    (``pace``, if any), at each of ``batch_sizes`` in turn. The load a child puts on
+    the machine while others measure (module docstring, "At the same time"); its
+    gradients accumulate. O(one block's forward and backward) between two checks."""
+    from edgepipe.executor.profiling.profiler import block_inputs, leaf_input
+
+    inputs = [block_inputs(model, example(b)) for b in batch_sizes]
+    model.train()
+    while True:
+        for xs in inputs:
+            for i, (block, x) in enumerate(zip(model, xs, strict=True)):
+                if stop():
+                    return
+                if pace is not None:
+                    pace()
+                out = block(leaf_input(x, i == 0))
+                if out.requires_grad:
+                    out.sum().backward()
 
 
 def _pacer(rate: float) -> Callable[[], None]:

@@ -1,7 +1,7 @@
 """Specification of ``edgepipe lab profile``: a model profiled in each device type's lab
-confinement (real cgroups), its timings keyed by the cluster's types with their quotas,
-a plan made from it, and a type whose memory limit the model exceeds refused in one
-line; nothing left behind."""
+confinement (real cgroups), every type at the same time, its timings keyed by the
+cluster's types with their quotas, a plan made from it, and a type whose memory limit
+the model exceeds refused in one line; nothing left behind."""
 
 from __future__ import annotations
 
@@ -11,7 +11,11 @@ from pathlib import Path
 
 import pytest
 from edgepipe.executor.lab.cgroups import PROCESS_BASELINE_BYTES
+from edgepipe.executor.lab.profiling import Job, lab_profile
+from edgepipe.executor.profiling.noise import NoisePolicy
+from edgepipe.executor.profiling.sources import ModelSource
 from edgepipe.planner.cli.main import main
+from edgepipe.planner.inputs.cluster import Cluster
 
 from tests.helpers import needs
 
@@ -106,4 +110,25 @@ def test_a_model_past_a_type_s_memory_limit_is_refused_in_one_line(
     assert "error: profiling on device type jetson-orin-nano ran out of its lab memory " in err
     assert "Traceback" not in err
     assert not out.exists()
+    assert our_groups() == []
+
+
+def test_the_types_are_profiled_at_the_same_time(tmp_path: Path) -> None:
+    # one type after the other, a round of one type would be heard while the other's
+    # group did not exist; at once, every round is heard while both groups hold their
+    # process (each keeps computing until the last type is done)
+    cluster = Cluster.load(two_types(tmp_path / "c.json"))
+    source = ModelSource("resnet18", ("resolution=32", "width=0.25"))
+    busy: list[tuple[str, int]] = []
+
+    def on_round(device_type: str, _rounds: int, _spread: float | None) -> None:
+        groups = [Path("/sys/fs/cgroup/cpu", g, "cgroup.procs") for g in our_groups()]
+        busy.append((device_type, sum(bool(g.read_text().split()) for g in groups)))
+
+    result = lab_profile(
+        source, cluster, 1.0, lambda t: Job(source, t, (2,), 1, 1, NoisePolicy(0.05, 1, 1)),
+        on_round)
+    assert sorted(busy) == [("jetson-orin-nano", 2), ("jetson-tx2", 2)]
+    assert sorted(result.profile.timings) == sorted(result.peak_memory_bytes) == [
+        "jetson-orin-nano", "jetson-tx2"]
     assert our_groups() == []
