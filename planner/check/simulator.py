@@ -66,7 +66,7 @@ Model:
       a stage whose all-reduce ends early runs ahead while later stages still
       all-reduce; pairs keep their messages in order across steps. The steady-state
       step (:func:`steady_step_ms`) is the difference between the ends of two steps in
-      a row once it no longer changes.
+      a row once it no longer changes, the mean over 4 steps where it alternates.
 
 Event loop: the clock jumps to the next compute end, delivery or transfer completion
 under the current rates; rates are recomputed after every event. Complexity: with E
@@ -226,15 +226,28 @@ def simulate(problem: Problem, partition: Partition, schedule: Schedule | None =
 
 #: steps simulated for :func:`steady_step_ms`
 STEADY_STEPS = 5
+#: steps whose mean is the steady step where the last two differences disagree, and
+#: the steps simulated then (a transient of ``CYCLE_STEPS``, the span, the last one)
+CYCLE_STEPS = 4
+LONG_STEPS = 2 * CYCLE_STEPS + 2
 
 
 def steady_step_ms(problem: Problem, partition: Partition) -> float:
     """The steady-state step: ``STEADY_STEPS`` steps in a row (:func:`simulate`), the
     difference between the ends of the last two steps that have a successor (the last
-    step shares its channels with no following one, so it is left out). O(STEADY_STEPS)
-    simulations' work."""
+    step shares its channels with no following one, so it is left out) where it equals
+    the difference before it (within 1e-9 relative). Where it does not, the steps have
+    not settled or alternate (period 2 or 4 on a shared channel): ``LONG_STEPS`` steps
+    in a row, and the mean of the ``CYCLE_STEPS`` steps before the last, a whole number
+    of cycles of period 1, 2 or 4 after a transient of ``CYCLE_STEPS`` steps (a longer
+    cycle or transient is averaged over a part: within the differences' spread).
+    O(STEADY_STEPS) simulations' work, O(LONG_STEPS) more where they differ."""
     ends = simulate(problem, partition, iterations=STEADY_STEPS).iteration_ends()
-    return ends[-2] - ends[-3]
+    last, before = ends[-2] - ends[-3], ends[-3] - ends[-4]
+    if abs(last - before) <= 1e-9 * last:
+        return last
+    ends = simulate(problem, partition, iterations=LONG_STEPS).iteration_ends()
+    return (ends[-2] - ends[-2 - CYCLE_STEPS]) / CYCLE_STEPS
 
 
 @dataclass
