@@ -218,8 +218,10 @@ def profile_children(
     ids = [d.id for d in cluster.devices]
     runs = confinements(cluster, ids, share, cores)
     out: list[Child] = []
+    seen: set[str] = set()
     for d in cluster.devices:
-        first = all(c.device_type != d.type for c in out)
+        first = d.type not in seen
+        seen.add(d.type)
         conf = types[d.type] if first else replace(runs[d.id], paced=pace)
         out.append(Child(d.id, d.type, conf, first))
     return out
@@ -356,8 +358,9 @@ def _converse(
             if kind == "ready":
                 ready += 1
                 if ready == len(conns):
-                    for each in conns:
-                        each.send("start")
+                    for each in conns:  # one that died since is seen by wait() as EOF
+                        with contextlib.suppress(OSError):
+                            each.send("start")
             elif kind == "round" and on_round is not None:
                 on_round(children[i].device_type, rest[0], rest[1])
             elif kind == "done":
@@ -408,6 +411,8 @@ def child_main(conn: Connection, job: Job, measures: bool = True) -> None:
                   None if job.pace is None else _pacer(job.pace), conn.poll)
     except EdgepipeError as exc:
         conn.send(("error", str(exc)))
+    except (RuntimeError, ValueError) as exc:  # torch's, from a busy child's blocks
+        conn.send(("error", f"the model failed on this device: {str(exc).splitlines()[0]}"))
     finally:
         conn.close()
 

@@ -353,7 +353,7 @@ class ChainBound:
             before_fill, before_drain = self.fill[stage], self.drain[stage]
             # the blocks a stage q may start at: from the first to the last at which
             # some prefix of q stages ends before T (stage 0: a = 0 only)
-            reach = np.flatnonzero(before_fill.min(axis=1) < limit)
+            reach = np.flatnonzero(before_fill.min(axis=1) <= limit)
             if not reach.size:
                 return False
             rows = slice(int(reach[0]), int(reach[-1]) + 1)
@@ -559,6 +559,7 @@ def chain_bounds(
         if size > CHAIN_BYTES:
             continue
         share = Deadline(left / (len(known) - done))
+        cb = None  # a size not kept is freed before the next one is built
         try:
             cb = ChainBound(tables, batch, max_stages, share)
             met = cb.feasible(ceiling, share)
@@ -586,6 +587,7 @@ def chain_bounds(
         try:
             if cb is None:
                 if rebuilt is None or rebuilt[0] != batch:
+                    rebuilt = None  # freed before the next size's tables are built
                     rebuilt = (batch, ChainBound(tables, batch, max_stages, deadline))
                 cb = rebuilt[1]
             if cb.meets_any(mid, below, deadline):
