@@ -91,7 +91,7 @@ if TYPE_CHECKING:
 QUOTA_REACHED = 0.9
 #: seconds a device type's child may take before it is killed (a hung build)
 CHILD_TIMEOUT_S = 3600.0
-#: seconds a child may take to stop once told to, before it is killed
+#: seconds the children together may take to stop once told to, before they are killed
 STOP_S = 10.0
 
 
@@ -291,12 +291,14 @@ def _run_children(
     try:
         for child, group, task in zip(children, groups, tasks, strict=True):
             ours, theirs = ctx.Pipe()
-            proc = ctx.Process(target=child_main, args=(theirs, task, child.measures),
-                               daemon=True)
-            proc.start()
-            theirs.close()
+            conns.append(ours)  # closed below whatever happens
+            try:
+                proc = ctx.Process(target=child_main, args=(theirs, task, child.measures),
+                                   daemon=True)
+                proc.start()
+            finally:
+                theirs.close()
             procs.append(proc)
-            conns.append(ours)
             assert proc.pid is not None  # started
             group.add(proc.pid)
             ours.send("go")
@@ -305,8 +307,9 @@ def _run_children(
             for conn in conns:
                 with contextlib.suppress(OSError):  # a child that has already ended
                     conn.send("stop")
+            stop_by = time.monotonic() + STOP_S  # one wait for them all
             for each in procs:
-                each.join(STOP_S)
+                each.join(max(0.0, stop_by - time.monotonic()))
     finally:
         for each in procs:
             if each.is_alive():

@@ -6,8 +6,10 @@ runs plan what they planned before."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import pytest
-from edgepipe.planner.cost.model import CostModel
+from edgepipe.planner.cost.model import CostModel, PlanCost
 from edgepipe.planner.partition import Partition, StageAssignment
 from edgepipe.planner.solvers.dp import multilevel
 from edgepipe.planner.solvers.dp.driver import plan_dp
@@ -51,7 +53,7 @@ def test_a_run_told_its_own_plans_evaluates_none_again_and_plans_the_same():
     lookups: list[bool] = []
     known = known_figures([(c, expand(p, grid), v) for c, p, v in first.scored], grid)
 
-    def looked_up(partition: Partition):
+    def looked_up(partition: Partition) -> PlanCost | None:
         cost = known(partition)
         lookups.append(cost is not None)
         return cost
@@ -73,10 +75,11 @@ def test_views_told_the_dps_plans_take_their_figures_and_plan_what_they_planned_
     alone = coarse_views(problem, 600.0)
     hits: list[Partition] = []
 
-    def recorded(found, cuts):
+    def recorded(found: Sequence[tuple[PlanCost, Partition, float]], cuts: list[int]
+                 ) -> Callable[[Partition], PlanCost | None]:
         lookup = known_figures(found, cuts)
 
-        def looked_up(partition: Partition):
+        def looked_up(partition: Partition) -> PlanCost | None:
             cost = lookup(partition)
             if cost is not None:
                 hits.append(partition)

@@ -10,7 +10,7 @@ import dataclasses
 import numpy as np
 import pytest
 from edgepipe.planner.cost.model import CostModel
-from edgepipe.planner.inputs.problem import make_problem
+from edgepipe.planner.inputs.problem import Problem, make_problem
 from edgepipe.planner.solvers.classes import device_classes
 from edgepipe.planner.solvers.exact.chain_bound import ChainBound, chain_bounds
 from edgepipe.planner.solvers.exact.tables import Tables
@@ -26,7 +26,7 @@ def point_to_point():
                           memory=(8e9, 8e9), bandwidth_mbps=20.0, topology="point_to_point")
 
 
-def three_speeds(seed: int):
+def three_speeds(seed: int) -> Problem:
     """Three devices of one type at slowdowns 1, 1.7 and 3 (three classes, so a stage of
     several devices spans groups), global batch 8, micro-batches 4 and 8, the network
     topology and warm-up following ``seed``."""
@@ -43,7 +43,7 @@ def three_speeds(seed: int):
     return make_problem(base.model, cluster, base.config, catalog=cluster.device_types)
 
 
-def two_types(seed: int):
+def two_types(seed: int) -> Problem:
     """Three devices (fast, slow, fast) on a network following ``seed`` (switched,
     shared medium or point to point; 100 Mbit/s to 10 Gbit/s), global batch 8,
     micro-batches 4 and 8."""
@@ -56,7 +56,7 @@ def two_types(seed: int):
                           schedule="gpipe" if seed % 5 == 0 else "1f1b")  # fmt: skip
 
 
-def tables_of(problem) -> Tables:
+def tables_of(problem: Problem) -> Tables:
     return Tables(problem, CostModel(problem), device_classes(problem))
 
 
