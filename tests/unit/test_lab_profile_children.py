@@ -8,11 +8,15 @@ and backward after a pace point, until told to stop)."""
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
+import signal
 from pathlib import Path
 
 import torch
 from edgepipe.executor.lab.cgroups import PROCESS_BASELINE_BYTES, Confinement
-from edgepipe.executor.lab.profiling import Child, keep_busy, profile_children
+from edgepipe.executor.lab.profiling import Child, Job, child_main, keep_busy, profile_children
+from edgepipe.executor.profiling.noise import NoisePolicy
+from edgepipe.executor.profiling.sources import ModelSource
 from edgepipe.planner.inputs.cluster import Cluster
 from torch import nn
 
@@ -69,3 +73,28 @@ def test_a_busy_child_trains_block_after_block_each_after_a_pace_point_until_sto
     # backward from each output's sum: the first block ran twice (batches 1 and 2)
     assert first.weight.grad is not None and last.weight.grad is not None
     assert torch.equal(last.bias.grad, torch.ones(2))
+
+
+def test_a_busy_childs_torch_error_is_sent_as_one_line(tmp_path: Path, monkeypatch) -> None:
+    # a model whose BatchNorm cannot train at batch 1 (torch raises ValueError): the
+    # non-measuring child sends ("ready",), then the error as one line, not a traceback
+    (tmp_path / "bn_at_one.py").write_text(
+        "import torch\nfrom torch import nn\n\n\n"
+        "def model():\n    return nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))\n\n\n"
+        "def batch(b):\n    return torch.zeros(b, 3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    job = Job(ModelSource("bn_at_one:model", input="bn_at_one:batch"), "jetson-tx2", (1,),
+              warmup=0, repeats=1, policy=NoisePolicy())
+    parent, child = mp.Pipe()
+    parent.send("go")
+    parent.send("start")
+    sigint = signal.getsignal(signal.SIGINT)
+    try:
+        child_main(child, job, measures=False)  # in this process: it must not raise
+    finally:
+        signal.signal(signal.SIGINT, sigint)
+    assert parent.recv() == ("ready",)
+    kind, line = parent.recv()
+    assert kind == "error"
+    assert line.startswith("the model failed on this device: Expected more than 1 value")
+    assert "\n" not in line
