@@ -88,11 +88,12 @@ def test_a_busy_childs_torch_error_is_sent_as_one_line(tmp_path: Path, monkeypat
     parent, child = mp.Pipe()
     parent.send("go")
     parent.send("start")
-    sigint = signal.getsignal(signal.SIGINT)
-    try:
-        child_main(child, job, measures=False)  # in this process: it must not raise
+    sigint, threads = signal.getsignal(signal.SIGINT), torch.get_num_threads()
+    try:  # in this process (what it sets of the process is restored): it must not raise
+        child_main(child, job, measures=False)
     finally:
         signal.signal(signal.SIGINT, sigint)
+        torch.set_num_threads(threads)
     assert parent.recv() == ("ready",)
     kind, line = parent.recv()
     assert kind == "error"
