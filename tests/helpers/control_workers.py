@@ -25,6 +25,9 @@ from edgepipe.executor.ft.control import (
 EXIT_ABORTED, EXIT_FENCED, EXIT_LOST = 0, 3, 4
 #: the heartbeat connection's store timeout: how long a lost coordinator takes to notice
 LOST_AFTER_S = 2.0
+#: the reporting connection's (``t/`` keys) time-out: it only stops a hung test (a 2 s
+#: connect to the pytest process's store timed out once on a quiet machine, 2026-12-07)
+REPORT_TIMEOUT_S = 60.0
 
 
 def beat_and_check(
@@ -32,7 +35,7 @@ def beat_and_check(
 ) -> None:
     """Beat, check every 10 ms (``busy``: between 50 ms matrix products, a slow device)."""
     torch.set_num_threads(1)
-    store = connect_store(host, port, timeout_s=LOST_AFTER_S)
+    store = connect_store(host, port, timeout_s=REPORT_TIMEOUT_S)
     control = WorkerControl(
         lambda: connect_store(host, port, timeout_s=LOST_AFTER_S), device, interval_s
     )
