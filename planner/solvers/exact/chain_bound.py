@@ -462,11 +462,12 @@ class ChainBound:
                 f = self.f_from[j][y - 1][a_s, bs]
                 b = self.b_from[j][y - 1][a_s, bs]
                 hop, chan = self.hops[y], self.chans[y]
-                own = start + hop[a_s]  # the device's first forward starts
-                ends = _after(ring_at, s, lat, hop[a_s] + back, chan[a_s])
+                hop_a, chan_a = hop[a_s], chan[a_s]  # gathered once per y
+                own = start + hop_a  # the device's first forward starts
+                ends = _after(ring_at, s, lat, hop_a + back, chan_a)
                 need = np.maximum.reduce([
                     own + m * (f + b) + ends,
-                    own + f + m * (chan[a_s] + chan[bs]) + ring_at - 2.0 * (s - 1) * lat + lat,
+                    own + f + m * (chan_a + chan[bs]) + ring_at - 2.0 * (s - 1) * lat + lat,
                     base + hop[bs] + _times(rest, f) + m * b + ends,
                 ])  # fmt: skip
                 if x_at is not None:
