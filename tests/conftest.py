@@ -14,6 +14,7 @@ import io
 import json
 import os
 import resource
+import sys
 import time
 from collections.abc import Generator
 from dataclasses import dataclass
@@ -25,11 +26,12 @@ import pytest
 @dataclass(frozen=True)
 class DemoRun:
     """One ``edgepipe demo --emulate --run-steps 2 --time-limit 10``: its exit status, its
-    ``--out`` folder and what it printed on standard output."""
+    ``--out`` folder and what it printed on standard output and on standard error."""
 
     status: int
     out: Path
     printed: str
+    warned: str
 
 
 @pytest.fixture(scope="session")
@@ -40,17 +42,19 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
     under a 10 s limit here, the demo's default being 20 s) and runs its four plans on
     local processes with emulated devices, 2 steps each after 2 of calibration
     (``--emulate``: the lab demo, where the machine hosts one, takes minutes). Standard
-    output is captured by swapping ``sys.stdout``: the CLI's rich console writes to
-    whatever ``sys.stdout`` is when it prints.
+    output and standard error are captured by swapping ``sys.stdout`` and ``sys.stderr``
+    (the CLI's rich consoles write to whatever they are when it prints); standard error is
+    written on again, for pytest to show where a test fails.
     """
     from edgepipe.planner.cli.main import main
 
     out = tmp_path_factory.mktemp("demo")
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
+    printed, warned = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(warned):
         status = main(["demo", "--out", str(out), "--run-steps", "2", "--time-limit", "10",
                        "--emulate"])
-    return DemoRun(status, out, printed.getvalue())
+    print(warned.getvalue(), file=sys.stderr, end="")
+    return DemoRun(status, out, printed.getvalue(), warned.getvalue())
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

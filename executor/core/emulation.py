@@ -537,3 +537,15 @@ def calibrated_time_scale(plan: Plan, lines: list[dict[str, Any]], margin: float
         budget = x["budget_ms"] / x["time_scale"]  # the step's unscaled budget, all F and B
         worst = max(worst, x["real_ms"] / max(budget, floor * dominant * m, 1e-9))
     return max(1.0, worst * margin)
+
+
+def rerun_time_scale(plan: Plan, lines: list[dict[str, Any]], used: float,
+                     margin: float = 1.5, floor: float = 0.25) -> float | None:
+    """The time scale to run ``plan`` again at, after a run at scale ``used`` whose report
+    ``lines`` (:func:`read_reports`) show a rank's real compute above its whole step's
+    budget at that scale (or above the floor, :func:`calibrated_time_scale`): the machine
+    got busier after the calibration, so the run timed this machine, not the plan. The
+    scale is that run's own calibration (its worst ratio x ``margin``); ``None`` where
+    every rank kept within its budget. O(lines)."""
+    needed = calibrated_time_scale(plan, lines, margin=1.0, floor=floor)
+    return needed * margin if needed > used else None

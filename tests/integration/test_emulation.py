@@ -23,6 +23,7 @@ from edgepipe.executor.core.emulation import (
     LinkFigures,
     calibrated_time_scale,
     read_reports,
+    rerun_time_scale,
     reserve,
 )
 from edgepipe.executor.core.options import WorkerOptions
@@ -307,6 +308,23 @@ def test_the_calibrated_scale_is_the_worst_real_to_budget_ratio_times_the_margin
     assert calibrated_time_scale(plan, [{**lines[2], "real_ms": 1.0}]) == 1.0  # never < 1
 
 
+def test_a_run_is_made_again_only_where_a_ranks_real_compute_overran_its_scaled_step(
+    mlp_profile,
+) -> None:
+    plan = emulated_plan(mlp_profile, [(0, 4, [2, 1])], 3, 2, [1, 1])
+    # a run at scale 2: each step's budget 4000 ms scaled, 2000 ms unscaled
+    def run(real_ms: float) -> list[dict]:
+        return [{"step": 1, "device": "d0", "budget_ms": 4000.0, "real_ms": real_ms,
+                 "time_scale": 2.0},
+                {"step": 1, "device": "d1", "budget_ms": 4000.0, "real_ms": 1000.0,
+                 "time_scale": 2.0}]
+
+    # 6000 ms real needs scale 3 > 2: again at 3 x the margin 1.5
+    assert rerun_time_scale(plan, run(6000.0), 2.0) == pytest.approx(4.5)
+    assert rerun_time_scale(plan, run(4000.0), 2.0) is None  # exactly its budget: kept
+    assert rerun_time_scale(plan, run(3900.0), 2.0) is None
+
+
 @pytest.mark.slow
 def test_the_emulated_demo_runs_the_lab_demos_four_plans_and_says_emulated_everywhere(
     demo_run,
@@ -333,8 +351,10 @@ def test_the_emulated_demo_runs_the_lab_demos_four_plans_and_says_emulated_every
     labels = sorted(p.name for p in (demo_run.out / "emulated").iterdir())
     planners = {name for label in labels for name in label.split("=")}
     assert {"dp", "milp", "data-parallel"} <= planners
-    assert len(planners - {"dp", "milp", "data-parallel"}) == 1  # the best baseline
+    # the best baseline, with every other baseline that found the same plan (gpipe=hetpipe)
+    assert planners - {"dp", "milp", "data-parallel"}
     assert planners - {"dp", "milp", "data-parallel"} <= set(BASELINES)
+    assert len(labels) <= 4
     for label in labels:
         run = demo_run.out / "emulated" / label
         assert len((run / "calibration" / "metrics.jsonl").read_text().splitlines()) == 2
@@ -343,7 +363,10 @@ def test_the_emulated_demo_runs_the_lab_demos_four_plans_and_says_emulated_every
         row = re.search(rf"^ *{re.escape(label)}(?::| ) .*$", printed, re.MULTILINE)
         assert row is not None, (label, printed)
         predicted, measured = map(float, re.findall(r"\d+\.\d(?= |$| ms)", row[0])[:2])
-        assert 0.5 < measured / predicted < 3, row[0]  # the run follows its plan's budgets
+        # the run follows its plan's budgets, or (the machine got busier after each of its
+        # calibrations: the CI machine may be busy) the demo says it did not
+        assert (0.5 < measured / predicted < 3
+                or f"{label}: a device's real compute still overran" in demo_run.warned), row[0]
     assert "each plan's step, predicted and measured emulated:" in printed
     for claim in ("over data parallelism (data-parallel): predicted",
                   "over the best baseline ("):
