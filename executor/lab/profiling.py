@@ -329,8 +329,9 @@ def _run_children(
             f"plus {human_bytes(PROCESS_BASELINE_BYTES)} for the process) at batch sizes up "
             f"to {task.batch_sizes[-1]}: profile smaller batch sizes"
         )
+    who = "" if children[i].measures else f" (device {children[i].device}, computing beside it)"
     raise LabError(
-        f"profiling on device type {task.device_type} failed: "
+        f"profiling on device type {task.device_type} failed{who}: "
         f"{message or f'its process exited with status {procs[i].exitcode}'}"
     )
 
@@ -343,13 +344,18 @@ def _converse(
     """The parent's side of the children's messages until every measuring child is
     done (its result in ``results``): ``("ready",)`` from each, then ``"start"`` to
     all; rounds to ``on_round``. Returns None, or the first failing child's index and
-    its line (None: it died without one)."""
+    its line (None: it died without one). Past :data:`CHILD_TIMEOUT_S` the child to
+    blame is the first that never said ready (the others wait for it), else the first
+    measuring child not done."""
     deadline = time.monotonic() + CHILD_TIMEOUT_S
     waiting = {i for i, c in enumerate(children) if c.measures}
-    ready = 0
+    ready: set[int] = set()
     while waiting:
         got = wait(conns, max(0.0, deadline - time.monotonic()))
         if not got:
+            late = [i for i in range(len(conns)) if i not in ready]
+            if late:
+                return late[0], f"did not build its model within {CHILD_TIMEOUT_S:.0f} s"
             return min(waiting), f"took more than {CHILD_TIMEOUT_S:.0f} s"
         for conn in got:
             assert isinstance(conn, Connection)
@@ -359,8 +365,8 @@ def _converse(
             except EOFError:
                 return i, None
             if kind == "ready":
-                ready += 1
-                if ready == len(conns):
+                ready.add(i)
+                if len(ready) == len(conns):
                     for each in conns:  # one that died since is seen by wait() as EOF
                         with contextlib.suppress(OSError):
                             each.send("start")

@@ -13,6 +13,7 @@ import signal
 from pathlib import Path
 
 import torch
+from edgepipe.executor.lab import profiling
 from edgepipe.executor.lab.cgroups import PROCESS_BASELINE_BYTES, Confinement
 from edgepipe.executor.lab.profiling import Child, Job, child_main, keep_busy, profile_children
 from edgepipe.executor.profiling.noise import NoisePolicy
@@ -99,3 +100,23 @@ def test_a_busy_childs_torch_error_is_sent_as_one_line(tmp_path: Path, monkeypat
     assert kind == "error"
     assert line.startswith("the model failed on this device: Expected more than 1 value")
     assert "\n" not in line
+
+
+def test_a_child_that_never_gets_ready_is_blamed_not_the_measuring_one_waiting_for_it(
+    monkeypatch,
+) -> None:
+    # two children over real pipes: the measuring tx2-0 says ready, the busy tx2-1 never
+    # does (a hung build), so the start never comes; past the time-out tx2-1 is named
+    monkeypatch.setattr(profiling, "CHILD_TIMEOUT_S", 0.3)
+    conf = Confinement(0.5, GIB, True)
+    children = [Child("tx2-0", "jetson-tx2", conf, True),
+                Child("tx2-1", "jetson-tx2", conf, False)]
+    pipes = [mp.Pipe() for _ in children]
+    pipes[0][1].send(("ready",))
+    try:
+        failure = profiling._converse(children, [ours for ours, _ in pipes], None, {})
+    finally:
+        for ours, theirs in pipes:
+            ours.close()
+            theirs.close()
+    assert failure == (1, "did not build its model within 0 s")
