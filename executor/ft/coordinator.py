@@ -27,8 +27,15 @@ What the coordinator does (docs/executor.md, "Across hosts"):
 * **End.** A rank that finished publishes ``done/<rank>`` (in its generation's prefix)
   and is retired; when every rank is done the coordinator returns. After an abort it
   waits up to ``ABORT_GRACE_S`` until every other rank saw it, keeps the store up until
-  they all stopped beating (at most ``LINGER_S``), then raises :class:`RunStopped`
-  naming the device, its host, the cause and how far the abort reached.
+  they all stopped beating (at most ``LINGER_S``) and their processes are gone (at most
+  ``EXIT_WAIT_S`` more), then raises :class:`RunStopped` naming the device, its host,
+  the cause and how far the abort reached. A rank's beats stop when its interpreter
+  begins to shut down, which can take over a second more under load; its process is
+  gone when its connections to the store close, which the coordinator reads from its
+  own sockets (the store's server runs in its process; Linux's ``/proc``): every
+  connection from the address a surviving rank joined from, unless the dead device
+  joined from that address too (its process may live on, hung or cut off: there the
+  beats alone tell).
 * **Recovery** (``--recover --steps N [--out DIR]``): the coordinator runs the in-process
   recovery of executor/ft/recovery.py (:class:`~executor.ft.recovery.Supervisor`, as the local
   launcher does) and publishes its settings as ``ctl/recover`` (steps, checkpoint
@@ -73,8 +80,12 @@ Cost: one store round trip per member per poll.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ipaddress
 import json
+import os
 import socket
+import struct
 import sys
 import tempfile
 import time
@@ -111,6 +122,11 @@ ABORT_GRACE_S = 2.0
 LINGER_S = 90.0
 #: heartbeat intervals of silence after which an aborted rank counts as exited
 EXITED_BEATS = 4
+#: once the aborted ranks stopped beating, at most this many seconds more until their
+#: connections to the store close (their processes are gone; module docstring, "End")
+EXIT_WAIT_S = 10.0
+#: a TCP socket's state "established" in /proc/net/tcp (the kernel's TCP_ESTABLISHED)
+_ESTABLISHED = "01"
 
 
 class RunStopped(EdgepipeError):
@@ -461,7 +477,7 @@ def _stop(store: Store, coordinator: Coordinator, layout: RankLayout,
     while time.monotonic() < deadline and len(seen) < len(others):
         time.sleep(POLL_S)
         seen = coordinator.abort_seen(others)
-    _linger(coordinator, others)
+    _linger(coordinator, others, own_hosts(store, others, [failure.device]))
     info = next(r for r in layout.ranks if r.device == failure.device)
     host = host_of(store, failure.device)
     missed = sorted(set(others) - set(seen))
@@ -476,21 +492,82 @@ def _stop(store: Store, coordinator: Coordinator, layout: RankLayout,
     )
 
 
-def _linger(coordinator: Coordinator, devices: list[str]) -> None:
+def own_hosts(store: Store, devices: list[str], elsewhere: list[str]) -> set[str]:
+    """The addresses ``devices`` joined from (``ctl/host``) that none of ``elsewhere``
+    (devices not waited for: one declared dead may live on, hung or cut off) joined
+    from. One store round trip per device."""
+    taken = {host_of(store, d) for d in elsewhere} | {"unknown host"}
+    return {host_of(store, d) for d in devices} - taken
+
+
+def _linger(coordinator: Coordinator, devices: list[str],
+            hosts: frozenset[str] | set[str] = frozenset()) -> None:
     """Return once none of ``devices`` has beaten for ``EXITED_BEATS`` heartbeat
-    intervals (their processes are gone), or after ``LINGER_S``."""
+    intervals and no connection from any of ``hosts`` (addresses) to the store is open
+    (their processes are gone; waited for at most ``EXIT_WAIT_S`` after the beats
+    stopped), or after ``LINGER_S``. Each poll: one store round trip per device, and
+    once they are quiet one read of this process's sockets (:func:`store_peers`)."""
     quiet_s = EXITED_BEATS * HEARTBEAT_S
+    port = getattr(coordinator.store, "port", None)  # a TCPStore served by this process
     last = {d: (coordinator.beats(d), time.monotonic()) for d in devices}
     deadline = time.monotonic() + LINGER_S
+    quiet_since: float | None = None
     while time.monotonic() < deadline:
         now = time.monotonic()
         for d in devices:
             count = coordinator.beats(d)
             if count != last[d][0]:
                 last[d] = (count, now)
-        if all(now - since >= quiet_s for _, since in last.values()):
-            return
+        if not all(now - since >= quiet_s for _, since in last.values()):
+            quiet_since = None
+        else:
+            quiet_since = now if quiet_since is None else quiet_since
+            peers = store_peers(port) if hosts and port else None
+            if (peers is None or not hosts.intersection(peers)
+                    or now - quiet_since >= EXIT_WAIT_S):
+                return
         time.sleep(POLL_S)
+
+
+def _endpoint(field: str) -> tuple[str, int]:
+    """An address of ``/proc/net/tcp`` or ``tcp6`` (``0100007F:1F90``: each 32-bit word
+    of the address in the host's byte order, the port in hexadecimal) as (address,
+    port); an IPv4 address mapped into IPv6 in its IPv4 form."""
+    address, port = field.split(":")
+    raw = b"".join(struct.pack("=I", int(address[i:i + 8], 16))
+                   for i in range(0, len(address), 8))
+    ip = ipaddress.ip_address(raw)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return str(ip), int(port, 16)
+
+
+def store_peers(port: int) -> list[str] | None:
+    """The addresses from which the store this process serves on ``port`` has
+    connections open: the peers of this process's established TCP sockets whose local
+    port is ``port``, less the store's own client in this process. None where the
+    sockets cannot be read (no Linux ``/proc``). O(TCP sockets of this network
+    namespace + descriptors of this process)."""
+    try:
+        inodes = set()
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):  # closed since the listing
+                link = os.readlink(f"/proc/self/fd/{fd}")
+                if link.startswith("socket:["):
+                    inodes.add(link[len("socket:["):-1])
+        sockets = []
+        for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+            with open(table) as rows:
+                next(rows)  # the header
+                for row in rows:
+                    fields = row.split()
+                    if fields[3] == _ESTABLISHED and fields[9] in inodes:
+                        sockets.append((_endpoint(fields[1]), _endpoint(fields[2])))
+    except OSError:
+        return None
+    own_clients = {local for local, remote in sockets if remote[1] == port}
+    return [remote[0] for local, remote in sockets
+            if local[1] == port and remote not in own_clients]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -22,11 +23,21 @@ import pytest
 from edgepipe.executor.core.metrics import read_jsonl
 from edgepipe.executor.core.options import Endpoint, WorkerOptions
 from edgepipe.executor.ft import checkpoint
-from edgepipe.executor.ft.control import host_store
-from edgepipe.executor.ft.coordinator import join, parse_address, send_checkpoint
+from edgepipe.executor.ft.control import Coordinator, host_store
+from edgepipe.executor.ft.coordinator import (
+    EXIT_WAIT_S,
+    EXITED_BEATS,
+    _linger,
+    join,
+    own_hosts,
+    parse_address,
+    send_checkpoint,
+    store_peers,
+)
 from edgepipe.executor.launch import launch
 from edgepipe.planner.errors import InputError
 from edgepipe.planner.plan import load_plan
+from edgepipe.planner.timeouts import HEARTBEAT_S
 
 from tests.helpers.executor_helpers import MLP_DATASET, make_test_plan, profile_mlp, write_plan
 from tests.helpers.paths import REPO
@@ -114,6 +125,57 @@ def test_an_address_is_host_and_port() -> None:
     for bad in ("198.18.0.1", ":29500", "h:0", "h:port", "h:70000"):
         with pytest.raises(ValueError, match="is not HOST:PORT"):
             parse_address(bad)
+
+
+#: a process that holds a TCP connection to the store at argv[2] from the address argv[1]
+#: (a worker's, without torch: the store's server accepts any connection) until killed
+CONNECTED = (
+    "import socket, sys, time\n"
+    "s = socket.socket(); s.bind((sys.argv[1], 0)); s.connect(('127.0.0.1', int(sys.argv[2])))\n"
+    "print('connected', flush=True); time.sleep(600)\n"
+)
+
+
+def test_an_aborted_run_lingers_until_the_silent_workers_processes_are_gone() -> None:
+    # Devices a and b stopped beating (they never beat); a's process still holds its
+    # connection to the store from 127.0.0.2, its host. The coordinator must outlive it
+    # (a worker's beats stop when its interpreter begins to shut down, seconds before its
+    # process is gone under load), but not wait for the dead device c, which shares
+    # b's host 127.0.0.3: its process may live on, hung or cut off.
+    store = host_store(0)
+    coordinator = Coordinator(store, ["a", "b", "c"], hang_timeout_s=3.0)
+    for device, address in (("a", "127.0.0.2"), ("b", "127.0.0.3"), ("c", "127.0.0.3")):
+        store.set(f"ctl/host/{device}", address)
+    procs = [subprocess.Popen([PY, "-c", CONNECTED, address, str(store.port)],
+                              stdout=subprocess.PIPE, text=True)
+             for address in ("127.0.0.2", "127.0.0.3")]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None and proc.stdout.readline() == "connected\n"
+        deadline = time.monotonic() + 30  # the store's thread accepts them meanwhile
+        while sorted(store_peers(store.port) or []) != ["127.0.0.2", "127.0.0.3"]:
+            assert time.monotonic() < deadline, store_peers(store.port)
+            time.sleep(0.01)
+        killed_at = [0.0]
+
+        def kill_a() -> None:
+            time.sleep(EXITED_BEATS * HEARTBEAT_S + 1.0)  # a second after a's beats went quiet
+            killed_at[0] = time.monotonic()
+            procs[0].kill()
+
+        killer = threading.Thread(target=kill_a)
+        killer.start()
+        _linger(coordinator, ["a", "b"], own_hosts(store, ["a", "b"], ["c"]))
+        ended = time.monotonic()
+        killer.join()
+        assert killed_at[0] > 0 and ended > killed_at[0]  # not before a's process was gone
+        # and not much after (a deadline that only stops a hung test: the cap is 10 s)
+        assert ended - killed_at[0] < EXIT_WAIT_S / 2, ended - killed_at[0]
+        assert store_peers(store.port) == ["127.0.0.3"]  # c's host: not waited for
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait(timeout=10)
 
 
 # a worker's connect time-out against an in-process store: it only stops a hung test (5 s

@@ -37,6 +37,7 @@ from tests.helpers.executor_helpers import (
     write_plan,
 )
 from tests.helpers.join_runs import assert_each_serves_blocks_received_from_their_owner, join_doc
+from tests.helpers.load import wakeup_lateness_s
 from tests.helpers.paths import REPO
 from tests.helpers.processes import PY, torchrun_argv
 from tests.helpers.recovery_runs import GPT2 as TOY_GPT2
@@ -253,14 +254,16 @@ def kill_host(hosts: netns.Hosts, index: int) -> None:
         netns._kill(pid)
 
 
-@pytest.mark.serial  # wall-clock verdict: declared in [3, 4) s of silence
 @pytest.mark.slow
 @pytest.mark.parametrize("lose", ["link_down", "kill_all"])
 def test_losing_a_whole_host_is_named_by_the_coordinator_and_every_other_host_stops(
     tmp_path: Path, lose: str
 ) -> None:
     # today the run stops (recovery across hosts needs the recovering worker): the
-    # coordinator names the host, the other hosts see the abort within a heartbeat
+    # coordinator names the host, the other hosts see the abort within a heartbeat.
+    # Not serial: the detection window's upper bound adds how late this machine wakes a
+    # poller now (measured right after), and the coordinator ends only once the other
+    # hosts' workers are gone (their connections to its store closed), not merely silent
     profile = profile_mlp()
     plan = make_test_plan(profile, [(0, 1, [2]), (1, 2, [2]), (2, 4, [2])], 2, 2)
     path = write_plan(plan, tmp_path)
@@ -299,7 +302,8 @@ def test_losing_a_whole_host_is_named_by_the_coordinator_and_every_other_host_st
         if lose == "link_down":  # no FIN: only the abort tells the others
             assert "the abort reached 2 of 2 other worker(s)" in err, err
         silent = float(err.split("no heartbeat for ")[1].split(" s")[0])
-        assert HANG_S <= silent < HANG_S + 1.0, silent
+        late = wakeup_lateness_s()  # the reference: this machine's load, measured now
+        assert HANG_S <= silent < HANG_S + 1.0 + late, (silent, late)
         assert workers_in(hosts, 0) + workers_in(hosts, 1) == []
         assert time.monotonic() - lost_at < HANG_S + GLOO_S + 30
     logs = [a.communicate(timeout=30)[0] for a in agents]  # torn down with the hosts
