@@ -34,6 +34,6 @@ test: $(STAMP) typecheck
 	status=0; \
 	$(VENV)/bin/python -m pytest -q -n 3 --maxschedchunk 1 -m "not serial" --durations=15 \
 		|| status=$$?; \
-	$(VENV)/bin/python -m pytest -q -m serial $$(grep -rl --include='test_*.py' 'mark\.serial' tests | sort) \
+	$(VENV)/bin/python -m pytest -q -m serial --durations=10 $$(grep -rl --include='test_*.py' 'mark\.serial' tests | sort) \
 		|| status=$$?; \
 	exit $$status
