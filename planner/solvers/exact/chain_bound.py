@@ -531,9 +531,10 @@ def chain_bounds(
     ceiling: float,
     deadline: Deadline,
     rel_tol: float = 1e-3,
-) -> None:
+) -> set[int]:
     """Raise ``known`` (per micro-batch size B, entry P: a valid lower bound on every
-    plan of (B, P); entry 0 unused) in place, in two passes within ``deadline``.
+    plan of (B, P); entry 0 unused) in place, in two passes within ``deadline``; return
+    the sizes tested at the ``ceiling`` (their tables built in time).
 
     First every size in ``known``'s order whose tables fit :data:`CHAIN_BYTES`, each
     within an equal share of the time left to the sizes not yet tested (its tables
@@ -551,11 +552,12 @@ def chain_bounds(
     stays where it was raised (each a valid bound). O(sizes + steps) feasibility passes,
     each O(P X S L^2) (:class:`ChainBound`)."""
     tested: dict[int, list] = {}  # B: [its tables or None, stage counts met, least T met]
+    at_ceiling: set[int] = set()
     kept = 0
     for done, (batch, row) in enumerate(known.items()):
         left = deadline.left_s()
         if left <= 0:
-            return
+            return at_ceiling
         size = table_bytes(tables.n_blocks, batch, len(chain_groups(tables, batch)))
         if size > CHAIN_BYTES:
             continue
@@ -566,6 +568,7 @@ def chain_bounds(
             met = cb.feasible(ceiling, share)
         except TimeoutError:
             continue
+        at_ceiling.add(batch)
         row[1:][~met] = np.maximum(row[1:][~met], ceiling)
         if met.any():
             keep = kept + size <= CHAIN_BYTES
@@ -579,7 +582,7 @@ def chain_bounds(
             if top - low > rel_tol * top:
                 least[batch] = low
         if not least:
-            return
+            return at_ceiling
         batch = min(least, key=least.__getitem__)
         cb, met, top = tested[batch]
         row = known[batch]
@@ -596,4 +599,4 @@ def chain_bounds(
             else:
                 row[1:][below] = mid
         except TimeoutError:
-            return
+            return at_ceiling

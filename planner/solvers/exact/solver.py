@@ -240,9 +240,14 @@ def _closed_form_bounds(
     (by CHAIN_SHARE of the ``deadline``'s limits) and the min-max bound of
     :func:`planner.solvers.exact.bounds.program_bounds`, which gets BOUND_SHARE of the
     ``deadline``'s limits: first every micro-batch size's tables are built and tested at
-    the incumbent (what prunes; by TEST_SHARE: a size whose tables are not built by then
-    keeps its earlier bounds), then the open programs' bounds are bisected, one step for
-    every size in turn."""
+    the incumbent (what prunes; a size whose tables are not built in time keeps its
+    earlier bounds), then the open programs' bounds are bisected, one step for every size
+    in turn. The sizes the chain bound did not test come first and have until TEST_SHARE;
+    the sizes it tested only until BOUND_SHARE. Why: there the min-max bound adds only
+    what memory binds (its sample caps; the chain bound relaxes memory), while its
+    O(L^2) tables took 4-9 CPU s per size at 257 blocks: on the fine suite it ran to
+    TEST_SHARE (30 s of 60) in each of six instances and raised no program below the
+    incumbent, time the programs' solver then lacked (issue 29, session 21)."""
     jobs = [(b, p) for b in sizes for p in range(1, max_p + 1)]
     quick = {j: quick_bound(tables, *j) for j in jobs}
     known = {b: np.array([0.0, *(quick[b, p] for p in range(1, max_p + 1))]) for b in sizes}
@@ -256,16 +261,17 @@ def _closed_form_bounds(
                 fractional_bounds(tables, b, max_p, known[b], ceiling, tested, tol)
         # integer cuts, the later stages' round trip stage by stage (O(L^2) tables: only
         # where they fit CHAIN_BYTES)
-        chain_bounds(tables, known, max_p, ceiling, deadline.share(CHAIN_SHARE))
+        chained = chain_bounds(tables, known, max_p, ceiling, deadline.share(CHAIN_SHARE))
         searches = []
-        for b in sizes:
-            if not tested.passed():
+        for b in sorted(sizes, key=lambda b: b in chained):  # those it did not test first
+            by = until if b in chained else tested
+            if not by.passed():
                 try:
-                    bounds = StageBounds(tables, b, max_p, tested)
+                    bounds = StageBounds(tables, b, max_p, by)
                 except TimeoutError:
-                    break
+                    continue
                 if bounds.stages:
-                    searches.append((bounds, known[b], test_at(bounds, known[b], ceiling, tested)))
+                    searches.append((bounds, known[b], test_at(bounds, known[b], ceiling, by)))
         raise_least(searches, until)
     return {j: max(quick[j], float(known[j[0]][j[1]])) for j in jobs}
 
