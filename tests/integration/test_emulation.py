@@ -244,7 +244,9 @@ def run(plan, tmp_path: Path, steps: int, **opts) -> Any:
                                 timeout_s=30, emulate=True, **opts))
 
 
-@pytest.mark.serial  # wall-clock verdict: waits end within 15% + 5 ms (+ the OS's delay)
+# not serial: a wait's verdict (within 15% + 5 ms) adds how late this host woke that
+# line's sleeps, measured in the run (late_ms); with both cores busy every line fitted and
+# passed (docs/decisions.md, session 21)
 @pytest.mark.slow
 def test_each_device_computes_for_its_profiled_time_scaled(tmp_path: Path, mlp_profile) -> None:
     plan = emulated_plan(mlp_profile, [(0, 2, [2, 1]), (2, 4, [3])], 3, 2, [1, 2, 1])
