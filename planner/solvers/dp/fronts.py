@@ -79,8 +79,8 @@ def _pareto(
         pick = np.argmin(np.where(masked == least, d, INF), axis=1)
         found = alive[rows, pick]
         chosen[:, j], valid[:, j] = np.where(found, pick, 0), found  # empty: column 0
-        if not found.any():
-            break
+        if not found.any() or j == keep - 1:
+            break  # (after the last pick nothing reads what it dominates)
         if j == 0:
             y_first = y[rows, pick][:, None]
         y_kept |= (y[rows, pick][:, None] < y_first) & found[:, None]

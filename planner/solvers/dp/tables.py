@@ -45,6 +45,10 @@ HEAD_CACHE_BYTES = 2**29
 
 INF = np.inf
 
+#: the warm-up key of a head table that no warm-up binds (:meth:`_Tables.head`); the
+#: base figures are kept under -1
+UNBOUND = -2
+
 
 class _Cache(OrderedDict):
     """Tuples of arrays kept while their bytes stay within ``limit``: setting an entry
@@ -137,6 +141,8 @@ class _Tables:
         self._prefix: dict[tuple[int, str], np.ndarray] = {}
         self._curve: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._least: dict[tuple[tuple[int, ...], int], np.ndarray] = {}
+        #: per (composition, B) the least deepest warm-up over all ranges (:meth:`head`)
+        self._deepest: dict[tuple[int, int], float] = {}
         #: Z per (B, M, K(1)), kept by :mod:`planner.solvers.dp.bounds` (its ``z_bound`` and
         #: ``relaxed_tables`` give the same)
         self.z_cache: dict[tuple[int, int, int], float] = {}
@@ -158,6 +164,7 @@ class _Tables:
         self._base.clear()
         self._tables.clear()
         self._curve.clear()
+        self._deepest.clear()
 
     def slots(self, g: tuple[int, ...]) -> np.ndarray:
         """Class of each device slot of composition g (class order)."""
@@ -273,7 +280,7 @@ class _Tables:
         with samples y per slot. E_f and E_b are maxima over the devices; on a row where
         each class's samples fall by at most one along its slots (as the class by class
         split writes them), the class's first and last slot hold every value it has, so
-        only those are read (O(classes) instead of O(devices) per row)."""
+        only those are read (O(classes) instead of O(devices) per row, each slot once)."""
         g = self.comps[cid]
         slot = self.slots(g)
         first, end = self.rows_first[rows], self.rows_end[rows]
@@ -284,7 +291,8 @@ class _Tables:
         spread = y[:, ends[: len(edges)]] - y[:, ends[len(edges) :]]
         two = ((np.diff(y, axis=1) <= 0) | ~inner).all(axis=1) & (spread <= 1).all(axis=1)
         ef, eb = np.empty(len(rows)), np.empty(len(rows))
-        for part, cols in ((two, ends), (~two, np.arange(len(slot)))):
+        # a class of one device has one end slot: read once (a maximum, so exact)
+        for part, cols in ((two, np.unique(ends)), (~two, np.arange(len(slot)))):
             k, at, y_at = slot[cols][None, :], np.flatnonzero(part), y[part][:, cols]
             f_at, e_at = first[at][:, None], end[at][:, None]
             wf, wb = (np.where(y_at > 0, w[k], 0.0) for w in (self.work_f, self.work_b))
@@ -311,10 +319,24 @@ class _Tables:
         a window of all seven in one read. Only the block ranges ``rows`` (indices into
         the ranges; default all) and those asked for before are filled, the others read
         inf: a caller reads only what it asked for, or cells whose candidates it drops
-        whatever their figures (:meth:`planner.solvers.dp.search._BatchSearch._moves`)."""
-        key = (cid, warmup, batch)
-        size = self.n_blk + 1
+        whatever their figures (:meth:`planner.solvers.dp.search._BatchSearch._moves`).
+
+        A whole table (``rows`` None) whose every range fits its unconstrained split at
+        ``warmup`` (Algorithm 1's deepest warm-up ``depth`` >= ``warmup`` on all ranges)
+        is the same array at every such warm-up: no range is split again under caps, so
+        every figure is the unconstrained split's. It is kept once per (composition, B)
+        under the warm-up ``UNBOUND`` and returned for each of them (the exact levels of
+        a small chain read one table instead of one per level: session 21,
+        docs/decisions.md). Tables asked for in part keep one per warm-up: which of
+        their cells are filled depends on what was asked at that warm-up."""
         n_rows = len(self.rows_first)
+        key = (cid, warmup, batch)
+        if rows is None and key not in self._tables:
+            if (cid, batch) not in self._deepest:  # every range: the split is complete
+                self._deepest[cid, batch] = float(self.unconstrained(cid, batch)[2].min())
+            if self._deepest[cid, batch] >= warmup:
+                key = (cid, UNBOUND, batch)
+        size = self.n_blk + 1
         if key not in self._tables:
             self._tables[key] = (np.full((7, size, size), INF), np.zeros(n_rows, dtype=bool),
                                  np.zeros(1, dtype=np.int64))  # fmt: skip
@@ -377,8 +399,10 @@ class _Tables:
         return self._least[key]
 
     def drop_warmups(self, keep: int) -> None:
-        """Forget head tables of warm-ups other than ``keep`` (one level at a time)."""
-        for key in [k for k in self._tables if k[1] not in (-1, keep)]:
+        """Forget head tables of warm-ups other than ``keep`` (one level at a time); the
+        base figures and the tables of no binding warm-up (``UNBOUND``, :meth:`head`)
+        stay, as every level may read them."""
+        for key in [k for k in self._tables if k[1] not in (-1, UNBOUND, keep)]:
             del self._tables[key]
 
     def carried(self, batch: int, share: int) -> int:
