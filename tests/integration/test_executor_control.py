@@ -77,7 +77,7 @@ def stop_mid_run(tmp_path: Path, plan, device: str) -> tuple[RunFailed, dict]:
     return caught.value, seen
 
 
-@pytest.mark.serial  # wall-clock verdict: declared in [1.9, 3 + the reference) s of the stop
+@pytest.mark.serial  # wall-clock verdict: declared in [1.9, 3) s of the stop +- the reference
 def test_a_sigstopped_device_is_declared_hung_after_the_timeout_and_every_child_stopped(
     tmp_path, mlp_profile
 ):
@@ -87,9 +87,10 @@ def test_a_sigstopped_device_is_declared_hung_after_the_timeout_and_every_child_
     assert (failed.device, failed.cause, failed.exitcode) == ("d1", "hang", -signal.SIGKILL)
     assert str(failed).startswith("device 'd1' (rank 1, stage 1) hung: no heartbeat for ")
     assert f"(hang timeout {HANG_S:g} s)" in str(failed)
-    # its last beat was at most one interval before the stop: never declared before that
+    # its last beat was at most one interval before the stop (plus how late a loaded
+    # machine woke the beating thread): never declared before that
     took = failed.detected_at - seen["stopped_at"]
-    assert HANG_S - BEAT_S <= took < HANG_S + SLACK_S + late, (took, late)
+    assert HANG_S - BEAT_S - late <= took < HANG_S + SLACK_S + late, (took, late)
     assert (seen["returned_at"] - failed.detected_at
             < 2 * ABORT_GRACE_S + GRACE_S + SLACK_S + late), late
     assert "left_behind" not in seen

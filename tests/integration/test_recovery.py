@@ -100,15 +100,17 @@ def test_sigkill_during_replication_replays_from_the_last_durable_step(tmp_path)
     assert (event["device"], event["replay_from_step"]) == ("d0", 2)
 
 
-@pytest.mark.serial  # wall-clock verdict: declared in [4.9, 6.5 + the reference) s of the stop
+@pytest.mark.serial  # wall-clock verdict: declared in [4.9, 6.5) s of the stop +- the reference
 def test_a_sigstopped_device_is_declared_hung_fenced_and_the_run_recovers(tmp_path):
     plan, result = run(tmp_path, THREE_STAGES, "d2:2:backward:STOP")
     late = wakeup_lateness_s()  # the reference: this machine's load, measured now
     assert_matches_reference(tmp_path, plan, result)
     (event,) = result.events
     assert (event["cause"], event["device"], event["replay_from_step"]) == ("hang", "d2", 2)
-    # declared after the hang timeout (measured from the stop), not before
-    assert HANG_S - BEAT_S <= event["t_detect_s"] < HANG_S + 1.5 + late, late
+    # declared after the hang timeout (measured from the stop), not before; the last beat
+    # before the stop was at most one interval before it, later by the machine's lateness
+    # (a loaded machine wakes the beating thread late: 4.89 s was seen at load 6)
+    assert HANG_S - BEAT_S - late <= event["t_detect_s"] < HANG_S + 1.5 + late, late
 
 
 @pytest.mark.slow
