@@ -74,6 +74,17 @@ class Deadline:
         part._fraction = self._fraction * fraction
         return part
 
+    def portion(self, fraction: float) -> Deadline:
+        """A deadline starting now at ``fraction`` (0-1) of what is left of each limit:
+        the wall clock's and, where there is one, the CPU budget's, each on its own
+        clock. Why: a portion of :meth:`left_s` alone is wall-clock seconds, which under
+        load run out before the CPU seconds they stand for (issue 29: the chain bound's
+        per-size shares under a CPU budget)."""
+        wall_left = self._fraction * self.wall_s - self.elapsed_s()
+        cpu_left = None if self.cpu_s is None else self._fraction * self.cpu_s - self.cpu_used_s()
+        return Deadline(max(0.0, fraction * wall_left),
+                        None if cpu_left is None else max(0.0, fraction * cpu_left))  # fmt: skip
+
     def elapsed_s(self) -> float:
         """Wall-clock seconds since the start."""
         return time.perf_counter() - self.wall_start

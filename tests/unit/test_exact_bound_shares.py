@@ -66,6 +66,7 @@ def test_min_max_bound_tests_sizes_the_chain_bound_tested_only_within_bound_shar
     # before BOUND_SHARE: every size
     assert sorted(min_max_sizes(monkeypatch, 0.5 * solver.BOUND_SHARE)) == sorted(sizes)
     # past BOUND_SHARE, before CHAIN_SHARE (the chain bound tests every size): none
+    assert solver.BOUND_SHARE < solver.CHAIN_SHARE <= solver.TEST_SHARE
     between = 0.5 * (solver.BOUND_SHARE + solver.CHAIN_SHARE)
     assert min_max_sizes(monkeypatch, between) == []
 
@@ -77,7 +78,21 @@ def test_min_max_bound_tests_sizes_the_chain_bound_did_not_until_test_share(
     between = 0.5 * (solver.BOUND_SHARE + solver.CHAIN_SHARE)
     monkeypatch.setattr(chain_bound, "CHAIN_BYTES", 0)  # no size's tables fit
     assert sorted(min_max_sizes(monkeypatch, between)) == sorted(sizes)
-    # past the chain bound's share (it tests nothing), before TEST_SHARE: every size
-    after_chain = 0.5 * (solver.CHAIN_SHARE + solver.TEST_SHARE)
-    monkeypatch.undo()
-    assert sorted(min_max_sizes(monkeypatch, after_chain)) == sorted(sizes)
+
+
+def test_a_portion_of_a_deadline_takes_its_share_of_each_clock() -> None:
+    # what the chain bound gives each micro-batch size: under a CPU budget its share is
+    # CPU seconds, not the wall-clock seconds those would take on an idle machine
+    deadline = Deadline(100.0, 10.0)
+    deadline.wall_start -= 50.0  # 50 s of wall clock and 4 CPU s gone
+    deadline.cpu_start -= 4.0
+    part = deadline.portion(0.5)
+    assert part.wall_s == pytest.approx(25.0, abs=0.1)
+    assert part.cpu_s == pytest.approx(3.0, abs=0.1)
+    part.wall_start -= 10.0  # a loaded machine: 10 s of wall clock, no CPU
+    assert not part.passed()
+    part.cpu_start -= 3.0
+    assert part.passed()
+    wall_only = Deadline(100.0).portion(0.25)
+    assert wall_only.cpu_s is None
+    assert wall_only.wall_s == pytest.approx(25.0, abs=0.1)

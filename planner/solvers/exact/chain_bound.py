@@ -537,8 +537,9 @@ def chain_bounds(
     the sizes tested at the ``ceiling`` (their tables built in time).
 
     First every size in ``known``'s order whose tables fit :data:`CHAIN_BYTES`, each
-    within an equal share of the time left to the sizes not yet tested (its tables
-    included: issue 29, the limit covers everything): one :meth:`ChainBound.feasible`
+    within an equal share of the time left to the sizes not yet tested, on each of the
+    ``deadline``'s clocks (:meth:`~planner.solvers.time_limit.Deadline.portion`; its
+    tables included: issue 29, the limit covers everything): one :meth:`ChainBound.feasible`
     at the ``ceiling``, and an entry the relaxation cannot meet there rises to it (what
     prunes). Then bisection steps, each on the size whose least entry still open (its
     interval above ``rel_tol``) is the lowest, the global bound being the least over
@@ -561,7 +562,7 @@ def chain_bounds(
         size = table_bytes(tables.n_blocks, batch, len(chain_groups(tables, batch)))
         if size > CHAIN_BYTES:
             continue
-        share = Deadline(left / (len(known) - done))
+        share = deadline.portion(1 / (len(known) - done))  # on each clock
         cb = None  # a size not kept is freed before the next one is built
         try:
             cb = ChainBound(tables, batch, max_stages, share)
