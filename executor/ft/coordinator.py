@@ -125,6 +125,8 @@ EXITED_BEATS = 4
 #: once the aborted ranks stopped beating, at most this many seconds more until their
 #: connections to the store close (their processes are gone; module docstring, "End")
 EXIT_WAIT_S = 10.0
+#: seconds between two reads of the store's connections while waiting for the exit
+PEERS_POLL_S = 0.25
 #: a TCP socket's state "established" in /proc/net/tcp (the kernel's TCP_ESTABLISHED)
 _ESTABLISHED = "01"
 
@@ -372,7 +374,7 @@ def coordinate(
             return Stopped(coordinator.generation)
         failures = coordinator.poll()
         if failures and not (on_failure is not None and on_failure(coordinator, failures)):
-            raise _stop(store, coordinator, layout, failures[0])
+            raise _stop(store, coordinator, layout, failures)
         time.sleep(POLL_S)
 
 
@@ -467,9 +469,12 @@ def supervise(
 
 
 def _stop(store: Store, coordinator: Coordinator, layout: RankLayout,
-          failure: Failure) -> RunStopped:
-    """Fence the dead device and abort; wait (at most ``ABORT_GRACE_S``) until every
-    other member saw the abort; the error to raise."""
+          failures: list[Failure]) -> RunStopped:
+    """Fence the first dead device and abort; wait (at most ``ABORT_GRACE_S``) until
+    every other member saw the abort, then for the members' exit (:func:`_linger`; not
+    from the hosts of any of ``failures``, whose processes may live on); the error to
+    raise, naming the first."""
+    failure = failures[0]
     coordinator.abort(f"{failure.device} {failure.cause}", fence=[failure.device])
     others = [r.device for r in layout.ranks if r.device != failure.device]
     deadline = time.monotonic() + ABORT_GRACE_S
@@ -477,7 +482,7 @@ def _stop(store: Store, coordinator: Coordinator, layout: RankLayout,
     while time.monotonic() < deadline and len(seen) < len(others):
         time.sleep(POLL_S)
         seen = coordinator.abort_seen(others)
-    _linger(coordinator, others, own_hosts(store, others, [failure.device]))
+    _linger(coordinator, others, own_hosts(store, others, [f.device for f in failures]))
     info = next(r for r in layout.ranks if r.device == failure.device)
     host = host_of(store, failure.device)
     missed = sorted(set(others) - set(seen))
@@ -495,7 +500,7 @@ def _stop(store: Store, coordinator: Coordinator, layout: RankLayout,
 def own_hosts(store: Store, devices: list[str], elsewhere: list[str]) -> set[str]:
     """The addresses ``devices`` joined from (``ctl/host``) that none of ``elsewhere``
     (devices not waited for: one declared dead may live on, hung or cut off) joined
-    from. One store round trip per device."""
+    from. Two store round trips per device of either (:func:`host_of`)."""
     taken = {host_of(store, d) for d in elsewhere} | {"unknown host"}
     return {host_of(store, d) for d in devices} - taken
 
@@ -506,12 +511,14 @@ def _linger(coordinator: Coordinator, devices: list[str],
     intervals and no connection from any of ``hosts`` (addresses) to the store is open
     (their processes are gone; waited for at most ``EXIT_WAIT_S`` after the beats
     stopped), or after ``LINGER_S``. Each poll: one store round trip per device, and
-    once they are quiet one read of this process's sockets (:func:`store_peers`)."""
+    once they are quiet a read of this process's sockets (:func:`store_peers`, about
+    10 CPU ms) at most every ``PEERS_POLL_S``."""
     quiet_s = EXITED_BEATS * HEARTBEAT_S
     port = getattr(coordinator.store, "port", None)  # a TCPStore served by this process
     last = {d: (coordinator.beats(d), time.monotonic()) for d in devices}
     deadline = time.monotonic() + LINGER_S
     quiet_since: float | None = None
+    read_at = -PEERS_POLL_S
     while time.monotonic() < deadline:
         now = time.monotonic()
         for d in devices:
@@ -522,10 +529,13 @@ def _linger(coordinator: Coordinator, devices: list[str],
             quiet_since = None
         else:
             quiet_since = now if quiet_since is None else quiet_since
-            peers = store_peers(port) if hosts and port else None
-            if (peers is None or not hosts.intersection(peers)
-                    or now - quiet_since >= EXIT_WAIT_S):
+            if now - quiet_since >= EXIT_WAIT_S or not hosts or not port:
                 return
+            if now - read_at >= PEERS_POLL_S:
+                read_at = now
+                peers = store_peers(port)
+                if peers is None or not hosts.intersection(peers):
+                    return
         time.sleep(POLL_S)
 
 
@@ -557,6 +567,8 @@ def store_peers(port: int) -> list[str] | None:
                     inodes.add(link[len("socket:["):-1])
         sockets = []
         for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+            if table.endswith("6") and not os.path.exists(table):
+                continue  # IPv6 disabled: no table, no IPv6 connection
             with open(table) as rows:
                 next(rows)  # the header
                 for row in rows:
