@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -135,7 +136,9 @@ def _measure(plan: Plan, label: str, folder: Path, steps: int) -> LabMeasurement
         again = emulation.rerun_time_scale(plan, emulation.read_reports(where / "run"), k)
         if again is None or attempt == RERUNS:
             break
-        (where / "run").rename(where / f"overran-x{k:.1f}")  # kept beside the next run
+        kept = where / f"overran-x{k:.1f}"  # kept beside the next run
+        shutil.rmtree(kept, ignore_errors=True)  # an earlier demo's, in the same --out
+        (where / "run").rename(kept)
         err.print("  a device's real compute overran its whole step's budget (the machine "
                   "got busier): again", highlight=False)
         k = again

@@ -353,10 +353,12 @@ def test_the_emulated_demo_runs_the_lab_demos_four_plans_and_says_emulated_every
     labels = sorted(p.name for p in (demo_run.out / "emulated").iterdir())
     planners = {name for label in labels for name in label.split("=")}
     assert {"dp", "milp", "data-parallel"} <= planners
-    # the best baseline, with every other baseline that found the same plan (gpipe=hetpipe)
-    assert planners - {"dp", "milp", "data-parallel"}
-    assert planners - {"dp", "milp", "data-parallel"} <= set(BASELINES)
-    assert len(labels) <= 4
+    # and the best baseline (its label names every planner with its plan: gpipe=hetpipe);
+    # no other plan ran
+    best = re.search(r"over the best baseline \(([a-z-]+)\)", printed)
+    assert best is not None and best[1] in BASELINES and best[1] in planners, printed
+    ran = {"dp", "milp", "data-parallel", best[1]}
+    assert all(set(label.split("=")) & ran for label in labels), labels
     for label in labels:
         run = demo_run.out / "emulated" / label
         assert len((run / "calibration" / "metrics.jsonl").read_text().splitlines()) == 2
@@ -365,9 +367,11 @@ def test_the_emulated_demo_runs_the_lab_demos_four_plans_and_says_emulated_every
         row = re.search(rf"^ *{re.escape(label)}(?::| ) .*$", printed, re.MULTILINE)
         assert row is not None, (label, printed)
         predicted, measured = map(float, re.findall(r"\d+\.\d(?= |$| ms)", row[0])[:2])
-        # the run follows its plan's budgets, or (the machine got busier after each of its
-        # calibrations: the CI machine may be busy) the demo says it did not
-        assert (0.5 < measured / predicted < 3
+        # the run follows its plan's budgets (never far below them), or (the machine got
+        # busier after each of its calibrations: the CI machine may be busy) the demo says
+        # it overran them
+        assert measured / predicted > 0.5, row[0]
+        assert (measured / predicted < 3
                 or f"{label}: a device's real compute still overran" in demo_run.warned), row[0]
     assert "each plan's step, predicted and measured emulated:" in printed
     for claim in ("over data parallelism (data-parallel): predicted",

@@ -245,8 +245,9 @@ def _closed_form_bounds(
     ``deadline``'s limits: first every micro-batch size's tables are built and tested at
     the incumbent (what prunes; a size whose tables are not built in time keeps its
     earlier bounds), then the open programs' bounds are bisected, one step for every size
-    in turn. The sizes the chain bound did not test come first and have until TEST_SHARE;
-    the sizes it tested only until BOUND_SHARE. Why: there the min-max bound adds only
+    in turn. The sizes the chain bound did not test come first and have until TEST_SHARE
+    (what is left of it: none where the chain bound ran to its own share, which ends
+    there too); the sizes it tested only until BOUND_SHARE. Why: there the min-max bound adds only
     what memory binds (its sample caps; the chain bound relaxes memory), while its
     O(L^2) tables took 4-9 CPU s per size at 257 blocks: on the fine suite it ran to
     TEST_SHARE (30 s of 60) in each of six instances and raised no program below the
