@@ -90,6 +90,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -125,6 +126,8 @@ EXITED_BEATS = 4
 #: once the aborted ranks stopped beating, at most this many seconds more until their
 #: connections to the store close (their processes are gone; module docstring, "End")
 EXIT_WAIT_S = 10.0
+#: what :func:`host_of` says of a device that has not joined
+UNKNOWN_HOST = "unknown host"
 #: seconds between two reads of the store's connections while waiting for the exit
 PEERS_POLL_S = 0.25
 #: a TCP socket's state "established" in /proc/net/tcp (the kernel's TCP_ESTABLISHED)
@@ -342,9 +345,9 @@ def receive_checkpoint(store: Store, manifest: dict, root: Path) -> Path:
 
 
 def host_of(store: Store, device: str) -> str:
-    """The address ``device`` joined from, or ``"unknown host"`` before it joined."""
+    """The address ``device`` joined from, or :data:`UNKNOWN_HOST` before it joined."""
     key = f"ctl/host/{device}"
-    return store.get(key).decode() if store.check([key]) else "unknown host"
+    return store.get(key).decode() if store.check([key]) else UNKNOWN_HOST
 
 
 def coordinate(
@@ -501,12 +504,12 @@ def own_hosts(store: Store, devices: list[str], elsewhere: list[str]) -> set[str
     """The addresses ``devices`` joined from (``ctl/host``) that none of ``elsewhere``
     (devices not waited for: one declared dead may live on, hung or cut off) joined
     from. Two store round trips per device of either (:func:`host_of`)."""
-    taken = {host_of(store, d) for d in elsewhere} | {"unknown host"}
+    taken = {host_of(store, d) for d in elsewhere} | {UNKNOWN_HOST}
     return {host_of(store, d) for d in devices} - taken
 
 
 def _linger(coordinator: Coordinator, devices: list[str],
-            hosts: frozenset[str] | set[str] = frozenset()) -> None:
+            hosts: AbstractSet[str] = frozenset()) -> None:
     """Return once none of ``devices`` has beaten for ``EXITED_BEATS`` heartbeat
     intervals and no connection from any of ``hosts`` (addresses) to the store is open
     (their processes are gone; waited for at most ``EXIT_WAIT_S`` after the beats
@@ -534,7 +537,7 @@ def _linger(coordinator: Coordinator, devices: list[str],
             if now - read_at >= PEERS_POLL_S:
                 read_at = now
                 peers = store_peers(port)
-                if peers is None or not hosts.intersection(peers):
+                if peers is None or hosts.isdisjoint(peers):
                     return
         time.sleep(POLL_S)
 
